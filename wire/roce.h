@@ -1,0 +1,236 @@
+// RoCEv2 wire format: Base Transport Header and the RC extended transport headers,
+// the opcode table, PSN arithmetic and AETH syndromes.
+//
+// Source: IBTA InfiniBand Architecture Specification vol. 1 rel. 1.4, ch. 9 (transport
+// layer: 9.2 BTH, 9.3.x extended headers, 9.7.5 AETH syndromes, 9.7.2 RNR timer table)
+// and Annex A17 (RoCEv2: IPv4/IPv6 + UDP destination port 4791, ICRC).
+// The opcode table is data, as in Linux rxe's rxe_opcode.c: building and parsing a
+// packet read it instead of switching on the opcode in every function.
+//
+// Everything here is a pure function on bytes: no I/O, no allocation. Multi-byte fields
+// are big-endian on the wire; the structs below hold host-order values.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+
+namespace softrdma::wire {
+
+/// UDP destination port of every RoCEv2 packet (IBTA Annex A17.2).
+inline constexpr uint16_t kRoceV2Port = 4791;
+
+inline constexpr size_t kBthBytes = 12;
+inline constexpr size_t kRethBytes = 16;
+inline constexpr size_t kAethBytes = 4;
+inline constexpr size_t kAtomicEthBytes = 28;
+inline constexpr size_t kAtomicAckEthBytes = 8;
+inline constexpr size_t kImmDtBytes = 4;
+inline constexpr size_t kIcrcBytes = 4;
+/// Largest BTH + extended headers of any supported opcode (atomic request: 12 + 28).
+inline constexpr size_t kMaxTransportHeaderBytes = 40;
+/// IPv4 (no options) + UDP header bytes in front of the BTH.
+inline constexpr size_t kIpv4UdpHeaderBytes = 28;
+
+/// Default partition key (full member, default partition).
+inline constexpr uint16_t kDefaultPkey = 0xffff;
+
+/// BTH opcodes of the RC transport (IBTA vol 1, table 38) plus the RoCEv2 CNP (A17.9.3).
+enum class Opcode : uint8_t {
+  kSendFirst = 0x00,
+  kSendMiddle = 0x01,
+  kSendLast = 0x02,
+  kSendLastImm = 0x03,
+  kSendOnly = 0x04,
+  kSendOnlyImm = 0x05,
+  kWriteFirst = 0x06,
+  kWriteMiddle = 0x07,
+  kWriteLast = 0x08,
+  kWriteLastImm = 0x09,
+  kWriteOnly = 0x0a,
+  kWriteOnlyImm = 0x0b,
+  kReadRequest = 0x0c,
+  kReadResponseFirst = 0x0d,
+  kReadResponseMiddle = 0x0e,
+  kReadResponseLast = 0x0f,
+  kReadResponseOnly = 0x10,
+  kAcknowledge = 0x11,
+  kAtomicAcknowledge = 0x12,
+  kCompareSwap = 0x13,
+  kFetchAdd = 0x14,
+  kCnp = 0x81,
+};
+
+/// What an opcode's packet carries and means; bits of OpcodeInfo::mask.
+enum OpcodeFlag : uint32_t {
+  kHasReth = 1u << 0,
+  kHasAeth = 1u << 1,
+  kHasAtomicEth = 1u << 2,
+  kHasAtomicAckEth = 1u << 3,
+  kHasImmDt = 1u << 4,
+  kHasPayload = 1u << 5,
+  kIsRequest = 1u << 6,   ///< requester → responder
+  kIsResponse = 1u << 7,  ///< responder → requester (ACK, read response, atomic ACK)
+  kIsSend = 1u << 8,
+  kIsWrite = 1u << 9,
+  kIsRead = 1u << 10,
+  kIsAtomic = 1u << 11,
+  kIsFirst = 1u << 12,  ///< first packet of a multi-packet message
+  kIsMiddle = 1u << 13,
+  kIsLast = 1u << 14,  ///< last packet of a multi-packet message
+  kIsOnly = 1u << 15,  ///< single-packet message (neither first nor last)
+  kConsumesRecvWqe = 1u << 16,  ///< SEND, or WRITE with immediate (at its last/only packet)
+  kIsCnp = 1u << 17,
+};
+
+/// One row of the opcode table.
+struct OpcodeInfo {
+  const char* name;     ///< e.g. "RC_SEND_FIRST" (rxe/Wireshark spelling)
+  uint32_t mask;        ///< OpcodeFlag bits
+  uint8_t header_bytes; ///< BTH + all extended headers, bytes (payload starts here)
+};
+
+/// Table lookup. Returns nullptr for opcodes softrdma does not implement (UC/UD/RD/XRC,
+/// SEND with invalidate, …); such packets are dropped and counted by the receiver.
+const OpcodeInfo* opcode_info(uint8_t opcode) noexcept;
+
+/// Base Transport Header (IBTA vol 1, 9.2), host-order values.
+struct Bth {
+  uint8_t opcode = 0;
+  bool solicited = false;   ///< SE
+  bool mig_req = true;      ///< M (RoCE senders set 1, as rxe does)
+  uint8_t pad_count = 0;    ///< 0..3 bytes of pad after the payload
+  uint8_t tver = 0;         ///< transport header version, must be 0
+  uint16_t pkey = kDefaultPkey;
+  bool fecn = false;        ///< ECN bits carried in byte 4 (resv8a for the ICRC)
+  bool becn = false;
+  uint32_t dest_qpn = 0;    ///< 24 bits
+  bool ack_req = false;     ///< A
+  uint32_t psn = 0;         ///< 24 bits
+};
+
+/// RDMA Extended Transport Header (9.3.3): WRITE first/only, READ request.
+struct Reth {
+  uint64_t va = 0;
+  uint32_t rkey = 0;
+  uint32_t dma_length = 0;  ///< bytes of the whole message
+};
+
+/// ACK Extended Transport Header (9.3.5).
+struct Aeth {
+  uint8_t syndrome = 0;  ///< see aeth_* helpers below
+  uint32_t msn = 0;      ///< 24 bits
+};
+
+/// Atomic Extended Transport Header (9.3.4): COMPARE & SWAP, FETCH & ADD.
+struct AtomicEth {
+  uint64_t va = 0;  ///< must be 8-byte aligned
+  uint32_t rkey = 0;
+  uint64_t swap_add = 0;  ///< swap value (CmpSwap) or addend (FetchAdd)
+  uint64_t compare = 0;   ///< compare value (CmpSwap only)
+};
+
+/// Atomic ACK Extended Transport Header (9.3.6): the original remote value.
+struct AtomicAckEth {
+  uint64_t orig = 0;
+};
+
+/// The transport headers of one packet. Which of the extended headers are meaningful is
+/// given by info->mask; the others are left at their defaults.
+struct Headers {
+  Bth bth;
+  Reth reth;
+  Aeth aeth;
+  AtomicEth atomic;
+  AtomicAckEth atomic_ack;
+  uint32_t imm_be = 0;  ///< immediate data exactly as on the wire (network order), as ibv_wc
+};
+
+/// A parsed RoCEv2 UDP payload: headers, payload (without pad) and the ICRC as received.
+struct Packet {
+  Headers hdr;
+  const OpcodeInfo* info = nullptr;
+  std::span<const uint8_t> payload;  ///< data bytes, pad excluded
+  uint32_t icrc = 0;                 ///< value of the trailing 4 bytes read little-endian
+};
+
+/// Why a UDP payload was rejected by parse().
+enum class ParseError : uint8_t {
+  kOk = 0,
+  kTruncated,      ///< shorter than BTH + extended headers + pad + ICRC
+  kUnknownOpcode,  ///< opcode_info() returned nullptr
+  kBadVersion,     ///< BTH TVer != 0
+  kBadPadCount,    ///< pad on a packet type that carries no payload
+  kBadLength,      ///< payload present on a payload-less opcode
+};
+
+/// Human-readable ParseError name, e.g. "truncated".
+const char* to_string(ParseError e) noexcept;
+
+/// Parses a RoCEv2 UDP payload (BTH … ICRC). Bounds-checked against every length field;
+/// never reads outside `udp_payload`. Does not verify the ICRC (see icrc.h).
+/// Returns kOk and fills `out` (whose payload span points into `udp_payload`), or the
+/// reason the packet must be dropped.
+ParseError parse(std::span<const uint8_t> udp_payload, Packet& out) noexcept;
+
+/// Writes BTH and the extended headers that `opcode_info(h.bth.opcode)` says the opcode
+/// carries into `out`. Returns the number of bytes written (info->header_bytes), or 0 if
+/// the opcode is unknown or `out` is too small. pad_count is written as given.
+size_t encode_headers(const Headers& h, std::span<uint8_t> out) noexcept;
+
+/// Pad bytes needed after `payload_bytes` of data to reach a 4-byte boundary (9.2.3).
+constexpr uint8_t pad_for(size_t payload_bytes) noexcept {
+  return static_cast<uint8_t>((4 - (payload_bytes & 3)) & 3);
+}
+
+// ---- PSN arithmetic: 24-bit serial numbers (9.7.1) -----------------------------------
+
+inline constexpr uint32_t kPsnMask = 0xffffff;
+
+constexpr uint32_t psn_add(uint32_t psn, uint32_t n) noexcept { return (psn + n) & kPsnMask; }
+
+/// Signed distance a − b in PSN space, in [−2^23, 2^23).
+constexpr int32_t psn_diff(uint32_t a, uint32_t b) noexcept {
+  return static_cast<int32_t>(((a - b) & kPsnMask) << 8) >> 8;
+}
+
+// ---- AETH syndromes (9.7.5.1, table 45) ------------------------------------------------
+
+/// The kind of response an AETH syndrome encodes (bits 7..5 of the syndrome).
+enum class AckKind : uint8_t { kAck, kRnrNak, kNak, kReserved };
+
+/// NAK codes (syndrome bits 4..0 when AckKind is kNak).
+enum class NakCode : uint8_t {
+  kPsnSequenceError = 0,
+  kInvalidRequest = 1,
+  kRemoteAccessError = 2,
+  kRemoteOperationalError = 3,
+  kInvalidRdRequest = 4,
+};
+
+/// Credit field meaning "end-to-end flow control not used" (invalid credit count).
+inline constexpr uint8_t kCreditsUnlimited = 0x1f;
+
+constexpr uint8_t aeth_ack(uint8_t credits = kCreditsUnlimited) noexcept {
+  return static_cast<uint8_t>(credits & 0x1f);
+}
+constexpr uint8_t aeth_rnr_nak(uint8_t rnr_timer) noexcept {
+  return static_cast<uint8_t>(0x20 | (rnr_timer & 0x1f));
+}
+constexpr uint8_t aeth_nak(NakCode code) noexcept {
+  return static_cast<uint8_t>(0x60 | static_cast<uint8_t>(code));
+}
+constexpr AckKind aeth_kind(uint8_t syndrome) noexcept {
+  switch (syndrome >> 5) {
+    case 0: return AckKind::kAck;
+    case 1: return AckKind::kRnrNak;
+    case 3: return AckKind::kNak;
+    default: return AckKind::kReserved;
+  }
+}
+
+/// RNR NAK timer field (5 bits, also ibv_qp_attr::min_rnr_timer) to µs, per IBTA
+/// vol 1 table 45 (0 → 655.36 ms, 1 → 0.01 ms, …, 31 → 491.52 ms).
+uint32_t rnr_timer_usec(uint8_t code) noexcept;
+
+}  // namespace softrdma::wire
