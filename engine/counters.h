@@ -1,0 +1,81 @@
+// Per-device counters in the spirit of Linux rxe's hw_counters (rxe_hw_counters.c), plus
+// softrdma's own drop reasons. Each open device publishes its counters in a small shared
+// memory file, /dev/shm/softrdma.<ipv4>.<pid>, so `softrdma stat` can read the counters of
+// every running softrdma process without talking to it.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace softrdma::engine {
+
+// X(name, help). Names follow rxe where rxe has the counter.
+#define SOFTRDMA_COUNTERS(X)                                                              \
+  X(sent_pkts, "RoCEv2 packets sent")                                                     \
+  X(rcvd_pkts, "RoCEv2 packets received and accepted")                                    \
+  X(sent_bytes, "UDP payload bytes sent")                                                 \
+  X(rcvd_bytes, "UDP payload bytes received")                                             \
+  X(duplicate_request, "duplicate requests seen by the responder (re-ACKed / replayed)")  \
+  X(out_of_seq_request, "requests with a PSN ahead of the expected one (NAK sent once)")  \
+  X(rcvd_seq_err, "PSN sequence error NAKs received")                                     \
+  X(send_rnr_err, "RNR NAKs sent (SEND with no receive posted)")                          \
+  X(rcvd_rnr_err, "RNR NAKs received")                                                    \
+  X(send_nak, "NAKs sent (sequence, access, invalid request)")                            \
+  X(rcvd_nak, "NAKs received (sequence, access, invalid request)")                        \
+  X(ack_sent, "ACK / atomic ACK packets sent")                                            \
+  X(retransmit_timeouts, "retransmit timer expirations")                                  \
+  X(retransmitted_pkts, "request packets sent again (go-back-N)")                         \
+  X(retry_exceeded_err, "QPs failed with IBV_WC_RETRY_EXC_ERR")                           \
+  X(retry_rnr_exceeded_err, "QPs failed with IBV_WC_RNR_RETRY_EXC_ERR")                   \
+  X(rcvd_icrc_err, "packets dropped: ICRC mismatch")                                      \
+  X(rcvd_icrc_id_recovered, "packets from senders with a non-zero IPv4 id, ICRC verified") \
+  X(rcvd_malformed, "packets dropped: truncated or malformed headers")                    \
+  X(rcvd_unknown_qpn, "packets dropped: destination QPN not found")                       \
+  X(rcvd_bad_state, "packets dropped: QP not in a state to accept them")                  \
+  X(rcvd_stale_response, "responses dropped: PSN outside the outstanding window")         \
+  X(emulated_drops, "packets dropped on transmit by the link emulator (SOFTRDMA_NETEM)")  \
+  X(send_err, "sendmsg failures")
+
+/// The live counters of one device. Lives in shared memory; every field is a relaxed
+/// atomic so the progress thread, application threads and `softrdma stat` can touch it.
+struct Counters {
+#define SOFTRDMA_COUNTER_FIELD(name, help) std::atomic<uint64_t> name{0};
+  SOFTRDMA_COUNTERS(SOFTRDMA_COUNTER_FIELD)
+#undef SOFTRDMA_COUNTER_FIELD
+};
+
+/// Adds n to a counter (relaxed).
+inline void bump(std::atomic<uint64_t>& c, uint64_t n = 1) noexcept {
+  c.fetch_add(n, std::memory_order_relaxed);
+}
+
+/// One counter's name, help text and value.
+struct CounterValue {
+  std::string name;
+  std::string help;
+  uint64_t value = 0;
+};
+
+/// A snapshot of one device's counters as published in /dev/shm.
+struct DeviceStats {
+  std::string path;     ///< the shared-memory file
+  std::string address;  ///< the device's IPv4 address, dotted quad
+  int pid = 0;          ///< owning process
+  bool alive = false;   ///< whether that process still exists
+  std::vector<CounterValue> counters;
+  /// Value of a counter by name; 0 if there is no such counter.
+  uint64_t get(const std::string& name) const;
+};
+
+/// Reads every published device's counters (files named softrdma.* in `dir`, by default
+/// /dev/shm). Files of processes that have exited are reported with alive = false.
+/// Unreadable or short files are skipped.
+std::vector<DeviceStats> read_published_stats(const std::string& dir = "/dev/shm");
+
+/// Counters of the live device bound to `address` (dotted quad) owned by process `pid`
+/// (0: any live process). Returns false if none is published.
+bool read_device_stats(const std::string& address, DeviceStats& out, int pid = 0);
+
+}  // namespace softrdma::engine
