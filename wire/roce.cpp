@@ -1,0 +1,281 @@
+// RoCEv2 transport headers: opcode table, parse and encode. See roce.h.
+#include "wire/roce.h"
+
+#include <array>
+#include <cstring>
+
+namespace softrdma::wire {
+namespace {
+
+// ---- Opcode table (data, as rxe_opcode.c) ----------------------------------------------
+
+constexpr uint8_t header_bytes_for(uint32_t mask, size_t extra = 0) {
+  size_t n = kBthBytes + extra;
+  if (mask & kHasReth) n += kRethBytes;
+  if (mask & kHasAtomicEth) n += kAtomicEthBytes;
+  if (mask & kHasAeth) n += kAethBytes;
+  if (mask & kHasAtomicAckEth) n += kAtomicAckEthBytes;
+  if (mask & kHasImmDt) n += kImmDtBytes;
+  return static_cast<uint8_t>(n);
+}
+
+/// Reserved bytes after the BTH of a CNP (IBTA A17.9.3), counted as header bytes.
+constexpr size_t kCnpReservedBytes = 16;
+
+struct Row {
+  Opcode op;
+  const char* name;
+  uint32_t mask;
+  size_t extra = 0;  // header bytes beyond BTH + the extended headers in mask
+};
+
+constexpr uint32_t kReq = kIsRequest;
+constexpr uint32_t kResp = kIsResponse;
+
+constexpr Row kRows[] = {
+    {Opcode::kSendFirst, "RC_SEND_FIRST", kReq | kIsSend | kHasPayload | kIsFirst},
+    {Opcode::kSendMiddle, "RC_SEND_MIDDLE", kReq | kIsSend | kHasPayload | kIsMiddle},
+    {Opcode::kSendLast, "RC_SEND_LAST", kReq | kIsSend | kHasPayload | kIsLast | kConsumesRecvWqe},
+    {Opcode::kSendLastImm, "RC_SEND_LAST_WITH_IMMEDIATE",
+     kReq | kIsSend | kHasPayload | kHasImmDt | kIsLast | kConsumesRecvWqe},
+    {Opcode::kSendOnly, "RC_SEND_ONLY", kReq | kIsSend | kHasPayload | kIsOnly | kConsumesRecvWqe},
+    {Opcode::kSendOnlyImm, "RC_SEND_ONLY_WITH_IMMEDIATE",
+     kReq | kIsSend | kHasPayload | kHasImmDt | kIsOnly | kConsumesRecvWqe},
+    {Opcode::kWriteFirst, "RC_RDMA_WRITE_FIRST",
+     kReq | kIsWrite | kHasReth | kHasPayload | kIsFirst},
+    {Opcode::kWriteMiddle, "RC_RDMA_WRITE_MIDDLE", kReq | kIsWrite | kHasPayload | kIsMiddle},
+    {Opcode::kWriteLast, "RC_RDMA_WRITE_LAST", kReq | kIsWrite | kHasPayload | kIsLast},
+    {Opcode::kWriteLastImm, "RC_RDMA_WRITE_LAST_WITH_IMMEDIATE",
+     kReq | kIsWrite | kHasPayload | kHasImmDt | kIsLast | kConsumesRecvWqe},
+    {Opcode::kWriteOnly, "RC_RDMA_WRITE_ONLY", kReq | kIsWrite | kHasReth | kHasPayload | kIsOnly},
+    {Opcode::kWriteOnlyImm, "RC_RDMA_WRITE_ONLY_WITH_IMMEDIATE",
+     kReq | kIsWrite | kHasReth | kHasPayload | kHasImmDt | kIsOnly | kConsumesRecvWqe},
+    {Opcode::kReadRequest, "RC_RDMA_READ_REQUEST", kReq | kIsRead | kHasReth | kIsOnly},
+    {Opcode::kReadResponseFirst, "RC_RDMA_READ_RESPONSE_FIRST",
+     kResp | kIsRead | kHasAeth | kHasPayload | kIsFirst},
+    {Opcode::kReadResponseMiddle, "RC_RDMA_READ_RESPONSE_MIDDLE",
+     kResp | kIsRead | kHasPayload | kIsMiddle},
+    {Opcode::kReadResponseLast, "RC_RDMA_READ_RESPONSE_LAST",
+     kResp | kIsRead | kHasAeth | kHasPayload | kIsLast},
+    {Opcode::kReadResponseOnly, "RC_RDMA_READ_RESPONSE_ONLY",
+     kResp | kIsRead | kHasAeth | kHasPayload | kIsOnly},
+    {Opcode::kAcknowledge, "RC_ACKNOWLEDGE", kResp | kHasAeth | kIsOnly},
+    {Opcode::kAtomicAcknowledge, "RC_ATOMIC_ACKNOWLEDGE",
+     kResp | kIsAtomic | kHasAeth | kHasAtomicAckEth | kIsOnly},
+    {Opcode::kCompareSwap, "RC_COMPARE_SWAP", kReq | kIsAtomic | kHasAtomicEth | kIsOnly},
+    {Opcode::kFetchAdd, "RC_FETCH_ADD", kReq | kIsAtomic | kHasAtomicEth | kIsOnly},
+    {Opcode::kCnp, "CNP", kIsCnp, kCnpReservedBytes},
+};
+
+constexpr std::array<OpcodeInfo, 256> make_table() {
+  std::array<OpcodeInfo, 256> t{};
+  for (const Row& r : kRows) {
+    t[static_cast<uint8_t>(r.op)] = OpcodeInfo{r.name, r.mask, header_bytes_for(r.mask, r.extra)};
+  }
+  return t;
+}
+
+constexpr std::array<OpcodeInfo, 256> kTable = make_table();
+
+static_assert(kTable[0x13].header_bytes == kMaxTransportHeaderBytes);
+static_assert(kTable[0x0b].header_bytes == kBthBytes + kRethBytes + kImmDtBytes);
+static_assert(kTable[0x12].header_bytes == kBthBytes + kAethBytes + kAtomicAckEthBytes);
+static_assert(kTable[0x81].header_bytes == kBthBytes + kCnpReservedBytes);
+
+// ---- Big-endian field access (memcpy-free byte arithmetic, no alignment assumptions) --
+
+uint16_t load16(const uint8_t* p) {
+  return static_cast<uint16_t>((p[0] << 8) | p[1]);
+}
+uint32_t load24(const uint8_t* p) {
+  return (uint32_t{p[0]} << 16) | (uint32_t{p[1]} << 8) | uint32_t{p[2]};
+}
+uint32_t load32(const uint8_t* p) {
+  return (uint32_t{p[0]} << 24) | (uint32_t{p[1]} << 16) | (uint32_t{p[2]} << 8) | uint32_t{p[3]};
+}
+uint64_t load64(const uint8_t* p) {
+  return (uint64_t{load32(p)} << 32) | load32(p + 4);
+}
+
+void store16(uint8_t* p, uint16_t v) {
+  p[0] = static_cast<uint8_t>(v >> 8);
+  p[1] = static_cast<uint8_t>(v);
+}
+void store24(uint8_t* p, uint32_t v) {
+  p[0] = static_cast<uint8_t>(v >> 16);
+  p[1] = static_cast<uint8_t>(v >> 8);
+  p[2] = static_cast<uint8_t>(v);
+}
+void store32(uint8_t* p, uint32_t v) {
+  p[0] = static_cast<uint8_t>(v >> 24);
+  p[1] = static_cast<uint8_t>(v >> 16);
+  p[2] = static_cast<uint8_t>(v >> 8);
+  p[3] = static_cast<uint8_t>(v);
+}
+void store64(uint8_t* p, uint64_t v) {
+  store32(p, static_cast<uint32_t>(v >> 32));
+  store32(p + 4, static_cast<uint32_t>(v));
+}
+
+// BTH byte 1 / byte 4 / byte 8 bit positions.
+constexpr uint8_t kSeBit = 0x80;
+constexpr uint8_t kMigBit = 0x40;
+constexpr unsigned kPadShift = 4;
+constexpr uint8_t kTverMask = 0x0f;
+constexpr uint8_t kFecnBit = 0x80;
+constexpr uint8_t kBecnBit = 0x40;
+constexpr uint8_t kAckReqBit = 0x80;
+
+constexpr uint32_t kRnrTimerUsec[32] = {
+    655360, 10,    20,    30,    40,    60,     80,     120,    160,    240,    320,
+    480,    640,   960,   1280,  1920,  2560,   3840,   5120,   7680,   10240,  15360,
+    20480,  30720, 40960, 61440, 81920, 122880, 163840, 245760, 327680, 491520,
+};
+
+}  // namespace
+
+const OpcodeInfo* opcode_info(uint8_t opcode) noexcept {
+  const OpcodeInfo& row = kTable[opcode];
+  return row.name != nullptr ? &row : nullptr;
+}
+
+const char* to_string(ParseError e) noexcept {
+  switch (e) {
+    case ParseError::kOk:
+      return "ok";
+    case ParseError::kTruncated:
+      return "truncated";
+    case ParseError::kUnknownOpcode:
+      return "unknown opcode";
+    case ParseError::kBadVersion:
+      return "bad transport version";
+    case ParseError::kBadPadCount:
+      return "bad pad count";
+    case ParseError::kBadLength:
+      return "bad length";
+  }
+  return "invalid ParseError";
+}
+
+ParseError parse(std::span<const uint8_t> udp_payload, Packet& out) noexcept {
+  const size_t len = udp_payload.size();
+  const uint8_t* p = udp_payload.data();
+  if (len < kBthBytes) return ParseError::kTruncated;
+
+  const OpcodeInfo* info = opcode_info(p[0]);
+  if (info == nullptr) return ParseError::kUnknownOpcode;
+  if ((p[1] & kTverMask) != 0) return ParseError::kBadVersion;
+  const uint8_t pad = static_cast<uint8_t>((p[1] >> kPadShift) & 3);
+  const bool has_payload = (info->mask & kHasPayload) != 0;
+  if (!has_payload && pad != 0) return ParseError::kBadPadCount;
+  // header_bytes <= 40, pad <= 3: the sum cannot overflow.
+  const size_t fixed = size_t{info->header_bytes} + pad + kIcrcBytes;
+  if (len < fixed) return ParseError::kTruncated;
+  const size_t payload_bytes = len - fixed;
+  if (!has_payload && payload_bytes != 0) return ParseError::kBadLength;
+
+  Headers h{};
+  Bth& bth = h.bth;
+  bth.opcode = p[0];
+  bth.solicited = (p[1] & kSeBit) != 0;
+  bth.mig_req = (p[1] & kMigBit) != 0;
+  bth.pad_count = pad;
+  bth.tver = 0;
+  bth.pkey = load16(p + 2);
+  bth.fecn = (p[4] & kFecnBit) != 0;
+  bth.becn = (p[4] & kBecnBit) != 0;
+  bth.dest_qpn = load24(p + 5);
+  bth.ack_req = (p[8] & kAckReqBit) != 0;
+  bth.psn = load24(p + 9);
+
+  const uint8_t* q = p + kBthBytes;
+  if (info->mask & kHasReth) {
+    h.reth.va = load64(q);
+    h.reth.rkey = load32(q + 8);
+    h.reth.dma_length = load32(q + 12);
+    q += kRethBytes;
+  }
+  if (info->mask & kHasAtomicEth) {
+    h.atomic.va = load64(q);
+    h.atomic.rkey = load32(q + 8);
+    h.atomic.swap_add = load64(q + 12);
+    h.atomic.compare = load64(q + 20);
+    q += kAtomicEthBytes;
+  }
+  if (info->mask & kHasAeth) {
+    h.aeth.syndrome = q[0];
+    h.aeth.msn = load24(q + 1);
+    q += kAethBytes;
+  }
+  if (info->mask & kHasAtomicAckEth) {
+    h.atomic_ack.orig = load64(q);
+    q += kAtomicAckEthBytes;
+  }
+  if (info->mask & kHasImmDt) {
+    std::memcpy(&h.imm_be, q, kImmDtBytes);  // kept in network order
+  }
+
+  uint32_t icrc = 0;
+  const uint8_t* tail = p + len - kIcrcBytes;
+  for (size_t i = kIcrcBytes; i-- > 0;) icrc = (icrc << 8) | tail[i];
+
+  out.hdr = h;
+  out.info = info;
+  out.payload = udp_payload.subspan(info->header_bytes, payload_bytes);
+  out.icrc = icrc;
+  return ParseError::kOk;
+}
+
+size_t encode_headers(const Headers& h, std::span<uint8_t> out) noexcept {
+  const OpcodeInfo* info = opcode_info(h.bth.opcode);
+  if (info == nullptr || out.size() < info->header_bytes) return 0;
+  uint8_t* p = out.data();
+  const Bth& bth = h.bth;
+
+  p[0] = bth.opcode;
+  p[1] = static_cast<uint8_t>((bth.solicited ? kSeBit : 0) | (bth.mig_req ? kMigBit : 0) |
+                              ((bth.pad_count & 3u) << kPadShift) | (bth.tver & kTverMask));
+  store16(p + 2, bth.pkey);
+  p[4] = static_cast<uint8_t>((bth.fecn ? kFecnBit : 0) | (bth.becn ? kBecnBit : 0));
+  store24(p + 5, bth.dest_qpn & kPsnMask);
+  p[8] = bth.ack_req ? kAckReqBit : 0;
+  store24(p + 9, bth.psn & kPsnMask);
+
+  uint8_t* q = p + kBthBytes;
+  if (info->mask & kHasReth) {
+    store64(q, h.reth.va);
+    store32(q + 8, h.reth.rkey);
+    store32(q + 12, h.reth.dma_length);
+    q += kRethBytes;
+  }
+  if (info->mask & kHasAtomicEth) {
+    store64(q, h.atomic.va);
+    store32(q + 8, h.atomic.rkey);
+    store64(q + 12, h.atomic.swap_add);
+    store64(q + 20, h.atomic.compare);
+    q += kAtomicEthBytes;
+  }
+  if (info->mask & kHasAeth) {
+    q[0] = h.aeth.syndrome;
+    store24(q + 1, h.aeth.msn & kPsnMask);
+    q += kAethBytes;
+  }
+  if (info->mask & kHasAtomicAckEth) {
+    store64(q, h.atomic_ack.orig);
+    q += kAtomicAckEthBytes;
+  }
+  if (info->mask & kHasImmDt) {
+    std::memcpy(q, &h.imm_be, kImmDtBytes);
+    q += kImmDtBytes;
+  }
+  // Reserved header bytes (the CNP's 16) are sent as zero.
+  const size_t written = static_cast<size_t>(q - p);
+  std::memset(q, 0, info->header_bytes - written);
+  return info->header_bytes;
+}
+
+uint32_t rnr_timer_usec(uint8_t code) noexcept {
+  return kRnrTimerUsec[code & 0x1f];
+}
+
+}  // namespace softrdma::wire
