@@ -34,6 +34,7 @@ namespace softrdma::engine {
   X(rcvd_malformed, "packets dropped: truncated or malformed headers")                    \
   X(rcvd_unknown_qpn, "packets dropped: destination QPN not found")                       \
   X(rcvd_bad_state, "packets dropped: QP not in a state to accept them")                  \
+  X(rcvd_addr_err, "packets dropped: source address is not the QP's peer")               \
   X(rcvd_stale_response, "responses dropped: PSN outside the outstanding window")         \
   X(emulated_drops, "packets dropped on transmit by the link emulator (SOFTRDMA_NETEM)")  \
   X(send_err, "sendmsg failures")

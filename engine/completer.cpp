@@ -1,0 +1,239 @@
+// Completer: ACK/NAK, read responses, atomic ACKs → send CQEs; retransmit and RNR timers
+// (IBTA vol 1, 9.7.5.2 requester side of ACK/NAK protocol, 9.7.6 retries; rxe_comp.c).
+#include <cstring>
+
+#include "engine/cq.h"
+#include "engine/qp.h"
+
+namespace softrdma::engine::completer {
+
+namespace {
+
+using wire::psn_add;
+using wire::psn_diff;
+
+void note_progress(QueuePair& qp, Transport& t) {
+  qp.comp.retry_left = qp.attr.retry_cnt;
+  qp.comp.rnr_retry_left = qp.attr.rnr_retry;
+  qp.comp.last_progress_ns = t.now_ns();
+  auto& inflight = qp.comp.rd_atomic_inflight;
+  while (!inflight.empty() && psn_diff(inflight.front(), qp.comp.psn) < 0) inflight.pop_front();
+}
+
+// Everything up to and including `psn` is acknowledged. Completes SEND/WRITE WQEs that it
+// covers. Returns false when it covers a READ/ATOMIC whose response has not arrived: that
+// response was lost (an ACK for a later PSN implies it was sent), so the caller retries.
+bool complete_acked(QueuePair& qp, Transport& t, uint32_t psn) {
+  bool progress = false, ok = true;
+  while (!qp.sq.empty()) {
+    SendWqe& w = qp.sq.front();
+    if (!w.started || psn_diff(psn, qp.comp.psn) < 0) break;
+    if (w.is_read_or_atomic()) {
+      ok = false;  // psn ≥ comp.psn lies in or beyond an unanswered READ/ATOMIC
+      break;
+    }
+    if (psn_diff(psn, w.last_psn()) < 0) {
+      qp.comp.psn = psn_add(psn, 1);  // part of a multi-packet message
+      progress = true;
+      break;
+    }
+    qp.comp.psn = psn_add(w.last_psn(), 1);
+    progress = true;
+    qp.retire_send(WcStatus::kSuccess, static_cast<uint32_t>(w.length));
+  }
+  if (progress) note_progress(qp, t);
+  return ok;
+}
+
+// Go-back-N from the oldest unacknowledged PSN.
+void retry_from(QueuePair& qp, uint32_t psn) {
+  requester::rewind(qp, psn);
+}
+
+bool retry_budget(QueuePair& qp, Transport& t) {
+  if (qp.comp.retry_left == 0) {
+    bump(t.counters().retry_exceeded_err);
+    qp.enter_error(WcStatus::kRetryExcErr);
+    return false;
+  }
+  --qp.comp.retry_left;
+  return true;
+}
+
+// A response ahead of the one expected: an earlier one was lost. Rewind once per
+// expected PSN rather than waiting for the retransmit timer.
+void fast_retry(QueuePair& qp, Transport& t) {
+  if (qp.comp.fast_retry_psn == qp.comp.psn) return;
+  qp.comp.fast_retry_psn = qp.comp.psn;
+  bump(t.counters().rcvd_stale_response);
+  retry_from(qp, qp.comp.psn);
+}
+
+void on_ack(QueuePair& qp, const wire::Packet& pkt, Transport& t) {
+  const uint32_t psn = pkt.hdr.bth.psn;
+  const uint8_t syn = pkt.hdr.aeth.syndrome;
+  switch (wire::aeth_kind(syn)) {
+    case wire::AckKind::kAck:
+      if (!complete_acked(qp, t, psn)) fast_retry(qp, t);
+      return;
+    case wire::AckKind::kRnrNak: {
+      bump(t.counters().rcvd_rnr_err);
+      complete_acked(qp, t, psn_add(psn, wire::kPsnMask));  // psn − 1
+      if (qp.comp.rnr_retry_left == 0) {
+        bump(t.counters().retry_rnr_exceeded_err);
+        qp.enter_error(WcStatus::kRnrRetryExcErr);
+        return;
+      }
+      if (qp.attr.rnr_retry != 7) --qp.comp.rnr_retry_left;  // 7 means retry forever
+      retry_from(qp, psn);
+      qp.req.rnr_wait = true;
+      qp.comp.rnr_ns = t.now_ns() + uint64_t{wire::rnr_timer_usec(syn & 0x1f)} * 1000;
+      t.timer_armed(qp.comp.rnr_ns);
+      return;
+    }
+    case wire::AckKind::kNak: {
+      bump(t.counters().rcvd_nak);
+      const bool progressed = psn_diff(psn, qp.comp.psn) > 0;
+      complete_acked(qp, t, psn_add(psn, wire::kPsnMask));
+      switch (static_cast<wire::NakCode>(syn & 0x1f)) {
+        case wire::NakCode::kPsnSequenceError:
+          bump(t.counters().rcvd_seq_err);
+          if (qp.req.rnr_wait) return;  // the RNR retry goes back to this PSN anyway
+          if (!progressed && !retry_budget(qp, t)) return;
+          retry_from(qp, psn);
+          return;
+        case wire::NakCode::kRemoteAccessError:
+          qp.enter_error(WcStatus::kRemAccessErr);
+          return;
+        case wire::NakCode::kRemoteOperationalError:
+          qp.enter_error(WcStatus::kRemOpErr);
+          return;
+        case wire::NakCode::kInvalidRequest:
+        case wire::NakCode::kInvalidRdRequest:
+        default:
+          qp.enter_error(WcStatus::kRemInvReqErr);
+          return;
+      }
+    }
+    case wire::AckKind::kReserved:
+      bump(t.counters().rcvd_malformed);
+      return;
+  }
+}
+
+// Copies `data` into the WQE's local buffers at byte `offset`.
+void scatter(SendWqe& w, uint64_t offset, std::span<const uint8_t> data) {
+  size_t done = 0;
+  for (const iovec& v : w.local) {
+    if (done == data.size()) break;
+    if (offset >= v.iov_len) {
+      offset -= v.iov_len;
+      continue;
+    }
+    size_t take = std::min<size_t>(v.iov_len - offset, data.size() - done);
+    std::memcpy(static_cast<uint8_t*>(v.iov_base) + offset, data.data() + done, take);
+    done += take;
+    offset = 0;
+  }
+}
+
+void on_read_response(QueuePair& qp, const wire::Packet& pkt, Transport& t) {
+  const uint32_t psn = pkt.hdr.bth.psn;
+  // A response implicitly acknowledges every earlier request (IBTA 9.7.5.1.2).
+  if (!complete_acked(qp, t, psn_add(psn, wire::kPsnMask)) || psn != qp.comp.psn) {
+    fast_retry(qp, t);
+    return;
+  }
+  if (qp.sq.empty()) return;
+  SendWqe& w = qp.sq.front();
+  if (!w.started || w.wr.opcode != WrOpcode::kRdmaRead || psn_diff(psn, w.last_psn()) > 0) {
+    bump(t.counters().rcvd_stale_response);
+    return;
+  }
+  const uint64_t offset = uint64_t(psn_diff(psn, w.first_psn)) * qp.mtu;
+  const bool last = psn == w.last_psn();
+  const uint64_t expect = last ? w.length - offset : qp.mtu;
+  if (pkt.payload.size() != expect) {
+    bump(t.counters().rcvd_malformed);  // wrong size for its PSN: drop, the timer recovers
+    return;
+  }
+  scatter(w, offset, pkt.payload);
+  qp.comp.psn = psn_add(psn, 1);
+  note_progress(qp, t);
+  if (last) qp.retire_send(WcStatus::kSuccess, static_cast<uint32_t>(w.length));
+}
+
+void on_atomic_ack(QueuePair& qp, const wire::Packet& pkt, Transport& t) {
+  const uint32_t psn = pkt.hdr.bth.psn;
+  if (!complete_acked(qp, t, psn_add(psn, wire::kPsnMask)) || psn != qp.comp.psn) {
+    fast_retry(qp, t);
+    return;
+  }
+  if (qp.sq.empty()) return;
+  SendWqe& w = qp.sq.front();
+  if (!w.started || !w.is_read_or_atomic() || w.wr.opcode == WrOpcode::kRdmaRead) {
+    bump(t.counters().rcvd_stale_response);
+    return;
+  }
+  const uint64_t orig = pkt.hdr.atomic_ack.orig;
+  uint8_t bytes[8];
+  std::memcpy(bytes, &orig, sizeof bytes);  // host order, as the CPU would read it
+  scatter(w, 0, bytes);
+  qp.comp.psn = psn_add(psn, 1);
+  note_progress(qp, t);
+  qp.retire_send(WcStatus::kSuccess, 8);
+}
+
+}  // namespace
+
+void on_response(QueuePair& qp, const wire::Packet& pkt, Transport& t) {
+  const uint32_t psn = pkt.hdr.bth.psn;
+  // Only PSNs that were sent and are not yet acknowledged mean anything; an ACK for
+  // comp.psn − 1 is a harmless duplicate.
+  if (psn_diff(psn, qp.req.max_psn) >= 0 || psn_diff(psn, qp.comp.psn) < -1 ||
+      (psn_diff(psn, qp.comp.psn) == -1 &&
+       pkt.hdr.bth.opcode != static_cast<uint8_t>(wire::Opcode::kAcknowledge))) {
+    bump(t.counters().rcvd_stale_response);
+    return;
+  }
+  const uint32_t mask = pkt.info->mask;
+  if (pkt.hdr.bth.opcode == static_cast<uint8_t>(wire::Opcode::kAcknowledge))
+    on_ack(qp, pkt, t);
+  else if (mask & wire::kIsRead)
+    on_read_response(qp, pkt, t);
+  else if (mask & wire::kHasAtomicAckEth)
+    on_atomic_ack(qp, pkt, t);
+  if (qp.attr.state == QpState::kErr) return;
+  // The retransmit timer stays armed even when nothing is outstanding: on_timer clears
+  // it lazily, so a steady stream of messages never re-arms it (and never wakes the
+  // progress thread to do so).
+  requester::run(qp, t);
+}
+
+void on_timer(QueuePair& qp, Transport& t, uint64_t now) {
+  if (qp.comp.rnr_ns && now >= qp.comp.rnr_ns) {
+    qp.comp.rnr_ns = 0;
+    qp.req.rnr_wait = false;
+    requester::run(qp, t);
+  }
+  if (!qp.comp.timer_ns || now < qp.comp.timer_ns) return;
+  const bool outstanding = psn_diff(qp.req.max_psn, qp.comp.psn) > 0 && !qp.sq.empty() &&
+                           qp.sq.front().started;
+  if (!outstanding || qp.req.rnr_wait) {
+    qp.comp.timer_ns = 0;
+    return;
+  }
+  const uint64_t rto = qp.retransmit_timeout_ns();
+  if (now < qp.comp.last_progress_ns + rto) {
+    qp.comp.timer_ns = qp.comp.last_progress_ns + rto;  // lazy timer: progress since armed
+    return;
+  }
+  bump(t.counters().retransmit_timeouts);
+  qp.comp.timer_ns = 0;
+  if (!retry_budget(qp, t)) return;
+  qp.comp.fast_retry_psn = 0xffffffff;
+  retry_from(qp, qp.comp.psn);
+  requester::run(qp, t);
+}
+
+}  // namespace softrdma::engine::completer

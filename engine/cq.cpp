@@ -1,0 +1,90 @@
+#include "engine/cq.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include "engine/device.h"
+
+namespace softrdma::engine {
+
+CompletionChannel::CompletionChannel() {
+  int fds[2];
+  if (::pipe2(fds, O_CLOEXEC) == 0) {
+    read_fd_ = fds[0];
+    write_fd_ = fds[1];
+    // The writer (engine, under the device lock) must never block; one record per armed
+    // CQ is all that can be outstanding, far below the pipe's capacity.
+    ::fcntl(write_fd_, F_SETFL, O_NONBLOCK);
+  }
+}
+
+CompletionChannel::~CompletionChannel() {
+  if (read_fd_ >= 0) ::close(read_fd_);
+  if (write_fd_ >= 0) ::close(write_fd_);
+}
+
+void CompletionChannel::notify(void* handle) {
+  ssize_t r = ::write(write_fd_, &handle, sizeof handle);
+  (void)r;  // a full pipe means the application stopped reading events; nothing to do
+}
+
+CompletionQueue::CompletionQueue(Device& dev, uint32_t capacity, CompletionChannel* channel,
+                                 void* event_handle)
+    : dev_(dev), channel_(channel), event_handle_(event_handle), ring_(capacity) {
+  if (channel_) channel_->users++;
+}
+
+CompletionQueue::~CompletionQueue() {
+  if (channel_) channel_->users--;
+}
+
+bool CompletionQueue::push(const Cqe& cqe, bool solicited) {
+  std::lock_guard lk(mu_);
+  if (count_ == ring_.size()) {
+    overrun_ = true;  // IBTA 11.4.2.1: CQ overrun is an error of the CQ
+    return false;
+  }
+  ring_[(head_ + count_) % ring_.size()] = cqe;
+  ++count_;
+  if (arm_ == Arm::kAll || (arm_ == Arm::kSolicited && (solicited || cqe.status != WcStatus::kSuccess))) {
+    arm_ = Arm::kNone;
+    if (channel_) channel_->notify(event_handle_);
+  }
+  return true;
+}
+
+int CompletionQueue::pop_locked(int n, Cqe* out) {
+  int k = 0;
+  while (k < n && count_ > 0) {
+    out[k++] = ring_[head_];
+    head_ = (head_ + 1) % ring_.size();
+    --count_;
+  }
+  return k;
+}
+
+int CompletionQueue::poll(int n, Cqe* out) {
+  if (n <= 0) return 0;
+  {
+    std::lock_guard lk(mu_);
+    if (overrun_) return -1;
+    if (count_ > 0) return pop_locked(n, out);
+  }
+  dev_.try_progress();
+  std::lock_guard lk(mu_);
+  if (overrun_) return -1;
+  return pop_locked(n, out);
+}
+
+int CompletionQueue::request_notify(bool solicited_only) {
+  std::lock_guard lk(mu_);
+  // Arming for all completions overrides a solicited-only arm, never the reverse.
+  if (solicited_only) {
+    if (arm_ == Arm::kNone) arm_ = Arm::kSolicited;
+  } else {
+    arm_ = Arm::kAll;
+  }
+  return 0;
+}
+
+}  // namespace softrdma::engine

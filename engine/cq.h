@@ -1,0 +1,82 @@
+// Completion queues and completion channels (IBTA vol 1, 11.4.2; verbs ibv_create_cq,
+// ibv_req_notify_cq, ibv_get_cq_event).
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <mutex>
+#include <vector>
+
+#include "engine/types.h"
+
+namespace softrdma::engine {
+
+class Device;
+
+/// A completion channel: a pipe whose read end is the fd applications poll/epoll on. Each
+/// completion event writes one pointer-sized record (the CQ's event handle) to it.
+class CompletionChannel {
+ public:
+  CompletionChannel();
+  ~CompletionChannel();
+  CompletionChannel(const CompletionChannel&) = delete;
+  CompletionChannel& operator=(const CompletionChannel&) = delete;
+
+  /// True if the pipe was created.
+  bool ok() const { return read_fd_ >= 0; }
+  /// The fd readable when an event is queued (ibv_comp_channel::fd).
+  int fd() const { return read_fd_; }
+  /// Queues an event for the CQ whose event handle is `handle`.
+  void notify(void* handle);
+  /// CQs attached; destroy is refused (EBUSY) while > 0.
+  std::atomic<int> users{0};
+
+ private:
+  int read_fd_ = -1;
+  int write_fd_ = -1;
+};
+
+/// A completion queue: a bounded FIFO of CQEs, produced by the engine under the device
+/// lock, consumed by poll() from application threads.
+class CompletionQueue {
+ public:
+  /// `capacity` CQEs (already validated against DeviceLimits::kMaxCqe). `channel` may be
+  /// null; `event_handle` is what an event on the channel reports (the ibv_cq*).
+  CompletionQueue(Device& dev, uint32_t capacity, CompletionChannel* channel, void* event_handle);
+  ~CompletionQueue();
+
+  Device& device() const { return dev_; }
+  uint32_t capacity() const { return static_cast<uint32_t>(ring_.size()); }
+
+  /// Appends a CQE; `solicited` marks a receive completion of a message sent with the
+  /// solicited event bit. Fires the channel if the CQ is armed accordingly. Returns false
+  /// (and latches the overrun flag) if the CQ is full.
+  bool push(const Cqe& cqe, bool solicited);
+
+  /// Moves up to `n` CQEs into `out`; returns how many. When the CQ is empty, drives the
+  /// device's progress once on the caller's thread (busy-polling callers get packets
+  /// processed without waiting for the progress thread). Returns -1 after an overrun.
+  int poll(int n, Cqe* out);
+
+  /// Arms the CQ: the next completion (or next solicited receive completion when
+  /// `solicited_only`) fires one event on the channel. Returns 0.
+  int request_notify(bool solicited_only);
+
+  /// QPs that use this CQ; destroy is refused (EBUSY) while > 0.
+  std::atomic<int> users{0};
+
+ private:
+  int pop_locked(int n, Cqe* out);
+
+  Device& dev_;
+  CompletionChannel* channel_;
+  void* event_handle_;
+  std::mutex mu_;
+  std::vector<Cqe> ring_;
+  size_t head_ = 0;  // next to poll
+  size_t count_ = 0;
+  enum class Arm : uint8_t { kNone, kSolicited, kAll } arm_ = Arm::kNone;
+  bool overrun_ = false;
+};
+
+}  // namespace softrdma::engine

@@ -1,0 +1,393 @@
+#include "engine/device.h"
+
+#include <ifaddrs.h>
+#include <net/if.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/ioctl.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <random>
+
+#include "engine/counter_publisher.h"
+#include "engine/log.h"
+#include "engine/memory.h"
+#include "engine/qp.h"
+#include "wire/icrc.h"
+
+namespace softrdma::engine {
+
+namespace {
+
+constexpr size_t kTxBatch = 64;
+constexpr size_t kRxBatch = 64;
+/// Receive buffer per datagram: the largest RoCEv2 UDP payload (4096 B MTU + 40 B of
+/// headers + pad + ICRC) with room to spare, so anything larger is seen as truncated.
+constexpr size_t kRxBufferBytes = 4096 + 256;
+/// Packets processed per progress round before timers and other work get a turn.
+constexpr size_t kRxBudget = 1024;
+/// RoCEv2 headers a packet adds on top of the IB MTU, as rxe budgets them (RXE_MAX_HDR_LENGTH).
+constexpr uint32_t kRoceOverhead = 80;
+
+uint32_t interface_mtu(uint32_t ip) {
+  uint32_t mtu = 1500;
+  ifaddrs* list = nullptr;
+  if (::getifaddrs(&list) != 0) return mtu;
+  for (ifaddrs* i = list; i; i = i->ifa_next) {
+    if (!i->ifa_addr || i->ifa_addr->sa_family != AF_INET) continue;
+    auto* sin = reinterpret_cast<sockaddr_in*>(i->ifa_addr);
+    auto* mask = reinterpret_cast<sockaddr_in*>(i->ifa_netmask);
+    uint32_t a = ntohl(sin->sin_addr.s_addr), m = mask ? ntohl(mask->sin_addr.s_addr) : ~0u;
+    if ((a & m) != (ip & m)) continue;
+    int fd = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    if (fd >= 0) {
+      ifreq r{};
+      std::strncpy(r.ifr_name, i->ifa_name, IFNAMSIZ - 1);
+      if (::ioctl(fd, SIOCGIFMTU, &r) == 0) mtu = static_cast<uint32_t>(r.ifr_mtu);
+      ::close(fd);
+    }
+    break;
+  }
+  ::freeifaddrs(list);
+  return mtu;
+}
+
+uint8_t ib_mtu_for(uint32_t netdev_mtu) {
+  for (uint8_t e = 5; e >= 1; --e)
+    if (mtu_bytes(e) + kRoceOverhead <= netdev_mtu) return e;
+  return 1;
+}
+
+}  // namespace
+
+bool DeviceConfig::from_environment(DeviceConfig& out, std::string& error) {
+  DeviceConfig c = out;
+  if (const char* a = std::getenv("SOFTRDMA_ADDR"); a && *a) {
+    if (!net::ipv4_from_string(a, c.ip) || c.ip == 0) {
+      error = std::string("SOFTRDMA_ADDR: not an IPv4 address: '") + a + "'";
+      return false;
+    }
+  }
+  if (const char* n = std::getenv("SOFTRDMA_NETEM"); n && *n) {
+    std::string e;
+    if (!net::parse_netem(n, c.netem, e)) {
+      error = "SOFTRDMA_NETEM: " + e;
+      return false;
+    }
+  }
+  out = c;
+  return true;
+}
+
+std::unique_ptr<Device> Device::open(const DeviceConfig& cfg, int& err) {
+  std::unique_ptr<Device> d(new Device());
+  err = 0;
+  if (cfg.ip) {
+    err = d->port_.bind(cfg.ip, wire::kRoceV2Port, cfg.socket_buffer_bytes);
+  } else {
+    // First free loopback address: several processes on one host each get their own.
+    err = EADDRINUSE;
+    for (uint32_t x = 1; x < 255 && err == EADDRINUSE; ++x)
+      err = d->port_.bind((127u << 24) | x, wire::kRoceV2Port, cfg.socket_buffer_bytes);
+  }
+  if (err) return nullptr;
+
+  d->netdev_mtu_ = interface_mtu(d->ip());
+  d->active_mtu_ = ib_mtu_for(d->netdev_mtu_);
+  if (cfg.netem.enabled()) d->netem_ = std::make_unique<net::Netem>(cfg.netem);
+  d->publisher_ = std::make_unique<CounterPublisher>(d->ip(), cfg.publish_counters);
+  d->counters_ = &d->publisher_->counters();
+
+  // QPNs start at a random point so a restarted process is unlikely to reuse the QPN a
+  // stale peer still sends to.
+  std::random_device rd;
+  d->next_qpn_ = 0x100 + (rd() % 0x100000);
+
+  d->tx_.resize(kTxBatch);
+  d->rx_buffers_.assign(kRxBatch, std::vector<uint8_t>(kRxBufferBytes));
+  d->rx_slots_.resize(kRxBatch);
+  for (size_t i = 0; i < kRxBatch; ++i) {
+    d->rx_slots_[i].data = d->rx_buffers_[i].data();
+    d->rx_slots_[i].capacity = kRxBufferBytes;
+  }
+
+  d->epoll_fd_ = ::epoll_create1(EPOLL_CLOEXEC);
+  d->event_fd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  if (d->epoll_fd_ < 0 || d->event_fd_ < 0) {
+    err = errno;
+    return nullptr;
+  }
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.fd = d->port_.fd();
+  ::epoll_ctl(d->epoll_fd_, EPOLL_CTL_ADD, d->port_.fd(), &ev);
+  ev.data.fd = d->event_fd_;
+  ::epoll_ctl(d->epoll_fd_, EPOLL_CTL_ADD, d->event_fd_, &ev);
+  log().info("device srdma0 bound to {}:{} (netdev MTU {}, active MTU {})",
+             net::ipv4_to_string(d->ip()), wire::kRoceV2Port, d->netdev_mtu_,
+             mtu_bytes(d->active_mtu_));
+  d->thread_ = std::thread([dev = d.get()] { dev->progress_thread(); });
+  return d;
+}
+
+Device::~Device() {
+  stop_ = true;
+  wake();
+  if (thread_.joinable()) thread_.join();
+  if (epoll_fd_ >= 0) ::close(epoll_fd_);
+  if (event_fd_ >= 0) ::close(event_fd_);
+}
+
+uint64_t Device::now_ns() {
+  timespec ts;
+  ::clock_gettime(CLOCK_MONOTONIC, &ts);
+  return uint64_t(ts.tv_sec) * 1'000'000'000ull + uint64_t(ts.tv_nsec);
+}
+
+void Device::wake() {
+  uint64_t one = 1;
+  ssize_t r = ::write(event_fd_, &one, sizeof one);
+  (void)r;
+}
+
+void Device::timer_armed(uint64_t deadline_ns) {
+  const uint64_t s = sleep_until_ns_.load(std::memory_order_relaxed);
+  if (s == 0 || deadline_ns < s) wake();
+}
+
+uint32_t Device::register_qp(QueuePair* qp) {
+  uint32_t qpn;
+  do {
+    qpn = next_qpn_;
+    next_qpn_ = (next_qpn_ + 1) & wire::kPsnMask;
+    if (next_qpn_ < 0x100) next_qpn_ = 0x100;  // QPN 0 and 1 are special (SMI/GSI)
+  } while (qps_.count(qpn));
+  qps_[qpn] = qp;
+  return qpn;
+}
+
+void Device::unregister_qp(uint32_t qpn) { qps_.erase(qpn); }
+
+uint32_t Device::register_mr(MemoryRegion* mr) {
+  // key = index << 8 | 8 random bits, so a stale key is unlikely to match a new MR.
+  static thread_local std::minstd_rand rng{std::random_device{}()};
+  uint32_t key;
+  do {
+    key = (next_mr_index_++ << 8) | (rng() & 0xff);
+    if (next_mr_index_ >= (1u << 24)) next_mr_index_ = 1;
+  } while (mrs_.count(key));
+  mrs_[key] = mr;
+  return key;
+}
+
+void Device::unregister_mr(uint32_t key) { mrs_.erase(key); }
+
+MemoryRegion* Device::find_mr(uint32_t key) {
+  auto it = mrs_.find(key);
+  return it == mrs_.end() ? nullptr : it->second;
+}
+
+void Device::kick(QueuePair& qp) {
+  requester::run(qp, *this);
+  flush();
+}
+
+void Device::transmit(wire::Headers h, uint32_t dst_ip, std::span<const iovec> payload,
+                      uint32_t payload_len) {
+  if (netem_ && netem_->drop()) {
+    bump(counters_->emulated_drops);
+    return;
+  }
+  if (tx_count_ == tx_.size()) flush();
+  TxSlot& s = tx_[tx_count_];
+  const uint8_t pad = wire::pad_for(payload_len);
+  h.bth.pad_count = pad;
+  const size_t hlen = wire::encode_headers(h, s.hdr);
+  if (hlen == 0) return;  // unknown opcode: a bug in the caller, never sent
+  const size_t udp_len = hlen + payload_len + pad + wire::kIcrcBytes;
+
+  wire::Ipv4UdpTuple tuple;
+  tuple.src_ip = ip();
+  tuple.dst_ip = dst_ip;
+  tuple.src_port = wire::kRoceV2Port;
+  tuple.dst_port = wire::kRoceV2Port;
+  wire::IcrcAccumulator crc(tuple, udp_len, std::span<const uint8_t>(s.hdr, wire::kBthBytes));
+  crc.update(std::span<const uint8_t>(s.hdr + wire::kBthBytes, hlen - wire::kBthBytes));
+  for (const iovec& v : payload)
+    crc.update(std::span<const uint8_t>(static_cast<const uint8_t*>(v.iov_base), v.iov_len));
+  std::memset(s.trailer, 0, sizeof s.trailer);
+  if (pad) crc.update(std::span<const uint8_t>(s.trailer, pad));
+  const uint32_t icrc = crc.finish();
+  for (int i = 0; i < 4; ++i) s.trailer[pad + i] = static_cast<uint8_t>(icrc >> (8 * i));
+
+  s.iov.clear();
+  s.iov.push_back({s.hdr, hlen});
+  for (const iovec& v : payload)
+    if (v.iov_len) s.iov.push_back(v);
+  s.iov.push_back({s.trailer, size_t{pad} + wire::kIcrcBytes});
+  s.dst_ip = dst_ip;
+  ++tx_count_;
+  bump(counters_->sent_pkts);
+  bump(counters_->sent_bytes, udp_len);
+}
+
+void Device::flush() {
+  if (tx_count_ == 0) return;
+  net::TxDatagram batch[kTxBatch];
+  for (size_t i = 0; i < tx_count_; ++i)
+    batch[i] = {tx_[i].iov.data(), tx_[i].iov.size(), tx_[i].dst_ip, wire::kRoceV2Port};
+  size_t errors = 0;
+  port_.send_batch(std::span<const net::TxDatagram>(batch, tx_count_), errors);
+  if (errors) bump(counters_->send_err, errors);
+  tx_count_ = 0;
+}
+
+void Device::handle_datagram(const net::RxDatagram& d) {
+  if (d.truncated || d.length < wire::kBthBytes + wire::kIcrcBytes) {
+    bump(counters_->rcvd_malformed);
+    return;
+  }
+  const std::span<const uint8_t> bytes(d.data, d.length);
+  wire::Packet pkt;
+  if (wire::ParseError e = wire::parse(bytes, pkt); e != wire::ParseError::kOk) {
+    bump(counters_->rcvd_malformed);
+    log().debug("drop from {}: {}", net::ipv4_to_string(d.src_ip), wire::to_string(e));
+    return;
+  }
+  wire::Ipv4UdpTuple tuple;
+  tuple.src_ip = d.src_ip;
+  tuple.dst_ip = ip();
+  tuple.src_port = d.src_port;
+  tuple.dst_port = wire::kRoceV2Port;
+  const wire::IcrcVerdict v = wire::icrc_verify(tuple, bytes);
+  if (!v.ok) {
+    bump(counters_->rcvd_icrc_err);
+    log().debug("drop from {}: ICRC mismatch (opcode {:#x} psn {})",
+                net::ipv4_to_string(d.src_ip), pkt.hdr.bth.opcode, pkt.hdr.bth.psn);
+    return;
+  }
+  if (!v.exact) bump(counters_->rcvd_icrc_id_recovered);
+  if (pkt.info->mask & wire::kIsCnp) return;  // congestion notification: no rate control yet
+  if ((pkt.hdr.bth.pkey & 0x7fff) != (wire::kDefaultPkey & 0x7fff)) {
+    bump(counters_->rcvd_malformed);
+    return;
+  }
+  auto it = qps_.find(pkt.hdr.bth.dest_qpn);
+  if (it == qps_.end()) {
+    bump(counters_->rcvd_unknown_qpn);
+    return;
+  }
+  QueuePair& qp = *it->second;
+  const bool request = pkt.info->mask & wire::kIsRequest;
+  if (request ? !qp.accepts_requests() : !qp.accepts_responses()) {
+    bump(counters_->rcvd_bad_state);
+    return;
+  }
+  if (d.src_ip != qp.remote_ip) {
+    bump(counters_->rcvd_addr_err);
+    return;
+  }
+  bump(counters_->rcvd_pkts);
+  bump(counters_->rcvd_bytes, d.length);
+  if (request) {
+    responder::on_request(qp, pkt, *this);
+    if (qp.resp.ack_pending) ack_dirty_.push_back(qp.qpn());
+  } else {
+    completer::on_response(qp, pkt, *this);
+  }
+}
+
+size_t Device::receive_locked() {
+  size_t total = 0;
+  while (total < kRxBudget) {
+    const size_t n = port_.recv_batch(rx_slots_);
+    if (n == 0) break;
+    for (size_t i = 0; i < n; ++i) handle_datagram(rx_slots_[i]);
+    // Coalesced ACKs: one per QP per batch, for the newest PSN that asked for one.
+    for (uint32_t qpn : ack_dirty_) {
+      auto it = qps_.find(qpn);
+      if (it != qps_.end()) responder::flush_ack(*it->second, *this);
+    }
+    ack_dirty_.clear();
+    flush();
+    total += n;
+  }
+  return total;
+}
+
+void Device::run_timers_locked(uint64_t now) {
+  // Scans every QP: fires what is due and finds the next deadline. QP counts per device
+  // are small (tens), so a scan beats keeping a heap in step with lazy timers.
+  uint64_t next = 0;
+  for (auto& [qpn, qp] : qps_) {
+    uint64_t d = qp->next_deadline();
+    if (d && d <= now) {
+      completer::on_timer(*qp, *this, now);
+      d = qp->next_deadline();
+    }
+    if (d && (!next || d < next)) next = d;
+  }
+  next_deadline_ns_ = next;
+}
+
+void Device::progress_locked(uint64_t now) {
+  receive_locked();
+  run_timers_locked(now);
+  flush();
+}
+
+void Device::try_progress() {
+  const uint64_t now = now_ns();
+  last_inline_poll_ns_.store(now, std::memory_order_relaxed);
+  std::unique_lock lk(mu_, std::try_to_lock);
+  if (!lk) return;
+  progress_locked(now);
+}
+
+void Device::watch_socket(bool on) {
+  if (on == socket_watched_) return;
+  epoll_event ev{};
+  ev.events = on ? uint32_t{EPOLLIN} : 0u;
+  ev.data.fd = port_.fd();
+  ::epoll_ctl(epoll_fd_, EPOLL_CTL_MOD, port_.fd(), &ev);
+  socket_watched_ = on;
+}
+
+void Device::progress_thread() {
+  // While an application thread busy-polls a CQ it drives progress itself (try_progress);
+  // waking this thread for each packet too would only make the two fight over the lock,
+  // and on a 2-core machine a preempted lock holder stalls the poller for a whole
+  // scheduler slice. So the socket is watched only when nobody has polled for a while;
+  // meanwhile this thread wakes for timers and at least every kPollerCheckMs to notice
+  // the poller has stopped.
+  constexpr uint64_t kPollerActiveNs = 200'000;
+  constexpr int kPollerCheckMs = 1;
+  epoll_event events[4];
+  while (!stop_.load()) {
+    const uint64_t now = now_ns();
+    const bool app_polling =
+        now - last_inline_poll_ns_.load(std::memory_order_relaxed) < kPollerActiveNs;
+    watch_socket(!app_polling);
+    uint64_t until = sleep_until_ns_.load(std::memory_order_relaxed);
+    int timeout_ms = -1;
+    if (until) timeout_ms = until <= now ? 0 : static_cast<int>((until - now + 999'999) / 1'000'000);
+    if (app_polling && (timeout_ms < 0 || timeout_ms > kPollerCheckMs)) timeout_ms = kPollerCheckMs;
+    const int n = ::epoll_wait(epoll_fd_, events, 4, timeout_ms);
+    for (int i = 0; i < n; ++i) {
+      if (events[i].data.fd == event_fd_) {
+        uint64_t v;
+        ssize_t r = ::read(event_fd_, &v, sizeof v);
+        (void)r;
+      }
+    }
+    if (stop_.load()) break;
+    std::lock_guard lk(mu_);
+    progress_locked(now_ns());
+    sleep_until_ns_.store(next_deadline_ns_, std::memory_order_relaxed);
+  }
+}
+
+}  // namespace softrdma::engine

@@ -1,0 +1,142 @@
+// A softrdma device: one IPv4 address, one UDP port 4791 socket, the QPN and key tables,
+// and the progress engine that runs the transport.
+//
+// Threading model (docs/architecture.md): each open device has one progress thread that
+// sleeps in epoll_pwait2 on the UDP socket and an eventfd, with a timeout equal to the
+// earliest QP timer — an idle process uses no CPU. Every state change happens under the
+// device lock: the progress thread takes it to process received packets and timers;
+// application threads take it in post_send/post_recv (the requester transmits inline, so a
+// post goes to the wire without a thread hop) and, when a CQ poll finds nothing, in a
+// non-blocking try_progress() that receives and processes packets on the caller's thread,
+// so busy-polling callers see completions without waiting for a wakeup.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "engine/counters.h"
+#include "engine/transport.h"
+#include "engine/types.h"
+#include "net/netem.h"
+#include "net/udp_port.h"
+
+namespace softrdma::engine {
+
+class QueuePair;
+class MemoryRegion;
+class CounterPublisher;
+
+/// How to open a device.
+struct DeviceConfig {
+  /// IPv4 address to bind (host order); 0 picks the first free 127.0.0.x, x = 1…254.
+  uint32_t ip = 0;
+  /// Transmit-side link emulation.
+  net::NetemConfig netem;
+  /// Socket buffer size requested each way, bytes.
+  int socket_buffer_bytes = 4 << 20;
+  /// Publish counters in /dev/shm for `softrdma stat`.
+  bool publish_counters = true;
+
+  /// Reads SOFTRDMA_ADDR and SOFTRDMA_NETEM. Returns false with `error` set when a
+  /// variable is malformed.
+  static bool from_environment(DeviceConfig& out, std::string& error);
+};
+
+/// One device. Created by open(); objects (PD, MR, CQ, QP) reference it and must be
+/// destroyed before it.
+class Device final : public Transport {
+ public:
+  /// Binds the address and starts the progress thread. On failure returns nullptr and sets
+  /// `err`: EADDRINUSE (the address is taken / no free loopback address), EADDRNOTAVAIL
+  /// (the address is not configured on this host), or the socket error.
+  static std::unique_ptr<Device> open(const DeviceConfig& cfg, int& err);
+  ~Device() override;
+
+  uint32_t ip() const { return port_.ip(); }
+  /// The RoCEv2 GID (IPv4-mapped) of GID index 0.
+  Gid gid() const { return Gid::from_ipv4(ip()); }
+  /// Active MTU enum (IB MTU that fits the interface MTU minus RoCEv2 headers).
+  uint8_t active_mtu() const { return active_mtu_; }
+  /// Interface MTU, bytes.
+  uint32_t netdev_mtu() const { return netdev_mtu_; }
+  Counters& counters() override { return *counters_; }
+
+  std::mutex& mutex() { return mu_; }
+
+  /// Processes pending packets and timers on the calling thread if the device lock is
+  /// free; returns without waiting otherwise.
+  void try_progress();
+
+  // ---- tables (device lock held) ------------------------------------------------------
+  uint32_t register_qp(QueuePair* qp);  ///< returns the new QPN
+  void unregister_qp(uint32_t qpn);
+  uint32_t register_mr(MemoryRegion* mr);  ///< returns the new key
+  void unregister_mr(uint32_t key);
+
+  /// Runs the requester of `qp` and sends what it produced (device lock held).
+  void kick(QueuePair& qp);
+
+  // ---- Transport ----------------------------------------------------------------------
+  void transmit(wire::Headers h, uint32_t dst_ip, std::span<const iovec> payload,
+                uint32_t payload_len) override;
+  MemoryRegion* find_mr(uint32_t key) override;
+  uint64_t now_ns() override;
+  void timer_armed(uint64_t deadline_ns) override;
+
+  /// Sends everything queued by transmit() (device lock held).
+  void flush();
+
+ private:
+  Device() = default;
+  void progress_thread();
+  void progress_locked(uint64_t now);  // receive, timers, flush
+  size_t receive_locked();
+  void handle_datagram(const net::RxDatagram& d);
+  void run_timers_locked(uint64_t now);
+  void wake();
+  void watch_socket(bool on);
+
+  struct TxSlot {
+    uint8_t hdr[wire::kMaxTransportHeaderBytes];
+    uint8_t trailer[8];  // pad + ICRC
+    std::vector<iovec> iov;
+    uint32_t dst_ip;
+  };
+
+  std::mutex mu_;
+  net::UdpPort port_;
+  std::unique_ptr<net::Netem> netem_;
+  std::unique_ptr<CounterPublisher> publisher_;
+  Counters* counters_ = nullptr;
+  uint8_t active_mtu_ = 5;
+  uint32_t netdev_mtu_ = 0;
+
+  std::unordered_map<uint32_t, QueuePair*> qps_;
+  std::unordered_map<uint32_t, MemoryRegion*> mrs_;
+  uint32_t next_qpn_ = 0;
+  uint32_t next_mr_index_ = 1;
+
+  std::vector<uint32_t> ack_dirty_;  // QPNs with a coalesced ACK to send after this batch
+  uint64_t next_deadline_ns_ = 0;    // earliest QP timer after the last scan (0: none)
+
+  std::vector<TxSlot> tx_;
+  size_t tx_count_ = 0;
+  std::vector<std::vector<uint8_t>> rx_buffers_;
+  std::vector<net::RxDatagram> rx_slots_;
+
+  int epoll_fd_ = -1;
+  int event_fd_ = -1;
+  std::atomic<bool> stop_{false};
+  std::atomic<uint64_t> last_inline_poll_ns_{0};  // last try_progress by an app thread
+  bool socket_watched_ = true;                    // progress thread's epoll has the socket
+  std::atomic<uint64_t> sleep_until_ns_{0};
+  std::thread thread_;
+};
+
+}  // namespace softrdma::engine

@@ -1,0 +1,218 @@
+// Reliable Connected queue pair: the state machine (IBTA vol 1, 10.3 and table 91 of
+// valid modify transitions), its send and receive queues, and the state the three
+// transport units keep per QP:
+//   requester (requester.cpp) — turns send WQEs into request packets (rxe_req.c),
+//   responder (responder.cpp) — executes incoming requests, sends ACK/NAK/responses
+//                               (rxe_resp.c),
+//   completer (completer.cpp) — matches ACKs and responses to WQEs, retries, and
+//                               produces send CQEs (rxe_comp.c).
+// All QP state is guarded by the owning device's lock.
+#pragma once
+
+#include <sys/uio.h>
+
+#include <cstdint>
+#include <deque>
+#include <vector>
+
+#include "engine/memory.h"
+#include "engine/transport.h"
+#include "engine/types.h"
+#include "wire/roce.h"
+
+namespace softrdma::engine {
+
+class CompletionQueue;
+class Device;
+
+/// A posted send work request and the requester's progress through it.
+struct SendWqe {
+  SendWr wr;                     ///< as posted (sg_list not used; see sges / inline_data)
+  std::vector<Sge> sges;         ///< copy of the posted SGE list
+  std::vector<uint8_t> inline_data;
+  std::vector<iovec> local;      ///< SGEs resolved to host memory when the WQE starts
+  uint64_t length = 0;           ///< message bytes
+  uint32_t first_psn = 0;        ///< valid once started
+  uint32_t npsn = 0;             ///< PSNs the message uses (≥ 1)
+  bool started = false;
+  uint32_t last_psn() const { return wire::psn_add(first_psn, npsn - 1); }
+  bool is_read_or_atomic() const {
+    return wr.opcode == WrOpcode::kRdmaRead || wr.opcode == WrOpcode::kCompareSwap ||
+           wr.opcode == WrOpcode::kFetchAdd;
+  }
+};
+
+/// A posted receive work request.
+struct RecvWqe {
+  uint64_t wr_id = 0;
+  std::vector<Sge> sges;
+  uint64_t length = 0;  ///< sum of SGE lengths
+};
+
+/// Requester progress (rxe's qp->req).
+struct RequesterState {
+  uint64_t next = 0;      ///< SQ index (absolute) of the WQE being transmitted
+  uint64_t offset = 0;    ///< bytes of that WQE already transmitted / requested
+  uint32_t psn = 0;       ///< next PSN to send
+  uint32_t max_psn = 0;   ///< one past the highest PSN ever sent (for late ACKs)
+  uint32_t noack_pkts = 0;
+  bool rnr_wait = false;  ///< paused until the completer's RNR deadline
+};
+
+/// Completer progress (rxe's qp->comp).
+struct CompleterState {
+  uint64_t next = 0;      ///< SQ index (absolute) of the oldest uncompleted WQE
+  uint32_t psn = 0;       ///< oldest PSN not yet acknowledged / responded to
+  uint8_t retry_left = 0;
+  uint8_t rnr_retry_left = 0;
+  uint64_t timer_ns = 0;  ///< retransmit check time (0: not armed); lazily re-armed
+  uint64_t last_progress_ns = 0;  ///< last transmission or forward progress
+  uint32_t fast_retry_psn = 0xffffffff;  ///< PSN of the last out-of-order-triggered rewind
+  uint64_t rnr_ns = 0;    ///< RNR back-off deadline (0: none)
+  /// Last PSN of each READ request / atomic sent and not yet answered, oldest first.
+  std::deque<uint32_t> rd_atomic_inflight;
+};
+
+/// A replayable READ/ATOMIC resource (responder, IBTA 9.7.5.1.3 duplicates).
+struct ResponderResource {
+  uint32_t psn = 0;
+  uint64_t atomic_orig = 0;
+};
+
+/// Responder progress (rxe's qp->resp).
+struct ResponderState {
+  uint32_t epsn = 0;      ///< expected PSN
+  uint32_t msn = 0;       ///< message sequence number (24 bits)
+  bool nak_sent = false;  ///< a PSN sequence NAK is outstanding for epsn
+  bool in_send = false;   ///< inside a multi-packet SEND
+  bool in_write = false;  ///< inside a multi-packet WRITE
+  uint64_t recv_offset = 0;    ///< bytes scattered into the head receive WQE
+  uint8_t* write_ptr = nullptr;
+  uint64_t write_left = 0;
+  uint64_t write_length = 0;   ///< dma_length of the current WRITE
+  bool ack_pending = false;    ///< coalesced ACK to send at the end of the batch
+  uint32_t ack_psn = 0;
+  std::deque<ResponderResource> atomics;  ///< last atomic results, newest last
+};
+
+/// An RC queue pair.
+class QueuePair {
+ public:
+  /// Creates a QP in RESET and publishes it in the device's QPN table. `cap` was validated
+  /// by validate_cap().
+  QueuePair(Device& dev, ProtectionDomain& pd, CompletionQueue& send_cq, CompletionQueue& recv_cq,
+            const QpCap& cap, bool sq_sig_all);
+  ~QueuePair();
+  QueuePair(const QueuePair&) = delete;
+  QueuePair& operator=(const QueuePair&) = delete;
+
+  /// Checks requested capacities against device limits; rounds nothing. EINVAL if over.
+  static Status validate_cap(const QpCap& cap);
+
+  uint32_t qpn() const { return qpn_; }
+  Device& device() const { return dev_; }
+  ProtectionDomain& pd() const { return pd_; }
+
+  /// ibv_modify_qp: validates the transition and attributes (required/optional masks of
+  /// IBTA table 91 for RC, ranges of each field) and applies them. EINVAL on any error.
+  Status modify(const QpAttr& attr, uint32_t mask);
+  /// ibv_query_qp: current attributes.
+  QpAttr query() const;
+
+  /// ibv_post_send for one WR. EINVAL in RESET/INIT/RTR, for too many SGEs, an opcode
+  /// the QP type does not allow, inline data over max_inline_data or a bad inline SGE;
+  /// ENOMEM when the SQ is full. In ERR the WR completes at once with IBV_WC_WR_FLUSH_ERR.
+  Status post_send(const SendWr& wr);
+  /// ibv_post_recv for one WR. EINVAL in RESET or with too many SGEs; ENOMEM when full.
+  Status post_recv(uint64_t wr_id, const Sge* sges, uint32_t num_sge);
+  /// Applies a batch of posts under one lock acquisition (see post_send / post_recv); on
+  /// error `bad` gets the index of the failing WR.
+  Status post_send_batch(const SendWr* wrs, size_t n, size_t& bad);
+
+  // ---- used by the transport units and the device, device lock held -----------------
+  QpAttr attr;
+  QpCap cap;
+  bool sq_sig_all;
+  CompletionQueue& send_cq;
+  CompletionQueue& recv_cq;
+  uint32_t remote_ip = 0;  ///< from attr.ah.dgid at RTR
+  uint32_t mtu = 256;      ///< path MTU, bytes
+
+  std::deque<SendWqe> sq;  ///< sq[i] is SQ index sq_base + i
+  uint64_t sq_base = 0;    ///< absolute index of sq.front()
+  std::deque<RecvWqe> rq;
+
+  RequesterState req;
+  CompleterState comp;
+  ResponderState resp;
+
+  SendWqe& wqe(uint64_t index) { return sq[index - sq_base]; }
+  uint64_t sq_end() const { return sq_base + sq.size(); }
+
+  /// Completes the oldest SQ WQE (must be sq_base) with `status` and removes it; a CQE is
+  /// generated when signaled, for errors, or with sq_sig_all.
+  void retire_send(WcStatus status, uint32_t byte_len = 0);
+  /// Moves the QP to ERR: the oldest uncompleted WQE completes with `status` (unless it
+  /// is kWrFlushErr), everything else on both queues with IBV_WC_WR_FLUSH_ERR.
+  void enter_error(WcStatus status);
+  /// Completes the head receive WQE.
+  void complete_recv(WcStatus status, WcOpcode opcode, uint32_t byte_len, uint32_t imm_be,
+                     uint32_t wc_flags, bool solicited);
+  /// Earliest armed timer of this QP, ns (0 if none).
+  uint64_t next_deadline() const;
+  /// Whether a request from the peer may be accepted / a response processed now.
+  bool accepts_requests() const {
+    return attr.state == QpState::kRtr || attr.state == QpState::kRts ||
+           attr.state == QpState::kSqd;
+  }
+  bool accepts_responses() const {
+    return attr.state == QpState::kRts || attr.state == QpState::kSqd;
+  }
+  /// Retransmit timeout (IBTA 9.7.6.1.3: 4.096 µs · 2^timeout), ns; 0 when timeout is 0
+  /// (infinite). Floored at 1 ms, as rxe's jiffy-based timer is.
+  uint64_t retransmit_timeout_ns() const;
+
+ private:
+  Status post_send_locked(const SendWr& wr);
+  void flush_queues();
+
+  Device& dev_;
+  ProtectionDomain& pd_;
+  uint32_t qpn_;
+};
+
+/// Requester: turns WQEs into request packets within the PSN window and the
+/// READ/ATOMIC credit (max_rd_atomic).
+namespace requester {
+/// Sends as many request packets as window, credits, fences and state allow.
+void run(QueuePair& qp, Transport& t);
+/// Positions the requester at `psn` (go-back-N): the WQE holding it and the byte offset
+/// of that PSN become the next to transmit; READ/ATOMIC credits after it are returned.
+void rewind(QueuePair& qp, uint32_t psn);
+/// Request packets in flight before the requester waits for ACKs.
+inline constexpr uint32_t kWindowPsns = 128;
+/// Packets between AckReq bits inside a long message.
+inline constexpr uint32_t kAckEvery = 32;
+/// A READ WQE is requested in chunks of at most this many response packets, so that
+/// max_rd_atomic and the PSN window also pace read responses.
+inline constexpr uint32_t kReadChunkPsns = 32;
+}  // namespace requester
+
+/// Completer: processes ACK/NAK, read responses and atomic ACKs; runs the retransmit and
+/// RNR timers.
+namespace completer {
+/// Handles one response packet addressed to this QP.
+void on_response(QueuePair& qp, const wire::Packet& pkt, Transport& t);
+/// Fires expired timers (retransmit, RNR back-off).
+void on_timer(QueuePair& qp, Transport& t, uint64_t now_ns);
+}  // namespace completer
+
+/// Responder: executes incoming requests against the QP's receive queue and MRs.
+namespace responder {
+/// Handles one request packet addressed to this QP.
+void on_request(QueuePair& qp, const wire::Packet& pkt, Transport& t);
+/// Sends the coalesced ACK, if one is pending (end of a receive batch).
+void flush_ack(QueuePair& qp, Transport& t);
+}  // namespace responder
+
+}  // namespace softrdma::engine

@@ -1,0 +1,225 @@
+// Requester: SQ WQEs → request packets (IBTA vol 1, 9.4 and 9.7.3; rxe_req.c).
+#include <algorithm>
+
+#include "engine/cq.h"
+#include "engine/memory.h"
+#include "engine/qp.h"
+
+namespace softrdma::engine::requester {
+
+namespace {
+
+using wire::Opcode;
+
+uint32_t psns_for(uint64_t bytes, uint32_t mtu) {
+  return bytes == 0 ? 1u : static_cast<uint32_t>((bytes + mtu - 1) / mtu);
+}
+
+// Resolves the WQE's local SGEs to host memory, checking lkey, PD, bounds and, for READ
+// and atomic results (written locally), LOCAL_WRITE. IBTA 10.6.3: a failure is a local
+// protection error of that WQE.
+bool resolve_local(QueuePair& qp, SendWqe& w, Transport& t) {
+  w.local.clear();
+  if (!w.inline_data.empty()) {
+    w.local.push_back({w.inline_data.data(), w.inline_data.size()});
+    return true;
+  }
+  const bool writes_local = w.is_read_or_atomic();
+  for (const Sge& s : w.sges) {
+    if (s.length == 0) continue;
+    MemoryRegion* mr = t.find_mr(s.lkey);
+    if (!mr || &mr->pd() != &qp.pd()) return false;
+    if (writes_local && !(mr->access() & kLocalWrite)) return false;
+    uint8_t* p = mr->translate(s.addr, s.length);
+    if (!p) return false;
+    w.local.push_back({p, s.length});
+  }
+  return true;
+}
+
+// Appends to `out` the iovecs covering [offset, offset+len) of `local`.
+void gather(const std::vector<iovec>& local, uint64_t offset, uint64_t len,
+            std::vector<iovec>& out) {
+  out.clear();
+  for (const iovec& v : local) {
+    if (len == 0) break;
+    if (offset >= v.iov_len) {
+      offset -= v.iov_len;
+      continue;
+    }
+    size_t take = std::min<uint64_t>(v.iov_len - offset, len);
+    out.push_back({static_cast<uint8_t*>(v.iov_base) + offset, take});
+    len -= take;
+    offset = 0;
+  }
+}
+
+Opcode data_opcode(WrOpcode op, bool first, bool last) {
+  const bool send = op == WrOpcode::kSend || op == WrOpcode::kSendImm;
+  const bool imm = op == WrOpcode::kSendImm || op == WrOpcode::kRdmaWriteImm;
+  if (first && last)
+    return send ? (imm ? Opcode::kSendOnlyImm : Opcode::kSendOnly)
+                : (imm ? Opcode::kWriteOnlyImm : Opcode::kWriteOnly);
+  if (first) return send ? Opcode::kSendFirst : Opcode::kWriteFirst;
+  if (last)
+    return send ? (imm ? Opcode::kSendLastImm : Opcode::kSendLast)
+                : (imm ? Opcode::kWriteLastImm : Opcode::kWriteLast);
+  return send ? Opcode::kSendMiddle : Opcode::kWriteMiddle;
+}
+
+wire::Headers base_headers(const QueuePair& qp, Opcode op, uint32_t psn) {
+  wire::Headers h;
+  h.bth.opcode = static_cast<uint8_t>(op);
+  h.bth.dest_qpn = qp.attr.dest_qp_num;
+  h.bth.psn = psn;
+  return h;
+}
+
+void note_sent(QueuePair& qp, Transport& t, uint32_t psn_count) {
+  if (wire::psn_diff(qp.req.psn, qp.req.max_psn) < 0)
+    bump(t.counters().retransmitted_pkts);  // this PSN was sent before: go-back-N resend
+  qp.req.psn = wire::psn_add(qp.req.psn, psn_count);
+  if (wire::psn_diff(qp.req.psn, qp.req.max_psn) > 0) qp.req.max_psn = qp.req.psn;
+}
+
+// One SEND/WRITE packet at the current offset. Returns true when the WQE is fully sent.
+bool send_data_packet(QueuePair& qp, SendWqe& w, Transport& t, std::vector<iovec>& iov) {
+  const uint64_t off = qp.req.offset;
+  const uint32_t pay = static_cast<uint32_t>(std::min<uint64_t>(qp.mtu, w.length - off));
+  const bool first = off == 0;
+  const bool last = off + pay == w.length;
+  wire::Headers h = base_headers(qp, data_opcode(w.wr.opcode, first, last), qp.req.psn);
+  if (first && (w.wr.opcode == WrOpcode::kRdmaWrite || w.wr.opcode == WrOpcode::kRdmaWriteImm)) {
+    h.reth.va = w.wr.remote_addr;
+    h.reth.rkey = w.wr.rkey;
+    h.reth.dma_length = static_cast<uint32_t>(w.length);
+  }
+  if (last) {
+    h.imm_be = w.wr.imm_be;
+    h.bth.solicited = (w.wr.flags & kSolicited) != 0;
+  }
+  h.bth.ack_req = last || ++qp.req.noack_pkts >= kAckEvery;
+  if (h.bth.ack_req) qp.req.noack_pkts = 0;
+  gather(w.local, off, pay, iov);
+  t.transmit(h, qp.remote_ip, iov, pay);
+  note_sent(qp, t, 1);
+  qp.req.offset = off + pay;
+  return last;
+}
+
+// One READ request for the next chunk. Returns true when the whole WQE is requested.
+bool send_read_request(QueuePair& qp, SendWqe& w, Transport& t) {
+  const uint64_t off = qp.req.offset;
+  const uint64_t chunk = std::min<uint64_t>(w.length - off, uint64_t{kReadChunkPsns} * qp.mtu);
+  const uint32_t n = psns_for(chunk, qp.mtu);
+  wire::Headers h = base_headers(qp, Opcode::kReadRequest, qp.req.psn);
+  h.reth.va = w.wr.remote_addr + off;
+  h.reth.rkey = w.wr.rkey;
+  h.reth.dma_length = static_cast<uint32_t>(chunk);
+  h.bth.ack_req = true;
+  t.transmit(h, qp.remote_ip, {}, 0);
+  qp.comp.rd_atomic_inflight.push_back(wire::psn_add(qp.req.psn, n - 1));
+  note_sent(qp, t, n);
+  qp.req.offset = off + chunk;
+  return qp.req.offset >= w.length;
+}
+
+void send_atomic(QueuePair& qp, SendWqe& w, Transport& t) {
+  const bool cas = w.wr.opcode == WrOpcode::kCompareSwap;
+  wire::Headers h =
+      base_headers(qp, cas ? Opcode::kCompareSwap : Opcode::kFetchAdd, qp.req.psn);
+  h.atomic.va = w.wr.remote_addr;
+  h.atomic.rkey = w.wr.rkey;
+  h.atomic.swap_add = cas ? w.wr.swap : w.wr.compare_add;
+  h.atomic.compare = cas ? w.wr.compare_add : 0;
+  h.bth.ack_req = true;
+  t.transmit(h, qp.remote_ip, {}, 0);
+  qp.comp.rd_atomic_inflight.push_back(qp.req.psn);
+  note_sent(qp, t, 1);
+}
+
+}  // namespace
+
+void run(QueuePair& qp, Transport& t) {
+  if (qp.attr.state != QpState::kRts && qp.attr.state != QpState::kSqd) return;
+  if (qp.req.rnr_wait) return;
+  const size_t max_rd = std::max<size_t>(1, qp.attr.max_rd_atomic);
+  std::vector<iovec> iov;
+  bool sent = false;
+  while (qp.req.next < qp.sq_end()) {
+    SendWqe& w = qp.wqe(qp.req.next);
+    if (!w.started) {
+      if (qp.attr.state == QpState::kSqd) break;  // draining: no new WQE starts
+      // Fence: wait until every earlier READ/ATOMIC has its response (IBTA 10.8.3.3).
+      if ((w.wr.flags & kFence) && !qp.comp.rd_atomic_inflight.empty()) break;
+      if (!resolve_local(qp, w, t)) {
+        // Completions are in order: report the error once all earlier WQEs are done.
+        if (qp.req.next == qp.sq_base) qp.enter_error(WcStatus::kLocProtErr);
+        break;
+      }
+      w.started = true;
+      w.first_psn = qp.req.psn;
+      w.npsn = w.is_read_or_atomic() && w.wr.opcode != WrOpcode::kRdmaRead
+                   ? 1
+                   : psns_for(w.length, qp.mtu);
+      qp.req.offset = 0;
+    }
+    if (wire::psn_diff(qp.req.psn, qp.comp.psn) >= static_cast<int32_t>(kWindowPsns)) break;
+    bool done;
+    switch (w.wr.opcode) {
+      case WrOpcode::kRdmaRead:
+        if (qp.comp.rd_atomic_inflight.size() >= max_rd) goto out;
+        done = send_read_request(qp, w, t);
+        break;
+      case WrOpcode::kCompareSwap:
+      case WrOpcode::kFetchAdd:
+        if (qp.comp.rd_atomic_inflight.size() >= max_rd) goto out;
+        send_atomic(qp, w, t);
+        done = true;
+        break;
+      default:
+        done = send_data_packet(qp, w, t, iov);
+        break;
+    }
+    sent = true;
+    if (done) {
+      ++qp.req.next;
+      qp.req.offset = 0;
+    }
+  }
+out:
+  if (sent) {
+    const uint64_t now = t.now_ns();
+    qp.comp.last_progress_ns = now;
+    const uint64_t rto = qp.retransmit_timeout_ns();
+    if (rto && !qp.comp.timer_ns) {
+      qp.comp.timer_ns = now + rto;
+      t.timer_armed(qp.comp.timer_ns);
+    }
+  }
+}
+
+void rewind(QueuePair& qp, uint32_t psn) {
+  uint64_t idx = qp.sq_base;
+  uint64_t offset = 0;
+  for (; idx < qp.sq_end(); ++idx) {
+    const SendWqe& w = qp.wqe(idx);
+    if (!w.started) break;
+    if (wire::psn_diff(psn, w.last_psn()) <= 0) {
+      const int32_t into = std::max(0, wire::psn_diff(psn, w.first_psn));
+      const bool atomic = w.is_read_or_atomic() && w.wr.opcode != WrOpcode::kRdmaRead;
+      offset = atomic ? 0 : uint64_t(into) * qp.mtu;
+      psn = wire::psn_add(w.first_psn, static_cast<uint32_t>(into));
+      break;
+    }
+  }
+  qp.req.next = idx;
+  qp.req.offset = offset;
+  qp.req.psn = psn;
+  qp.req.noack_pkts = 0;
+  // Requests at or after `psn` will be sent again; their credits return now.
+  auto& inflight = qp.comp.rd_atomic_inflight;
+  while (!inflight.empty() && wire::psn_diff(inflight.back(), psn) >= 0) inflight.pop_back();
+}
+
+}  // namespace softrdma::engine::requester

@@ -1,0 +1,320 @@
+// Responder: executes SEND/WRITE/READ/ATOMIC requests, sends ACK/NAK, read responses and
+// atomic ACKs, replays duplicates (IBTA vol 1, 9.7.4 and 9.7.5.1; rxe_resp.c).
+#include <atomic>
+#include <cstring>
+
+#include "engine/cq.h"
+#include "engine/memory.h"
+#include "engine/qp.h"
+
+namespace softrdma::engine::responder {
+
+namespace {
+
+using wire::Opcode;
+using wire::psn_add;
+using wire::psn_diff;
+
+/// How many atomic results are kept for duplicate replay, at least.
+constexpr size_t kMinAtomicHistory = 16;
+
+void send_ack(QueuePair& qp, Transport& t, uint8_t syndrome, uint32_t psn) {
+  wire::Headers h;
+  h.bth.opcode = static_cast<uint8_t>(Opcode::kAcknowledge);
+  h.bth.dest_qpn = qp.attr.dest_qp_num;
+  h.bth.psn = psn;
+  h.aeth.syndrome = syndrome;
+  h.aeth.msn = qp.resp.msn;
+  t.transmit(h, qp.remote_ip, {}, 0);
+  if (wire::aeth_kind(syndrome) == wire::AckKind::kAck)
+    bump(t.counters().ack_sent);
+  else if (wire::aeth_kind(syndrome) == wire::AckKind::kNak)
+    bump(t.counters().send_nak);
+}
+
+void nak(QueuePair& qp, Transport& t, wire::NakCode code, uint32_t psn) {
+  qp.resp.ack_pending = false;  // a NAK implicitly acknowledges every earlier PSN
+  send_ack(qp, t, wire::aeth_nak(code), psn);
+}
+
+// Class C/D errors (IBTA 9.9.3): NAK the request, then the QP goes to ERR.
+void nak_and_fail(QueuePair& qp, Transport& t, wire::NakCode code, uint32_t psn) {
+  nak(qp, t, code, psn);
+  qp.enter_error(WcStatus::kWrFlushErr);
+}
+
+void rnr_nak(QueuePair& qp, Transport& t, uint32_t psn) {
+  qp.resp.ack_pending = false;
+  // Packets already in flight behind this one are dropped silently: the requester comes
+  // back to `psn` after its RNR back-off, so a sequence NAK would only cost it a retry.
+  qp.resp.nak_sent = true;
+  bump(t.counters().send_rnr_err);
+  send_ack(qp, t, wire::aeth_rnr_nak(qp.attr.min_rnr_timer), psn);
+}
+
+void ack_later(QueuePair& qp, uint32_t psn) {
+  qp.resp.ack_pending = true;
+  qp.resp.ack_psn = psn;
+}
+
+// Resolves a remote access [va, va+len) through `rkey` for `need` (a remote Access bit).
+uint8_t* check_remote(QueuePair& qp, Transport& t, uint32_t rkey, uint64_t va, uint64_t len,
+                      uint32_t need) {
+  if (!(qp.attr.access_flags & need)) return nullptr;
+  MemoryRegion* mr = t.find_mr(rkey);
+  if (!mr || &mr->pd() != &qp.pd() || !(mr->access() & need)) return nullptr;
+  return mr->translate(va, len);
+}
+
+enum class Scatter { kOk, kLength, kProtection };
+
+// Copies `data` into the head receive WQE at byte `offset`.
+Scatter scatter_recv(QueuePair& qp, Transport& t, uint64_t offset, std::span<const uint8_t> data) {
+  RecvWqe& r = qp.rq.front();
+  if (offset + data.size() > r.length) return Scatter::kLength;
+  size_t done = 0;
+  for (const Sge& s : r.sges) {
+    if (done == data.size()) break;
+    if (offset >= s.length) {
+      offset -= s.length;
+      continue;
+    }
+    size_t take = std::min<size_t>(s.length - offset, data.size() - done);
+    MemoryRegion* mr = t.find_mr(s.lkey);
+    if (!mr || &mr->pd() != &qp.pd() || !(mr->access() & kLocalWrite)) return Scatter::kProtection;
+    uint8_t* p = mr->translate(s.addr + offset, take);
+    if (!p) return Scatter::kProtection;
+    std::memcpy(p, data.data() + done, take);
+    done += take;
+    offset = 0;
+  }
+  return Scatter::kOk;
+}
+
+void send_read_responses(QueuePair& qp, Transport& t, uint32_t psn, const uint8_t* src,
+                         uint64_t len) {
+  const uint32_t n = len == 0 ? 1 : static_cast<uint32_t>((len + qp.mtu - 1) / qp.mtu);
+  for (uint32_t i = 0; i < n; ++i) {
+    const uint64_t off = uint64_t(i) * qp.mtu;
+    const uint32_t pay = static_cast<uint32_t>(std::min<uint64_t>(qp.mtu, len - off));
+    Opcode op = n == 1       ? Opcode::kReadResponseOnly
+                : i == 0     ? Opcode::kReadResponseFirst
+                : i == n - 1 ? Opcode::kReadResponseLast
+                             : Opcode::kReadResponseMiddle;
+    wire::Headers h;
+    h.bth.opcode = static_cast<uint8_t>(op);
+    h.bth.dest_qpn = qp.attr.dest_qp_num;
+    h.bth.psn = psn_add(psn, i);
+    h.aeth.syndrome = wire::aeth_ack();
+    h.aeth.msn = qp.resp.msn;
+    iovec v{const_cast<uint8_t*>(src) + off, pay};
+    t.transmit(h, qp.remote_ip, std::span<const iovec>(&v, pay ? 1 : 0), pay);
+  }
+}
+
+void send_atomic_ack(QueuePair& qp, Transport& t, uint32_t psn, uint64_t orig) {
+  wire::Headers h;
+  h.bth.opcode = static_cast<uint8_t>(Opcode::kAtomicAcknowledge);
+  h.bth.dest_qpn = qp.attr.dest_qp_num;
+  h.bth.psn = psn;
+  h.aeth.syndrome = wire::aeth_ack();
+  h.aeth.msn = qp.resp.msn;
+  h.atomic_ack.orig = orig;
+  t.transmit(h, qp.remote_ip, {}, 0);
+  bump(t.counters().ack_sent);
+}
+
+// Checks the opcode against the message in progress (IBTA 9.7.4.1.3 opcode sequence) and
+// the payload size against the path MTU (first/middle carry exactly one MTU).
+bool sequence_ok(const QueuePair& qp, const wire::Packet& pkt) {
+  const uint32_t m = pkt.info->mask;
+  const bool starts = m & (wire::kIsFirst | wire::kIsOnly);
+  if (m & wire::kIsSend) {
+    if (qp.resp.in_write || starts == qp.resp.in_send) return false;
+  } else if (m & wire::kIsWrite) {
+    if (qp.resp.in_send || starts == qp.resp.in_write) return false;
+  } else if (qp.resp.in_send || qp.resp.in_write) {
+    return false;  // READ/ATOMIC inside an unfinished SEND/WRITE
+  }
+  if (m & wire::kHasPayload) {
+    if (pkt.payload.size() > qp.mtu) return false;
+    if ((m & (wire::kIsFirst | wire::kIsMiddle)) && pkt.payload.size() != qp.mtu) return false;
+  }
+  return true;
+}
+
+void on_send(QueuePair& qp, const wire::Packet& pkt, Transport& t) {
+  const uint32_t m = pkt.info->mask;
+  const uint32_t psn = pkt.hdr.bth.psn;
+  if (m & (wire::kIsFirst | wire::kIsOnly)) {
+    if (qp.rq.empty()) return rnr_nak(qp, t, psn);
+    qp.resp.recv_offset = 0;
+    qp.resp.in_send = (m & wire::kIsFirst) != 0;
+  }
+  switch (scatter_recv(qp, t, qp.resp.recv_offset, pkt.payload)) {
+    case Scatter::kOk: break;
+    case Scatter::kLength:
+      qp.complete_recv(WcStatus::kLocLenErr, WcOpcode::kRecv, 0, 0, 0, false);
+      return nak_and_fail(qp, t, wire::NakCode::kInvalidRequest, psn);
+    case Scatter::kProtection:
+      qp.complete_recv(WcStatus::kLocProtErr, WcOpcode::kRecv, 0, 0, 0, false);
+      return nak_and_fail(qp, t, wire::NakCode::kRemoteOperationalError, psn);
+  }
+  qp.resp.recv_offset += pkt.payload.size();
+  if (m & (wire::kIsLast | wire::kIsOnly)) {
+    const bool imm = m & wire::kHasImmDt;
+    qp.complete_recv(WcStatus::kSuccess, WcOpcode::kRecv,
+                     static_cast<uint32_t>(qp.resp.recv_offset), imm ? pkt.hdr.imm_be : 0,
+                     imm ? uint32_t{kWcWithImm} : 0u, pkt.hdr.bth.solicited);
+    qp.resp.in_send = false;
+    qp.resp.msn = psn_add(qp.resp.msn, 1);
+  }
+  qp.resp.epsn = psn_add(psn, 1);
+  if (pkt.hdr.bth.ack_req) ack_later(qp, psn);
+}
+
+void on_write(QueuePair& qp, const wire::Packet& pkt, Transport& t) {
+  const uint32_t m = pkt.info->mask;
+  const uint32_t psn = pkt.hdr.bth.psn;
+  const bool ends = m & (wire::kIsLast | wire::kIsOnly);
+  const bool imm = m & wire::kHasImmDt;
+  // WRITE with immediate consumes a receive WQE: check before touching memory, so a
+  // retried (RNR) packet is applied exactly once.
+  if (ends && imm && qp.rq.empty()) return rnr_nak(qp, t, psn);
+  if (m & wire::kHasReth) {
+    const wire::Reth& r = pkt.hdr.reth;
+    uint8_t* p = nullptr;
+    if (r.dma_length) {
+      p = check_remote(qp, t, r.rkey, r.va, r.dma_length, kRemoteWrite);
+      if (!p) return nak_and_fail(qp, t, wire::NakCode::kRemoteAccessError, psn);
+    }
+    qp.resp.write_ptr = p;
+    qp.resp.write_left = qp.resp.write_length = r.dma_length;
+    qp.resp.in_write = (m & wire::kIsFirst) != 0;
+  }
+  const size_t n = pkt.payload.size();
+  if (n > qp.resp.write_left || (ends && n != qp.resp.write_left))
+    return nak_and_fail(qp, t, wire::NakCode::kInvalidRequest, psn);
+  if (n) std::memcpy(qp.resp.write_ptr, pkt.payload.data(), n);
+  qp.resp.write_ptr += n;
+  qp.resp.write_left -= n;
+  if (ends) {
+    qp.resp.in_write = false;
+    if (imm)
+      qp.complete_recv(WcStatus::kSuccess, WcOpcode::kRecvRdmaWithImm,
+                       static_cast<uint32_t>(qp.resp.write_length), pkt.hdr.imm_be, kWcWithImm,
+                       pkt.hdr.bth.solicited);
+    qp.resp.msn = psn_add(qp.resp.msn, 1);
+  }
+  qp.resp.epsn = psn_add(psn, 1);
+  if (pkt.hdr.bth.ack_req) ack_later(qp, psn);
+}
+
+// Executes a READ request at `psn` (new or duplicate: reads are idempotent, so a
+// duplicate is served again from memory, IBTA 9.7.5.1.3). Returns false after a NAK.
+bool serve_read(QueuePair& qp, const wire::Packet& pkt, Transport& t) {
+  const wire::Reth& r = pkt.hdr.reth;
+  const uint8_t* p = nullptr;
+  if (r.dma_length) {
+    p = check_remote(qp, t, r.rkey, r.va, r.dma_length, kRemoteRead);
+    if (!p) {
+      nak_and_fail(qp, t, wire::NakCode::kRemoteAccessError, pkt.hdr.bth.psn);
+      return false;
+    }
+  }
+  flush_ack(qp, t);  // keep ACKs for earlier PSNs ahead of the responses
+  send_read_responses(qp, t, pkt.hdr.bth.psn, p, r.dma_length);
+  return true;
+}
+
+void on_read(QueuePair& qp, const wire::Packet& pkt, Transport& t) {
+  const uint32_t n = pkt.hdr.reth.dma_length == 0
+                         ? 1
+                         : static_cast<uint32_t>((uint64_t{pkt.hdr.reth.dma_length} + qp.mtu - 1) /
+                                                 qp.mtu);
+  if (!serve_read(qp, pkt, t)) return;
+  qp.resp.msn = psn_add(qp.resp.msn, 1);
+  qp.resp.epsn = psn_add(pkt.hdr.bth.psn, n);
+}
+
+void on_atomic(QueuePair& qp, const wire::Packet& pkt, Transport& t) {
+  const wire::AtomicEth& a = pkt.hdr.atomic;
+  const uint32_t psn = pkt.hdr.bth.psn;
+  if (a.va & 7) return nak_and_fail(qp, t, wire::NakCode::kInvalidRequest, psn);
+  uint8_t* p = check_remote(qp, t, a.rkey, a.va, 8, kRemoteAtomic);
+  if (!p) return nak_and_fail(qp, t, wire::NakCode::kRemoteAccessError, psn);
+  // Atomic with respect to other RDMA atomics (all run under the device lock) and to
+  // CPU atomics on the same word.
+  std::atomic_ref<uint64_t> word(*reinterpret_cast<uint64_t*>(p));
+  uint64_t orig;
+  if (pkt.hdr.bth.opcode == static_cast<uint8_t>(Opcode::kCompareSwap)) {
+    orig = a.compare;
+    word.compare_exchange_strong(orig, a.swap_add);
+  } else {
+    orig = word.fetch_add(a.swap_add);
+  }
+  auto& hist = qp.resp.atomics;
+  hist.push_back({psn, orig});
+  while (hist.size() > std::max<size_t>(kMinAtomicHistory, qp.attr.max_dest_rd_atomic))
+    hist.pop_front();
+  qp.resp.msn = psn_add(qp.resp.msn, 1);
+  flush_ack(qp, t);
+  send_atomic_ack(qp, t, psn, orig);
+  qp.resp.epsn = psn_add(psn, 1);
+}
+
+void on_duplicate(QueuePair& qp, const wire::Packet& pkt, Transport& t) {
+  bump(t.counters().duplicate_request);
+  const uint32_t m = pkt.info->mask;
+  if (m & wire::kIsRead) {
+    serve_read(qp, pkt, t);
+  } else if (m & wire::kIsAtomic) {
+    // Never execute twice: answer from the saved result (IBTA 9.7.5.1.3.2).
+    for (const auto& r : qp.resp.atomics) {
+      if (r.psn == pkt.hdr.bth.psn) {
+        flush_ack(qp, t);
+        send_atomic_ack(qp, t, r.psn, r.atomic_orig);
+        return;
+      }
+    }
+  } else if (pkt.hdr.bth.ack_req) {
+    ack_later(qp, psn_add(qp.resp.epsn, wire::kPsnMask));  // everything before epsn is done
+  }
+}
+
+}  // namespace
+
+void on_request(QueuePair& qp, const wire::Packet& pkt, Transport& t) {
+  const int32_t d = psn_diff(pkt.hdr.bth.psn, qp.resp.epsn);
+  if (d > 0) {
+    // A gap: NAK once with the expected PSN and drop until the requester goes back
+    // (IBTA 9.7.5.1.2 PSN sequence error).
+    bump(t.counters().out_of_seq_request);
+    if (!qp.resp.nak_sent) {
+      qp.resp.nak_sent = true;
+      nak(qp, t, wire::NakCode::kPsnSequenceError, qp.resp.epsn);
+    }
+    return;
+  }
+  if (d < 0) return on_duplicate(qp, pkt, t);
+  qp.resp.nak_sent = false;
+  if (!sequence_ok(qp, pkt))
+    return nak_and_fail(qp, t, wire::NakCode::kInvalidRequest, pkt.hdr.bth.psn);
+  const uint32_t m = pkt.info->mask;
+  if (m & wire::kIsSend)
+    on_send(qp, pkt, t);
+  else if (m & wire::kIsWrite)
+    on_write(qp, pkt, t);
+  else if (m & wire::kIsRead)
+    on_read(qp, pkt, t);
+  else if (m & wire::kIsAtomic)
+    on_atomic(qp, pkt, t);
+}
+
+void flush_ack(QueuePair& qp, Transport& t) {
+  if (!qp.resp.ack_pending) return;
+  qp.resp.ack_pending = false;
+  send_ack(qp, t, wire::aeth_ack(), qp.resp.ack_psn);
+}
+
+}  // namespace softrdma::engine::responder

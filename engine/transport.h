@@ -1,0 +1,40 @@
+// The interface between the RC transport units (requester, responder, completer) and the
+// device that carries their packets. Keeping it this small lets each unit be tested with a
+// fake that records packets and controls time.
+#pragma once
+
+#include <sys/uio.h>
+
+#include <cstdint>
+#include <span>
+
+#include "engine/counters.h"
+#include "wire/roce.h"
+
+namespace softrdma::engine {
+
+class MemoryRegion;
+
+/// Services a device provides to its QPs' transport units. All calls happen with the
+/// device lock held.
+class Transport {
+ public:
+  virtual ~Transport() = default;
+  /// Queues one packet: `h` (BTH opcode decides which extended headers are written; the
+  /// pad count is filled in here) followed by `payload_len` bytes gathered from `payload`,
+  /// to `dst_ip`:4791. The ICRC is computed here. Payload memory must stay valid until
+  /// flush(), which every progress round ends with.
+  virtual void transmit(wire::Headers h, uint32_t dst_ip, std::span<const iovec> payload,
+                        uint32_t payload_len) = 0;
+  /// The MR with this lkey/rkey, or nullptr.
+  virtual MemoryRegion* find_mr(uint32_t key) = 0;
+  /// The device's counters.
+  virtual Counters& counters() = 0;
+  /// Monotonic time, ns.
+  virtual uint64_t now_ns() = 0;
+  /// Tells the device that some QP now has a timer due at `deadline_ns` (it may need to
+  /// wake its progress thread earlier than planned).
+  virtual void timer_armed(uint64_t deadline_ns) = 0;
+};
+
+}  // namespace softrdma::engine

@@ -1,0 +1,119 @@
+#include "net/udp_port.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <unistd.h>
+
+#include <array>
+#include <cstring>
+
+namespace softrdma::net {
+
+std::string ipv4_to_string(uint32_t ip) {
+  in_addr a{htonl(ip)};
+  char buf[INET_ADDRSTRLEN] = {};
+  inet_ntop(AF_INET, &a, buf, sizeof buf);
+  return buf;
+}
+
+bool ipv4_from_string(const std::string& s, uint32_t& ip) {
+  in_addr a{};
+  if (inet_pton(AF_INET, s.c_str(), &a) != 1) return false;
+  ip = ntohl(a.s_addr);
+  return true;
+}
+
+UdpPort::~UdpPort() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+int UdpPort::bind(uint32_t ip, uint16_t port, int buffer_bytes) {
+  int fd = ::socket(AF_INET, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd < 0) return errno;
+  // No SO_REUSEADDR: for UDP it would let two devices share an address.
+  int pmtu = IP_PMTUDISC_DO;
+  setsockopt(fd, IPPROTO_IP, IP_MTU_DISCOVER, &pmtu, sizeof pmtu);
+  if (buffer_bytes > 0) {
+    if (setsockopt(fd, SOL_SOCKET, SO_RCVBUFFORCE, &buffer_bytes, sizeof buffer_bytes) != 0)
+      setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &buffer_bytes, sizeof buffer_bytes);
+    if (setsockopt(fd, SOL_SOCKET, SO_SNDBUFFORCE, &buffer_bytes, sizeof buffer_bytes) != 0)
+      setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &buffer_bytes, sizeof buffer_bytes);
+  }
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_port = htons(port);
+  sa.sin_addr.s_addr = htonl(ip);
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) != 0) {
+    int e = errno;
+    ::close(fd);
+    return e;
+  }
+  fd_ = fd;
+  ip_ = ip;
+  return 0;
+}
+
+size_t UdpPort::send_batch(std::span<const TxDatagram> batch, size_t& errors) {
+  errors = 0;
+  constexpr size_t kMax = 64;
+  std::array<mmsghdr, kMax> msgs;
+  std::array<sockaddr_in, kMax> addrs;
+  size_t done = 0;
+  while (done < batch.size()) {
+    size_t n = std::min(kMax, batch.size() - done);
+    for (size_t i = 0; i < n; ++i) {
+      const TxDatagram& d = batch[done + i];
+      addrs[i] = sockaddr_in{};
+      addrs[i].sin_family = AF_INET;
+      addrs[i].sin_port = htons(d.dst_port);
+      addrs[i].sin_addr.s_addr = htonl(d.dst_ip);
+      msgs[i] = mmsghdr{};
+      msgs[i].msg_hdr.msg_name = &addrs[i];
+      msgs[i].msg_hdr.msg_namelen = sizeof(sockaddr_in);
+      msgs[i].msg_hdr.msg_iov = const_cast<iovec*>(d.iov);
+      msgs[i].msg_hdr.msg_iovlen = d.iov_count;
+    }
+    int r = ::sendmmsg(fd_, msgs.data(), static_cast<unsigned>(n), MSG_DONTWAIT);
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      // The first datagram failed (buffer full, unreachable, …): count it lost and go on;
+      // the transport's retransmission timer owns recovery.
+      ++errors;
+      ++done;
+      continue;
+    }
+    done += static_cast<size_t>(r);
+  }
+  return batch.size();
+}
+
+size_t UdpPort::recv_batch(std::span<RxDatagram> slots) {
+  constexpr size_t kMax = 64;
+  std::array<mmsghdr, kMax> msgs;
+  std::array<iovec, kMax> iovs;
+  std::array<sockaddr_in, kMax> addrs;
+  size_t n = std::min(kMax, slots.size());
+  for (size_t i = 0; i < n; ++i) {
+    iovs[i] = iovec{slots[i].data, slots[i].capacity};
+    msgs[i] = mmsghdr{};
+    msgs[i].msg_hdr.msg_name = &addrs[i];
+    msgs[i].msg_hdr.msg_namelen = sizeof(sockaddr_in);
+    msgs[i].msg_hdr.msg_iov = &iovs[i];
+    msgs[i].msg_hdr.msg_iovlen = 1;
+  }
+  int r;
+  do {
+    r = ::recvmmsg(fd_, msgs.data(), static_cast<unsigned>(n), MSG_DONTWAIT, nullptr);
+  } while (r < 0 && errno == EINTR);
+  if (r <= 0) return 0;
+  for (int i = 0; i < r; ++i) {
+    RxDatagram& s = slots[static_cast<size_t>(i)];
+    s.length = msgs[i].msg_len;
+    s.truncated = (msgs[i].msg_hdr.msg_flags & MSG_TRUNC) != 0;
+    s.src_ip = ntohl(addrs[i].sin_addr.s_addr);
+    s.src_port = ntohs(addrs[i].sin_port);
+  }
+  return static_cast<size_t>(r);
+}
+
+}  // namespace softrdma::net

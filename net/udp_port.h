@@ -1,0 +1,73 @@
+// UDP endpoint of one softrdma device: a socket bound to <ipv4>:4791 with batched
+// send (sendmmsg) and receive (recvmmsg). RoCEv2 peers always send to UDP port 4791, so
+// one socket per device address carries every QP; the engine demultiplexes by BTH QPN.
+#pragma once
+
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+
+namespace softrdma::net {
+
+/// Formats a host-order IPv4 address as a dotted quad.
+std::string ipv4_to_string(uint32_t host_order_ip);
+/// Parses a dotted quad; returns false on malformed input.
+bool ipv4_from_string(const std::string& s, uint32_t& host_order_ip);
+
+/// One datagram to send: a gather list and the destination (host order).
+struct TxDatagram {
+  const iovec* iov = nullptr;
+  size_t iov_count = 0;
+  uint32_t dst_ip = 0;
+  uint16_t dst_port = 0;
+};
+
+/// One received datagram: bytes in a caller-provided buffer and where they came from.
+struct RxDatagram {
+  uint8_t* data = nullptr;   ///< caller's buffer
+  size_t capacity = 0;       ///< its size, bytes
+  size_t length = 0;         ///< bytes received (valid after recv_batch)
+  bool truncated = false;    ///< datagram was larger than capacity (MSG_TRUNC)
+  uint32_t src_ip = 0;       ///< host order
+  uint16_t src_port = 0;
+};
+
+/// A non-blocking UDP socket bound to one IPv4 address and port.
+class UdpPort {
+ public:
+  UdpPort() = default;
+  ~UdpPort();
+  UdpPort(const UdpPort&) = delete;
+  UdpPort& operator=(const UdpPort&) = delete;
+
+  /// Binds ip:port (host order). DF is set (IP_PMTUDISC_DO) so the kernel sends IPv4 id 0
+  /// from this unconnected socket, which keeps our ICRC exactly checkable by receivers.
+  /// Asks for `buffer_bytes` of socket buffer each way (SO_RCVBUFFORCE when permitted,
+  /// else SO_RCVBUF capped by net.core.rmem_max). Returns 0 or an errno value
+  /// (EADDRINUSE when another process holds the address).
+  int bind(uint32_t ip, uint16_t port, int buffer_bytes);
+
+  /// The socket descriptor (for epoll), or -1.
+  int fd() const { return fd_; }
+  uint32_t ip() const { return ip_; }
+
+  /// Sends up to `batch.size()` datagrams with one sendmmsg. Returns how many were handed
+  /// to the kernel (datagrams the kernel refuses with a transient error count as sent and
+  /// lost: RoCE recovers them by retransmission); `errors` gets the number refused.
+  size_t send_batch(std::span<const TxDatagram> batch, size_t& errors);
+
+  /// Receives up to `slots.size()` datagrams without blocking. Returns the number filled
+  /// (0 when none is waiting).
+  size_t recv_batch(std::span<RxDatagram> slots);
+
+ private:
+  int fd_ = -1;
+  uint32_t ip_ = 0;
+};
+
+}  // namespace softrdma::net

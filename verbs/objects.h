@@ -1,0 +1,64 @@
+// The handles the libibverbs ABI hands out, each the public verbs struct followed by the
+// engine object it stands for. Every struct begins with the public struct, so a pointer to
+// one is a pointer to the other (the same trick rdma-core's providers use).
+#pragma once
+
+#include <infiniband/verbs.h>
+
+#include <memory>
+
+#include "engine/cq.h"
+#include "engine/device.h"
+#include "engine/memory.h"
+#include "engine/qp.h"
+
+namespace softrdma::verbs {
+
+/// ibv_context: the extended verbs_context (ibv_context is its last member) plus the
+/// engine device, shared by every context of this process.
+struct Context {
+  verbs_context vctx;
+  std::shared_ptr<engine::Device> dev;
+  int async_fds[2] = {-1, -1};  // async_fd is the read end; no events are generated yet
+};
+
+struct Pd {
+  ibv_pd ibv;
+  std::unique_ptr<engine::ProtectionDomain> pd;
+};
+
+struct Mr {
+  ibv_mr ibv;
+  std::unique_ptr<engine::MemoryRegion> mr;
+};
+
+struct Channel {
+  ibv_comp_channel ibv;
+  engine::CompletionChannel channel;
+};
+
+/// ibv_cq, laid out as ibv_cq_ex so the extended CQ API can share it.
+struct Cq {
+  ibv_cq_ex ibv;
+  std::unique_ptr<engine::CompletionQueue> cq;
+  std::atomic<unsigned> events_reported{0};
+  ibv_cq* as_cq() { return reinterpret_cast<ibv_cq*>(&ibv); }
+};
+
+/// ibv_qp, laid out as ibv_qp_ex so the extended post API can share it.
+struct Qp {
+  ibv_qp_ex ibv;
+  std::unique_ptr<engine::QueuePair> qp;
+  ibv_qp* as_qp() { return &ibv.qp_base; }
+};
+
+inline Context* to_ctx(ibv_context* c) {
+  return reinterpret_cast<Context*>(reinterpret_cast<char*>(c) - offsetof(verbs_context, context));
+}
+inline Pd* to_pd(ibv_pd* p) { return reinterpret_cast<Pd*>(p); }
+inline Mr* to_mr(ibv_mr* m) { return reinterpret_cast<Mr*>(m); }
+inline Channel* to_channel(ibv_comp_channel* c) { return reinterpret_cast<Channel*>(c); }
+inline Cq* to_cq(ibv_cq* c) { return reinterpret_cast<Cq*>(c); }
+inline Qp* to_qp(ibv_qp* q) { return reinterpret_cast<Qp*>(q); }
+
+}  // namespace softrdma::verbs
