@@ -190,11 +190,6 @@ MemoryRegion* Device::find_mr(uint32_t key) {
   return it == mrs_.end() ? nullptr : it->second;
 }
 
-void Device::kick(QueuePair& qp) {
-  requester::run(qp, *this);
-  flush();
-}
-
 void Device::transmit(wire::Headers h, uint32_t dst_ip, std::span<const iovec> payload,
                       uint32_t payload_len) {
   if (netem_ && netem_->drop()) {

@@ -79,9 +79,6 @@ class Device final : public Transport {
   uint32_t register_mr(MemoryRegion* mr);  ///< returns the new key
   void unregister_mr(uint32_t key);
 
-  /// Runs the requester of `qp` and sends what it produced (device lock held).
-  void kick(QueuePair& qp);
-
   // ---- Transport ----------------------------------------------------------------------
   void transmit(wire::Headers h, uint32_t dst_ip, std::span<const iovec> payload,
                 uint32_t payload_len) override;
@@ -90,7 +87,7 @@ class Device final : public Transport {
   void timer_armed(uint64_t deadline_ns) override;
 
   /// Sends everything queued by transmit() (device lock held).
-  void flush();
+  void flush() override;
 
  private:
   Device() = default;

@@ -71,7 +71,13 @@ WcOpcode wc_opcode_for(WrOpcode op) {
 
 QueuePair::QueuePair(Device& dev, ProtectionDomain& pd, CompletionQueue& scq,
                      CompletionQueue& rcq, const QpCap& c, bool sig_all)
-    : cap(c), sq_sig_all(sig_all), send_cq(scq), recv_cq(rcq), dev_(dev), pd_(pd) {
+    : cap(c),
+      sq_sig_all(sig_all),
+      send_cq(scq),
+      recv_cq(rcq),
+      transport(&dev),
+      dev_(dev),
+      pd_(pd) {
   std::lock_guard lk(dev_.mutex());
   qpn_ = dev_.register_qp(this);
   pd_.users++;
@@ -93,6 +99,11 @@ Status QueuePair::validate_cap(const QpCap& c) {
       c.max_inline_data > DeviceLimits::kMaxInlineData)
     return std::errc::invalid_argument;
   return kOk;
+}
+
+void QueuePair::kick() {
+  requester::run(*this, *transport);
+  transport->flush();
 }
 
 uint64_t QueuePair::retransmit_timeout_ns() const {
@@ -191,7 +202,7 @@ Status QueuePair::modify(const QpAttr& a, uint32_t mask) {
       break;
     case QpState::kRts:
       if (cur == QpState::kSqd) attr.sq_draining = false;
-      dev_.kick(*this);
+      kick();
       break;
     case QpState::kSqd:
       attr.sq_draining = true;
@@ -272,7 +283,7 @@ Status QueuePair::post_send_batch(const SendWr* wrs, size_t n, size_t& bad) {
     if (st != kOk) break;
   }
   bad = i;
-  if (i > 0) dev_.kick(*this);
+  if (i > 0) kick();
   return st;
 }
 

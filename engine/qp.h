@@ -135,6 +135,10 @@ class QueuePair {
   bool sq_sig_all;
   CompletionQueue& send_cq;
   CompletionQueue& recv_cq;
+  /// Where this QP's packets go: its device, or a test double.
+  Transport* transport;
+  /// Runs the requester and sends what it produced (device lock held).
+  void kick();
   uint32_t remote_ip = 0;  ///< from attr.ah.dgid at RTR
   uint32_t mtu = 256;      ///< path MTU, bytes
 

@@ -26,6 +26,8 @@ class Transport {
   /// flush(), which every progress round ends with.
   virtual void transmit(wire::Headers h, uint32_t dst_ip, std::span<const iovec> payload,
                         uint32_t payload_len) = 0;
+  /// Sends everything transmit() queued.
+  virtual void flush() = 0;
   /// The MR with this lkey/rkey, or nullptr.
   virtual MemoryRegion* find_mr(uint32_t key) = 0;
   /// The device's counters.
