@@ -1,0 +1,140 @@
+#!/usr/bin/env bash
+# softrdma demo: Debian's unmodified verbs programs over user-space RoCEv2 on loopback.
+#
+#   bash scripts/demo.sh
+#
+# Installs missing packages (scripts/deps.sh, may use sudo), builds the default preset's
+# `softrdma` tool and drop-in libibverbs.so.1 (build/), then — as an ordinary user, with
+# no RDMA hardware or kernel module — runs:
+#   1. ibv_devinfo through `softrdma run`: the device srdma0;
+#   2. ibv_rc_pingpong, server on 127.0.0.2 and client on 127.0.0.3, with the defaults
+#      (4 KiB x 1000) and with 1 MiB messages x 200;
+# and prints a table of bytes moved, throughput and latency parsed from pingpong's output.
+# Exits non-zero if anything fails. Settings: DEMO_SERVER_ADDR / DEMO_CLIENT_ADDR (default
+# 127.0.0.2 / 127.0.0.3), DEMO_PORT (pingpong's TCP port, default 18555), DEMO_TIMEOUT
+# (seconds per program, default 60).
+set -euo pipefail
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+ROOT=$(pwd)
+SOFTRDMA="$ROOT/build/bin/softrdma"
+TIMEOUT=${DEMO_TIMEOUT:-60}
+PORT=${DEMO_PORT:-18555}
+SERVER_ADDR=${DEMO_SERVER_ADDR:-127.0.0.2}
+CLIENT_ADDR=${DEMO_CLIENT_ADDR:-127.0.0.3}
+
+if [[ -t 1 ]]; then B=$'\033[1m' N=$'\033[0m'; else B="" N=""; fi
+say() { printf '\n%s==> %s%s\n' "$B" "$*" "$N"; }
+die() {
+  echo "demo: FAILED: $*" >&2
+  exit 1
+}
+
+say "Installing missing Debian packages (scripts/deps.sh)"
+bash scripts/deps.sh
+
+say "Building the default preset: softrdma tool + drop-in libibverbs.so.1 (build/)"
+cmake --preset default >/dev/null || die "cmake --preset default"
+cmake --build --preset default --target softrdma -j "$(nproc)" || die "build"
+[[ -x $SOFTRDMA && -e $ROOT/build/lib/libibverbs.so.1 ]] || die "build did not produce softrdma"
+for t in ibv_devinfo ibv_rc_pingpong; do
+  [[ -x /usr/bin/$t ]] || die "/usr/bin/$t missing: install ibverbs-utils"
+done
+
+# True if a UDP socket is bound to $1:$2 (reads /proc/net/udp: address little-endian hex).
+udp_bound() {
+  local a b c d
+  IFS=. read -r a b c d <<<"$1"
+  local want
+  want=$(printf '%02X%02X%02X%02X:%04X' "$d" "$c" "$b" "$a" "$2")
+  awk -v w="$want" '$2 == w { found = 1 } END { exit !found }' /proc/net/udp 2>/dev/null
+}
+for a in "$SERVER_ADDR" "$CLIENT_ADDR"; do
+  if udp_bound "$a" 4791; then
+    die "$a:4791/udp is taken (another softrdma process? see: $SOFTRDMA stat); pick free" \
+      "addresses with DEMO_SERVER_ADDR=127.0.0.x DEMO_CLIENT_ADDR=127.0.0.y"
+  fi
+done
+
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/softrdma-demo.XXXXXX")
+SERVER_PID=""
+cleanup() {
+  [[ -n $SERVER_PID ]] && kill "$SERVER_PID" 2>/dev/null
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+say "softrdma run -- ibv_devinfo   (Debian's /usr/bin/ibv_devinfo, unmodified)"
+echo "softrdma run puts $ROOT/build/lib first in LD_LIBRARY_PATH, so the program loads"
+echo "softrdma's libibverbs.so.1 instead of the system's; the device binds 127.0.0.x:4791/udp."
+echo
+timeout "$TIMEOUT" "$SOFTRDMA" run -- ibv_devinfo || die "ibv_devinfo"
+
+# True if something listens on TCP port $1; reads /proc instead of connecting, because
+# ibv_rc_pingpong's server accepts exactly one connection.
+tcp_listening() {
+  local hex
+  hex=$(printf ':%04X' "$1")
+  awk -v p="$hex" '$4 == "0A" && substr($2, length($2) - 4) == p { found = 1 }
+                   END { exit !found }' /proc/net/tcp /proc/net/tcp6 2>/dev/null
+}
+
+ROWS=()
+# pingpong NAME ARGS...: server on SERVER_ADDR, client on CLIENT_ADDR; adds a summary row.
+pingpong() {
+  local name=$1
+  shift
+  local args=(-g 0 -p "$PORT" "$@")
+  local slog="$WORK/server.log" clog="$WORK/client.log"
+  say "ibv_rc_pingpong ${args[*]}: $name"
+  echo "server: softrdma run --addr $SERVER_ADDR -- ibv_rc_pingpong ${args[*]}"
+  echo "client: softrdma run --addr $CLIENT_ADDR -- ibv_rc_pingpong ${args[*]} 127.0.0.1"
+  echo "(-g 0: GID index 0 = ::ffff:<addr>, RoCE v2; the QP numbers are exchanged over TCP)"
+  echo
+  timeout "$TIMEOUT" "$SOFTRDMA" run --addr "$SERVER_ADDR" -- ibv_rc_pingpong "${args[@]}" \
+    >"$slog" 2>&1 &
+  SERVER_PID=$!
+  local i
+  for ((i = 0; i < 200; i++)); do
+    tcp_listening "$PORT" && break
+    kill -0 "$SERVER_PID" 2>/dev/null || break
+    sleep 0.1
+  done
+  tcp_listening "$PORT" || { cat "$slog" >&2; die "pingpong server did not start"; }
+
+  local crc=0 src=0
+  timeout "$TIMEOUT" "$SOFTRDMA" run --addr "$CLIENT_ADDR" -- ibv_rc_pingpong "${args[@]}" \
+    127.0.0.1 >"$clog" 2>&1 || crc=$?
+  wait "$SERVER_PID" || src=$?
+  SERVER_PID=""
+  echo "--- client ---"
+  cat "$clog"
+  echo "--- server ---"
+  cat "$slog"
+  ((crc == 0 && src == 0)) || die "ibv_rc_pingpong $name: client exit $crc, server exit $src"
+
+  local line bytes="" mbit="" usec=""
+  while IFS= read -r line; do
+    if [[ $line =~ ^([0-9]+)\ bytes\ in\ [0-9.]+\ seconds\ =\ ([0-9.]+)\ Mbit/sec$ ]]; then
+      bytes=${BASH_REMATCH[1]} mbit=${BASH_REMATCH[2]}
+    elif [[ $line =~ ^[0-9]+\ iters\ in\ [0-9.]+\ seconds\ =\ ([0-9.]+)\ usec/iter$ ]]; then
+      usec=${BASH_REMATCH[1]}
+    fi
+  done <"$clog"
+  [[ -n $bytes && -n $mbit && -n $usec ]] || die "could not parse the client's output"
+  ROWS+=("$name|$bytes|$mbit|$usec")
+}
+
+pingpong "4 KiB x 1000 (defaults)"
+pingpong "1 MiB x 200 (-s 1048576 -n 200)" -s 1048576 -n 200
+
+say "Summary (client side; ibv_rc_pingpong counts both directions, usec/iter = round trip)"
+fmt='%-48s %12s %10s %10s\n'
+printf "$fmt" "run" "bytes moved" "Mbit/s" "usec/iter"
+printf "$fmt" "$(printf '%.0s-' {1..48})" "------------" "----------" "----------"
+for r in "${ROWS[@]}"; do
+  IFS='|' read -r name bytes mbit usec <<<"$r"
+  printf "$fmt" "ibv_rc_pingpong $name" "$bytes" "$mbit" "$usec"
+done
+echo
+echo "demo: OK — unmodified /usr/bin/ibv_devinfo and /usr/bin/ibv_rc_pingpong ran over softrdma."

@@ -1,0 +1,340 @@
+// softrdma — command-line companion of the softrdma drop-in libibverbs.so.1.
+//
+//   softrdma run [--addr IP] [--netem SPEC] [--log LEVEL] -- PROGRAM [ARGS...]
+//       Runs an unmodified verbs program over softrdma: checks the options, exports
+//       SOFTRDMA_ADDR / SOFTRDMA_NETEM / SOFTRDMA_LOG, puts the directory holding the
+//       drop-in libibverbs.so.1 (<dir of this executable>/../lib) first in LD_LIBRARY_PATH
+//       and execs PROGRAM in place of itself (same pid, exit status, signals and stdio).
+//
+//   softrdma stat [--all] [--json]
+//       Prints the counters that every open softrdma device publishes in
+//       /dev/shm/softrdma.<ipv4>.<pid> (see engine/counters.h), in the style of Linux rxe's
+//       hw_counters: one "name value" line per counter.
+//
+//   softrdma stat --clean
+//       Removes the counter files left behind by processes that have exited.
+//
+// Exit status: 0 on success; 2 for a usage error (bad option, malformed --addr, --netem or
+// --log); 1 when the drop-in library cannot be found or a file cannot be removed; 127 when
+// PROGRAM cannot be executed. After a successful exec the status is PROGRAM's own.
+#include <link.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fmt/core.h>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "engine/counters.h"
+#include "net/netem.h"
+#include "net/udp_port.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using softrdma::engine::DeviceStats;
+
+/// Exit status of usage errors (bad option or option value), as in most Unix tools.
+constexpr int kExitUsage = 2;
+/// Exit status when the program to run cannot be executed (as in POSIX shells).
+constexpr int kExitCannotExec = 127;
+
+/// The verbs device name every softrdma process exposes (one device per process).
+constexpr const char* kDeviceName = "srdma0";
+
+/// Levels SOFTRDMA_LOG accepts (spdlog level names; anything else would turn logging off).
+const std::vector<std::string> kLogLevels = {"trace", "debug", "info",    "warn",
+                                             "error", "critical", "off"};
+
+void error(const std::string& msg) { fmt::print(stderr, "softrdma: {}\n", msg); }
+
+/// The directory that should hold the drop-in libibverbs.so.1: <dir of /proc/self/exe>/../lib
+/// (the build puts programs in build/bin and libraries in build/lib). Returns nullopt and
+/// sets `why` if it is not there.
+std::optional<fs::path> find_dropin_dir(std::string& why) {
+  std::error_code ec;
+  fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  if (ec) {
+    why = "cannot read /proc/self/exe: " + ec.message();
+    return std::nullopt;
+  }
+  fs::path dir = (exe.parent_path() / ".." / "lib").lexically_normal();
+  fs::path canonical = fs::weakly_canonical(dir, ec);
+  if (!ec) dir = canonical;
+  if (!fs::exists(dir / "libibverbs.so.1", ec)) {
+    why = fmt::format(
+        "the softrdma libibverbs.so.1 is not in {} (expected next to {} as ../lib/); "
+        "build the softrdma_verbs target",
+        dir.string(), exe.string());
+    return std::nullopt;
+  }
+  return dir;
+}
+
+/// Path of the AddressSanitizer runtime loaded in this process, if any. In a sanitizer
+/// build the drop-in library is instrumented too, and an uninstrumented program can only
+/// load it if the ASan runtime comes first in its library list, i.e. via LD_PRELOAD.
+std::string loaded_asan_runtime() {
+  std::string found;
+  dl_iterate_phdr(
+      [](dl_phdr_info* info, size_t, void* data) {
+        const char* name = info->dlpi_name;
+        if (name && std::strstr(name, "/libasan.so")) {
+          *static_cast<std::string*>(data) = name;
+          return 1;
+        }
+        return 0;
+      },
+      &found);
+  return found;
+}
+
+/// Puts `entry` first in the colon-separated list held by environment variable `var`.
+void prepend_env_path(const char* var, const std::string& entry) {
+  const char* old = std::getenv(var);
+  std::string value = entry;
+  if (old && *old) value += std::string(":") + old;
+  ::setenv(var, value.c_str(), 1);
+}
+
+/// Options of `softrdma run`.
+struct RunOptions {
+  std::string addr;
+  std::string netem;
+  std::string log;
+  std::vector<std::string> command;
+};
+
+/// `softrdma run`: validate, set the environment, exec. Returns only on failure.
+int cmd_run(const RunOptions& o) {
+  if (!o.addr.empty()) {
+    uint32_t ip = 0;
+    if (!softrdma::net::ipv4_from_string(o.addr, ip) || ip == 0) {
+      error(fmt::format("--addr: '{}' is not a usable IPv4 address (expected a dotted quad "
+                        "such as 127.0.0.2)",
+                        o.addr));
+      return kExitUsage;
+    }
+  }
+  if (!o.netem.empty()) {
+    softrdma::net::NetemConfig cfg;
+    std::string why;
+    if (!softrdma::net::parse_netem(o.netem, cfg, why)) {
+      error(fmt::format("--netem: '{}': {} (expected e.g. \"loss=5%,every=13,seed=42\")",
+                        o.netem, why));
+      return kExitUsage;
+    }
+  }
+  if (o.command.empty() || o.command.front().empty()) {
+    error("run: no program given (usage: softrdma run [OPTIONS] -- PROGRAM [ARGS...])");
+    return kExitUsage;
+  }
+
+  std::string why;
+  auto dir = find_dropin_dir(why);
+  if (!dir) {
+    error(why);
+    return 1;
+  }
+
+  if (!o.addr.empty()) ::setenv("SOFTRDMA_ADDR", o.addr.c_str(), 1);
+  if (!o.netem.empty()) ::setenv("SOFTRDMA_NETEM", o.netem.c_str(), 1);
+  if (!o.log.empty()) ::setenv("SOFTRDMA_LOG", o.log.c_str(), 1);
+  prepend_env_path("LD_LIBRARY_PATH", dir->string());
+  if (std::string asan = loaded_asan_runtime(); !asan.empty()) {
+    const char* pre = std::getenv("LD_PRELOAD");
+    if (!pre || !std::strstr(pre, "libasan.so")) prepend_env_path("LD_PRELOAD", asan);
+  }
+
+  std::vector<char*> argv;
+  argv.reserve(o.command.size() + 1);
+  for (const auto& a : o.command) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  ::execvp(argv[0], argv.data());
+  int e = errno;
+  error(fmt::format("cannot execute '{}': {}", o.command.front(), std::strerror(e)));
+  return kExitCannotExec;
+}
+
+/// Options of `softrdma stat`.
+struct StatOptions {
+  std::string dir = "/dev/shm";
+  bool all = false;
+  bool json = false;
+  bool clean = false;
+};
+
+/// Published devices, ordered by address (numerically), then pid.
+std::vector<DeviceStats> published_devices(const std::string& dir) {
+  auto devs = softrdma::engine::read_published_stats(dir);
+  auto key = [](const DeviceStats& d) {
+    uint32_t ip = 0;
+    softrdma::net::ipv4_from_string(d.address, ip);
+    return std::tuple(ip, d.pid, d.path);
+  };
+  std::sort(devs.begin(), devs.end(),
+            [&](const DeviceStats& a, const DeviceStats& b) { return key(a) < key(b); });
+  return devs;
+}
+
+int cmd_stat_clean(const StatOptions& o) {
+  int removed = 0, failed = 0;
+  for (const auto& d : published_devices(o.dir)) {
+    if (d.alive) continue;
+    if (::unlink(d.path.c_str()) == 0 || errno == ENOENT) {
+      fmt::print("removed {} ({} pid {}, exited)\n", d.path, d.address, d.pid);
+      ++removed;
+    } else {
+      error(fmt::format("cannot remove {}: {}", d.path, std::strerror(errno)));
+      ++failed;
+    }
+  }
+  if (removed == 0 && failed == 0) fmt::print("no files of exited processes to remove\n");
+  return failed ? 1 : 0;
+}
+
+int cmd_stat(const StatOptions& o) {
+  if (o.clean) return cmd_stat_clean(o);
+  const auto devs = published_devices(o.dir);
+
+  if (o.json) {
+    // Every counter, always: a stable schema is worth more to scripts than brevity.
+    nlohmann::json out = {{"devices", nlohmann::json::array()}};
+    for (const auto& d : devs) {
+      nlohmann::json counters = nlohmann::json::object();
+      for (const auto& c : d.counters) counters[c.name] = c.value;
+      out["devices"].push_back({{"device", kDeviceName},
+                                {"address", d.address},
+                                {"pid", d.pid},
+                                {"alive", d.alive},
+                                {"path", d.path},
+                                {"counters", std::move(counters)}});
+    }
+    fmt::print("{}\n", out.dump(2));
+    return 0;
+  }
+
+  if (devs.empty()) {
+    fmt::print("no softrdma devices are open\n");
+    return 0;
+  }
+  bool first = true;
+  for (const auto& d : devs) {
+    if (!first) fmt::print("\n");
+    first = false;
+    fmt::print("{} {} pid {} {} ({})\n", kDeviceName, d.address, d.pid,
+               d.alive ? "alive" : "dead", d.path);
+    size_t width = 0;
+    for (const auto& c : d.counters) width = std::max(width, c.name.size());
+    size_t shown = 0;
+    for (const auto& c : d.counters) {
+      if (!o.all && c.value == 0) continue;
+      fmt::print("    {:<{}} {}\n", c.name, width, c.value);
+      ++shown;
+    }
+    if (shown == 0) fmt::print("    (all {} counters are zero; --all lists them)\n",
+                               d.counters.size());
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::string env_help =
+      "Environment read by the library (`softrdma run` sets it from its options):\n"
+      "  SOFTRDMA_ADDR   IPv4 address the device srdma0 binds (UDP 4791); default: the\n"
+      "                  first free address in 127.0.0.1-254. GID index 0 is ::ffff:<addr>\n"
+      "                  (RoCE v2): give verbs programs `-g 0` (pingpong) or `-x 0` (perftest).\n"
+      "  SOFTRDMA_NETEM  transmit-side packet loss, e.g. \"loss=5%,every=13,seed=42\".\n"
+      "  SOFTRDMA_LOG    trace|debug|info|warn|error|critical|off (default warn).\n"
+      "\n"
+      "Example (two shells; pingpong's TCP exchange goes to 127.0.0.1):\n"
+      "  softrdma run --addr 127.0.0.2 -- ibv_rc_pingpong -g 0\n"
+      "  softrdma run --addr 127.0.0.3 -- ibv_rc_pingpong -g 0 127.0.0.1\n"
+      "  softrdma stat";
+
+  CLI::App app{
+      "softrdma: user-space RoCEv2 behind the libibverbs API/ABI. Unmodified verbs programs\n"
+      "run over it through the drop-in libibverbs.so.1; this tool starts them (run) and\n"
+      "shows the devices' counters (stat)."};
+  app.name("softrdma");
+  app.set_version_flag("--version", std::string(SOFTRDMA_VERSION));
+  app.require_subcommand(1, 1);
+  app.footer(env_help);
+
+  // ---- run ----------------------------------------------------------------------------
+  RunOptions ro;
+  CLI::App* run = app.add_subcommand(
+      "run", "run an unmodified verbs program over softrdma: softrdma run [OPTIONS] -- PROGRAM "
+             "[ARGS...]");
+  run->footer(
+      "Checks the options, exports SOFTRDMA_ADDR / SOFTRDMA_NETEM / SOFTRDMA_LOG, puts the\n"
+      "directory of the drop-in libibverbs.so.1 (<dir of this executable>/../lib) first in\n"
+      "LD_LIBRARY_PATH and executes PROGRAM in place of itself (same pid, stdio, signals).\n"
+      "Options not given leave the inherited environment as it is.\n"
+      "Exit status: PROGRAM's own; 2 for a bad option; 1 if libibverbs.so.1 is not found;\n"
+      "127 if PROGRAM cannot be executed.\n\n" +
+      env_help);
+  run->add_option("--addr", ro.addr,
+                  "IPv4 address of this process's device (sets SOFTRDMA_ADDR), e.g. "
+                  "127.0.0.2; each process needs its own. Default: the first free 127.0.0.x")
+      ->type_name("IP");
+  run->add_option("--netem", ro.netem,
+                  "emulate a lossy link on transmit (sets SOFTRDMA_NETEM): comma-separated "
+                  "loss=P% (or a fraction 0..1), every=N (drop every Nth packet), seed=S")
+      ->type_name("SPEC");
+  run->add_option("--log", ro.log, "library log level (sets SOFTRDMA_LOG); default warn")
+      ->type_name("LEVEL")
+      ->check(CLI::IsMember(kLogLevels));
+  run->add_option("PROGRAM", ro.command,
+                  "the program to run (searched in PATH) and its arguments; put them after "
+                  "`--` so that their options are not taken for softrdma's")
+      ->type_name("")
+      ->required();
+  run->positionals_at_end();  // everything from PROGRAM on belongs to PROGRAM
+
+  // ---- stat ---------------------------------------------------------------------------
+  StatOptions so;
+  CLI::App* stat =
+      app.add_subcommand("stat", "show the counters of every open softrdma device");
+  stat->footer(
+      "Every process that opens srdma0 publishes its counters in /dev/shm/softrdma.<ip>.<pid>.\n"
+      "stat prints each device (address, pid, alive or dead) and its counters, one\n"
+      "`name value` line each as Linux rxe's hw_counters; counters that are zero are left\n"
+      "out unless --all is given. A process that exited without closing its device (killed)\n"
+      "leaves its file behind, shown as dead until --clean removes it or a new device binds\n"
+      "the same address. Counter meanings: engine/counters.h.");
+  auto* all = stat->add_flag("--all,-a", so.all, "list every counter, zero or not");
+  auto* json = stat->add_flag("--json", so.json,
+                              "print JSON instead: {\"devices\": [{device, address, pid, alive, "
+                              "path, counters: {name: value}}]}, always with every counter");
+  stat->add_flag("--clean", so.clean,
+                 "remove the counter files of processes that have exited, list them, and exit")
+      ->excludes(all)
+      ->excludes(json);
+  stat->add_option("--dir", so.dir,
+                   "where to look for the counter files (softrdma.*); the library always "
+                   "publishes in /dev/shm, other values are for tests")
+      ->type_name("DIR")
+      ->capture_default_str();
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    int rc = app.exit(e);
+    return rc == 0 ? 0 : kExitUsage;  // --help / --version: 0; anything else: usage error
+  }
+
+  if (run->parsed()) return cmd_run(ro);
+  if (stat->parsed()) return cmd_stat(so);
+  return kExitUsage;  // unreachable: require_subcommand(1)
+}
