@@ -10,7 +10,7 @@
 # ends with one summary line. Sized for CI: 2 cores, 30 minutes.
 set -uo pipefail
 
-cd "$(dirname "${BASH_SOURCE[0]}")/.."
+cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 1
 start=$SECONDS
 
 bash scripts/deps.sh || { echo "test.sh: FAILED installing dependencies (scripts/deps.sh)"; exit 1; }
