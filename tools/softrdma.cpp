@@ -206,10 +206,11 @@ int cmd_stat(const StatOptions& o) {
   const auto devs = published_devices(o.dir);
 
   if (o.json) {
-    // Every counter, always: a stable schema is worth more to scripts than brevity.
-    nlohmann::json out = {{"devices", nlohmann::json::array()}};
+    // Every counter, always (a stable schema is worth more to scripts than brevity), in
+    // engine/counters.h order.
+    nlohmann::ordered_json out = {{"devices", nlohmann::ordered_json::array()}};
     for (const auto& d : devs) {
-      nlohmann::json counters = nlohmann::json::object();
+      nlohmann::ordered_json counters = nlohmann::ordered_json::object();
       for (const auto& c : d.counters) counters[c.name] = c.value;
       out["devices"].push_back({{"device", kDeviceName},
                                 {"address", d.address},
