@@ -371,7 +371,7 @@ TEST_F(Api, AttributeRangesAreEinval) {
   a = init_attr();
   ASSERT_EQ(0, ibv_modify_qp(e.qp, &a, kAttrInit));
 
-  for (int mtu : {0, 6, 7, 255}) {
+  for (int mtu : {0, 6, 7}) {  // 0..7 is the range of ibv_mtu values in C++
     a = rtr_attr(peer.qpn);
     a.path_mtu = static_cast<ibv_mtu>(mtu);
     EXPECT_EQ(EINVAL, ibv_modify_qp(e.qp, &a, kAttrRtr)) << "path_mtu " << mtu;

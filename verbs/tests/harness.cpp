@@ -821,11 +821,19 @@ void run_roles(const Spec& spec) {
     bool connected = true;
     bool at_barrier = false;
     bool exited = false;
+    bool stopped = false;  // killed by the supervisor after another role failed
     int status = 0;
+  };
+  auto role_ok = [&](int i, int st) {
+    return (WIFEXITED(st) && WEXITSTATUS(st) == 0) ||
+           (spec.roles[i].may_be_killed && WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL);
   };
   std::vector<Child> kids;
   for (int i = 0; i < n; ++i) kids.push_back(Child{ctl[i][0]});
   const auto deadline = Clock::now() + spec.deadline;
+  // Once a role has failed, its peers are usually stuck waiting for it (a poll_one bound,
+  // a barrier): give them a moment to report what they saw, then stop them.
+  std::optional<Clock::time_point> stop_at;
   bool timed_out = false;
   int running = n;
   while (running > 0) {
@@ -875,6 +883,16 @@ void run_roles(const Spec& spec) {
       if (waitpid(pids[i], &kids[i].status, WNOHANG) == pids[i]) {
         kids[i].exited = true;
         --running;
+        if (!role_ok(i, kids[i].status) && !stop_at) stop_at = Clock::now() + 1s;
+      }
+    }
+    if (running > 0 && stop_at && Clock::now() > *stop_at) {
+      for (int i = 0; i < n; ++i) {
+        if (kids[i].exited) continue;
+        kill(pids[i], SIGKILL);
+        waitpid(pids[i], &kids[i].status, 0);
+        kids[i].exited = kids[i].stopped = true;
+        --running;
       }
     }
     if (running > 0 && Clock::now() > deadline) {
@@ -897,8 +915,11 @@ void run_roles(const Spec& spec) {
   if (timed_out) return;
   for (int i = 0; i < n; ++i) {
     const int st = kids[i].status;
-    if (WIFEXITED(st) && WEXITSTATUS(st) == 0) continue;
-    if (spec.roles[i].may_be_killed && WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL) continue;
+    if (kids[i].stopped) {
+      printf("[ harness  ] role %d (pid %d) stopped after another role failed\n", i, pids[i]);
+      continue;
+    }
+    if (role_ok(i, st)) continue;
     ADD_FAILURE() << "role " << i << " (pid " << pids[i] << ") " << describe_status(st)
                   << (WIFEXITED(st) && WEXITSTATUS(st) == 1 ? " (its failures are printed above)"
                                                             : "");

@@ -314,9 +314,12 @@ class Role {
     send_bytes(peer, &v, sizeof v);
   }
   template <class T>
-  T recv_value(int peer, milliseconds timeout = 60s) {
+  T recv_value(int peer, milliseconds timeout = 60s, const char* file = __builtin_FILE(),
+               int line = __builtin_LINE()) {
     T v{};
-    if (!recv_bytes(peer, &v, sizeof v, timeout)) fail_fatal("no message from peer role");
+    if (!recv_bytes(peer, &v, sizeof v, timeout))
+      fail_fatal("no message from role " + std::to_string(peer) + " (it exited or timed out)", file,
+                 line);
     return v;
   }
   /// Waits until `peer` has exited (its end of the socketpair is closed).

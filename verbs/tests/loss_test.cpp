@@ -56,7 +56,21 @@ struct LossCase {
   const char* netem;  // "" = no emulation
 };
 
+void PrintTo(const LossCase& c, std::ostream* os) {
+  *os << "SOFTRDMA_NETEM=\"" << c.netem << "\"";
+}
+
 class InjectedLoss : public ::testing::TestWithParam<LossCase> {};
+
+// Prints how much every counter of this role's device grew since `before`.
+std::string counter_growth(Role& r, const Counters& before) {
+  const Counters now = r.counters();
+  std::string s;
+  for (const auto& [name, v] : now.values) {
+    if (v != before[name]) s += " " + name + "=+" + std::to_string(v - before[name]);
+  }
+  return s;
+}
 
 void requester(Role& r, bool lossy) {
   auto& l = r.link();
@@ -77,7 +91,9 @@ void requester(Role& r, bool lossy) {
         ++posted;
       }
       const ibv_wc wc = poll_one(l.ep.scq, 30s);
-      ASSERT_EQ(IBV_WC_SUCCESS, wc.status) << "SEND " << done << ": " << describe(wc);
+      ASSERT_EQ(IBV_WC_SUCCESS, wc.status)
+          << "SEND " << done << ": " << describe(wc)
+          << "\n  requester counters:" << counter_growth(r, before);
       ASSERT_EQ(uint64_t(done), wc.wr_id);
       ++done;
     }
@@ -95,7 +111,9 @@ void requester(Role& r, bool lossy) {
         ++posted;
       }
       const ibv_wc wc = poll_one(l.ep.scq, 30s);
-      ASSERT_EQ(IBV_WC_SUCCESS, wc.status) << "WRITE " << done << ": " << describe(wc);
+      ASSERT_EQ(IBV_WC_SUCCESS, wc.status)
+          << "WRITE " << done << ": " << describe(wc)
+          << "\n  requester counters:" << counter_growth(r, before);
       ASSERT_EQ(uint64_t(done), wc.wr_id);
       ++done;
     }
@@ -113,7 +131,9 @@ void requester(Role& r, bool lossy) {
         ++posted;
       }
       const ibv_wc wc = poll_one(l.ep.scq, 30s);
-      ASSERT_EQ(IBV_WC_SUCCESS, wc.status) << "READ " << done << ": " << describe(wc);
+      ASSERT_EQ(IBV_WC_SUCCESS, wc.status)
+          << "READ " << done << ": " << describe(wc)
+          << "\n  requester counters:" << counter_growth(r, before);
       ASSERT_EQ(uint64_t(done), wc.wr_id);
       const uint8_t* p = r.buf() + (done % kReadWindow) * kSlot;
       ASSERT_TRUE(HasPattern(p, read_len(done), kReadSeed, read_off(done))) << "READ " << done;
@@ -134,7 +154,9 @@ void requester(Role& r, bool lossy) {
         ++posted;
       }
       const ibv_wc wc = poll_one(l.ep.scq, 30s);
-      ASSERT_EQ(IBV_WC_SUCCESS, wc.status) << "FETCH & ADD " << done << ": " << describe(wc);
+      ASSERT_EQ(IBV_WC_SUCCESS, wc.status)
+          << "FETCH & ADD " << done << ": " << describe(wc)
+          << "\n  requester counters:" << counter_growth(r, before);
       ASSERT_EQ(uint64_t(done), wc.wr_id);
       EXPECT_EQ(uint64_t(done), res[done]) << "FETCH & ADD " << done;
       ++done;
@@ -169,7 +191,9 @@ void responder(Role& r, bool lossy) {
   r.barrier();
 
   for (int m = 0; m < kSends + kWrites; ++m) {
-    const ibv_wc wc = poll_one(l.ep.rcq, 30s);
+    ibv_wc wc{};
+    ASSERT_TRUE(try_poll_one(l.ep.rcq, wc, 30s))
+        << "message " << m << " never arrived\n  responder counters:" << counter_growth(r, before);
     ASSERT_EQ(IBV_WC_SUCCESS, wc.status) << "message " << m << ": " << describe(wc);
     ASSERT_LT(wc.wr_id, uint64_t(kRecvDepth));
     ASSERT_EQ(uint64_t(m % kRecvDepth), wc.wr_id) << "receives complete in posting order";
