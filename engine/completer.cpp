@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "engine/cq.h"
+#include "engine/log.h"
 #include "engine/qp.h"
 
 namespace softrdma::engine::completer {
@@ -13,11 +14,16 @@ using wire::psn_add;
 using wire::psn_diff;
 
 void note_progress(QueuePair& qp, Transport& t) {
+  qp.req.probe = false;
   qp.comp.retry_left = qp.attr.retry_cnt;
   qp.comp.rnr_retry_left = qp.attr.rnr_retry;
   qp.comp.last_progress_ns = t.now_ns();
   auto& inflight = qp.comp.rd_atomic_inflight;
   while (!inflight.empty() && psn_diff(inflight.front(), qp.comp.psn) < 0) inflight.pop_front();
+  // A late ACK or response can acknowledge PSNs the requester, after a go-back-N rewind,
+  // was about to send again: move it forward so its next PSN and the WQE/offset it sends
+  // from stay in step.
+  if (psn_diff(qp.comp.psn, qp.req.psn) > 0) requester::rewind(qp, qp.comp.psn);
 }
 
 // Everything up to and including `psn` is acknowledged. Completes SEND/WRITE WQEs that it
@@ -45,13 +51,17 @@ bool complete_acked(QueuePair& qp, Transport& t, uint32_t psn) {
   return ok;
 }
 
-// Go-back-N from the oldest unacknowledged PSN.
-void retry_from(QueuePair& qp, uint32_t psn) {
+// Go-back-N from `psn`.
+void retry_from(QueuePair& qp, uint32_t psn, const char* why) {
+  log().debug("qp {:#x}: go back to psn {:#x} ({}; comp.psn {:#x} req.psn {:#x})", qp.qpn(),
+              psn, why, qp.comp.psn, qp.req.psn);
   requester::rewind(qp, psn);
 }
 
 bool retry_budget(QueuePair& qp, Transport& t) {
   if (qp.comp.retry_left == 0) {
+    log().warn("qp {:#x}: retry_cnt {} exhausted at psn {:#x}", qp.qpn(), qp.attr.retry_cnt,
+               qp.comp.psn);
     bump(t.counters().retry_exceeded_err);
     qp.enter_error(WcStatus::kRetryExcErr);
     return false;
@@ -66,7 +76,7 @@ void fast_retry(QueuePair& qp, Transport& t) {
   if (qp.comp.fast_retry_psn == qp.comp.psn) return;
   qp.comp.fast_retry_psn = qp.comp.psn;
   bump(t.counters().rcvd_stale_response);
-  retry_from(qp, qp.comp.psn);
+  retry_from(qp, qp.comp.psn, "response out of order");
 }
 
 void on_ack(QueuePair& qp, const wire::Packet& pkt, Transport& t) {
@@ -85,7 +95,7 @@ void on_ack(QueuePair& qp, const wire::Packet& pkt, Transport& t) {
         return;
       }
       if (qp.attr.rnr_retry != 7) --qp.comp.rnr_retry_left;  // 7 means retry forever
-      retry_from(qp, psn);
+      retry_from(qp, psn, "RNR NAK");
       qp.req.rnr_wait = true;
       qp.comp.rnr_ns = t.now_ns() + uint64_t{wire::rnr_timer_usec(syn & 0x1f)} * 1000;
       t.timer_armed(qp.comp.rnr_ns);
@@ -100,7 +110,11 @@ void on_ack(QueuePair& qp, const wire::Packet& pkt, Transport& t) {
           bump(t.counters().rcvd_seq_err);
           if (qp.req.rnr_wait) return;  // the RNR retry goes back to this PSN anyway
           if (!progressed && !retry_budget(qp, t)) return;
-          retry_from(qp, psn);
+          retry_from(qp, psn, "sequence NAK");
+          // The same PSN NAKed again: our resend of it was lost too. Probe with that one
+          // packet rather than resending the window, which under periodic loss can lose
+          // the same packet every round.
+          if (!progressed) qp.req.probe = true;
           return;
         case wire::NakCode::kRemoteAccessError:
           qp.enter_error(WcStatus::kRemAccessErr);
@@ -232,7 +246,8 @@ void on_timer(QueuePair& qp, Transport& t, uint64_t now) {
   qp.comp.timer_ns = 0;
   if (!retry_budget(qp, t)) return;
   qp.comp.fast_retry_psn = 0xffffffff;
-  retry_from(qp, qp.comp.psn);
+  retry_from(qp, qp.comp.psn, "timeout");
+  qp.req.probe = true;
   requester::run(qp, t);
 }
 

@@ -57,6 +57,10 @@ struct RequesterState {
   uint32_t max_psn = 0;   ///< one past the highest PSN ever sent (for late ACKs)
   uint32_t noack_pkts = 0;
   bool rnr_wait = false;  ///< paused until the completer's RNR deadline
+  /// After a retransmit timeout only one packet (with AckReq) goes out until an ACK/NAK
+  /// shows progress: resending the whole window each round can lose the same packet every
+  /// round under periodic loss (TCP collapses its window after an RTO for the same reason).
+  bool probe = false;
 };
 
 /// Completer progress (rxe's qp->comp).
@@ -84,6 +88,7 @@ struct ResponderState {
   uint32_t epsn = 0;      ///< expected PSN
   uint32_t msn = 0;       ///< message sequence number (24 bits)
   bool nak_sent = false;  ///< a PSN sequence NAK is outstanding for epsn
+  uint32_t ooo_max_psn = 0;  ///< highest out-of-sequence PSN seen since that NAK
   bool in_send = false;   ///< inside a multi-packet SEND
   bool in_write = false;  ///< inside a multi-packet WRITE
   uint64_t recv_offset = 0;    ///< bytes scattered into the head receive WQE

@@ -98,7 +98,7 @@ bool send_data_packet(QueuePair& qp, SendWqe& w, Transport& t, std::vector<iovec
     h.imm_be = w.wr.imm_be;
     h.bth.solicited = (w.wr.flags & kSolicited) != 0;
   }
-  h.bth.ack_req = last || ++qp.req.noack_pkts >= kAckEvery;
+  h.bth.ack_req = last || qp.req.probe || ++qp.req.noack_pkts >= kAckEvery;
   if (h.bth.ack_req) qp.req.noack_pkts = 0;
   gather(w.local, off, pay, iov);
   t.transmit(h, qp.remote_ip, iov, pay);
@@ -110,7 +110,11 @@ bool send_data_packet(QueuePair& qp, SendWqe& w, Transport& t, std::vector<iovec
 // One READ request for the next chunk. Returns true when the whole WQE is requested.
 bool send_read_request(QueuePair& qp, SendWqe& w, Transport& t) {
   const uint64_t off = qp.req.offset;
-  const uint64_t chunk = std::min<uint64_t>(w.length - off, uint64_t{kReadChunkPsns} * qp.mtu);
+  // Chunks keep fixed boundaries (multiples of kReadChunkPsns packets from the start of
+  // the message), so a READ re-requested from the middle of a chunk never asks for PSNs
+  // beyond what the original request covered (the responder's expected PSN stays right).
+  const uint64_t chunk_bytes = uint64_t{kReadChunkPsns} * qp.mtu;
+  const uint64_t chunk = std::min<uint64_t>(w.length, (off / chunk_bytes + 1) * chunk_bytes) - off;
   const uint32_t n = psns_for(chunk, qp.mtu);
   wire::Headers h = base_headers(qp, Opcode::kReadRequest, qp.req.psn);
   h.reth.va = w.wr.remote_addr + off;
@@ -164,7 +168,8 @@ void run(QueuePair& qp, Transport& t) {
                    : psns_for(w.length, qp.mtu);
       qp.req.offset = 0;
     }
-    if (wire::psn_diff(qp.req.psn, qp.comp.psn) >= static_cast<int32_t>(kWindowPsns)) break;
+    const int32_t window = qp.req.probe ? 1 : static_cast<int32_t>(kWindowPsns);
+    if (wire::psn_diff(qp.req.psn, qp.comp.psn) >= window) break;
     bool done;
     switch (w.wr.opcode) {
       case WrOpcode::kRdmaRead:

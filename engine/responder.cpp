@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "engine/cq.h"
+#include "engine/log.h"
 #include "engine/memory.h"
 #include "engine/qp.h"
 
@@ -33,6 +34,7 @@ void send_ack(QueuePair& qp, Transport& t, uint8_t syndrome, uint32_t psn) {
 }
 
 void nak(QueuePair& qp, Transport& t, wire::NakCode code, uint32_t psn) {
+  log().debug("qp {:#x}: NAK code {} psn {:#x}", qp.qpn(), int(code), psn);
   qp.resp.ack_pending = false;  // a NAK implicitly acknowledges every earlier PSN
   send_ack(qp, t, wire::aeth_nak(code), psn);
 }
@@ -48,6 +50,7 @@ void rnr_nak(QueuePair& qp, Transport& t, uint32_t psn) {
   // Packets already in flight behind this one are dropped silently: the requester comes
   // back to `psn` after its RNR back-off, so a sequence NAK would only cost it a retry.
   qp.resp.nak_sent = true;
+  qp.resp.ooo_max_psn = psn;
   bump(t.counters().send_rnr_err);
   send_ack(qp, t, wire::aeth_rnr_nak(qp.attr.min_rnr_timer), psn);
 }
@@ -290,9 +293,16 @@ void on_request(QueuePair& qp, const wire::Packet& pkt, Transport& t) {
     // A gap: NAK once with the expected PSN and drop until the requester goes back
     // (IBTA 9.7.5.1.2 PSN sequence error).
     bump(t.counters().out_of_seq_request);
-    if (!qp.resp.nak_sent) {
+    // NAK once per gap; again only when the requester has evidently gone back (a PSN at or
+    // below the highest out-of-sequence one seen since the NAK), i.e. the NAK was lost or
+    // the retransmission lost the expected packet again.
+    const uint32_t psn = pkt.hdr.bth.psn;
+    if (!qp.resp.nak_sent || psn_diff(psn, qp.resp.ooo_max_psn) <= 0) {
       qp.resp.nak_sent = true;
+      qp.resp.ooo_max_psn = psn;
       nak(qp, t, wire::NakCode::kPsnSequenceError, qp.resp.epsn);
+    } else {
+      qp.resp.ooo_max_psn = psn;
     }
     return;
   }

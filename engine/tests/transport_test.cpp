@@ -7,6 +7,7 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <random>
 #include <vector>
 
 #include "engine/cq.h"
@@ -256,7 +257,10 @@ TEST_F(TransportTest, TimeoutRetransmitsThenRetryExceededFlushes) {
     ta->advance(rto + 1);
     std::lock_guard lk(dev->mutex());
     completer::on_timer(*a, *ta, ta->now_ns());
-    EXPECT_EQ(ta->sent.size(), 2u) << "attempt " << attempt;
+    // After a timeout only the oldest packet goes out, asking for an ACK.
+    ASSERT_EQ(ta->sent.size(), 1u) << "attempt " << attempt;
+    EXPECT_EQ(parse(ta->sent[0]).hdr.bth.psn, kSqPsn);
+    EXPECT_TRUE(parse(ta->sent[0]).hdr.bth.ack_req);
     ta->sent.clear();
   }
   ta->advance(rto + 1);
@@ -271,6 +275,36 @@ TEST_F(TransportTest, TimeoutRetransmitsThenRetryExceededFlushes) {
   EXPECT_EQ(c[1].status, WcStatus::kWrFlushErr);
   EXPECT_EQ(a->query().state, QpState::kErr);
   EXPECT_EQ(ta->counters_.retry_exceeded_err.load(), 1u);
+}
+
+TEST_F(TransportTest, ProbeAfterTimeoutReopensWindowOnAck) {
+  ASSERT_EQ(post(*a, WrOpcode::kRdmaWrite, 0, 8 * kMtu), kOk);
+  ta->sent.clear();  // the whole first round is lost
+  ta->advance(a->retransmit_timeout_ns() + 1);
+  {
+    std::lock_guard lk(dev->mutex());
+    completer::on_timer(*a, *ta, ta->now_ns());
+  }
+  ASSERT_EQ(ta->sent.size(), 1u);
+  deliver(*ta, *b, *tb);  // probe arrives and is ACKed
+  deliver(*tb, *a, *ta);  // the ACK reopens the window: the other 7 go out at once
+  EXPECT_EQ(ta->sent.size(), 7u);
+  settle();
+  ASSERT_EQ(drain().size(), 1u);
+  EXPECT_EQ(std::memcmp(dst.data(), src.data(), 8 * kMtu), 0);
+}
+
+TEST_F(TransportTest, SequenceNakRepeatedWhenRequesterGoesBack) {
+  ASSERT_EQ(post(*a, WrOpcode::kRdmaWrite, 0, 4 * kMtu), kOk);
+  auto round = ta->sent;
+  ta->sent.clear();
+  for (int r = 0; r < 2; ++r) {  // the same round twice, first packet lost both times
+    for (size_t i = 1; i < round.size(); ++i) ta->sent.push_back(round[i]);
+    deliver(*ta, *b, *tb);
+    ASSERT_EQ(tb->sent.size(), 1u) << "round " << r;  // one NAK per round
+    EXPECT_EQ(parse(tb->sent[0]).hdr.bth.psn, kSqPsn);
+    tb->sent.clear();
+  }
 }
 
 TEST_F(TransportTest, RnrNakBacksOffThenSucceedsWhenReceivePosted) {
@@ -372,6 +406,69 @@ TEST_F(TransportTest, WriteWithBadRkeyIsNakedAndLeavesMemoryAlone) {
   for (int i = 0; i < 4096; ++i) ASSERT_EQ(dst[size_t(i)], 0xee);
   EXPECT_EQ(b->query().state, QpState::kErr);  // IBTA class C: responder QP errors too
 }
+
+// Property: under random loss in both directions, with retransmission timers firing,
+// every SEND arrives exactly once, in order, with its length and bytes intact.
+class LossyTransportTest : public TransportTest, public ::testing::WithParamInterface<int> {};
+
+TEST_P(LossyTransportTest, SendsSurviveRandomLossInBothDirections) {
+  std::mt19937 rng(static_cast<unsigned>(GetParam()));
+  for (QueuePair* q : {a.get(), b.get()}) q->attr.retry_cnt = q->comp.retry_left = 7;
+  constexpr int kMessages = 200;
+  constexpr uint32_t kSlot = 8 * kMtu;
+  auto len_of = [](int m) { return uint32_t(1 + (m * 2654435761u) % (6 * kMtu)); };
+  int posted_recv = 0, posted = 0, received = 0, sent_ok = 0;
+  auto post_recvs = [&] {
+    while (posted_recv < kMessages && posted_recv - received < 16) {
+      Sge s{reinterpret_cast<uintptr_t>(dst.data()) + (posted_recv % 16) * kSlot, kSlot,
+            mr_dst->key()};
+      ASSERT_EQ(b->post_recv(uint64_t(posted_recv), &s, 1), kOk);
+      ++posted_recv;
+    }
+  };
+  auto lossy = [&](FakeTransport& from, QueuePair& to, FakeTransport& to_t) {
+    std::deque<std::vector<uint8_t>> kept;
+    for (auto& p : from.sent)
+      if (rng() % 100 >= 10) kept.push_back(std::move(p));  // 10 % loss
+    from.sent = std::move(kept);
+    deliver(from, to, to_t);
+  };
+  for (int round = 0; round < 20000 && received < kMessages; ++round) {
+    post_recvs();
+    while (posted < kMessages && posted - sent_ok < 8) {
+      ASSERT_EQ(post(*a, WrOpcode::kSend, (posted % 8) * kSlot, len_of(posted), 0,
+                     uint64_t(posted)),
+                kOk);
+      ++posted;
+    }
+    lossy(*ta, *b, *tb);
+    lossy(*tb, *a, *ta);
+    for (const Cqe& c : drain()) {
+      ASSERT_EQ(c.status, WcStatus::kSuccess) << "wr " << c.wr_id;
+      if (c.opcode == WcOpcode::kRecv) {
+        ASSERT_EQ(c.wr_id, uint64_t(received));
+        ASSERT_EQ(c.byte_len, len_of(received)) << "message " << received;
+        const uint8_t* got = dst.data() + (received % 16) * kSlot;
+        ASSERT_EQ(std::memcmp(got, src.data() + (received % 8) * kSlot, c.byte_len), 0)
+            << "message " << received;
+        ++received;
+      } else {
+        ASSERT_EQ(c.wr_id, uint64_t(sent_ok));
+        ++sent_ok;
+      }
+    }
+    if (ta->sent.empty() && tb->sent.empty()) {  // quiet: let the timers fire
+      ta->advance(a->retransmit_timeout_ns() + 1);
+      tb->advance(b->retransmit_timeout_ns() + 1);
+      std::lock_guard lk(dev->mutex());
+      completer::on_timer(*a, *ta, ta->now_ns());
+      completer::on_timer(*b, *tb, tb->now_ns());
+    }
+  }
+  EXPECT_EQ(received, kMessages);
+}
+
+INSTANTIATE_TEST_SUITE_P(Seeds, LossyTransportTest, ::testing::Range(1, 33));
 
 TEST_F(TransportTest, ModifyRejectsInvalidTransitionsAndAttributes) {
   QpCap cap{16, 16, 1, 1, 0};
