@@ -1,0 +1,94 @@
+// softrdma collectives: NCCL-style AllReduce, Broadcast, Reduce, AllGather,
+// ReduceScatter, AllToAll, Barrier and Send/Recv over a Transport (ccl/transport.h).
+// Written against plain verbs only (through VerbsTransport), so the same code runs over
+// softrdma or over RDMA NICs with the system libibverbs.
+//
+// Semantics follow NCCL (docs.nvidia.com/deeplearning/nccl, "Collective Operations"):
+// counts are in elements; for AllGather `count` is the per-rank contribution and `recv`
+// holds size()·count elements; for ReduceScatter `count` is the per-rank result and `send`
+// holds size()·count elements; for AllToAll `count` elements go to each rank. In-place is
+// send == recv (for AllGather: send == recv + rank·count; for ReduceScatter: recv == send +
+// rank·count), as in NCCL. Calls are blocking and collective: every rank calls the same
+// operations in the same order with matching arguments.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "ccl/transport.h"
+
+namespace softrdma::ccl {
+
+/// Element types (NCCL's ncclDataType_t names). float16 / bfloat16 reduce in float32.
+enum class DataType : uint8_t {
+  kInt8, kUint8, kInt32, kUint32, kInt64, kUint64, kFloat16, kBfloat16, kFloat32, kFloat64
+};
+/// Reduction operators (ncclRedOp_t). kAvg divides the sum by size() (integers truncate).
+enum class RedOp : uint8_t { kSum, kProd, kMax, kMin, kAvg };
+
+/// Bytes per element.
+size_t type_size(DataType t);
+/// "int8", "uint8", "int32", "uint32", "int64", "uint64", "half", "bfloat16", "float",
+/// "double" — the spellings nccl-tests prints.
+const char* type_name(DataType t);
+/// "sum", "prod", "max", "min", "avg".
+const char* op_name(RedOp op);
+/// Parses the names above (nccl-tests `-d` / `-o` values; also "float16", "bf16",
+/// "float32", "float64"). Returns false for an unknown name.
+bool parse_type(const std::string& s, DataType& out);
+bool parse_op(const std::string& s, RedOp& out);
+
+/// Algorithm choice (NCCL_ALGO-like; environment SOFTRDMA_CCL_ALGO=ring|rd|auto).
+enum class Algorithm : uint8_t {
+  kAuto,  ///< by message size and rank count
+  kRing,  ///< pipelined ring (bandwidth)
+  kRecursiveDoubling,  ///< recursive doubling / halving-doubling (latency), any rank count
+};
+
+/// Tunables (environment SOFTRDMA_CCL_CHUNK_BYTES, SOFTRDMA_CCL_DEPTH, SOFTRDMA_CCL_ALGO,
+/// SOFTRDMA_CCL_TIMEOUT_MS override the defaults).
+struct Config {
+  Algorithm algorithm = Algorithm::kAuto;
+  size_t chunk_bytes = 512 * 1024;  ///< pipeline chunk of the ring, bytes
+  int depth = 4;                    ///< chunks in flight per peer
+  size_t small_bytes = 64 * 1024;   ///< auto: at or below this, the latency algorithm
+  /// Reads the SOFTRDMA_CCL_* variables over the defaults; throws std::invalid_argument on
+  /// malformed values.
+  static Config from_environment();
+};
+
+/// A group of ranks that run collectives together. Not thread-safe: one thread per rank.
+class Communicator {
+ public:
+  /// Takes over a connected transport.
+  Communicator(std::unique_ptr<Transport> transport, Config config = Config::from_environment());
+  ~Communicator();
+  Communicator(const Communicator&) = delete;
+  Communicator& operator=(const Communicator&) = delete;
+
+  int rank() const;
+  int size() const;
+  Transport& transport();
+
+  // All collectives throw std::invalid_argument for invalid arguments (null buffers with
+  // count > 0, count·size overflowing size_t, root out of range, type/op combinations
+  // that make no sense) and PeerError (naming the operation, this rank and the peer) when
+  // a peer dies or stalls.
+  void all_reduce(const void* send, void* recv, size_t count, DataType type, RedOp op);
+  void broadcast(const void* send, void* recv, size_t count, DataType type, int root);
+  void reduce(const void* send, void* recv, size_t count, DataType type, RedOp op, int root);
+  void all_gather(const void* send, void* recv, size_t count, DataType type);
+  void reduce_scatter(const void* send, void* recv, size_t count, DataType type, RedOp op);
+  void all_to_all(const void* send, void* recv, size_t count, DataType type);
+  void send(const void* buf, size_t count, DataType type, int peer);
+  void recv(void* buf, size_t count, DataType type, int peer);
+  void barrier();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace softrdma::ccl
