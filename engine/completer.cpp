@@ -1,5 +1,6 @@
 // Completer: ACK/NAK, read responses, atomic ACKs → send CQEs; retransmit and RNR timers
 // (IBTA vol 1, 9.7.5.2 requester side of ACK/NAK protocol, 9.7.6 retries; rxe_comp.c).
+#include <algorithm>
 #include <cstring>
 
 #include "engine/cq.h"
@@ -13,8 +14,9 @@ namespace {
 using wire::psn_add;
 using wire::psn_diff;
 
-void note_progress(QueuePair& qp, Transport& t) {
-  qp.req.probe = false;
+void note_progress(QueuePair& qp, Transport& t, uint32_t old_psn) {
+  qp.req.cwnd = std::min<uint32_t>(requester::kWindowPsns,
+                                   qp.req.cwnd + uint32_t(psn_diff(qp.comp.psn, old_psn)));
   qp.comp.retry_left = qp.attr.retry_cnt;
   qp.comp.rnr_retry_left = qp.attr.rnr_retry;
   qp.comp.last_progress_ns = t.now_ns();
@@ -31,6 +33,7 @@ void note_progress(QueuePair& qp, Transport& t) {
 // response was lost (an ACK for a later PSN implies it was sent), so the caller retries.
 bool complete_acked(QueuePair& qp, Transport& t, uint32_t psn) {
   bool progress = false, ok = true;
+  const uint32_t old_psn = qp.comp.psn;
   while (!qp.sq.empty()) {
     SendWqe& w = qp.sq.front();
     if (!w.started || psn_diff(psn, qp.comp.psn) < 0) break;
@@ -47,14 +50,14 @@ bool complete_acked(QueuePair& qp, Transport& t, uint32_t psn) {
     progress = true;
     qp.retire_send(WcStatus::kSuccess, static_cast<uint32_t>(w.length));
   }
-  if (progress) note_progress(qp, t);
+  if (progress) note_progress(qp, t, old_psn);
   return ok;
 }
 
 // Go-back-N from `psn`.
 void retry_from(QueuePair& qp, uint32_t psn, const char* why) {
-  log().debug("qp {:#x}: go back to psn {:#x} ({}; comp.psn {:#x} req.psn {:#x})", qp.qpn(),
-              psn, why, qp.comp.psn, qp.req.psn);
+  log().debug("qp {:#x}: go back to psn {:#x} ({}; comp.psn {:#x} req.psn {:#x} cwnd {})",
+              qp.qpn(), psn, why, qp.comp.psn, qp.req.psn, qp.req.cwnd);
   requester::rewind(qp, psn);
 }
 
@@ -110,11 +113,8 @@ void on_ack(QueuePair& qp, const wire::Packet& pkt, Transport& t) {
           bump(t.counters().rcvd_seq_err);
           if (qp.req.rnr_wait) return;  // the RNR retry goes back to this PSN anyway
           if (!progressed && !retry_budget(qp, t)) return;
+          qp.req.cwnd = std::max<uint32_t>(1, qp.req.cwnd / 2);
           retry_from(qp, psn, "sequence NAK");
-          // The same PSN NAKed again: our resend of it was lost too. Probe with that one
-          // packet rather than resending the window, which under periodic loss can lose
-          // the same packet every round.
-          if (!progressed) qp.req.probe = true;
           return;
         case wire::NakCode::kRemoteAccessError:
           qp.enter_error(WcStatus::kRemAccessErr);
@@ -173,7 +173,7 @@ void on_read_response(QueuePair& qp, const wire::Packet& pkt, Transport& t) {
   }
   scatter(w, offset, pkt.payload);
   qp.comp.psn = psn_add(psn, 1);
-  note_progress(qp, t);
+  note_progress(qp, t, psn);
   if (last) qp.retire_send(WcStatus::kSuccess, static_cast<uint32_t>(w.length));
 }
 
@@ -194,7 +194,7 @@ void on_atomic_ack(QueuePair& qp, const wire::Packet& pkt, Transport& t) {
   std::memcpy(bytes, &orig, sizeof bytes);  // host order, as the CPU would read it
   scatter(w, 0, bytes);
   qp.comp.psn = psn_add(psn, 1);
-  note_progress(qp, t);
+  note_progress(qp, t, psn);
   qp.retire_send(WcStatus::kSuccess, 8);
 }
 
@@ -246,8 +246,8 @@ void on_timer(QueuePair& qp, Transport& t, uint64_t now) {
   qp.comp.timer_ns = 0;
   if (!retry_budget(qp, t)) return;
   qp.comp.fast_retry_psn = 0xffffffff;
+  qp.req.cwnd = 1;
   retry_from(qp, qp.comp.psn, "timeout");
-  qp.req.probe = true;
   requester::run(qp, t);
 }
 

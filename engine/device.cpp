@@ -355,22 +355,30 @@ void Device::progress_thread() {
   // While an application thread busy-polls a CQ it drives progress itself (try_progress);
   // waking this thread for each packet too would only make the two fight over the lock,
   // and on a 2-core machine a preempted lock holder stalls the poller for a whole
-  // scheduler slice. So the socket is watched only when nobody has polled for a while;
-  // meanwhile this thread wakes for timers and at least every kPollerCheckMs to notice
-  // the poller has stopped.
+  // scheduler slice. So the socket is watched only when nobody has polled for
+  // kPollerActiveNs; meanwhile this thread sleeps until the earliest timer or the end of
+  // that window, whichever comes first (epoll_pwait2: µs precision), so a process that
+  // stops polling — e.g. the target of ib_write_lat, which spins on memory — gets its
+  // socket watched again within ~kPollerActiveNs.
   constexpr uint64_t kPollerActiveNs = 200'000;
-  constexpr int kPollerCheckMs = 1;
   epoll_event events[4];
   while (!stop_.load()) {
     const uint64_t now = now_ns();
-    const bool app_polling =
-        now - last_inline_poll_ns_.load(std::memory_order_relaxed) < kPollerActiveNs;
+    const uint64_t last_poll = last_inline_poll_ns_.load(std::memory_order_relaxed);
+    const bool app_polling = now - last_poll < kPollerActiveNs;
     watch_socket(!app_polling);
     uint64_t until = sleep_until_ns_.load(std::memory_order_relaxed);
-    int timeout_ms = -1;
-    if (until) timeout_ms = until <= now ? 0 : static_cast<int>((until - now + 999'999) / 1'000'000);
-    if (app_polling && (timeout_ms < 0 || timeout_ms > kPollerCheckMs)) timeout_ms = kPollerCheckMs;
-    const int n = ::epoll_wait(epoll_fd_, events, 4, timeout_ms);
+    if (app_polling && (until == 0 || until > last_poll + kPollerActiveNs))
+      until = last_poll + kPollerActiveNs;
+    timespec ts{};
+    timespec* timeout = nullptr;  // sleep until an event
+    if (until) {
+      const uint64_t left = until > now ? until - now : 0;
+      ts.tv_sec = static_cast<time_t>(left / 1'000'000'000);
+      ts.tv_nsec = static_cast<long>(left % 1'000'000'000);
+      timeout = &ts;
+    }
+    const int n = ::epoll_pwait2(epoll_fd_, events, 4, timeout, nullptr);
     for (int i = 0; i < n; ++i) {
       if (events[i].data.fd == event_fd_) {
         uint64_t v;
@@ -379,8 +387,13 @@ void Device::progress_thread() {
       }
     }
     if (stop_.load()) break;
+    const uint64_t woke = now_ns();
+    const uint64_t timer = sleep_until_ns_.load(std::memory_order_relaxed);
+    if (woke - last_inline_poll_ns_.load(std::memory_order_relaxed) < kPollerActiveNs &&
+        (timer == 0 || timer > woke))
+      continue;  // the poller is still at it and no timer is due: leave it the lock
     std::lock_guard lk(mu_);
-    progress_locked(now_ns());
+    progress_locked(woke);
     sleep_until_ns_.store(next_deadline_ns_, std::memory_order_relaxed);
   }
 }

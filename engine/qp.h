@@ -57,10 +57,13 @@ struct RequesterState {
   uint32_t max_psn = 0;   ///< one past the highest PSN ever sent (for late ACKs)
   uint32_t noack_pkts = 0;
   bool rnr_wait = false;  ///< paused until the completer's RNR deadline
-  /// After a retransmit timeout only one packet (with AckReq) goes out until an ACK/NAK
-  /// shows progress: resending the whole window each round can lose the same packet every
-  /// round under periodic loss (TCP collapses its window after an RTO for the same reason).
-  bool probe = false;
+  /// Congestion window, PSNs in flight (1 … kWindowPsns), as TCP's: halved by a sequence
+  /// NAK, 1 after a retransmit timeout, grown by every newly acknowledged PSN. Besides
+  /// pacing, a window that changes between go-back-N rounds cannot keep losing the same
+  /// packet under periodic loss, which a fixed window did (the round length was a multiple
+  /// of the loss period).
+  uint32_t cwnd = kInitialCwnd;
+  static constexpr uint32_t kInitialCwnd = 128;
 };
 
 /// Completer progress (rxe's qp->comp).

@@ -2,6 +2,7 @@
 #include <algorithm>
 
 #include "engine/cq.h"
+#include "engine/log.h"
 #include "engine/memory.h"
 #include "engine/qp.h"
 
@@ -98,7 +99,10 @@ bool send_data_packet(QueuePair& qp, SendWqe& w, Transport& t, std::vector<iovec
     h.imm_be = w.wr.imm_be;
     h.bth.solicited = (w.wr.flags & kSolicited) != 0;
   }
-  h.bth.ack_req = last || qp.req.probe || ++qp.req.noack_pkts >= kAckEvery;
+  // AckReq on the last packet, every kAckEvery packets, and on the packet that fills the
+  // window (the ACK for it is what opens the window again).
+  const bool fills = wire::psn_diff(qp.req.psn, qp.comp.psn) + 1 >= int32_t(qp.req.cwnd);
+  h.bth.ack_req = last || fills || ++qp.req.noack_pkts >= kAckEvery;
   if (h.bth.ack_req) qp.req.noack_pkts = 0;
   gather(w.local, off, pay, iov);
   t.transmit(h, qp.remote_ip, iov, pay);
@@ -167,8 +171,11 @@ void run(QueuePair& qp, Transport& t) {
                    ? 1
                    : psns_for(w.length, qp.mtu);
       qp.req.offset = 0;
+    } else if (qp.req.offset == 0 && qp.req.psn != w.first_psn) {
+      log().error("qp {:#x}: requester at psn {:#x} but WQE {} starts at {:#x}", qp.qpn(),
+                  qp.req.psn, qp.req.next, w.first_psn);
     }
-    const int32_t window = qp.req.probe ? 1 : static_cast<int32_t>(kWindowPsns);
+    const int32_t window = static_cast<int32_t>(std::min(qp.req.cwnd, kWindowPsns));
     if (wire::psn_diff(qp.req.psn, qp.comp.psn) >= window) break;
     bool done;
     switch (w.wr.opcode) {
@@ -211,6 +218,9 @@ void rewind(QueuePair& qp, uint32_t psn) {
     const SendWqe& w = qp.wqe(idx);
     if (!w.started) break;
     if (wire::psn_diff(psn, w.last_psn()) <= 0) {
+      if (wire::psn_diff(psn, w.first_psn) < 0)
+        log().error("qp {:#x}: rewind to psn {:#x} before WQE {} at {:#x}", qp.qpn(), psn, idx,
+                    w.first_psn);
       const int32_t into = std::max(0, wire::psn_diff(psn, w.first_psn));
       const bool atomic = w.is_read_or_atomic() && w.wr.opcode != WrOpcode::kRdmaRead;
       offset = atomic ? 0 : uint64_t(into) * qp.mtu;

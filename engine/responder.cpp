@@ -298,6 +298,8 @@ void on_request(QueuePair& qp, const wire::Packet& pkt, Transport& t) {
     // the retransmission lost the expected packet again.
     const uint32_t psn = pkt.hdr.bth.psn;
     if (!qp.resp.nak_sent || psn_diff(psn, qp.resp.ooo_max_psn) <= 0) {
+      log().debug("qp {:#x}: psn {:#x} out of sequence (expected {:#x}, highest seen {:#x})",
+                  qp.qpn(), psn, qp.resp.epsn, qp.resp.ooo_max_psn);
       qp.resp.nak_sent = true;
       qp.resp.ooo_max_psn = psn;
       nak(qp, t, wire::NakCode::kPsnSequenceError, qp.resp.epsn);

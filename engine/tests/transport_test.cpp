@@ -277,7 +277,7 @@ TEST_F(TransportTest, TimeoutRetransmitsThenRetryExceededFlushes) {
   EXPECT_EQ(ta->counters_.retry_exceeded_err.load(), 1u);
 }
 
-TEST_F(TransportTest, ProbeAfterTimeoutReopensWindowOnAck) {
+TEST_F(TransportTest, WindowCollapsesOnTimeoutAndGrowsWithAcks) {
   ASSERT_EQ(post(*a, WrOpcode::kRdmaWrite, 0, 8 * kMtu), kOk);
   ta->sent.clear();  // the whole first round is lost
   ta->advance(a->retransmit_timeout_ns() + 1);
@@ -286,9 +286,13 @@ TEST_F(TransportTest, ProbeAfterTimeoutReopensWindowOnAck) {
     completer::on_timer(*a, *ta, ta->now_ns());
   }
   ASSERT_EQ(ta->sent.size(), 1u);
+  EXPECT_EQ(a->req.cwnd, 1u);
   deliver(*ta, *b, *tb);  // probe arrives and is ACKed
-  deliver(*tb, *a, *ta);  // the ACK reopens the window: the other 7 go out at once
-  EXPECT_EQ(ta->sent.size(), 7u);
+  deliver(*tb, *a, *ta);  // each acknowledged PSN grows the window by one: 2 go out
+  EXPECT_EQ(ta->sent.size(), 2u);
+  deliver(*ta, *b, *tb);
+  deliver(*tb, *a, *ta);  // then 4
+  EXPECT_EQ(ta->sent.size(), 4u);
   settle();
   ASSERT_EQ(drain().size(), 1u);
   EXPECT_EQ(std::memcmp(dst.data(), src.data(), 8 * kMtu), 0);
@@ -305,6 +309,17 @@ TEST_F(TransportTest, SequenceNakRepeatedWhenRequesterGoesBack) {
     EXPECT_EQ(parse(tb->sent[0]).hdr.bth.psn, kSqPsn);
     tb->sent.clear();
   }
+}
+
+TEST_F(TransportTest, SequenceNakHalvesWindow) {
+  ASSERT_EQ(post(*a, WrOpcode::kRdmaWrite, 0, 8 * kMtu), kOk);
+  ta->sent.erase(ta->sent.begin());  // lose the first packet
+  deliver(*ta, *b, *tb);
+  deliver(*tb, *a, *ta);  // NAK: go back, half the window
+  EXPECT_EQ(a->req.cwnd, RequesterState::kInitialCwnd / 2);
+  settle();
+  ASSERT_EQ(drain().size(), 1u);
+  EXPECT_EQ(std::memcmp(dst.data(), src.data(), 8 * kMtu), 0);
 }
 
 TEST_F(TransportTest, RnrNakBacksOffThenSucceedsWhenReceivePosted) {
