@@ -71,6 +71,7 @@ bool DeviceConfig::from_environment(DeviceConfig& out, std::string& error) {
       return false;
     }
   }
+  if (const char* p = std::getenv("SOFTRDMA_PCAP"); p && *p) c.pcap_path = p;
   if (const char* n = std::getenv("SOFTRDMA_NETEM"); n && *n) {
     std::string e;
     if (!net::parse_netem(n, c.netem, e)) {
@@ -98,6 +99,19 @@ std::unique_ptr<Device> Device::open(const DeviceConfig& cfg, int& err) {
   d->netdev_mtu_ = interface_mtu(d->ip());
   d->active_mtu_ = ib_mtu_for(d->netdev_mtu_);
   if (cfg.netem.enabled()) d->netem_ = std::make_unique<net::Netem>(cfg.netem);
+  if (!cfg.pcap_path.empty()) {
+    std::string e;
+    d->pcap_ = net::PcapTap::open(cfg.pcap_path, d->ip(), e);
+    if (!d->pcap_) {
+      log().error("SOFTRDMA_PCAP: {}", e);
+      err = EINVAL;
+      return nullptr;
+    }
+    d->port_.enable_header_info();
+    d->tx_ttl_ = d->port_.tx_ttl();
+    d->tx_tos_ = d->port_.tx_tos();
+    log().info("capturing to {}", d->pcap_->path());
+  }
   d->publisher_ = std::make_unique<CounterPublisher>(d->ip(), cfg.publish_counters);
   d->counters_ = &d->publisher_->counters();
 
@@ -224,12 +238,23 @@ void Device::transmit(wire::Headers h, uint32_t dst_ip, std::span<const iovec> p
     if (v.iov_len) s.iov.push_back(v);
   s.iov.push_back({s.trailer, size_t{pad} + wire::kIcrcBytes});
   s.dst_ip = dst_ip;
+  if (pcap_) {
+    // What the kernel puts on the wire from this unconnected DF socket: id 0, DF, the
+    // socket's TTL and TOS.
+    pcap_->record({ip(), dst_ip, wire::kRoceV2Port, wire::kRoceV2Port, 0, true, tx_ttl_, tx_tos_},
+                  s.iov);
+    pcap_dirty_ = true;
+  }
   ++tx_count_;
   bump(counters_->sent_pkts);
   bump(counters_->sent_bytes, udp_len);
 }
 
 void Device::flush() {
+  if (pcap_dirty_) {
+    pcap_->flush();
+    pcap_dirty_ = false;
+  }
   if (tx_count_ == 0) return;
   net::TxDatagram batch[kTxBatch];
   for (size_t i = 0; i < tx_count_; ++i)
@@ -241,23 +266,33 @@ void Device::flush() {
 }
 
 void Device::handle_datagram(const net::RxDatagram& d) {
-  if (d.truncated || d.length < wire::kBthBytes + wire::kIcrcBytes) {
-    bump(counters_->rcvd_malformed);
-    return;
-  }
   const std::span<const uint8_t> bytes(d.data, d.length);
   wire::Packet pkt;
-  if (wire::ParseError e = wire::parse(bytes, pkt); e != wire::ParseError::kOk) {
-    bump(counters_->rcvd_malformed);
-    log().debug("drop from {}: {}", net::ipv4_to_string(d.src_ip), wire::to_string(e));
-    return;
-  }
+  wire::ParseError perr = wire::ParseError::kTruncated;
+  if (!d.truncated && d.length >= wire::kBthBytes + wire::kIcrcBytes)
+    perr = wire::parse(bytes, pkt);
   wire::Ipv4UdpTuple tuple;
   tuple.src_ip = d.src_ip;
   tuple.dst_ip = ip();
   tuple.src_port = d.src_port;
   tuple.dst_port = wire::kRoceV2Port;
-  const wire::IcrcVerdict v = wire::icrc_verify(tuple, bytes);
+  wire::IcrcVerdict v;
+  if (perr == wire::ParseError::kOk) v = wire::icrc_verify(tuple, bytes);
+  if (pcap_) {
+    // The IPv4 id and DF a UDP socket never sees come from the ICRC (see wire/icrc.h);
+    // TTL and TOS from IP_RECVTTL / IP_RECVTOS.
+    const iovec whole{d.data, d.length};
+    pcap_->record({d.src_ip, ip(), d.src_port, wire::kRoceV2Port, v.ok ? v.ip_id : uint16_t{0},
+                   v.ok ? v.dont_fragment : true, d.ttl, d.tos},
+                  std::span<const iovec>(&whole, 1));
+    pcap_dirty_ = true;
+  }
+  if (perr != wire::ParseError::kOk) {
+    bump(counters_->rcvd_malformed);
+    log().debug("drop from {}: {}", net::ipv4_to_string(d.src_ip),
+                d.truncated ? "larger than any RoCEv2 packet" : wire::to_string(perr));
+    return;
+  }
   if (!v.ok) {
     bump(counters_->rcvd_icrc_err);
     log().debug("drop from {}: ICRC mismatch (opcode {:#x} psn {})",

@@ -24,6 +24,7 @@
 #include "engine/transport.h"
 #include "engine/types.h"
 #include "net/netem.h"
+#include "net/pcap_tap.h"
 #include "net/udp_port.h"
 
 namespace softrdma::engine {
@@ -42,8 +43,11 @@ struct DeviceConfig {
   int socket_buffer_bytes = 4 << 20;
   /// Publish counters in /dev/shm for `softrdma stat`.
   bool publish_counters = true;
+  /// Write every RoCEv2 packet sent and received to this pcap file ("%p" → pid, "%a" →
+  /// address); empty: no capture.
+  std::string pcap_path;
 
-  /// Reads SOFTRDMA_ADDR and SOFTRDMA_NETEM. Returns false with `error` set when a
+  /// Reads SOFTRDMA_ADDR, SOFTRDMA_NETEM and SOFTRDMA_PCAP. Returns false with `error` set when a
   /// variable is malformed.
   static bool from_environment(DeviceConfig& out, std::string& error);
 };
@@ -54,7 +58,8 @@ class Device final : public Transport {
  public:
   /// Binds the address and starts the progress thread. On failure returns nullptr and sets
   /// `err`: EADDRINUSE (the address is taken / no free loopback address), EADDRNOTAVAIL
-  /// (the address is not configured on this host), or the socket error.
+  /// (the address is not configured on this host), EINVAL (the capture file cannot be
+  /// written; logged), or the socket error.
   static std::unique_ptr<Device> open(const DeviceConfig& cfg, int& err);
   ~Device() override;
 
@@ -63,6 +68,8 @@ class Device final : public Transport {
   Gid gid() const { return Gid::from_ipv4(ip()); }
   /// Active MTU enum (IB MTU that fits the interface MTU minus RoCEv2 headers).
   uint8_t active_mtu() const { return active_mtu_; }
+  /// The capture file being written, or empty.
+  std::string pcap_file() const { return pcap_ ? pcap_->path() : std::string(); }
   /// Interface MTU, bytes.
   uint32_t netdev_mtu() const { return netdev_mtu_; }
   Counters& counters() override { return *counters_; }
@@ -109,6 +116,9 @@ class Device final : public Transport {
   std::mutex mu_;
   net::UdpPort port_;
   std::unique_ptr<net::Netem> netem_;
+  std::unique_ptr<net::PcapTap> pcap_;
+  bool pcap_dirty_ = false;
+  uint8_t tx_ttl_ = 64, tx_tos_ = 0;
   std::unique_ptr<CounterPublisher> publisher_;
   Counters* counters_ = nullptr;
   uint8_t active_mtu_ = 5;

@@ -87,11 +87,34 @@ size_t UdpPort::send_batch(std::span<const TxDatagram> batch, size_t& errors) {
   return batch.size();
 }
 
+void UdpPort::enable_header_info() {
+  int on = 1;
+  setsockopt(fd_, IPPROTO_IP, IP_RECVTTL, &on, sizeof on);
+  setsockopt(fd_, IPPROTO_IP, IP_RECVTOS, &on, sizeof on);
+  header_info_ = true;
+}
+
+uint8_t UdpPort::tx_ttl() const {
+  int v = 64;
+  socklen_t len = sizeof v;
+  getsockopt(fd_, IPPROTO_IP, IP_TTL, &v, &len);
+  return static_cast<uint8_t>(v);
+}
+
+uint8_t UdpPort::tx_tos() const {
+  int v = 0;
+  socklen_t len = sizeof v;
+  getsockopt(fd_, IPPROTO_IP, IP_TOS, &v, &len);
+  return static_cast<uint8_t>(v);
+}
+
 size_t UdpPort::recv_batch(std::span<RxDatagram> slots) {
   constexpr size_t kMax = 64;
+  constexpr size_t kCtl = CMSG_SPACE(sizeof(int)) * 2;
   std::array<mmsghdr, kMax> msgs;
   std::array<iovec, kMax> iovs;
   std::array<sockaddr_in, kMax> addrs;
+  alignas(cmsghdr) std::array<std::array<uint8_t, kCtl>, kMax> ctl;
   size_t n = std::min(kMax, slots.size());
   for (size_t i = 0; i < n; ++i) {
     iovs[i] = iovec{slots[i].data, slots[i].capacity};
@@ -100,6 +123,10 @@ size_t UdpPort::recv_batch(std::span<RxDatagram> slots) {
     msgs[i].msg_hdr.msg_namelen = sizeof(sockaddr_in);
     msgs[i].msg_hdr.msg_iov = &iovs[i];
     msgs[i].msg_hdr.msg_iovlen = 1;
+    if (header_info_) {
+      msgs[i].msg_hdr.msg_control = ctl[i].data();
+      msgs[i].msg_hdr.msg_controllen = kCtl;
+    }
   }
   int r;
   do {
@@ -112,6 +139,18 @@ size_t UdpPort::recv_batch(std::span<RxDatagram> slots) {
     s.truncated = (msgs[i].msg_hdr.msg_flags & MSG_TRUNC) != 0;
     s.src_ip = ntohl(addrs[i].sin_addr.s_addr);
     s.src_port = ntohs(addrs[i].sin_port);
+    s.ttl = s.tos = 0;
+    if (!header_info_) continue;
+    for (cmsghdr* c = CMSG_FIRSTHDR(&msgs[i].msg_hdr); c; c = CMSG_NXTHDR(&msgs[i].msg_hdr, c)) {
+      if (c->cmsg_level != IPPROTO_IP) continue;
+      if (c->cmsg_type == IP_TTL) {
+        int v;
+        std::memcpy(&v, CMSG_DATA(c), sizeof v);
+        s.ttl = static_cast<uint8_t>(v);
+      } else if (c->cmsg_type == IP_TOS) {
+        s.tos = *CMSG_DATA(c);
+      }
+    }
   }
   return static_cast<size_t>(r);
 }

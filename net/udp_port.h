@@ -35,6 +35,8 @@ struct RxDatagram {
   bool truncated = false;    ///< datagram was larger than capacity (MSG_TRUNC)
   uint32_t src_ip = 0;       ///< host order
   uint16_t src_port = 0;
+  uint8_t ttl = 0;           ///< IPv4 TTL as received (after enable_header_info(); else 0)
+  uint8_t tos = 0;           ///< IPv4 TOS as received (after enable_header_info(); else 0)
 };
 
 /// A non-blocking UDP socket bound to one IPv4 address and port.
@@ -61,6 +63,13 @@ class UdpPort {
   /// lost: RoCE recovers them by retransmission); `errors` gets the number refused.
   size_t send_batch(std::span<const TxDatagram> batch, size_t& errors);
 
+  /// Asks the kernel to report each received datagram's IPv4 TTL and TOS (IP_RECVTTL,
+  /// IP_RECVTOS) — packet capture wants the headers that crossed the wire.
+  void enable_header_info();
+  /// This socket's outgoing IPv4 TTL and TOS.
+  uint8_t tx_ttl() const;
+  uint8_t tx_tos() const;
+
   /// Receives up to `slots.size()` datagrams without blocking. Returns the number filled
   /// (0 when none is waiting).
   size_t recv_batch(std::span<RxDatagram> slots);
@@ -68,6 +77,7 @@ class UdpPort {
  private:
   int fd_ = -1;
   uint32_t ip_ = 0;
+  bool header_info_ = false;
 };
 
 }  // namespace softrdma::net

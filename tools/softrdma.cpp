@@ -1,8 +1,8 @@
 // softrdma — command-line companion of the softrdma drop-in libibverbs.so.1.
 //
-//   softrdma run [--addr IP] [--netem SPEC] [--log LEVEL] -- PROGRAM [ARGS...]
+//   softrdma run [--addr IP] [--netem SPEC] [--pcap FILE] [--log LEVEL] -- PROGRAM [ARGS...]
 //       Runs an unmodified verbs program over softrdma: checks the options, exports
-//       SOFTRDMA_ADDR / SOFTRDMA_NETEM / SOFTRDMA_LOG, puts the directory holding the
+//       SOFTRDMA_ADDR / SOFTRDMA_NETEM / SOFTRDMA_PCAP / SOFTRDMA_LOG, puts the directory holding the
 //       drop-in libibverbs.so.1 (<dir of this executable>/../lib) first in LD_LIBRARY_PATH
 //       and execs PROGRAM in place of itself (same pid, exit status, signals and stdio).
 //
@@ -109,6 +109,7 @@ void prepend_env_path(const char* var, const std::string& entry) {
 struct RunOptions {
   std::string addr;
   std::string netem;
+  std::string pcap;
   std::string log;
   std::vector<std::string> command;
 };
@@ -147,6 +148,7 @@ int cmd_run(const RunOptions& o) {
 
   if (!o.addr.empty()) ::setenv("SOFTRDMA_ADDR", o.addr.c_str(), 1);
   if (!o.netem.empty()) ::setenv("SOFTRDMA_NETEM", o.netem.c_str(), 1);
+  if (!o.pcap.empty()) ::setenv("SOFTRDMA_PCAP", o.pcap.c_str(), 1);
   if (!o.log.empty()) ::setenv("SOFTRDMA_LOG", o.log.c_str(), 1);
   prepend_env_path("LD_LIBRARY_PATH", dir->string());
   if (std::string asan = loaded_asan_runtime(); !asan.empty()) {
@@ -256,6 +258,8 @@ int main(int argc, char** argv) {
       "                  first free address in 127.0.0.1-254. GID index 0 is ::ffff:<addr>\n"
       "                  (RoCE v2): give verbs programs `-g 0` (pingpong) or `-x 0` (perftest).\n"
       "  SOFTRDMA_NETEM  transmit-side packet loss, e.g. \"loss=5%,every=13,seed=42\".\n"
+      "  SOFTRDMA_PCAP   write every RoCEv2 packet sent and received to this pcap file\n"
+      "                  (%p: pid, %a: device address); tshark/Wireshark decode it.\n"
       "  SOFTRDMA_LOG    trace|debug|info|warn|error|critical|off (default warn).\n"
       "\n"
       "Example (two shells; pingpong's TCP exchange goes to 127.0.0.1):\n"
@@ -293,6 +297,10 @@ int main(int argc, char** argv) {
                   "emulate a lossy link on transmit (sets SOFTRDMA_NETEM): comma-separated "
                   "loss=P% (or a fraction 0..1), every=N (drop every Nth packet), seed=S")
       ->type_name("SPEC");
+  run->add_option("--pcap", ro.pcap,
+                  "capture every RoCEv2 packet this process sends and receives to FILE (sets "
+                  "SOFTRDMA_PCAP; %p and %a in FILE become the pid and device address)")
+      ->type_name("FILE");
   run->add_option("--log", ro.log, "library log level (sets SOFTRDMA_LOG); default warn")
       ->type_name("LEVEL")
       ->check(CLI::IsMember(kLogLevels));
