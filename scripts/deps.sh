@@ -13,10 +13,11 @@ set -euo pipefail
 PACKAGES=(
   build-essential cmake ninja-build pkg-config g++ clang libclang-rt-14-dev
   libibverbs-dev ibverbs-utils perftest
-  libpcap-dev zlib1g-dev
+  libpcap-dev zlib1g-dev libisal-dev
   libcli11-dev libfmt-dev libspdlog-dev nlohmann-json3-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   tshark tcpdump iproute2 procps
+  openmpi-bin libopenmpi-dev
 )
 
 # dpkg -s also succeeds for a removed package whose configuration files remain: require

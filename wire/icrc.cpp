@@ -2,6 +2,9 @@
 #include "wire/icrc.h"
 
 #include <zlib.h>
+#ifdef SOFTRDMA_HAVE_ISAL
+#include <isa-l/crc.h>
+#endif
 
 #include <array>
 #include <cstring>
@@ -26,10 +29,17 @@ constexpr uint16_t kDfFlag = 0x4000;
 constexpr uint8_t kProtoUdp = 17;
 
 /// zlib's crc32_z, except that empty input leaves the CRC alone (zlib returns 0 for a
-/// null buffer, which an empty std::span may have).
+/// null buffer, which an empty std::span may have). With isa-l, its crc32_gzip_refl — the
+/// same reflected CRC-32 in the same convention, with PCLMULQDQ folding — does the bulk
+/// work: several times zlib's speed on the 4 KiB payloads every packet carries (CRC was
+/// the largest user-space cost of a bandwidth run).
 uint32_t crc_update(uint32_t crc, const uint8_t* p, size_t n) {
   if (n == 0) return crc;
+#ifdef SOFTRDMA_HAVE_ISAL
+  return crc32_gzip_refl(crc, p, n);
+#else
   return static_cast<uint32_t>(crc32_z(crc, p, n));
+#endif
 }
 
 void put16(uint8_t* p, uint16_t v) {
