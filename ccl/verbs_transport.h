@@ -1,0 +1,122 @@
+// VerbsTransport: the Transport of ccl/transport.h over RC queue pairs, written against
+// plain libibverbs (<infiniband/verbs.h>) only — it runs over softrdma's drop-in
+// libibverbs.so.1 and over RDMA NICs with the system library alike.
+//
+// Shape
+//  - Full mesh: one RC QP per peer, all on one CQ (with a completion channel for blocking).
+//  - Control channel per peer: SEND/RECV of 128-byte descriptors into a ring of R receives
+//    posted per QP. Credit-based flow control keeps the ring from ever running dry, so no
+//    RNR NAK is ever needed: of the R slots, C are "credited" (adverts, barrier messages and
+//    the data writes below each use one credit; the receiver returns credits as it reposts,
+//    piggybacked on its own control messages or in a credit message once C/4 are owed) and
+//    the rest are reserved for the uncredited credit / abort / goodbye messages (at most
+//    C/(C/4) credit messages can be unprocessed at a time, plus one abort and one goodbye).
+//  - Data path (rendezvous, receiver-driven): recv() sends an advert {addr, rkey, length,
+//    tag, id} to the sender; send() waits for the matching advert (same tag, FIFO per tag)
+//    and RDMA WRITEs WITH IMMEDIATE straight into the receiver's buffer, the immediate
+//    carrying the advert's id; the receiver's recv completes on the
+//    IBV_WC_RECV_RDMA_WITH_IMM completion (which also uses one ring slot — hence one
+//    credit). Messages longer than the port's max_msg_sz go as several writes, the last
+//    one with the immediate. Zero-byte transfers are zero-length writes with immediate.
+//  - Progress: the caller's thread only (no threads of our own): wait()/test()/barrier()
+//    poll the CQ: busy-polling for SOFTRDMA_CCL_SPIN_US (default 50 µs), then napping
+//    SOFTRDMA_CCL_NAP_US (20 µs) at a time on the completion channel between polls, and
+//    after 20 ms without completions sleeping on the channel in slices of at most 10 ms.
+//    (softrdma's own progress thread leaves the socket to a consumer that polled within
+//    the last 200 µs and otherwise wakes every 1 ms: long sleeps on the channel alone cost
+//    ~1 ms per message there; naps keep the latency low and the CPU free for other ranks.)
+//  - Failure detection: an error completion (e.g. IBV_WC_RETRY_EXC_ERR after retry_cnt
+//    retransmissions of timeout 4.096 µs·2^SOFTRDMA_CCL_IB_TIMEOUT each, ~0.5 s with the
+//    defaults 14 / 7) marks the peer dead. While blocked, every probe interval
+//    (timeout/8, clamped to 50..1000 ms) of silence, a zero-length RDMA WRITE goes to each
+//    peer: a dead peer fails it with an error completion, so a rank that only waits for a
+//    dead peer learns it too. A request whose peer made no progress for timeout() raises
+//    PeerError ("no progress within N ms"). The first failure a rank sees is reported to all
+//    other peers in an abort message, so every rank names the same dead peer. A rank that
+//    closes its transport says goodbye first, so its peers do not mistake the exit for a
+//    death.
+//
+// Threading: not thread-safe; one thread per transport (the Transport contract).
+// Environment: SOFTRDMA_CCL_TIMEOUT_MS (default 30000), SOFTRDMA_CCL_IB_DEVICE (default: the
+// first device), SOFTRDMA_CCL_IB_PORT (1), SOFTRDMA_CCL_IB_GID_INDEX (0),
+// SOFTRDMA_CCL_IB_TIMEOUT (14), SOFTRDMA_CCL_IB_RETRY_CNT (7), SOFTRDMA_CCL_SPIN_US (50),
+// SOFTRDMA_CCL_NAP_US (20),
+// SOFTRDMA_CCL_IB_MAX_WRITE (bytes per RDMA WRITE; default the port's max_msg_sz ≤ 1 GiB).
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "ccl/bootstrap.h"
+#include "ccl/transport.h"
+
+namespace softrdma::ccl {
+
+/// Settings of a VerbsTransport.
+struct VerbsOptions {
+  std::string device;                        ///< verbs device name; empty: the first one
+  uint8_t port = 1;                          ///< port number
+  int gid_index = 0;                         ///< GID table index (RoCE); softrdma has only 0
+  std::chrono::milliseconds timeout{30000};  ///< stall timeout (Transport::timeout())
+  uint8_t ib_timeout = 14;  ///< QP local ACK timeout exponent: 4.096 µs · 2^x per retry
+  uint8_t retry_cnt = 7;    ///< QP retransmissions before IBV_WC_RETRY_EXC_ERR (0..7)
+  std::chrono::microseconds spin{50};  ///< busy-poll before napping
+  std::chrono::microseconds nap{20};   ///< nap length while waiting (see the header comment)
+  /// Bytes per RDMA WRITE; longer transfers go as several writes. 0: the port's max_msg_sz,
+  /// at most 1 GiB.
+  uint64_t max_write = 0;
+  /// The defaults overridden by SOFTRDMA_CCL_IB_DEVICE, SOFTRDMA_CCL_IB_PORT,
+  /// SOFTRDMA_CCL_IB_GID_INDEX, SOFTRDMA_CCL_TIMEOUT_MS, SOFTRDMA_CCL_IB_TIMEOUT,
+  /// SOFTRDMA_CCL_IB_RETRY_CNT, SOFTRDMA_CCL_SPIN_US, SOFTRDMA_CCL_NAP_US,
+  /// SOFTRDMA_CCL_IB_MAX_WRITE. Throws std::invalid_argument on a
+  /// malformed or out-of-range value.
+  static VerbsOptions from_environment();
+};
+
+class VerbsTransport : public Transport {
+ public:
+  /// Opens the device, creates one RC QP per peer, exchanges {GID, LID, MTU, QPNs, PSNs}
+  /// through `bootstrap` (collective: every rank of the bootstrap calls connect), connects
+  /// the QPs and ends with a bootstrap barrier, so every QP is ready when it returns.
+  /// Throws std::runtime_error naming the verbs call that failed (no device, port down, …)
+  /// and BootstrapError from the exchange.
+  static std::unique_ptr<VerbsTransport> connect(Bootstrap& bootstrap, const VerbsOptions& options);
+  /// Says goodbye to every peer and waits (bounded) until everything posted has completed,
+  /// then destroys the QPs. Buffers from register_buffer() may outlive the transport.
+  ~VerbsTransport() override;
+  VerbsTransport(const VerbsTransport&) = delete;
+  VerbsTransport& operator=(const VerbsTransport&) = delete;
+
+  int rank() const override;
+  int size() const override;
+  /// "rank 3 (127.0.0.4)": the peer's IPv4 address (from its RoCE GID), IPv6 GID, or LID.
+  std::string peer_description(int peer) const override;
+  std::chrono::milliseconds timeout() const override;
+  /// An MR with local write and remote write access. `data` may be null when bytes == 0.
+  /// Throws std::runtime_error when ibv_reg_mr fails.
+  std::unique_ptr<Buffer> register_buffer(void* data, size_t bytes) override;
+  /// `buf` must come from this transport's register_buffer() (std::invalid_argument
+  /// otherwise). Sends and recvs with equal (peer, tag) match in posting order.
+  RequestId send(int peer, const Buffer& buf, size_t offset, size_t bytes, uint64_t tag) override;
+  RequestId recv(int peer, Buffer& buf, size_t offset, size_t bytes, uint64_t tag) override;
+  void wait(RequestId id, const char* op) override;
+  bool test(RequestId id, const char* op) override;
+  /// Dissemination barrier over the control channel (ceil(log2 n) rounds).
+  void barrier(const char* op) override;
+
+  /// This rank's device address ("127.0.0.2"), as peers see it.
+  std::string local_address() const;
+  /// The verbs device in use ("srdma0").
+  std::string device_name() const;
+
+  struct Impl;
+
+ private:
+  explicit VerbsTransport(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace softrdma::ccl
