@@ -151,50 +151,52 @@ void scatter(SendWqe& w, uint64_t offset, std::span<const uint8_t> data) {
   }
 }
 
-void on_read_response(QueuePair& qp, const wire::Packet& pkt, Transport& t) {
+// The WQE a READ response or atomic ACK at `pkt`'s PSN answers, or nullptr when the packet
+// must be dropped. Such a response implicitly acknowledges every earlier request (IBTA
+// 9.7.5.1.2); one ahead of the expected PSN means an earlier response was lost.
+SendWqe* answered_wqe(QueuePair& qp, const wire::Packet& pkt, Transport& t, bool read) {
   const uint32_t psn = pkt.hdr.bth.psn;
-  // A response implicitly acknowledges every earlier request (IBTA 9.7.5.1.2).
   if (!complete_acked(qp, t, psn_add(psn, wire::kPsnMask)) || psn != qp.comp.psn) {
     fast_retry(qp, t);
-    return;
+    return nullptr;
   }
-  if (qp.sq.empty()) return;
+  if (qp.sq.empty()) return nullptr;
   SendWqe& w = qp.sq.front();
-  if (!w.started || w.wr.opcode != WrOpcode::kRdmaRead || psn_diff(psn, w.last_psn()) > 0) {
+  const bool kind_ok = read ? w.wr.opcode == WrOpcode::kRdmaRead
+                            : w.is_read_or_atomic() && w.wr.opcode != WrOpcode::kRdmaRead;
+  if (!w.started || !kind_ok || psn_diff(psn, w.last_psn()) > 0) {
     bump(t.counters().rcvd_stale_response);
-    return;
+    return nullptr;
   }
-  const uint64_t offset = uint64_t(psn_diff(psn, w.first_psn)) * qp.mtu;
-  const bool last = psn == w.last_psn();
-  const uint64_t expect = last ? w.length - offset : qp.mtu;
+  return &w;
+}
+
+void on_read_response(QueuePair& qp, const wire::Packet& pkt, Transport& t) {
+  SendWqe* w = answered_wqe(qp, pkt, t, true);
+  if (!w) return;
+  const uint32_t psn = pkt.hdr.bth.psn;
+  const uint64_t offset = uint64_t(psn_diff(psn, w->first_psn)) * qp.mtu;
+  const bool last = psn == w->last_psn();
+  const uint64_t expect = last ? w->length - offset : qp.mtu;
   if (pkt.payload.size() != expect) {
     bump(t.counters().rcvd_malformed);  // wrong size for its PSN: drop, the timer recovers
     return;
   }
-  scatter(w, offset, pkt.payload);
+  scatter(*w, offset, pkt.payload);
   qp.comp.psn = psn_add(psn, 1);
   note_progress(qp, t, psn);
-  if (last) qp.retire_send(WcStatus::kSuccess, static_cast<uint32_t>(w.length));
+  if (last) qp.retire_send(WcStatus::kSuccess, static_cast<uint32_t>(w->length));
 }
 
 void on_atomic_ack(QueuePair& qp, const wire::Packet& pkt, Transport& t) {
-  const uint32_t psn = pkt.hdr.bth.psn;
-  if (!complete_acked(qp, t, psn_add(psn, wire::kPsnMask)) || psn != qp.comp.psn) {
-    fast_retry(qp, t);
-    return;
-  }
-  if (qp.sq.empty()) return;
-  SendWqe& w = qp.sq.front();
-  if (!w.started || !w.is_read_or_atomic() || w.wr.opcode == WrOpcode::kRdmaRead) {
-    bump(t.counters().rcvd_stale_response);
-    return;
-  }
+  SendWqe* w = answered_wqe(qp, pkt, t, false);
+  if (!w) return;
   const uint64_t orig = pkt.hdr.atomic_ack.orig;
   uint8_t bytes[8];
   std::memcpy(bytes, &orig, sizeof bytes);  // host order, as the CPU would read it
-  scatter(w, 0, bytes);
-  qp.comp.psn = psn_add(psn, 1);
-  note_progress(qp, t, psn);
+  scatter(*w, 0, bytes);
+  qp.comp.psn = psn_add(pkt.hdr.bth.psn, 1);
+  note_progress(qp, t, pkt.hdr.bth.psn);
   qp.retire_send(WcStatus::kSuccess, 8);
 }
 

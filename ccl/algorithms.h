@@ -1,0 +1,71 @@
+// The collective algorithms (internal to ccl/), one file each, written against Context
+// alone. The Communicator validates arguments and handles size() == 1 and count == 0
+// before calling them, so every algorithm may assume size() >= 2, count >= 1, non-null
+// buffers, and either the NCCL in-place layout or non-overlapping buffers. Buffers are
+// byte pointers; `count` is in elements of `type`.
+#pragma once
+
+#include <cstddef>
+
+#include "ccl/ccl.h"
+#include "ccl/context.h"
+
+namespace softrdma::ccl::detail {
+
+/// Pipelined ring AllReduce (allreduce_ring.cpp): n−1 reduce-scatter steps, then n−1
+/// all-gather steps, over n near-equal segments cut into Config::chunk_bytes chunks, depth
+/// chunks in flight per neighbour. Each rank sends and receives 2(n−1)/n of the buffer:
+/// bandwidth-optimal. kAvg divides each segment once, by its owner, before the all-gather.
+void all_reduce_ring(Context& ctx, const void* send, void* recv, size_t count, DataType type,
+                     RedOp op);
+
+/// Recursive-doubling AllReduce for any rank count (allreduce_recursive_doubling.cpp):
+/// the extra ranks of a non-power-of-two group fold their data into a partner first,
+/// log2(p) full-buffer exchanges run among the remaining p = 2^k ranks, and the partners
+/// send the result back (Thakur, Rabenseifner, Gropp 2005, "Optimization of Collective
+/// Communication Operations in MPICH", section 4.4). ⌈log2 n⌉ + 2 message latencies at most:
+/// the small-message algorithm.
+void all_reduce_recursive_doubling(Context& ctx, const void* send, void* recv, size_t count,
+                                   DataType type, RedOp op);
+
+/// Pipelined chain Broadcast root → root+1 → … → root−1 (broadcast.cpp): every link
+/// carries the buffer once, chunked, so time ≈ size/bandwidth + (n−2)·chunk latency.
+void broadcast_chain(Context& ctx, const void* send, void* recv, size_t count, DataType type,
+                     int root);
+/// Binomial-tree Broadcast (broadcast.cpp): ⌈log2 n⌉ rounds of whole-buffer messages.
+void broadcast_binomial(Context& ctx, const void* send, void* recv, size_t count, DataType type,
+                        int root);
+
+/// Pipelined chain Reduce root+1 → root+2 → … → root (reduce_root.cpp): each rank
+/// reduces the incoming chunk with its own and forwards it.
+void reduce_chain(Context& ctx, const void* send, void* recv, size_t count, DataType type, RedOp op,
+                  int root);
+/// Binomial-tree Reduce (reduce_root.cpp): ⌈log2 n⌉ rounds of whole-buffer messages.
+void reduce_binomial(Context& ctx, const void* send, void* recv, size_t count, DataType type,
+                     RedOp op, int root);
+
+/// Pipelined ring AllGather (allgather_ring.cpp): n−1 steps, each forwarding the block
+/// received in the previous one.
+void all_gather_ring(Context& ctx, const void* send, void* recv, size_t count, DataType type);
+
+/// Pipelined ring ReduceScatter (reduce_scatter_ring.cpp): n−1 steps; partial results are
+/// reduced into scratch slots and forwarded from there (the user's send buffer is never
+/// written, also in place), the last step reduces into the caller's block.
+void reduce_scatter_ring(Context& ctx, const void* send, void* recv, size_t count, DataType type,
+                         RedOp op);
+
+/// Pairwise-exchange AllToAll (alltoall_pairwise.cpp): in step k = 1..n−1 rank r sends
+/// block r+k and receives block r−k, depth steps in flight. In place, the send buffer is
+/// first copied to scratch (a block may be received before it has been sent).
+void all_to_all_pairwise(Context& ctx, const void* send, void* recv, size_t count, DataType type);
+
+/// Dissemination barrier (barrier.cpp; Hensgen, Finkel, Manber 1988): ⌈log2 n⌉ rounds of
+/// empty messages to rank r+2^k.
+void barrier_dissemination(Context& ctx);
+
+/// Point-to-point send / recv of `count` elements, chunked and pipelined like the ring
+/// (sendrecv.cpp). Blocks until the peer has received everything.
+void send_direct(Context& ctx, const void* buf, size_t count, DataType type, int peer);
+void recv_direct(Context& ctx, void* buf, size_t count, DataType type, int peer);
+
+}  // namespace softrdma::ccl::detail

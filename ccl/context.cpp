@@ -1,0 +1,119 @@
+#include "ccl/context.h"
+
+#include <cstdlib>
+#include <new>
+#include <stdexcept>
+#include <string>
+
+namespace softrdma::ccl::detail {
+
+void validate_config(const Config& c) {
+  switch (c.algorithm) {
+    case Algorithm::kAuto:
+    case Algorithm::kRing:
+    case Algorithm::kRecursiveDoubling:
+      break;
+    default:
+      throw std::invalid_argument("Config: unknown algorithm value " +
+                                  std::to_string(static_cast<int>(c.algorithm)));
+  }
+  if (c.chunk_bytes == 0 || c.chunk_bytes > kMaxChunkBytes)
+    throw std::invalid_argument("Config: chunk_bytes " + std::to_string(c.chunk_bytes) +
+                                " outside [1, 1 GiB]");
+  if (c.depth < 1 || c.depth > kMaxDepth)
+    throw std::invalid_argument("Config: depth " + std::to_string(c.depth) + " outside [1, " +
+                                std::to_string(kMaxDepth) + "]");
+}
+
+std::shared_ptr<Buffer> RegistrationCache::find_or_register(const void* p, size_t bytes,
+                                                            size_t& offset) {
+  const auto addr = reinterpret_cast<uintptr_t>(p);
+  for (auto it = lru_.begin(); it != lru_.end(); ++it) {
+    if (it->addr <= addr && addr - it->addr <= it->bytes &&
+        bytes <= it->bytes - (addr - it->addr)) {
+      lru_.splice(lru_.begin(), lru_, it);
+      offset = addr - it->addr;
+      ++hits_;
+      return it->buf;
+    }
+  }
+  ++misses_;
+  std::shared_ptr<Buffer> buf = t_.register_buffer(const_cast<void*>(p), bytes);
+  // Entries inside the new range are redundant now.
+  for (auto it = lru_.begin(); it != lru_.end();) {
+    if (addr <= it->addr && it->addr - addr <= bytes && it->bytes <= bytes - (it->addr - addr))
+      it = lru_.erase(it);
+    else
+      ++it;
+  }
+  lru_.push_front({addr, bytes, buf});
+  while (lru_.size() > cap_) lru_.pop_back();
+  offset = 0;
+  return buf;
+}
+
+struct ScratchArena::Block {
+  explicit Block(size_t n) : bytes(n), mem(static_cast<char*>(std::aligned_alloc(64, n))) {
+    if (mem == nullptr) throw std::bad_alloc();
+  }
+  ~Block() {
+    reg.reset();  // deregister before the memory goes
+    std::free(mem);
+  }
+  Block(const Block&) = delete;
+  Block& operator=(const Block&) = delete;
+  size_t bytes;
+  char* mem;
+  std::unique_ptr<Buffer> reg;
+};
+
+std::shared_ptr<void> ScratchArena::get(size_t bytes, Region& out) {
+  if (!block_ || block_->bytes < bytes) {
+    // Round up to 64 KiB (aligned_alloc wants a multiple of the alignment) and at least
+    // double, so a sequence of growing requests reallocates O(log) times.
+    constexpr size_t kGrain = 64 * 1024;
+    size_t want = bytes < kGrain ? kGrain : (bytes + kGrain - 1) / kGrain * kGrain;
+    if (block_ && want < 2 * block_->bytes) want = 2 * block_->bytes;
+    auto b = std::make_shared<Block>(want);
+    b->reg = t_.register_buffer(b->mem, b->bytes);
+    block_ = std::move(b);
+  }
+  out = Region{block_->reg.get(), 0, block_->mem};
+  return block_;
+}
+
+size_t ScratchArena::capacity() const {
+  return block_ ? block_->bytes : 0;
+}
+
+Context::Context(Transport& transport, const Config& config, RegistrationCache& cache,
+                 ScratchArena& scratch, const char* op, uint64_t tag_base)
+    : t_(transport),
+      config_(config),
+      cache_(cache),
+      scratch_(scratch),
+      op_(op),
+      tag_base_(tag_base),
+      rank_(transport.rank()),
+      size_(transport.size()) {}
+
+Region Context::user(const void* p, size_t bytes) {
+  size_t offset = 0;
+  std::shared_ptr<Buffer> buf = cache_.find_or_register(p, bytes, offset);
+  Region r{buf.get(), offset, static_cast<char*>(const_cast<void*>(p))};
+  pins_.push_back(std::move(buf));
+  return r;
+}
+
+Region Context::scratch(size_t bytes) {
+  Region r;
+  pins_.push_back(scratch_.get(bytes, r));
+  return r;
+}
+
+size_t Context::chunk_elems(DataType type) const {
+  const size_t n = config_.chunk_bytes / type_size(type);
+  return n == 0 ? 1 : n;
+}
+
+}  // namespace softrdma::ccl::detail
