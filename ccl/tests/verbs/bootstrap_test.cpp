@@ -325,7 +325,8 @@ TEST(Bootstrap, SlurmEnvironment) {
 // A rank whose device setup fails tells the others through the bootstrap: they fail at once
 // with its reason instead of waiting for a timeout.
 TEST(Bootstrap, SetupFailureIsReported) {
-  UniqueId id = make_unique_id();
+  test::RootProcess root;
+  const UniqueId id = root.id();
   auto res = run_ranks(
       2,
       [&](int r) {

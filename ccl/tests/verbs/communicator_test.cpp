@@ -92,7 +92,8 @@ void check_all_collectives(Communicator& c) {
 
 TEST(CommunicatorOverVerbs, InitRankAllCollectives) {
   const int n = 4;
-  UniqueId id = make_unique_id();
+  test::RootProcess root;
+  const UniqueId id = root.id();
   const std::string text = id.to_string();  // passed as a string, as between hosts
   auto res = run_ranks(
       n,
@@ -128,7 +129,8 @@ TEST(CommunicatorOverVerbs, TorchrunEnvironment) {
 // PeerError naming it, within the timeout, and the communicator refuses further work.
 TEST(CommunicatorOverVerbs, KilledRankMidAllReduce) {
   const int n = 4, victim = 1;
-  UniqueId id = make_unique_id();
+  test::RootProcess root;
+  const UniqueId id = root.id();
   auto res = run_ranks(
       n,
       [&](int r) {

@@ -15,6 +15,46 @@
 
 namespace softrdma::ccl::test {
 
+RootProcess::RootProcess() {
+  int fds[2];
+  if (pipe(fds) != 0) throw std::runtime_error("pipe failed");
+  std::fflush(stdout);
+  std::fflush(stderr);
+  pid_ = fork();
+  if (pid_ < 0) throw std::runtime_error("fork failed");
+  if (pid_ == 0) {
+    close(fds[0]);
+    std::string text;
+    try {
+      text = make_unique_id().to_string();
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "make_unique_id: %s\n", e.what());
+    }
+    text += '\n';
+    if (write(fds[1], text.data(), text.size()) < 0) _exit(1);
+    close(fds[1]);
+    for (;;) pause();  // the root thread serves until the parent kills this process
+  }
+  close(fds[1]);
+  std::string text;
+  char c;
+  while (read(fds[0], &c, 1) == 1 && c != '\n') text += c;
+  close(fds[0]);
+  if (text.empty()) {
+    kill(pid_, SIGKILL);
+    waitpid(pid_, nullptr, 0);
+    throw std::runtime_error("the root helper process failed");
+  }
+  id_ = UniqueId::from_string(text);
+}
+
+RootProcess::~RootProcess() {
+  if (pid_ > 0) {
+    kill(pid_, SIGKILL);
+    waitpid(pid_, nullptr, 0);
+  }
+}
+
 std::vector<RankResult> run_ranks(int n, const std::function<void(int rank)>& fn,
                                   std::chrono::seconds deadline, const EnvList& env) {
   std::vector<pid_t> pids(n, -1);

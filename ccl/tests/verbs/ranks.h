@@ -3,6 +3,8 @@
 // in the gtest process itself), with its own softrdma device (the first free 127.0.0.x).
 #pragma once
 
+#include <sys/types.h>
+
 #include <chrono>
 #include <functional>
 #include <stdexcept>
@@ -10,7 +12,26 @@
 #include <utility>
 #include <vector>
 
+#include "ccl/bootstrap.h"
+
 namespace softrdma::ccl::test {
+
+/// make_unique_id() run in a helper process, where its bootstrap root thread lives, so that
+/// the test process itself stays single-threaded when run_ranks() forks: a thread of the
+/// parent holding a lock at fork time (GCC 12's ASan allocator is not fork-safe) would
+/// deadlock the child. The helper is killed when this object goes.
+class RootProcess {
+ public:
+  RootProcess();
+  ~RootProcess();
+  RootProcess(const RootProcess&) = delete;
+  RootProcess& operator=(const RootProcess&) = delete;
+  const UniqueId& id() const { return id_; }
+
+ private:
+  pid_t pid_ = -1;
+  UniqueId id_;
+};
 
 /// How one rank ended.
 struct RankResult {

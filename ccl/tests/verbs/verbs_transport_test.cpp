@@ -1,6 +1,6 @@
 // VerbsTransport over softrdma on loopback: every rank is a forked process with its own
-// srdma0 (its own 127.0.0.x), connected through the TCP bootstrap of a unique id created in
-// the gtest process (make_unique_id() starts the root in a thread here, before the forks).
+// srdma0 (its own 127.0.0.x), connected through the TCP bootstrap of a unique id made by a
+// helper process (test::RootProcess: the gtest process stays single-threaded for fork()).
 #include <signal.h>
 #include <unistd.h>
 
@@ -46,7 +46,8 @@ void verify(const std::vector<uint8_t>& b, size_t off, size_t n, int src, int ds
 // every rank to succeed.
 void run_ok(int n, const std::function<void(Transport&)>& fn, EnvList env = {},
             std::chrono::seconds deadline = 120s) {
-  UniqueId id = make_unique_id();
+  test::RootProcess root;
+  const UniqueId id = root.id();
   auto res = run_ranks(
       n,
       [&](int r) {
@@ -209,7 +210,8 @@ TEST(VerbsTransport, SelfTransfersAndBadArguments) {
 }
 
 TEST(VerbsTransport, SizeMismatchFailsBothSides) {
-  UniqueId id = make_unique_id();
+  test::RootProcess root;
+  const UniqueId id = root.id();
   auto res = run_ranks(2,
                        [&](int r) {
                          auto t = connect_transport(id, 2, r);
@@ -239,7 +241,8 @@ TEST(VerbsTransport, SizeMismatchFailsBothSides) {
 // naming it, well within the timeout, including ranks that never talk to it.
 TEST(VerbsTransport, DeadPeerNamedByEveryRank) {
   const int n = 4, victim = 2;
-  UniqueId id = make_unique_id();
+  test::RootProcess root;
+  const UniqueId id = root.id();
   auto res = run_ranks(
       n,
       [&](int r) {
@@ -283,7 +286,8 @@ TEST(VerbsTransport, DeadPeerNamedByEveryRank) {
 // A peer that is alive (its device answers) but never posts the matching operation: the
 // waiting rank gives up after the timeout with "no progress".
 TEST(VerbsTransport, StalledPeerTimesOut) {
-  UniqueId id = make_unique_id();
+  test::RootProcess root;
+  const UniqueId id = root.id();
   auto res = run_ranks(
       2,
       [&](int r) {
