@@ -77,6 +77,7 @@ class BootstrapRoot {
   /// Lets the serving thread run on after this object is gone (make_unique_id()).
   void detach();
 
+  /// The serving thread's state (bootstrap.cpp), shared by this object and the thread.
   struct State;
 
  private:
@@ -99,6 +100,9 @@ class TcpBootstrap : public Bootstrap {
   ~TcpBootstrap() override;
   int rank() const override { return rank_; }
   int size() const override { return size_; }
+  /// One round trip to the root. Throws BootstrapError with the root's message when it
+  /// gave up (a rank missing or gone), or when the root does not answer within the
+  /// timeout plus 5 s.
   std::vector<std::string> all_gather(const std::string& mine) override;
 
  private:
@@ -128,8 +132,10 @@ struct UniqueId {
   std::string to_string() const;
   /// Parses to_string()'s form. Throws std::invalid_argument when malformed.
   static UniqueId from_string(const std::string& s);
+  /// Where the root listens: host (name or address) and TCP port.
   std::string host() const;
   uint16_t port() const;
+  /// The job token the root expects in every HELLO.
   uint64_t token() const;
 };
 

@@ -310,10 +310,12 @@ struct VerbsTransport::Impl {
     const size_t npeers = static_cast<size_t>(size);
     ring.assign(npeers * kRing, CtlMsg{});
     send_slots.assign(npeers * kSqDepth, CtlMsg{});
-    ring_mr = ibv_reg_mr(dev->pd, ring.data(), ring.size() * kCtlBytes, IBV_ACCESS_LOCAL_WRITE);
+    // An int, not the enum: rdma-core's ibv_reg_mr macro masks the access flags with an
+    // enumerator of another enum type (a deprecated enum-enum operation in C++20).
+    const int local_write = IBV_ACCESS_LOCAL_WRITE;
+    ring_mr = ibv_reg_mr(dev->pd, ring.data(), ring.size() * kCtlBytes, local_write);
     if (!ring_mr) verbs_fail("ibv_reg_mr(control ring)", errno);
-    slots_mr = ibv_reg_mr(dev->pd, send_slots.data(), send_slots.size() * kCtlBytes,
-                          IBV_ACCESS_LOCAL_WRITE);
+    slots_mr = ibv_reg_mr(dev->pd, send_slots.data(), send_slots.size() * kCtlBytes, local_write);
     if (!slots_mr) verbs_fail("ibv_reg_mr(control send slots)", errno);
 
     std::random_device rd;

@@ -76,6 +76,8 @@ struct VerbsOptions {
   static VerbsOptions from_environment();
 };
 
+/// Transport over RC QPs (see the file comment). Created connected by connect(); rank(),
+/// size(), send/recv/wait/test follow the Transport contract (ccl/transport.h).
 class VerbsTransport : public Transport {
  public:
   /// Opens the device, creates one RC QP per peer, exchanges {GID, LID, MTU, QPNs, PSNs}
@@ -112,6 +114,7 @@ class VerbsTransport : public Transport {
   /// The verbs device in use ("srdma0").
   std::string device_name() const;
 
+  /// The QPs, CQ, control rings and request state (verbs_transport.cpp).
   struct Impl;
 
  private:

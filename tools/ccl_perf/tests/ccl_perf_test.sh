@@ -51,8 +51,21 @@ show() {
   done
 }
 
-# A free TCP port (the kernel picks one; nothing else is expected to take it right away).
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+# A TCP port in 20000..29999 that nothing listens on (reads /proc, like pingpong_test.sh),
+# with the port below it free too (torchrun's MASTER_PORT; the rendezvous uses MASTER_PORT+1).
+tcp_listening() {
+  local hex
+  hex=$(printf ':%04X' "$1")
+  awk -v p="$hex" '$4 == "0A" && substr($2, length($2) - 4) == p { found = 1 }
+                   END { exit !found }' /proc/net/tcp /proc/net/tcp6 2>/dev/null
+}
+free_port() {
+  local p
+  while :; do
+    p=$((20001 + RANDOM % 9998))
+    tcp_listening "$p" || tcp_listening $((p - 1)) || { echo "$p"; return; }
+  done
+}
 
 # Checks a tool's rank-0 output: result lines with #wrong 0 (N/A allowed where unchecked),
 # at least `min_lines` of them, and the OK footer.
