@@ -25,12 +25,16 @@
 #             (or, with -a, one line per size 2, 4, ... 8388608), the iteration count, and
 #             t_min, t_typical, t_avg finite and positive, t_min <= t_typical, t_avg <= t_max
 #   bandwidth ` #bytes #iterations BW peak BW average MsgRate`: size, iterations, BW average
-#             and MsgRate finite and positive, unit MB/sec (Gb/sec with --report_gbits)
+#             and MsgRate finite and positive (BW average 0.00 only where MsgRate x size
+#             rounds to it), unit MB/sec (Gb/sec with --report_gbits)
 # on both sides. ib_read_lat's and ib_atomic_lat's server (the passive side) prints no
 # table: there the script checks it connected (its `remote address:` line) and exited 0;
 # ib_write_bw -a's server prints only the 8388608 B line.
 # On failure both logs are printed. A missing /usr/bin/ib_* program is a failure (install
-# Debian's perftest), never a skip.
+# Debian's perftest), never a skip. The one retried failure (twice at most) is perftest's
+# own CPU-clock measurement failing on a busy host ("Correlation coefficient r^2 ... < 0.9",
+# figures inf): it is not softrdma's. Under ASan, leaks that perftest itself makes are
+# suppressed (see lsan.supp below).
 set -uo pipefail
 
 CASES="send_lat send_bw write_lat write_bw read_lat read_bw atomic_lat atomic_bw send_lat_all"
@@ -101,6 +105,7 @@ LISTEN_WAIT=60 # seconds for the server to open the device and listen
 
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/softrdma-perftest-$CASE.XXXXXX")
 SERVER_PID=""
+# shellcheck disable=SC2317  # called through the trap
 cleanup() {
   [[ -n "$SERVER_PID" ]] && kill "$SERVER_PID" 2>/dev/null
   rm -rf "$WORK"
@@ -182,8 +187,12 @@ check_table() {
         if (NF < 5) { bad("bandwidth line with " NF " fields (want 5): " row); next }
         # $3 BW peak  $4 BW average  $5 MsgRate
         if (!num($3)) bad("BW peak \"" $3 "\" not a finite number: " row)
-        if (!num($4) || $4 <= 0) bad("BW average \"" $4 "\" not finite positive: " row)
         if (!num($5) || $5 <= 0) bad("MsgRate \"" $5 "\" not finite positive: " row)
+        # BW average has 2 decimals: a small message size at a low message rate prints
+        # 0.00 (2 B at 2500 msg/s is 0.005 MB/sec); accept that only if MsgRate says so.
+        bw = unit == "Gb/sec" ? $1 * 8 * $5 / 1e3 : $1 * $5 * 1e6 / 1048576
+        if (!num($4) || ($4 <= 0 && !(num($5) && $5 > 0 && bw < 0.0051)))
+          bad("BW average \"" $4 "\" not finite positive: " row)
       }
     }
     END {
@@ -280,6 +289,14 @@ run_case() {
   fi
   if ((!ok)); then
     show_logs "$slog" "$clog"
+    # perftest converts cycles to time with a CPU clock it measures itself for every
+    # report (a linear fit of TSC against gettimeofday over ~0.5 s). On a busy host the
+    # fit can fail ("Correlation coefficient r^2: ... < 0.9"); perftest then uses 0 MHz
+    # and prints inf / 0 figures. That says nothing about softrdma: let the caller retry.
+    if grep -q 'Correlation coefficient r^2' "$slog" "$clog"; then
+      echo "perftest could not measure the CPU clock (host too busy): its figures are void" >&2
+      return 3
+    fi
     fail "$TOOL ${common[*]}"
   fi
   grep -m1 -E '^ *#bytes' "$clog" | tr -s ' \t' ' '
@@ -287,4 +304,12 @@ run_case() {
   echo "PASS [perftest.$CASE] (${elapsed}s)"
 }
 
-run_case
+# Up to 3 attempts, retrying only when perftest's own CPU-clock measurement failed, and
+# only while a retry still fits in ctest's 300 s.
+for attempt in 1 2 3; do
+  run_case && exit 0
+  ((attempt < 3 && SECONDS < 120)) || break
+  echo "retrying [perftest.$CASE] (attempt $((attempt + 1)) of 3)" >&2
+  sleep 1
+done
+fail "$TOOL: perftest could not measure the CPU clock in $attempt attempt(s) (host too busy)"
