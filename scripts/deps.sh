@@ -17,7 +17,7 @@ PACKAGES=(
   libcli11-dev libfmt-dev libspdlog-dev nlohmann-json3-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   tshark tcpdump iproute2 procps
-  openmpi-bin libopenmpi-dev
+  openmpi-bin libopenmpi-dev libgloo-dev gnuplot-nox
 )
 
 # dpkg -s also succeeds for a removed package whose configuration files remain: require
