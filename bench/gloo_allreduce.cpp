@@ -65,6 +65,9 @@
 #include "gloo/rendezvous/context.h"
 #include "gloo/rendezvous/file_store.h"
 #include "gloo/transport/tcp/device.h"
+#include "tools/ccl_perf/nccl_tests_format.h"
+
+namespace nccl_tests = softrdma::nccl_tests;
 
 namespace {
 
@@ -77,42 +80,19 @@ constexpr uint32_t kTagBench = 1, kTagStats = 2, kTagBarrier = 3, kTagInfo = 4;
   std::exit(2);
 }
 
-// nccl-tests' parsesize: a number with an optional K/M/G (×1024) suffix.
+// Flag values, parsed as nccl-tests parses them (nccl_tests_format.h).
 size_t parse_size(const char* name, const char* v) {
-  char* end = nullptr;
-  errno = 0;
-  const double x = std::strtod(v, &end);
-  if (errno || end == v || x < 0) usage_error(std::string("invalid size for ") + name + ": " + v);
-  double unit = 1;
-  if (*end) {
-    switch (*end) {
-      case 'G':
-      case 'g':
-        unit = 1024.0 * 1024 * 1024;
-        break;
-      case 'M':
-      case 'm':
-        unit = 1024.0 * 1024;
-        break;
-      case 'K':
-      case 'k':
-        unit = 1024.0;
-        break;
-      default:
-        usage_error(std::string("invalid size for ") + name + ": " + v);
-    }
-    if (end[1]) usage_error(std::string("invalid size for ") + name + ": " + v);
-  }
-  return static_cast<size_t>(x * unit);
+  size_t out = 0;
+  if (!nccl_tests::parse_size(v, out))
+    usage_error(std::string("invalid size for ") + name + ": " + (v ? v : "(unset)"));
+  return out;
 }
 
 long parse_int(const char* name, const char* v, long lo, long hi) {
-  char* end = nullptr;
-  errno = 0;
-  const long x = std::strtol(v, &end, 10);
-  if (errno || end == v || *end || x < lo || x > hi)
+  long out = 0;
+  if (!nccl_tests::parse_long(v, lo, hi, out))
     usage_error(std::string("invalid value for ") + name + ": " + (v ? v : "(unset)"));
-  return x;
+  return out;
 }
 
 struct Args {
@@ -211,23 +191,6 @@ float input(int rank, size_t i, uint64_t k) {
   return static_cast<float>((i * 7 + static_cast<uint64_t>(rank) * 13 + k) % 61);
 }
 
-std::string time_text(double us) {
-  char b[32];
-  if (us >= 10000.0)
-    std::snprintf(b, sizeof b, "%7.0f", us);
-  else if (us >= 100.0)
-    std::snprintf(b, sizeof b, "%7.1f", us);
-  else
-    std::snprintf(b, sizeof b, "%7.2f", us);
-  return b;
-}
-
-void print_header_line(const char* s) {
-  std::string t = s;
-  while (!t.empty() && t.back() == ' ') t.pop_back();
-  std::printf("%s\n", t.c_str());
-}
-
 void barrier(const std::shared_ptr<gloo::Context>& ctx) {
   gloo::BarrierOptions opts(ctx);
   opts.setTag(kTagBarrier);
@@ -284,15 +247,15 @@ int run(const Args& args) {
                   "# %10s  %12s  %8s  %6s  %6s           out-of-place                       "
                   "in-place          ",
                   "", "", "", "", "");
-    print_header_line(b);
+    nccl_tests::print_trimmed_line(b);
     std::snprintf(b, sizeof b, "# %10s  %12s  %8s  %6s  %6s  %7s  %6s  %6s %6s  %7s  %6s  %6s %6s",
                   "size", "count", "type", "redop", "root", "time", "algbw", "busbw", "#wrong",
                   "time", "algbw", "busbw", "#wrong");
-    print_header_line(b);
+    nccl_tests::print_trimmed_line(b);
     std::snprintf(
         b, sizeof b, "# %10s  %12s  %8s  %6s  %6s  %7s  %6s  %6s  %5s  %7s  %6s  %6s  %5s", "(B)",
         "(elements)", "", "", "", "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)", "(GB/s)", "");
-    print_header_line(b);
+    nccl_tests::print_trimmed_line(b);
   }
 
   const size_t max_count = std::max<size_t>(args.max_bytes / sizeof(float), 1);
@@ -374,8 +337,8 @@ int run(const Args& args) {
           std::snprintf(wrong_text, sizeof wrong_text, "%5lld", static_cast<long long>(wrong));
         else
           std::snprintf(wrong_text, sizeof wrong_text, "%5s", "N/A");
-        std::printf("  %7s  %6.2f  %6.2f  %s", time_text(sec * 1e6).c_str(), algbw, busbw,
-                    wrong_text);
+        std::printf("  %7s  %6.2f  %6.2f  %s", nccl_tests::time_text(sec * 1e6).c_str(), algbw,
+                    busbw, wrong_text);
       }
       bw_sum += busbw;
       ++bw_count;

@@ -43,6 +43,7 @@
 #include "ccl/bootstrap.h"
 #include "ccl/ccl.h"
 #include "ccl/verbs_transport.h"
+#include "tools/ccl_perf/nccl_tests_format.h"
 
 #define CCL_PERF_ALL_REDUCE 1
 #define CCL_PERF_ALL_GATHER 2
@@ -54,6 +55,8 @@
 #ifndef CCL_PERF_OP
 #error "compile with -DCCL_PERF_OP=CCL_PERF_<COLLECTIVE>"
 #endif
+
+namespace nccl_tests = softrdma::nccl_tests;
 
 namespace {
 
@@ -108,42 +111,19 @@ struct Args {
   std::exit(2);
 }
 
-// nccl-tests' parsesize: a number with an optional K/M/G (×1024) suffix.
+// Flag values, parsed as nccl-tests parses them (nccl_tests_format.h).
 size_t parse_size(const char* name, const char* v) {
-  char* end = nullptr;
-  errno = 0;
-  double x = std::strtod(v, &end);
-  if (errno || end == v || x < 0) usage_error(std::string("invalid size for ") + name + ": " + v);
-  double unit = 1;
-  if (*end) {
-    switch (*end) {
-      case 'G':
-      case 'g':
-        unit = 1024.0 * 1024 * 1024;
-        break;
-      case 'M':
-      case 'm':
-        unit = 1024.0 * 1024;
-        break;
-      case 'K':
-      case 'k':
-        unit = 1024.0;
-        break;
-      default:
-        usage_error(std::string("invalid size for ") + name + ": " + v);
-    }
-    if (end[1]) usage_error(std::string("invalid size for ") + name + ": " + v);
-  }
-  return static_cast<size_t>(x * unit);
+  size_t out = 0;
+  if (!nccl_tests::parse_size(v, out))
+    usage_error(std::string("invalid size for ") + name + ": " + (v ? v : "(unset)"));
+  return out;
 }
 
 long parse_int(const char* name, const char* v, long lo, long hi) {
-  char* end = nullptr;
-  errno = 0;
-  long x = std::strtol(v, &end, 0);
-  if (errno || end == v || *end || x < lo || x > hi)
-    usage_error(std::string("invalid value for ") + name + ": " + v);
-  return x;
+  long out = 0;
+  if (!nccl_tests::parse_long(v, lo, hi, out))
+    usage_error(std::string("invalid value for ") + name + ": " + (v ? v : "(unset)"));
+  return out;
 }
 
 void print_usage() {
@@ -638,17 +618,6 @@ class Bench {
 
 // ---- reporting ----------------------------------------------------------------------------
 
-std::string time_text(double us) {
-  char b[32];
-  if (us >= 10000.0)
-    std::snprintf(b, sizeof b, "%7.0f", us);
-  else if (us >= 100.0)
-    std::snprintf(b, sizeof b, "%7.1f", us);
-  else
-    std::snprintf(b, sizeof b, "%7.2f", us);
-  return b;
-}
-
 double reduce_double(Communicator& comm, double v, int mode) {
   // mode: 0 rank 0's value, 1 mean, 2 min, 3 max
   double out = v;
@@ -665,12 +634,6 @@ int64_t sum_int(Communicator& comm, int64_t v) {
   int64_t out = 0;
   comm.all_reduce(&v, &out, 1, DataType::kInt64, RedOp::kSum);
   return out;
-}
-
-void print_header_line(const std::string& s) {
-  std::string t = s;
-  while (!t.empty() && t.back() == ' ') t.pop_back();
-  std::printf("%s\n", t.c_str());
 }
 
 int run(int argc, char** argv) {
@@ -719,15 +682,15 @@ int run(int argc, char** argv) {
                   "# %10s  %12s  %8s  %6s  %6s           out-of-place                       "
                   "in-place          ",
                   "", "", "", "", "");
-    print_header_line(b);
+    nccl_tests::print_trimmed_line(b);
     std::snprintf(b, sizeof b, "# %10s  %12s  %8s  %6s  %6s  %7s  %6s  %6s %6s  %7s  %6s  %6s %6s",
                   "size", "count", "type", "redop", "root", "time", "algbw", "busbw", "#wrong",
                   "time", "algbw", "busbw", "#wrong");
-    print_header_line(b);
+    nccl_tests::print_trimmed_line(b);
     std::snprintf(
         b, sizeof b, "# %10s  %12s  %8s  %6s  %6s  %7s  %6s  %6s  %5s  %7s  %6s  %6s  %5s", "(B)",
         "(elements)", "", "", "", "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)", "(GB/s)", "");
-    print_header_line(b);
+    nccl_tests::print_trimmed_line(b);
     std::fflush(stdout);
   }
 
@@ -786,8 +749,8 @@ int run(int argc, char** argv) {
               std::snprintf(wrong_text, sizeof wrong_text, "%5lld", static_cast<long long>(wrong));
             else
               std::snprintf(wrong_text, sizeof wrong_text, "%5s", "N/A");
-            std::printf("  %7s  %6.2f  %6.2f  %s", time_text(sec * 1e6).c_str(), algbw, busbw,
-                        wrong_text);
+            std::printf("  %7s  %6.2f  %6.2f  %s", nccl_tests::time_text(sec * 1e6).c_str(), algbw,
+                        busbw, wrong_text);
           }
           bw_sum += busbw;
           ++bw_count;
