@@ -68,8 +68,6 @@ class Device final : public Transport {
   Gid gid() const { return Gid::from_ipv4(ip()); }
   /// Active MTU enum (IB MTU that fits the interface MTU minus RoCEv2 headers).
   uint8_t active_mtu() const { return active_mtu_; }
-  /// The capture file being written, or empty.
-  std::string pcap_file() const { return pcap_ ? pcap_->path() : std::string(); }
   /// Interface MTU, bytes.
   uint32_t netdev_mtu() const { return netdev_mtu_; }
   Counters& counters() override { return *counters_; }

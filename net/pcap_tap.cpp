@@ -116,7 +116,6 @@ void PcapTap::record(const CapturedHeaders& hd, std::span<const iovec> payload) 
   ph.ts = tv;
   ph.caplen = ph.len = static_cast<bpf_u_int32>(f.size());
   pcap_dump(reinterpret_cast<u_char*>(h_->dumper), &ph, f.data());
-  ++frames_;
 }
 
 void PcapTap::flush() { pcap_dump_flush(h_->dumper); }

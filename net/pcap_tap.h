@@ -45,15 +45,12 @@ class PcapTap {
   void flush();
   /// The file actually written (after %p / %a substitution).
   const std::string& path() const { return path_; }
-  /// Frames recorded so far.
-  uint64_t frames() const { return frames_; }
 
  private:
   PcapTap() = default;
   struct Handles;
   std::unique_ptr<Handles> h_;
   std::string path_;
-  uint64_t frames_ = 0;
 };
 
 }  // namespace softrdma::net
