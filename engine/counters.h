@@ -12,31 +12,32 @@
 namespace softrdma::engine {
 
 // X(name, help). Names follow rxe where rxe has the counter.
-#define SOFTRDMA_COUNTERS(X)                                                              \
-  X(sent_pkts, "RoCEv2 packets sent")                                                     \
-  X(rcvd_pkts, "RoCEv2 packets received and accepted")                                    \
-  X(sent_bytes, "UDP payload bytes sent")                                                 \
-  X(rcvd_bytes, "UDP payload bytes received")                                             \
-  X(duplicate_request, "duplicate requests seen by the responder (re-ACKed / replayed)")  \
-  X(out_of_seq_request, "requests with a PSN ahead of the expected one (NAK sent once)")  \
-  X(rcvd_seq_err, "PSN sequence error NAKs received")                                     \
-  X(send_rnr_err, "RNR NAKs sent (SEND with no receive posted)")                          \
-  X(rcvd_rnr_err, "RNR NAKs received")                                                    \
-  X(send_nak, "NAKs sent (sequence, access, invalid request)")                            \
-  X(rcvd_nak, "NAKs received (sequence, access, invalid request)")                        \
-  X(ack_sent, "ACK / atomic ACK packets sent")                                            \
-  X(retransmit_timeouts, "retransmit timer expirations")                                  \
-  X(retransmitted_pkts, "request packets sent again (go-back-N)")                         \
-  X(retry_exceeded_err, "QPs failed with IBV_WC_RETRY_EXC_ERR")                           \
-  X(retry_rnr_exceeded_err, "QPs failed with IBV_WC_RNR_RETRY_EXC_ERR")                   \
-  X(rcvd_icrc_err, "packets dropped: ICRC mismatch")                                      \
-  X(rcvd_icrc_id_recovered, "packets from senders with a non-zero IPv4 id, ICRC verified") \
-  X(rcvd_malformed, "packets dropped: truncated or malformed headers")                    \
-  X(rcvd_unknown_qpn, "packets dropped: destination QPN not found")                       \
-  X(rcvd_bad_state, "packets dropped: QP not in a state to accept them")                  \
-  X(rcvd_addr_err, "packets dropped: source address is not the QP's peer")               \
-  X(rcvd_stale_response, "responses dropped: PSN outside the outstanding window")         \
-  X(emulated_drops, "packets dropped on transmit by the link emulator (SOFTRDMA_NETEM)")  \
+#define SOFTRDMA_COUNTERS(X)                                                                  \
+  X(sent_pkts, "RoCEv2 packets sent")                                                         \
+  X(rcvd_pkts, "RoCEv2 packets received and accepted")                                        \
+  X(sent_bytes, "UDP payload bytes sent")                                                     \
+  X(rcvd_bytes, "UDP payload bytes received")                                                 \
+  X(duplicate_request, "duplicate requests seen by the responder (re-ACKed / replayed)")      \
+  X(duplicate_dropped, "duplicate READ/atomic requests dropped: no record of executing them") \
+  X(out_of_seq_request, "requests with a PSN ahead of the expected one (NAK sent once)")      \
+  X(rcvd_seq_err, "PSN sequence error NAKs received")                                         \
+  X(send_rnr_err, "RNR NAKs sent (SEND with no receive posted)")                              \
+  X(rcvd_rnr_err, "RNR NAKs received")                                                        \
+  X(send_nak, "NAKs sent (sequence, access, invalid request)")                                \
+  X(rcvd_nak, "NAKs received (sequence, access, invalid request)")                            \
+  X(ack_sent, "ACK / atomic ACK packets sent")                                                \
+  X(retransmit_timeouts, "retransmit timer expirations")                                      \
+  X(retransmitted_pkts, "request packets sent again (go-back-N)")                             \
+  X(retry_exceeded_err, "QPs failed with IBV_WC_RETRY_EXC_ERR")                               \
+  X(retry_rnr_exceeded_err, "QPs failed with IBV_WC_RNR_RETRY_EXC_ERR")                       \
+  X(rcvd_icrc_err, "packets dropped: ICRC mismatch")                                          \
+  X(rcvd_icrc_id_recovered, "packets from senders with a non-zero IPv4 id, ICRC verified")    \
+  X(rcvd_malformed, "packets dropped: truncated or malformed headers")                        \
+  X(rcvd_unknown_qpn, "packets dropped: destination QPN not found")                           \
+  X(rcvd_bad_state, "packets dropped: QP not in a state to accept them")                      \
+  X(rcvd_addr_err, "packets dropped: source address is not the QP's peer")                    \
+  X(rcvd_stale_response, "responses dropped: PSN outside the outstanding window")             \
+  X(emulated_drops, "packets dropped on transmit by the link emulator (SOFTRDMA_NETEM)")      \
   X(send_err, "sendmsg failures")
 
 /// The live counters of one device. Lives in shared memory; every field is a relaxed

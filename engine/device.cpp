@@ -172,6 +172,22 @@ void Device::timer_armed(uint64_t deadline_ns) {
   if (s == 0 || deadline_ns < s) wake();
 }
 
+bool Device::reserve(ObjectKind kind) {
+  static constexpr uint32_t kLimit[] = {DeviceLimits::kMaxPd, DeviceLimits::kMaxCq,
+                                        DeviceLimits::kMaxQp, DeviceLimits::kMaxMr};
+  static_assert(std::size(kLimit) == static_cast<size_t>(ObjectKind::kCount));
+  std::atomic<uint32_t>& n = objects_[static_cast<size_t>(kind)];
+  uint32_t cur = n.load(std::memory_order_relaxed);
+  do {
+    if (cur >= kLimit[static_cast<size_t>(kind)]) return false;
+  } while (!n.compare_exchange_weak(cur, cur + 1, std::memory_order_relaxed));
+  return true;
+}
+
+void Device::release(ObjectKind kind) {
+  objects_[static_cast<size_t>(kind)].fetch_sub(1, std::memory_order_relaxed);
+}
+
 uint32_t Device::register_qp(QueuePair* qp) {
   uint32_t qpn;
   do {
@@ -183,7 +199,9 @@ uint32_t Device::register_qp(QueuePair* qp) {
   return qpn;
 }
 
-void Device::unregister_qp(uint32_t qpn) { qps_.erase(qpn); }
+void Device::unregister_qp(uint32_t qpn) {
+  qps_.erase(qpn);
+}
 
 uint32_t Device::register_mr(MemoryRegion* mr) {
   // key = index << 8 | 8 random bits, so a stale key is unlikely to match a new MR.
@@ -197,7 +215,9 @@ uint32_t Device::register_mr(MemoryRegion* mr) {
   return key;
 }
 
-void Device::unregister_mr(uint32_t key) { mrs_.erase(key); }
+void Device::unregister_mr(uint32_t key) {
+  mrs_.erase(key);
+}
 
 MemoryRegion* Device::find_mr(uint32_t key) {
   auto it = mrs_.find(key);
@@ -295,8 +315,8 @@ void Device::handle_datagram(const net::RxDatagram& d) {
   }
   if (!v.ok) {
     bump(counters_->rcvd_icrc_err);
-    log().debug("drop from {}: ICRC mismatch (opcode {:#x} psn {})",
-                net::ipv4_to_string(d.src_ip), pkt.hdr.bth.opcode, pkt.hdr.bth.psn);
+    log().debug("drop from {}: ICRC mismatch (opcode {:#x} psn {})", net::ipv4_to_string(d.src_ip),
+                pkt.hdr.bth.opcode, pkt.hdr.bth.psn);
     return;
   }
   if (!v.exact) bump(counters_->rcvd_icrc_id_recovered);

@@ -52,6 +52,9 @@ struct DeviceConfig {
   static bool from_environment(DeviceConfig& out, std::string& error);
 };
 
+/// Kinds of object counted against the limits query_device reports (DeviceLimits).
+enum class ObjectKind : uint8_t { kPd, kCq, kQp, kMr, kCount };
+
 /// One device. Created by open(); objects (PD, MR, CQ, QP) reference it and must be
 /// destroyed before it.
 class Device final : public Transport {
@@ -73,6 +76,13 @@ class Device final : public Transport {
   Counters& counters() override { return *counters_; }
 
   std::mutex& mutex() { return mu_; }
+
+  /// Reserves one object of `kind` against its DeviceLimits maximum (max_pd, max_cq,
+  /// max_qp, max_mr). Returns false at the limit — the verbs call then fails with ENOMEM,
+  /// as real verbs do. Thread-safe; pair every success with release().
+  bool reserve(ObjectKind kind);
+  /// Returns a reservation made by reserve().
+  void release(ObjectKind kind);
 
   /// Processes pending packets and timers on the calling thread if the device lock is
   /// free; returns without waiting otherwise.
@@ -122,6 +132,7 @@ class Device final : public Transport {
   uint8_t active_mtu_ = 5;
   uint32_t netdev_mtu_ = 0;
 
+  std::atomic<uint32_t> objects_[static_cast<size_t>(ObjectKind::kCount)] = {};
   std::unordered_map<uint32_t, QueuePair*> qps_;
   std::unordered_map<uint32_t, MemoryRegion*> mrs_;
   uint32_t next_qpn_ = 0;

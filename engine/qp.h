@@ -27,13 +27,13 @@ class Device;
 
 /// A posted send work request and the requester's progress through it.
 struct SendWqe {
-  SendWr wr;                     ///< as posted (sg_list not used; see sges / inline_data)
-  std::vector<Sge> sges;         ///< copy of the posted SGE list
+  SendWr wr;              ///< as posted (sg_list not used; see sges / inline_data)
+  std::vector<Sge> sges;  ///< copy of the posted SGE list
   std::vector<uint8_t> inline_data;
-  std::vector<iovec> local;      ///< SGEs resolved to host memory when the WQE starts
-  uint64_t length = 0;           ///< message bytes
-  uint32_t first_psn = 0;        ///< valid once started
-  uint32_t npsn = 0;             ///< PSNs the message uses (≥ 1)
+  std::vector<iovec> local;  ///< SGEs resolved to host memory when the WQE starts
+  uint64_t length = 0;       ///< message bytes
+  uint32_t first_psn = 0;    ///< valid once started
+  uint32_t npsn = 0;         ///< PSNs the message uses (≥ 1)
   bool started = false;
   uint32_t last_psn() const { return wire::psn_add(first_psn, npsn - 1); }
   bool is_read_or_atomic() const {
@@ -51,10 +51,10 @@ struct RecvWqe {
 
 /// Requester progress (rxe's qp->req).
 struct RequesterState {
-  uint64_t next = 0;      ///< SQ index (absolute) of the WQE being transmitted
-  uint64_t offset = 0;    ///< bytes of that WQE already transmitted / requested
-  uint32_t psn = 0;       ///< next PSN to send
-  uint32_t max_psn = 0;   ///< one past the highest PSN ever sent (for late ACKs)
+  uint64_t next = 0;     ///< SQ index (absolute) of the WQE being transmitted
+  uint64_t offset = 0;   ///< bytes of that WQE already transmitted / requested
+  uint32_t psn = 0;      ///< next PSN to send
+  uint32_t max_psn = 0;  ///< one past the highest PSN ever sent (for late ACKs)
   uint32_t noack_pkts = 0;
   bool rnr_wait = false;  ///< paused until the completer's RNR deadline
   /// Congestion window, PSNs in flight (1 … kWindowPsns), as TCP's: halved by a sequence
@@ -68,39 +68,48 @@ struct RequesterState {
 
 /// Completer progress (rxe's qp->comp).
 struct CompleterState {
-  uint64_t next = 0;      ///< SQ index (absolute) of the oldest uncompleted WQE
-  uint32_t psn = 0;       ///< oldest PSN not yet acknowledged / responded to
+  uint64_t next = 0;  ///< SQ index (absolute) of the oldest uncompleted WQE
+  uint32_t psn = 0;   ///< oldest PSN not yet acknowledged / responded to
   uint8_t retry_left = 0;
   uint8_t rnr_retry_left = 0;
-  uint64_t timer_ns = 0;  ///< retransmit check time (0: not armed); lazily re-armed
-  uint64_t last_progress_ns = 0;  ///< last transmission or forward progress
+  uint64_t timer_ns = 0;                 ///< retransmit check time (0: not armed); lazily re-armed
+  uint64_t last_progress_ns = 0;         ///< last transmission or forward progress
   uint32_t fast_retry_psn = 0xffffffff;  ///< PSN of the last out-of-order-triggered rewind
-  uint64_t rnr_ns = 0;    ///< RNR back-off deadline (0: none)
+  uint64_t rnr_ns = 0;                   ///< RNR back-off deadline (0: none)
   /// Last PSN of each READ request / atomic sent and not yet answered, oldest first.
   std::deque<uint32_t> rd_atomic_inflight;
 };
 
-/// A replayable READ/ATOMIC resource (responder, IBTA 9.7.5.1.3 duplicates).
+/// What the responder executed for one READ or ATOMIC request, kept so a duplicate of it
+/// can be answered again (IBTA vol 1, 9.7.5.1.3; rxe's responder resources). Only requests
+/// with such a record are ever re-served: a "duplicate" READ the responder never executed
+/// (e.g. forged with a PSN behind the expected one) is dropped, never NAKed.
 struct ResponderResource {
-  uint32_t psn = 0;
-  uint64_t atomic_orig = 0;
+  bool read = false;         ///< READ (else ATOMIC)
+  uint32_t psn = 0;          ///< first PSN of the request
+  uint32_t last_psn = 0;     ///< last response PSN (== psn for an atomic)
+  uint64_t va = 0;           ///< READ: RETH virtual address
+  uint32_t rkey = 0;         ///< READ: RETH rkey
+  uint64_t length = 0;       ///< READ: RETH DMA length, bytes
+  uint64_t atomic_orig = 0;  ///< ATOMIC: the original value returned
 };
 
 /// Responder progress (rxe's qp->resp).
 struct ResponderState {
-  uint32_t epsn = 0;      ///< expected PSN
-  uint32_t msn = 0;       ///< message sequence number (24 bits)
-  bool nak_sent = false;  ///< a PSN sequence NAK is outstanding for epsn
+  uint32_t epsn = 0;         ///< expected PSN
+  uint32_t msn = 0;          ///< message sequence number (24 bits)
+  bool nak_sent = false;     ///< a PSN sequence (or RNR) NAK is outstanding for epsn
   uint32_t ooo_max_psn = 0;  ///< highest out-of-sequence PSN seen since that NAK
-  bool in_send = false;   ///< inside a multi-packet SEND
-  bool in_write = false;  ///< inside a multi-packet WRITE
-  uint64_t recv_offset = 0;    ///< bytes scattered into the head receive WQE
+  bool in_send = false;      ///< inside a multi-packet SEND
+  bool in_write = false;     ///< inside a multi-packet WRITE
+  uint64_t recv_offset = 0;  ///< bytes scattered into the head receive WQE
   uint8_t* write_ptr = nullptr;
   uint64_t write_left = 0;
-  uint64_t write_length = 0;   ///< dma_length of the current WRITE
-  bool ack_pending = false;    ///< coalesced ACK to send at the end of the batch
+  uint64_t write_length = 0;  ///< dma_length of the current WRITE
+  bool ack_pending = false;   ///< coalesced ACK to send at the end of the batch
   uint32_t ack_psn = 0;
-  std::deque<ResponderResource> atomics;  ///< last atomic results, newest last
+  /// READs and atomics executed, newest last; at most max(16, max_dest_rd_atomic).
+  std::deque<ResponderResource> resources;
 };
 
 /// An RC queue pair.

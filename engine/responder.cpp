@@ -16,8 +16,8 @@ using wire::Opcode;
 using wire::psn_add;
 using wire::psn_diff;
 
-/// How many atomic results are kept for duplicate replay, at least.
-constexpr size_t kMinAtomicHistory = 16;
+/// How many executed READs/atomics are kept for duplicate replay, at least.
+constexpr size_t kMinResources = 16;
 
 void send_ack(QueuePair& qp, Transport& t, uint8_t syndrome, uint32_t psn) {
   wire::Headers h;
@@ -155,7 +155,8 @@ void on_send(QueuePair& qp, const wire::Packet& pkt, Transport& t) {
     qp.resp.in_send = (m & wire::kIsFirst) != 0;
   }
   switch (scatter_recv(qp, t, qp.resp.recv_offset, pkt.payload)) {
-    case Scatter::kOk: break;
+    case Scatter::kOk:
+      break;
     case Scatter::kLength:
       qp.complete_recv(WcStatus::kLocLenErr, WcOpcode::kRecv, 0, 0, 0, false);
       return nak_and_fail(qp, t, wire::NakCode::kInvalidRequest, psn);
@@ -213,31 +214,36 @@ void on_write(QueuePair& qp, const wire::Packet& pkt, Transport& t) {
   if (pkt.hdr.bth.ack_req) ack_later(qp, psn);
 }
 
-// Executes a READ request at `psn` (new or duplicate: reads are idempotent, so a
-// duplicate is served again from memory, IBTA 9.7.5.1.3). Returns false after a NAK.
-bool serve_read(QueuePair& qp, const wire::Packet& pkt, Transport& t) {
-  const wire::Reth& r = pkt.hdr.reth;
-  const uint8_t* p = nullptr;
-  if (r.dma_length) {
-    p = check_remote(qp, t, r.rkey, r.va, r.dma_length, kRemoteRead);
-    if (!p) {
-      nak_and_fail(qp, t, wire::NakCode::kRemoteAccessError, pkt.hdr.bth.psn);
-      return false;
-    }
-  }
-  flush_ack(qp, t);  // keep ACKs for earlier PSNs ahead of the responses
-  send_read_responses(qp, t, pkt.hdr.bth.psn, p, r.dma_length);
-  return true;
+// Remembers an executed READ/ATOMIC for duplicate replay (bounded, oldest dropped).
+void remember(QueuePair& qp, const ResponderResource& r) {
+  auto& res = qp.resp.resources;
+  res.push_back(r);
+  while (res.size() > std::max<size_t>(kMinResources, qp.attr.max_dest_rd_atomic)) res.pop_front();
+}
+
+uint32_t read_psns(const QueuePair& qp, uint64_t dma_length) {
+  return dma_length == 0 ? 1u : static_cast<uint32_t>((dma_length + qp.mtu - 1) / qp.mtu);
 }
 
 void on_read(QueuePair& qp, const wire::Packet& pkt, Transport& t) {
-  const uint32_t n = pkt.hdr.reth.dma_length == 0
-                         ? 1
-                         : static_cast<uint32_t>((uint64_t{pkt.hdr.reth.dma_length} + qp.mtu - 1) /
-                                                 qp.mtu);
-  if (!serve_read(qp, pkt, t)) return;
+  const wire::Reth& r = pkt.hdr.reth;
+  const uint32_t psn = pkt.hdr.bth.psn;
+  const uint8_t* p = nullptr;
+  if (r.dma_length) {
+    p = check_remote(qp, t, r.rkey, r.va, r.dma_length, kRemoteRead);
+    if (!p) return nak_and_fail(qp, t, wire::NakCode::kRemoteAccessError, psn);
+  }
+  const uint32_t n = read_psns(qp, r.dma_length);
+  remember(qp, {.read = true,
+                .psn = psn,
+                .last_psn = psn_add(psn, n - 1),
+                .va = r.va,
+                .rkey = r.rkey,
+                .length = r.dma_length});
+  flush_ack(qp, t);  // keep ACKs for earlier PSNs ahead of the responses
+  send_read_responses(qp, t, psn, p, r.dma_length);
   qp.resp.msn = psn_add(qp.resp.msn, 1);
-  qp.resp.epsn = psn_add(pkt.hdr.bth.psn, n);
+  qp.resp.epsn = psn_add(psn, n);
 }
 
 void on_atomic(QueuePair& qp, const wire::Packet& pkt, Transport& t) {
@@ -256,33 +262,69 @@ void on_atomic(QueuePair& qp, const wire::Packet& pkt, Transport& t) {
   } else {
     orig = word.fetch_add(a.swap_add);
   }
-  auto& hist = qp.resp.atomics;
-  hist.push_back({psn, orig});
-  while (hist.size() > std::max<size_t>(kMinAtomicHistory, qp.attr.max_dest_rd_atomic))
-    hist.pop_front();
+  remember(qp, {.read = false, .psn = psn, .last_psn = psn, .atomic_orig = orig});
   qp.resp.msn = psn_add(qp.resp.msn, 1);
   flush_ack(qp, t);
   send_atomic_ack(qp, t, psn, orig);
   qp.resp.epsn = psn_add(psn, 1);
 }
 
+// The record of the executed READ that a duplicate READ request re-asks for, or nullptr.
+// A requester that goes back into the middle of a READ re-requests the rest of it: same
+// rkey, start address advanced by whole MTUs in step with the PSN, and an end no further
+// than the original's (IBTA 9.7.5.1.3.1).
+const ResponderResource* find_read(const QueuePair& qp, const wire::Packet& pkt) {
+  const uint32_t psn = pkt.hdr.bth.psn;
+  const wire::Reth& r = pkt.hdr.reth;
+  for (const ResponderResource& res : qp.resp.resources) {
+    if (!res.read || psn_diff(psn, res.psn) < 0 || psn_diff(psn, res.last_psn) > 0) continue;
+    const uint64_t skip = uint64_t(psn_diff(psn, res.psn)) * qp.mtu;
+    if (r.rkey != res.rkey || r.va != res.va + skip || skip > res.length ||
+        r.dma_length > res.length - skip)
+      return nullptr;
+    return &res;
+  }
+  return nullptr;
+}
+
+// A request whose PSN is behind the expected one (IBTA 9.7.5.1.3): SEND/WRITE are
+// re-acknowledged, READs re-served and atomics answered from the saved result — but only
+// for requests this responder really executed. Anything else is dropped and counted; a
+// duplicate never moves the QP to ERR (it may be forged: its PSN is not the expected one).
 void on_duplicate(QueuePair& qp, const wire::Packet& pkt, Transport& t) {
   bump(t.counters().duplicate_request);
   const uint32_t m = pkt.info->mask;
+  const uint32_t psn = pkt.hdr.bth.psn;
   if (m & wire::kIsRead) {
-    serve_read(qp, pkt, t);
-  } else if (m & wire::kIsAtomic) {
+    const wire::Reth& r = pkt.hdr.reth;
+    const uint8_t* p = nullptr;
+    if (find_read(qp, pkt) &&
+        (r.dma_length == 0 ||
+         (p = check_remote(qp, t, r.rkey, r.va, r.dma_length, kRemoteRead)) != nullptr)) {
+      flush_ack(qp, t);
+      send_read_responses(qp, t, psn, p, r.dma_length);
+      return;
+    }
+    bump(t.counters().duplicate_dropped);
+    log().debug("qp {:#x}: duplicate READ psn {:#x} matches no executed READ: dropped", qp.qpn(),
+                psn);
+    return;
+  }
+  if (m & wire::kIsAtomic) {
     // Never execute twice: answer from the saved result (IBTA 9.7.5.1.3.2).
-    for (const auto& r : qp.resp.atomics) {
-      if (r.psn == pkt.hdr.bth.psn) {
+    for (const ResponderResource& r : qp.resp.resources) {
+      if (!r.read && r.psn == psn) {
         flush_ack(qp, t);
         send_atomic_ack(qp, t, r.psn, r.atomic_orig);
         return;
       }
     }
-  } else if (pkt.hdr.bth.ack_req) {
-    ack_later(qp, psn_add(qp.resp.epsn, wire::kPsnMask));  // everything before epsn is done
+    bump(t.counters().duplicate_dropped);
+    log().debug("qp {:#x}: duplicate atomic psn {:#x} has no saved result: dropped", qp.qpn(), psn);
+    return;
   }
+  if (pkt.hdr.bth.ack_req)
+    ack_later(qp, psn_add(qp.resp.epsn, wire::kPsnMask));  // everything before epsn is done
 }
 
 }  // namespace
@@ -293,17 +335,18 @@ void on_request(QueuePair& qp, const wire::Packet& pkt, Transport& t) {
     // A gap: NAK once with the expected PSN and drop until the requester goes back
     // (IBTA 9.7.5.1.2 PSN sequence error).
     bump(t.counters().out_of_seq_request);
-    // NAK once per gap; again only when the requester has evidently gone back (a PSN at or
-    // below the highest out-of-sequence one seen since the NAK), i.e. the NAK was lost or
-    // the retransmission lost the expected packet again.
+    // One NAK per gap (IBTA 9.7.5.1.2), until the expected PSN arrives; again only when
+    // the requester has evidently gone back — a PSN strictly below the highest
+    // out-of-sequence one seen since the NAK, i.e. the NAK was lost or the retransmission
+    // lost the expected packet again. Repeats of one PSN (equal, not below) draw no NAK.
     const uint32_t psn = pkt.hdr.bth.psn;
-    if (!qp.resp.nak_sent || psn_diff(psn, qp.resp.ooo_max_psn) <= 0) {
+    if (!qp.resp.nak_sent || psn_diff(psn, qp.resp.ooo_max_psn) < 0) {
       log().debug("qp {:#x}: psn {:#x} out of sequence (expected {:#x}, highest seen {:#x})",
                   qp.qpn(), psn, qp.resp.epsn, qp.resp.ooo_max_psn);
       qp.resp.nak_sent = true;
       qp.resp.ooo_max_psn = psn;
       nak(qp, t, wire::NakCode::kPsnSequenceError, qp.resp.epsn);
-    } else {
+    } else if (psn_diff(psn, qp.resp.ooo_max_psn) > 0) {
       qp.resp.ooo_max_psn = psn;
     }
     return;

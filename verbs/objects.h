@@ -22,14 +22,39 @@ struct Context {
   int async_fds[2] = {-1, -1};  // async_fd is the read end; no events are generated yet
 };
 
+/// One object counted against the device's limit (engine::Device::reserve), returned
+/// when the handle that holds it is destroyed.
+class Reservation {
+ public:
+  Reservation() = default;
+  Reservation(const Reservation&) = delete;
+  Reservation& operator=(const Reservation&) = delete;
+  ~Reservation() {
+    if (dev_) dev_->release(kind_);
+  }
+  /// Takes one slot of `kind` on `dev`; false at the limit (caller fails with ENOMEM).
+  bool take(engine::Device& dev, engine::ObjectKind kind) {
+    if (!dev.reserve(kind)) return false;
+    dev_ = &dev;
+    kind_ = kind;
+    return true;
+  }
+
+ private:
+  engine::Device* dev_ = nullptr;
+  engine::ObjectKind kind_ = engine::ObjectKind::kPd;
+};
+
 struct Pd {
   ibv_pd ibv;
   std::unique_ptr<engine::ProtectionDomain> pd;
+  Reservation slot;
 };
 
 struct Mr {
   ibv_mr ibv;
   std::unique_ptr<engine::MemoryRegion> mr;
+  Reservation slot;
 };
 
 struct Channel {
@@ -41,6 +66,7 @@ struct Channel {
 struct Cq {
   ibv_cq_ex ibv;
   std::unique_ptr<engine::CompletionQueue> cq;
+  Reservation slot;
   std::atomic<unsigned> events_reported{0};
   ibv_cq* as_cq() { return reinterpret_cast<ibv_cq*>(&ibv); }
 };
@@ -49,16 +75,27 @@ struct Cq {
 struct Qp {
   ibv_qp_ex ibv;
   std::unique_ptr<engine::QueuePair> qp;
+  Reservation slot;
   ibv_qp* as_qp() { return &ibv.qp_base; }
 };
 
 inline Context* to_ctx(ibv_context* c) {
   return reinterpret_cast<Context*>(reinterpret_cast<char*>(c) - offsetof(verbs_context, context));
 }
-inline Pd* to_pd(ibv_pd* p) { return reinterpret_cast<Pd*>(p); }
-inline Mr* to_mr(ibv_mr* m) { return reinterpret_cast<Mr*>(m); }
-inline Channel* to_channel(ibv_comp_channel* c) { return reinterpret_cast<Channel*>(c); }
-inline Cq* to_cq(ibv_cq* c) { return reinterpret_cast<Cq*>(c); }
-inline Qp* to_qp(ibv_qp* q) { return reinterpret_cast<Qp*>(q); }
+inline Pd* to_pd(ibv_pd* p) {
+  return reinterpret_cast<Pd*>(p);
+}
+inline Mr* to_mr(ibv_mr* m) {
+  return reinterpret_cast<Mr*>(m);
+}
+inline Channel* to_channel(ibv_comp_channel* c) {
+  return reinterpret_cast<Channel*>(c);
+}
+inline Cq* to_cq(ibv_cq* c) {
+  return reinterpret_cast<Cq*>(c);
+}
+inline Qp* to_qp(ibv_qp* q) {
+  return reinterpret_cast<Qp*>(q);
+}
 
 }  // namespace softrdma::verbs

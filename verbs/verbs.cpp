@@ -73,8 +73,8 @@ std::unordered_set<ibv_cq*> g_live_cqs;
 
 /// EUI-64-style GUID from the device address (02:00:a:ff:fe:b:c:d), in network order.
 __be64 guid_for(uint32_t ip) {
-  uint8_t b[8] = {0x02, 0x00, uint8_t(ip >> 24), 0xff, 0xfe, uint8_t(ip >> 16), uint8_t(ip >> 8),
-                  uint8_t(ip)};
+  uint8_t b[8] = {
+      0x02, 0x00, uint8_t(ip >> 24), 0xff, 0xfe, uint8_t(ip >> 16), uint8_t(ip >> 8), uint8_t(ip)};
   __be64 g;
   std::memcpy(&g, b, sizeof g);
   return g;
@@ -86,7 +86,9 @@ uint32_t configured_ip() {
   return ip;
 }
 
-int err(engine::Status s) { return static_cast<int>(s); }
+int err(engine::Status s) {
+  return static_cast<int>(s);
+}
 
 template <class T>
 T* fail(int e) {
@@ -176,10 +178,9 @@ int op_post_recv(ibv_qp* ibqp, ibv_recv_wr* wr, ibv_recv_wr** bad) {
   engine::QueuePair& qp = *to_qp(ibqp)->qp;
   for (ibv_recv_wr* w = wr; w; w = w->next) {
     engine::Status st =
-        w->num_sge < 0
-            ? std::errc::invalid_argument
-            : qp.post_recv(w->wr_id, reinterpret_cast<const engine::Sge*>(w->sg_list),
-                           static_cast<uint32_t>(w->num_sge));
+        w->num_sge < 0 ? std::errc::invalid_argument
+                       : qp.post_recv(w->wr_id, reinterpret_cast<const engine::Sge*>(w->sg_list),
+                                      static_cast<uint32_t>(w->num_sge));
     if (st != engine::kOk) {
       if (bad) *bad = w;
       return err(st);
@@ -208,8 +209,8 @@ void fill_device_attr(Context* c, ibv_device_attr& a) {
   a.hw_ver = 0;
   a.max_qp = L::kMaxQp;
   a.max_qp_wr = L::kMaxQpWr;
-  a.device_cap_flags = IBV_DEVICE_RC_RNR_NAK_GEN | IBV_DEVICE_SYS_IMAGE_GUID |
-                       IBV_DEVICE_PORT_ACTIVE_EVENT;
+  a.device_cap_flags =
+      IBV_DEVICE_RC_RNR_NAK_GEN | IBV_DEVICE_SYS_IMAGE_GUID | IBV_DEVICE_PORT_ACTIVE_EVENT;
   a.max_sge = L::kMaxSge;
   a.max_sge_rd = L::kMaxSge;
   a.max_cq = L::kMaxCq;
@@ -279,8 +280,12 @@ ibv_qp* create_qp_common(ibv_pd* pd, ibv_qp_init_attr_ex* a) {
   if (a->send_cq->context != pd->context || a->recv_cq->context != pd->context)
     return fail<ibv_qp>(EINVAL);
   auto* q = new Qp{};
+  if (!q->slot.take(*c->dev, engine::ObjectKind::kQp)) {
+    delete q;
+    return fail<ibv_qp>(ENOMEM);  // max_qp reached
+  }
   q->qp = std::make_unique<engine::QueuePair>(*c->dev, *to_pd(pd)->pd, *to_cq(a->send_cq)->cq,
-                                               *to_cq(a->recv_cq)->cq, cap, a->sq_sig_all != 0);
+                                              *to_cq(a->recv_cq)->cq, cap, a->sq_sig_all != 0);
   ibv_qp& ib = *q->as_qp();
   ib.context = pd->context;
   ib.qp_context = a->qp_context;
@@ -311,9 +316,13 @@ ibv_device** ibv_get_device_list(int* num_devices) {
   return list;
 }
 
-void ibv_free_device_list(ibv_device** list) { std::free(list); }
+void ibv_free_device_list(ibv_device** list) {
+  std::free(list);
+}
 
-const char* ibv_get_device_name(ibv_device* device) { return device ? device->name : nullptr; }
+const char* ibv_get_device_name(ibv_device* device) {
+  return device ? device->name : nullptr;
+}
 
 __be64 ibv_get_device_guid(ibv_device*) {
   std::lock_guard lk(g_open_mu);
@@ -321,7 +330,9 @@ __be64 ibv_get_device_guid(ibv_device*) {
   return guid_for(dev ? dev->ip() : configured_ip());
 }
 
-int ibv_get_device_index(ibv_device* device) { return device == &g_device ? 0 : -1; }
+int ibv_get_device_index(ibv_device* device) {
+  return device == &g_device ? 0 : -1;
+}
 
 ibv_context* ibv_open_device(ibv_device* device) {
   if (device != &g_device) return fail<ibv_context>(ENODEV);
@@ -455,6 +466,10 @@ int ibv_get_pkey_index(ibv_context* ctx, uint8_t port, __be16 pkey) {
 ibv_pd* ibv_alloc_pd(ibv_context* ctx) {
   if (!ctx) return fail<ibv_pd>(EINVAL);
   auto* p = new Pd{};
+  if (!p->slot.take(*to_ctx(ctx)->dev, engine::ObjectKind::kPd)) {
+    delete p;
+    return fail<ibv_pd>(ENOMEM);  // max_pd reached
+  }
   p->pd = std::make_unique<engine::ProtectionDomain>(*to_ctx(ctx)->dev);
   p->ibv.context = ctx;
   p->ibv.handle = 0;
@@ -474,6 +489,10 @@ ibv_mr* ibv_reg_mr_iova2(ibv_pd* pd, void* addr, size_t length, uint64_t iova,
   if (engine::Status s = engine::MemoryRegion::validate(addr, length, access); s != engine::kOk)
     return fail<ibv_mr>(err(s));
   auto* m = new Mr{};
+  if (!m->slot.take(*to_ctx(pd->context)->dev, engine::ObjectKind::kMr)) {
+    delete m;
+    return fail<ibv_mr>(ENOMEM);  // max_mr reached
+  }
   m->mr = std::make_unique<engine::MemoryRegion>(*to_pd(pd)->pd, addr, length, iova, access);
   m->ibv.context = pd->context;
   m->ibv.pd = pd;
@@ -533,10 +552,14 @@ ibv_cq* ibv_create_cq(ibv_context* ctx, int cqe, void* cq_context, ibv_comp_chan
     return fail<ibv_cq>(EINVAL);
   if (comp_vector < 0 || comp_vector >= ctx->num_comp_vectors) return fail<ibv_cq>(EINVAL);
   auto* c = new Cq{};
+  if (!c->slot.take(*to_ctx(ctx)->dev, engine::ObjectKind::kCq)) {
+    delete c;
+    return fail<ibv_cq>(ENOMEM);  // max_cq reached
+  }
   ibv_cq* ib = c->as_cq();
   c->cq = std::make_unique<engine::CompletionQueue>(
-      *to_ctx(ctx)->dev, static_cast<uint32_t>(cqe), channel ? &to_channel(channel)->channel : nullptr,
-      ib);
+      *to_ctx(ctx)->dev, static_cast<uint32_t>(cqe),
+      channel ? &to_channel(channel)->channel : nullptr, ib);
   ib->context = ctx;
   ib->channel = channel;
   ib->cq_context = cq_context;
@@ -549,7 +572,9 @@ ibv_cq* ibv_create_cq(ibv_context* ctx, int cqe, void* cq_context, ibv_comp_chan
   return ib;
 }
 
-int ibv_resize_cq(ibv_cq*, int) { return EOPNOTSUPP; }
+int ibv_resize_cq(ibv_cq*, int) {
+  return EOPNOTSUPP;
+}
 
 int ibv_destroy_cq(ibv_cq* cq) {
   Cq* c = to_cq(cq);
@@ -708,7 +733,9 @@ int ibv_destroy_qp(ibv_qp* qp) {
   return 0;
 }
 
-ibv_qp_ex* ibv_qp_to_qp_ex(ibv_qp*) { return nullptr; }  // only QPs created with send_ops
+ibv_qp_ex* ibv_qp_to_qp_ex(ibv_qp*) {
+  return nullptr;
+}  // only QPs created with send_ops
 
 // ---- async events -------------------------------------------------------------------------
 

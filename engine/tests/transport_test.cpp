@@ -119,8 +119,8 @@ class TransportTest : public ::testing::Test {
     at.retry_cnt = 2;
     at.rnr_retry = 2;
     at.max_rd_atomic = 4;
-    ASSERT_EQ(q.modify(at, kAttrState | kAttrTimeout | kAttrRetryCnt | kAttrRnrRetry |
-                               kAttrSqPsn | kAttrMaxQpRdAtomic),
+    ASSERT_EQ(q.modify(at, kAttrState | kAttrTimeout | kAttrRetryCnt | kAttrRnrRetry | kAttrSqPsn |
+                               kAttrMaxQpRdAtomic),
               kOk);
   }
 
@@ -391,7 +391,7 @@ TEST_F(TransportTest, DuplicateAtomicIsReplayedNotExecutedTwice) {
   ASSERT_EQ(a->post_send(wr), kOk);
   auto request = ta->sent.front();
   deliver(*ta, *b, *tb);
-  tb->sent.clear();  // the atomic ACK is lost
+  tb->sent.clear();             // the atomic ACK is lost
   ta->sent.push_back(request);  // the requester retransmits
   deliver(*ta, *b, *tb);
   EXPECT_EQ(word, 42u);  // executed once
@@ -401,6 +401,86 @@ TEST_F(TransportTest, DuplicateAtomicIsReplayedNotExecutedTwice) {
   ASSERT_EQ(c.size(), 1u);
   EXPECT_EQ(c[0].opcode, WcOpcode::kFetchAdd);
   EXPECT_EQ(*reinterpret_cast<uint64_t*>(src.data()), 40u);  // original value returned
+}
+
+// A READ "duplicate" the responder never executed — e.g. forged with a PSN behind the
+// expected one and an rkey it has no right to — is dropped and counted; it neither NAKs
+// nor errors the QP (IBTA 9.7.5.1.3 treats duplicates as retransmissions of requests the
+// responder already executed; rxe keeps responder resources for exactly this).
+TEST_F(TransportTest, ForgedDuplicateReadIsDroppedAndQpKeepsRunning) {
+  post_recv(*b, kMtu);
+  ASSERT_EQ(post(*a, WrOpcode::kSend, 0, kMtu), kOk);
+  settle();  // responder's expected PSN is now kSqPsn + 1
+  ASSERT_EQ(drain().size(), 2u);
+  std::mt19937 rng(5);
+  for (int i = 0; i < 1000; ++i) {
+    wire::Headers h;
+    h.bth.opcode = static_cast<uint8_t>(Opcode::kReadRequest);
+    h.bth.dest_qpn = b->qpn();
+    h.bth.psn = wire::psn_add(kSqPsn, wire::kPsnMask - (rng() % 0x7fffff));  // behind
+    h.bth.ack_req = true;
+    h.reth.va = rng() % 2 ? reinterpret_cast<uintptr_t>(src.data()) : rng();
+    h.reth.rkey = rng() % 2 ? mr_src->key() : static_cast<uint32_t>(rng());
+    h.reth.dma_length = rng() % 3 == 0 ? 0x80000000u : static_cast<uint32_t>(rng() % 65536);
+    std::vector<uint8_t> bytes(wire::kMaxTransportHeaderBytes);
+    bytes.resize(wire::encode_headers(h, bytes));
+    bytes.resize(bytes.size() + wire::kIcrcBytes, 0);
+    std::lock_guard lk(dev->mutex());
+    responder::on_request(*b, parse(bytes), *tb);
+    responder::flush_ack(*b, *tb);
+  }
+  EXPECT_TRUE(tb->sent.empty()) << "a forged duplicate READ drew a response or NAK";
+  EXPECT_EQ(tb->counters_.duplicate_dropped.load(), 1000u);
+  EXPECT_EQ(b->query().state, QpState::kRts);
+  post_recv(*b, kMtu);  // the connection still carries traffic
+  ASSERT_EQ(post(*a, WrOpcode::kSend, kMtu, kMtu, 0, 2), kOk);
+  settle();
+  auto c = drain();
+  ASSERT_EQ(c.size(), 2u);
+  for (const Cqe& e : c) EXPECT_EQ(e.status, WcStatus::kSuccess);
+}
+
+// A genuine duplicate READ — the requester lost a response and asks again from its
+// middle — is re-served from the responder's record; one that claims more than the
+// original READ covered is not.
+TEST_F(TransportTest, DuplicateReadIsReservedOnlyWithinTheExecutedRead) {
+  ASSERT_EQ(post(*a, WrOpcode::kRdmaRead, 0, 4 * kMtu), kOk);
+  auto request = parse(ta->sent.front());
+  deliver(*ta, *b, *tb);
+  ASSERT_EQ(tb->sent.size(), 4u);
+  tb->sent.clear();  // every response is lost
+  auto resend = [&](uint32_t skip_psns, uint32_t len) {
+    wire::Headers h = request.hdr;
+    h.bth.psn = wire::psn_add(request.hdr.bth.psn, skip_psns);
+    h.reth.va += uint64_t{skip_psns} * kMtu;
+    h.reth.dma_length = len;
+    std::vector<uint8_t> bytes(wire::kMaxTransportHeaderBytes);
+    bytes.resize(wire::encode_headers(h, bytes));
+    bytes.resize(bytes.size() + wire::kIcrcBytes, 0);
+    std::lock_guard lk(dev->mutex());
+    responder::on_request(*b, parse(bytes), *tb);
+  };
+  resend(2, 2 * kMtu);  // the rest of it, from the third response
+  ASSERT_EQ(tb->sent.size(), 2u);
+  EXPECT_EQ(parse(tb->sent[0]).hdr.bth.psn, wire::psn_add(kSqPsn, 2));
+  tb->sent.clear();
+  resend(2, 3 * kMtu);  // beyond the original READ's end
+  EXPECT_TRUE(tb->sent.empty());
+  EXPECT_EQ(tb->counters_.duplicate_dropped.load(), 1u);
+  EXPECT_EQ(b->query().state, QpState::kRts);
+}
+
+// IBTA 9.7.5.1.2: one sequence NAK per gap. Twenty copies of one out-of-sequence PSN
+// draw one NAK, not twenty.
+TEST_F(TransportTest, RepeatedOutOfSequencePsnDrawsOneNak) {
+  ASSERT_EQ(post(*a, WrOpcode::kRdmaWrite, 0, 4 * kMtu), kOk);
+  auto ahead = ta->sent[2];
+  ta->sent.clear();
+  for (int i = 0; i < 20; ++i) ta->sent.push_back(ahead);
+  deliver(*ta, *b, *tb);
+  EXPECT_EQ(tb->sent.size(), 1u);
+  EXPECT_EQ(tb->counters_.send_nak.load(), 1u);
+  EXPECT_EQ(tb->counters_.out_of_seq_request.load(), 20u);
 }
 
 TEST_F(TransportTest, WriteWithBadRkeyIsNakedAndLeavesMemoryAlone) {
@@ -451,9 +531,9 @@ TEST_P(LossyTransportTest, SendsSurviveRandomLossInBothDirections) {
   for (int round = 0; round < 20000 && received < kMessages; ++round) {
     post_recvs();
     while (posted < kMessages && posted - sent_ok < 8) {
-      ASSERT_EQ(post(*a, WrOpcode::kSend, (posted % 8) * kSlot, len_of(posted), 0,
-                     uint64_t(posted)),
-                kOk);
+      ASSERT_EQ(
+          post(*a, WrOpcode::kSend, (posted % 8) * kSlot, len_of(posted), 0, uint64_t(posted)),
+          kOk);
       ++posted;
     }
     lossy(*ta, *b, *tb);

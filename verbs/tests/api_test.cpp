@@ -233,6 +233,62 @@ TEST_F(Api, CqLimits) {
   EXPECT_EQ(0, ibv_destroy_cq(cq));
 }
 
+// Objects beyond the counts ibv_query_device reports are refused with ENOMEM, as the
+// kernel verbs stack does (rxe_pool: "pool full"), and a freed slot can be taken again.
+TEST_F(Api, ObjectCountsStopAtQueryDeviceLimits) {
+  // The fixture already holds one PD.
+  std::vector<ibv_pd*> pds{d.pd};
+  for (int i = 1; i < d.attr.max_pd; ++i) {
+    pds.push_back(ibv_alloc_pd(d.ctx));
+    ASSERT_NE(nullptr, pds.back()) << "PD " << i << " of max_pd " << d.attr.max_pd;
+  }
+  errno = 0;
+  EXPECT_EQ(nullptr, ibv_alloc_pd(d.ctx));
+  EXPECT_EQ(ENOMEM, errno);
+  EXPECT_EQ(0, ibv_dealloc_pd(pds.back()));
+  pds.back() = ibv_alloc_pd(d.ctx);
+  EXPECT_NE(nullptr, pds.back()) << "a freed PD slot is reusable";
+  for (size_t i = 1; i < pds.size(); ++i) EXPECT_EQ(0, ibv_dealloc_pd(pds[i]));
+
+  std::vector<ibv_cq*> cqs;
+  for (int i = 0; i < d.attr.max_cq; ++i) {
+    cqs.push_back(ibv_create_cq(d.ctx, 1, nullptr, nullptr, 0));
+    ASSERT_NE(nullptr, cqs.back()) << "CQ " << i << " of max_cq " << d.attr.max_cq;
+  }
+  errno = 0;
+  EXPECT_EQ(nullptr, ibv_create_cq(d.ctx, 1, nullptr, nullptr, 0));
+  EXPECT_EQ(ENOMEM, errno);
+
+  // QPs share one CQ: keep one, free the rest.
+  for (size_t i = 1; i < cqs.size(); ++i) EXPECT_EQ(0, ibv_destroy_cq(cqs[i]));
+  std::vector<ibv_qp*> qps;
+  ibv_qp_init_attr ia{};
+  ia.send_cq = ia.recv_cq = cqs[0];
+  ia.qp_type = IBV_QPT_RC;
+  ia.cap = {1, 1, 1, 1, 0};
+  for (int i = 0; i < d.attr.max_qp; ++i) {
+    qps.push_back(ibv_create_qp(d.pd, &ia));
+    ASSERT_NE(nullptr, qps.back()) << "QP " << i << " of max_qp " << d.attr.max_qp;
+  }
+  errno = 0;
+  EXPECT_EQ(nullptr, ibv_create_qp(d.pd, &ia));
+  EXPECT_EQ(ENOMEM, errno);
+  for (ibv_qp* qp : qps) EXPECT_EQ(0, ibv_destroy_qp(qp));
+  EXPECT_EQ(0, ibv_destroy_cq(cqs[0]));
+
+  Buffer b(64);
+  std::vector<ibv_mr*> mrs;
+  mrs.reserve(static_cast<size_t>(d.attr.max_mr));
+  for (int i = 0; i < d.attr.max_mr; ++i) {
+    mrs.push_back(ibv_reg_mr(d.pd, b.data(), b.size(), int{IBV_ACCESS_LOCAL_WRITE}));
+    ASSERT_NE(nullptr, mrs.back()) << "MR " << i << " of max_mr " << d.attr.max_mr;
+  }
+  errno = 0;
+  EXPECT_EQ(nullptr, ibv_reg_mr(d.pd, b.data(), b.size(), int{IBV_ACCESS_LOCAL_WRITE}));
+  EXPECT_EQ(ENOMEM, errno);
+  for (ibv_mr* mr : mrs) EXPECT_EQ(0, ibv_dereg_mr(mr));
+}
+
 // ---- QP creation ----------------------------------------------------------------------
 
 TEST_F(Api, CreateRcQp) {
