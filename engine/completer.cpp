@@ -101,7 +101,7 @@ void on_ack(QueuePair& qp, const wire::Packet& pkt, Transport& t) {
       retry_from(qp, psn, "RNR NAK");
       qp.req.rnr_wait = true;
       qp.comp.rnr_ns = t.now_ns() + uint64_t{wire::rnr_timer_usec(syn & 0x1f)} * 1000;
-      t.timer_armed(qp.comp.rnr_ns);
+      t.timer_armed(qp, qp.comp.rnr_ns);
       return;
     }
     case wire::AckKind::kNak: {

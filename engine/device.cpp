@@ -167,7 +167,13 @@ void Device::wake() {
   (void)r;
 }
 
-void Device::timer_armed(uint64_t deadline_ns) {
+void Device::timer_armed(QueuePair& qp, uint64_t deadline_ns) {
+  // An entry at or before this deadline is queued already: its round looks at the QP's
+  // timers then and re-queues the QP for whatever is still armed.
+  if (qp.timer_queued_ns && qp.timer_queued_ns <= deadline_ns) return;
+  qp.timer_queued_ns = deadline_ns;
+  timers_.push({deadline_ns, qp.qpn()});
+  if (!next_deadline_ns_ || deadline_ns < next_deadline_ns_) next_deadline_ns_ = deadline_ns;
   const uint64_t s = sleep_until_ns_.load(std::memory_order_relaxed);
   if (s == 0 || deadline_ns < s) wake();
 }
@@ -369,18 +375,23 @@ size_t Device::receive_locked() {
 }
 
 void Device::run_timers_locked(uint64_t now) {
-  // Scans every QP: fires what is due and finds the next deadline. QP counts per device
-  // are small (tens), so a scan beats keeping a heap in step with lazy timers.
-  uint64_t next = 0;
-  for (auto& [qpn, qp] : qps_) {
-    uint64_t d = qp->next_deadline();
+  while (!timers_.empty() && timers_.top().deadline_ns <= now) {
+    const TimerEntry e = timers_.top();
+    timers_.pop();
+    auto it = qps_.find(e.qpn);
+    if (it == qps_.end() || it->second->timer_queued_ns != e.deadline_ns) continue;  // stale
+    QueuePair& qp = *it->second;
+    qp.timer_queued_ns = 0;
+    uint64_t d = qp.next_deadline();
     if (d && d <= now) {
-      completer::on_timer(*qp, *this, now);
-      d = qp->next_deadline();
+      completer::on_timer(qp, *this, now);
+      d = qp.next_deadline();
     }
-    if (d && (!next || d < next)) next = d;
+    // Timers are lazy (a retransmit timer moves later with progress without re-queueing):
+    // queue the QP again for whatever it still has armed.
+    if (d) timer_armed(qp, std::max(d, now + 1));
   }
-  next_deadline_ns_ = next;
+  next_deadline_ns_ = timers_.empty() ? 0 : timers_.top().deadline_ns;
 }
 
 void Device::progress_locked(uint64_t now) {

@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <queue>
 #include <string>
 #include <thread>
 #include <unordered_map>
@@ -99,7 +100,7 @@ class Device final : public Transport {
                 uint32_t payload_len) override;
   MemoryRegion* find_mr(uint32_t key) override;
   uint64_t now_ns() override;
-  void timer_armed(uint64_t deadline_ns) override;
+  void timer_armed(QueuePair& qp, uint64_t deadline_ns) override;
 
   /// Sends everything queued by transmit() (device lock held).
   void flush() override;
@@ -139,7 +140,17 @@ class Device final : public Transport {
   uint32_t next_mr_index_ = 1;
 
   std::vector<uint32_t> ack_dirty_;  // QPNs with a coalesced ACK to send after this batch
-  uint64_t next_deadline_ns_ = 0;    // earliest QP timer after the last scan (0: none)
+  uint64_t next_deadline_ns_ = 0;    // earliest queued QP timer (0: none)
+  /// QPs with an armed timer, earliest first. An entry is live only while it equals the
+  /// QP's timer_queued_ns; stale entries (timer moved later, QP gone) are skipped when
+  /// popped. A timer round costs O(log n) per due QP and nothing for the others, so the
+  /// cost of progress does not grow with the number of QPs (issue 7: 16,000 QP pairs).
+  struct TimerEntry {
+    uint64_t deadline_ns;
+    uint32_t qpn;
+    bool operator>(const TimerEntry& o) const { return deadline_ns > o.deadline_ns; }
+  };
+  std::priority_queue<TimerEntry, std::vector<TimerEntry>, std::greater<>> timers_;
 
   std::vector<TxSlot> tx_;
   size_t tx_count_ = 0;

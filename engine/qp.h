@@ -181,6 +181,8 @@ class QueuePair {
                      uint32_t wc_flags, bool solicited);
   /// Earliest armed timer of this QP, ns (0 if none).
   uint64_t next_deadline() const;
+  /// Deadline of this QP's live entry in the device's timer queue (0: none queued).
+  uint64_t timer_queued_ns = 0;
   /// Whether a request from the peer may be accepted / a response processed now.
   bool accepts_requests() const {
     return attr.state == QpState::kRtr || attr.state == QpState::kRts ||

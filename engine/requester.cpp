@@ -206,7 +206,7 @@ out:
     const uint64_t rto = qp.retransmit_timeout_ns();
     if (rto && !qp.comp.timer_ns) {
       qp.comp.timer_ns = now + rto;
-      t.timer_armed(qp.comp.timer_ns);
+      t.timer_armed(qp, qp.comp.timer_ns);
     }
   }
 }

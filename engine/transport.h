@@ -14,6 +14,7 @@
 namespace softrdma::engine {
 
 class MemoryRegion;
+class QueuePair;
 
 /// Services a device provides to its QPs' transport units. All calls happen with the
 /// device lock held.
@@ -34,9 +35,10 @@ class Transport {
   virtual Counters& counters() = 0;
   /// Monotonic time, ns.
   virtual uint64_t now_ns() = 0;
-  /// Tells the device that some QP now has a timer due at `deadline_ns` (it may need to
-  /// wake its progress thread earlier than planned).
-  virtual void timer_armed(uint64_t deadline_ns) = 0;
+  /// Tells the device that `qp` now has a timer due at `deadline_ns` (ns, now_ns() clock):
+  /// the device queues the QP for that time and may wake its progress thread earlier than
+  /// planned. Only QPs with an armed timer are ever visited by the timer round.
+  virtual void timer_armed(QueuePair& qp, uint64_t deadline_ns) = 0;
 };
 
 }  // namespace softrdma::engine

@@ -42,7 +42,7 @@ class FakeTransport : public Transport {
   MemoryRegion* find_mr(uint32_t key) override { return dev_.find_mr(key); }
   Counters& counters() override { return counters_; }
   uint64_t now_ns() override { return now_; }
-  void timer_armed(uint64_t) override {}
+  void timer_armed(QueuePair&, uint64_t) override {}
 
   void advance(uint64_t ns) { now_ += ns; }
   std::deque<std::vector<uint8_t>> sent;
