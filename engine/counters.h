@@ -38,7 +38,9 @@ namespace softrdma::engine {
   X(rcvd_addr_err, "packets dropped: source address is not the QP's peer")                    \
   X(rcvd_stale_response, "responses dropped: PSN outside the outstanding window")             \
   X(emulated_drops, "packets dropped on transmit by the link emulator (SOFTRDMA_NETEM)")      \
-  X(send_err, "sendmsg failures")
+  X(send_err, "sendmsg failures")                                                         \
+  X(sent_gso_batches, "UDP GSO sends (several RoCEv2 packets in one sendmsg)")             \
+  X(rcvd_gro_batches, "UDP GRO receives (several RoCEv2 packets in one datagram buffer)")
 
 /// The live counters of one device. Lives in shared memory; every field is a relaxed
 /// atomic so the progress thread, application threads and `softrdma stat` can touch it.

@@ -24,9 +24,11 @@ namespace {
 
 constexpr size_t kTxBatch = 64;
 constexpr size_t kRxBatch = 64;
-/// Receive buffer per datagram: the largest RoCEv2 UDP payload (4096 B MTU + 40 B of
-/// headers + pad + ICRC) with room to spare, so anything larger is seen as truncated.
-constexpr size_t kRxBufferBytes = 4096 + 256;
+/// Largest RoCEv2 UDP payload accepted (4096 B MTU + 40 B of headers + pad + ICRC, with
+/// room to spare); anything larger is dropped as malformed.
+constexpr size_t kMaxRocePacketBytes = 4096 + 256;
+/// Receive buffer per datagram without GRO: one packet, and larger ones show as truncated.
+constexpr size_t kRxBufferBytes = kMaxRocePacketBytes;
 /// Packets processed per progress round before timers and other work get a turn.
 constexpr size_t kRxBudget = 1024;
 /// RoCEv2 headers a packet adds on top of the IB MTU, as rxe budgets them (RXE_MAX_HDR_LENGTH).
@@ -72,6 +74,17 @@ bool DeviceConfig::from_environment(DeviceConfig& out, std::string& error) {
     }
   }
   if (const char* p = std::getenv("SOFTRDMA_PCAP"); p && *p) c.pcap_path = p;
+  if (const char* g = std::getenv("SOFTRDMA_GSO"); g && *g) {
+    const std::string v = g;
+    if (v == "1" || v == "on")
+      c.udp_offload = true;
+    else if (v == "0" || v == "off")
+      c.udp_offload = false;
+    else {
+      error = "SOFTRDMA_GSO: expected 1/on or 0/off, got '" + v + "'";
+      return false;
+    }
+  }
   if (const char* n = std::getenv("SOFTRDMA_NETEM"); n && *n) {
     std::string e;
     if (!net::parse_netem(n, c.netem, e)) {
@@ -120,12 +133,18 @@ std::unique_ptr<Device> Device::open(const DeviceConfig& cfg, int& err) {
   std::random_device rd;
   d->next_qpn_ = 0x100 + (rd() % 0x100000);
 
+  // UDP GSO/GRO: several RoCEv2 packets per system call each way (docs/performance.md).
+  if (cfg.udp_offload) {
+    d->port_.enable_gso();
+    d->port_.enable_gro();
+  }
+  const size_t rx_bytes = d->port_.gro() ? net::kMaxGsoBytes : kRxBufferBytes;
   d->tx_.resize(kTxBatch);
-  d->rx_buffers_.assign(kRxBatch, std::vector<uint8_t>(kRxBufferBytes));
+  d->rx_buffers_.assign(kRxBatch, std::vector<uint8_t>(rx_bytes));
   d->rx_slots_.resize(kRxBatch);
   for (size_t i = 0; i < kRxBatch; ++i) {
     d->rx_slots_[i].data = d->rx_buffers_[i].data();
-    d->rx_slots_[i].capacity = kRxBufferBytes;
+    d->rx_slots_[i].capacity = rx_bytes;
   }
 
   d->epoll_fd_ = ::epoll_create1(EPOLL_CLOEXEC);
@@ -140,9 +159,10 @@ std::unique_ptr<Device> Device::open(const DeviceConfig& cfg, int& err) {
   ::epoll_ctl(d->epoll_fd_, EPOLL_CTL_ADD, d->port_.fd(), &ev);
   ev.data.fd = d->event_fd_;
   ::epoll_ctl(d->epoll_fd_, EPOLL_CTL_ADD, d->event_fd_, &ev);
-  log().info("device srdma0 bound to {}:{} (netdev MTU {}, active MTU {})",
+  log().info("device srdma0 bound to {}:{} (netdev MTU {}, active MTU {}, UDP GSO {}, GRO {})",
              net::ipv4_to_string(d->ip()), wire::kRoceV2Port, d->netdev_mtu_,
-             mtu_bytes(d->active_mtu_));
+             mtu_bytes(d->active_mtu_), d->port_.gso() ? "on" : "off",
+             d->port_.gro() ? "on" : "off");
   d->thread_ = std::thread([dev = d.get()] { dev->progress_thread(); });
   return d;
 }
@@ -236,7 +256,7 @@ void Device::transmit(wire::Headers h, uint32_t dst_ip, std::span<const iovec> p
     bump(counters_->emulated_drops);
     return;
   }
-  if (tx_count_ == tx_.size()) flush();
+  if (tx_count_ == tx_.size()) send_queued();
   TxSlot& s = tx_[tx_count_];
   const uint8_t pad = wire::pad_for(payload_len);
   h.bth.pad_count = pad;
@@ -244,6 +264,9 @@ void Device::transmit(wire::Headers h, uint32_t dst_ip, std::span<const iovec> p
   if (hlen == 0) return;  // unknown opcode: a bug in the caller, never sent
   const size_t udp_len = hlen + payload_len + pad + wire::kIcrcBytes;
 
+  // The ICRC for IPv4 id 0, what the kernel sends from this unconnected DF socket; a
+  // packet that leaves as segment k of a GSO batch gets its ICRC moved to id k in
+  // send_queued().
   wire::Ipv4UdpTuple tuple;
   tuple.src_ip = ip();
   tuple.dst_ip = dst_ip;
@@ -255,59 +278,123 @@ void Device::transmit(wire::Headers h, uint32_t dst_ip, std::span<const iovec> p
     crc.update(std::span<const uint8_t>(static_cast<const uint8_t*>(v.iov_base), v.iov_len));
   std::memset(s.trailer, 0, sizeof s.trailer);
   if (pad) crc.update(std::span<const uint8_t>(s.trailer, pad));
-  const uint32_t icrc = crc.finish();
-  for (int i = 0; i < 4; ++i) s.trailer[pad + i] = static_cast<uint8_t>(icrc >> (8 * i));
-
+  s.icrc = crc.finish();
+  s.pad = pad;
   s.iov.clear();
   s.iov.push_back({s.hdr, hlen});
   for (const iovec& v : payload)
     if (v.iov_len) s.iov.push_back(v);
   s.iov.push_back({s.trailer, size_t{pad} + wire::kIcrcBytes});
   s.dst_ip = dst_ip;
-  if (pcap_) {
-    // What the kernel puts on the wire from this unconnected DF socket: id 0, DF, the
-    // socket's TTL and TOS.
-    pcap_->record({ip(), dst_ip, wire::kRoceV2Port, wire::kRoceV2Port, 0, true, tx_ttl_, tx_tos_},
-                  s.iov);
-    pcap_dirty_ = true;
-  }
+  s.udp_len = static_cast<uint32_t>(udp_len);
   ++tx_count_;
   bump(counters_->sent_pkts);
   bump(counters_->sent_bytes, udp_len);
 }
 
 void Device::flush() {
+  // Coalesced ACKs go last: whatever else is queued (a reply SEND, READ responses) reaches
+  // the peer first, and an ACK never costs a system call of its own when a post follows.
+  for (uint32_t qpn : ack_dirty_) {
+    auto it = qps_.find(qpn);
+    if (it != qps_.end()) responder::flush_ack(*it->second, *this);
+  }
+  ack_dirty_.clear();
+  acks_waiting_.store(false, std::memory_order_relaxed);
+  send_queued();
+}
+
+void Device::send_queued() {
+  if (tx_count_ == 0) {
+    if (pcap_dirty_) {
+      pcap_->flush();
+      pcap_dirty_ = false;
+    }
+    return;
+  }
+  tx_iov_.clear();
+  tx_batch_.clear();
+  std::vector<std::pair<size_t, size_t>>& ranges = tx_ranges_;  // (first iov, count)
+  ranges.clear();
+  for (size_t i = 0; i < tx_count_;) {
+    // A GSO run: consecutive packets to one peer, all of the first one's size except a
+    // shorter last one (UDP_SEGMENT cuts at a fixed size), within the kernel's limits.
+    const uint32_t seg = tx_[i].udp_len;
+    size_t j = i + 1, total = seg;
+    if (port_.gso()) {
+      while (j < tx_count_ && j - i < net::kMaxGsoSegments && tx_[j].dst_ip == tx_[i].dst_ip &&
+             tx_[j - 1].udp_len == seg && tx_[j].udp_len <= seg &&
+             total + tx_[j].udp_len <= net::kMaxGsoBytes) {
+        total += tx_[j].udp_len;
+        ++j;
+      }
+    }
+    const size_t first_iov = tx_iov_.size();
+    for (size_t k = i; k < j; ++k) {
+      TxSlot& s = tx_[k];
+      const uint16_t id = static_cast<uint16_t>(k - i);
+      const uint32_t icrc = id ? wire::icrc_with_ip_id(s.icrc, 0, id, s.udp_len) : s.icrc;
+      for (int b = 0; b < 4; ++b) s.trailer[s.pad + b] = static_cast<uint8_t>(icrc >> (8 * b));
+      if (pcap_) {
+        // What crosses the wire: id 0 from this unconnected DF socket, k for GSO segment
+        // k; DF, the socket's TTL and TOS.
+        pcap_->record({ip(), s.dst_ip, wire::kRoceV2Port, wire::kRoceV2Port, id, true, tx_ttl_,
+                       tx_tos_},
+                      s.iov);
+        pcap_dirty_ = true;
+      }
+      tx_iov_.insert(tx_iov_.end(), s.iov.begin(), s.iov.end());
+    }
+    ranges.emplace_back(first_iov, tx_iov_.size() - first_iov);
+    tx_batch_.push_back({nullptr, 0, tx_[i].dst_ip, wire::kRoceV2Port,
+                         static_cast<uint16_t>(j - i > 1 ? seg : 0)});
+    if (j - i > 1) bump(counters_->sent_gso_batches);
+    i = j;
+  }
+  for (size_t b = 0; b < tx_batch_.size(); ++b) {
+    tx_batch_[b].iov = tx_iov_.data() + ranges[b].first;
+    tx_batch_[b].iov_count = ranges[b].second;
+  }
   if (pcap_dirty_) {
     pcap_->flush();
     pcap_dirty_ = false;
   }
-  if (tx_count_ == 0) return;
-  net::TxDatagram batch[kTxBatch];
-  for (size_t i = 0; i < tx_count_; ++i)
-    batch[i] = {tx_[i].iov.data(), tx_[i].iov.size(), tx_[i].dst_ip, wire::kRoceV2Port};
   size_t errors = 0;
-  port_.send_batch(std::span<const net::TxDatagram>(batch, tx_count_), errors);
+  port_.send_batch(tx_batch_, errors);
   if (errors) bump(counters_->send_err, errors);
   tx_count_ = 0;
 }
 
 void Device::handle_datagram(const net::RxDatagram& d) {
-  const std::span<const uint8_t> bytes(d.data, d.length);
+  if (d.segment_size == 0) return handle_packet(d, d.data, d.length, 0);
+  // UDP GRO: back-to-back packets of segment_size bytes, the last possibly shorter. A
+  // softrdma sender's GSO batch arrives whole on loopback, so segment k carries IPv4 id k:
+  // check that first (exact), else icrc_verify solves for the id.
+  bump(counters_->rcvd_gro_batches);
+  uint16_t k = 0;
+  for (size_t off = 0; off < d.length; off += d.segment_size, ++k)
+    handle_packet(d, d.data + off, std::min<size_t>(d.segment_size, d.length - off), k);
+}
+
+void Device::handle_packet(const net::RxDatagram& d, const uint8_t* data, size_t length,
+                           uint16_t ip_id_hint) {
+  const std::span<const uint8_t> bytes(data, length);
   wire::Packet pkt;
   wire::ParseError perr = wire::ParseError::kTruncated;
-  if (!d.truncated && d.length >= wire::kBthBytes + wire::kIcrcBytes)
-    perr = wire::parse(bytes, pkt);
+  const bool too_long = d.truncated || length > kMaxRocePacketBytes;
+  if (!too_long && length >= wire::kBthBytes + wire::kIcrcBytes) perr = wire::parse(bytes, pkt);
   wire::Ipv4UdpTuple tuple;
   tuple.src_ip = d.src_ip;
   tuple.dst_ip = ip();
   tuple.src_port = d.src_port;
   tuple.dst_port = wire::kRoceV2Port;
+  tuple.ip_id = ip_id_hint;
   wire::IcrcVerdict v;
   if (perr == wire::ParseError::kOk) v = wire::icrc_verify(tuple, bytes);
   if (pcap_) {
     // The IPv4 id and DF a UDP socket never sees come from the ICRC (see wire/icrc.h);
     // TTL and TOS from IP_RECVTTL / IP_RECVTOS.
-    const iovec whole{d.data, d.length};
+    const iovec whole{const_cast<uint8_t*>(data), length};
     pcap_->record({d.src_ip, ip(), d.src_port, wire::kRoceV2Port, v.ok ? v.ip_id : uint16_t{0},
                    v.ok ? v.dont_fragment : true, d.ttl, d.tos},
                   std::span<const iovec>(&whole, 1));
@@ -316,16 +403,17 @@ void Device::handle_datagram(const net::RxDatagram& d) {
   if (perr != wire::ParseError::kOk) {
     bump(counters_->rcvd_malformed);
     log().debug("drop from {}: {}", net::ipv4_to_string(d.src_ip),
-                d.truncated ? "larger than any RoCEv2 packet" : wire::to_string(perr));
+                too_long ? "larger than any RoCEv2 packet" : wire::to_string(perr));
     return;
   }
   if (!v.ok) {
     bump(counters_->rcvd_icrc_err);
-    log().debug("drop from {}: ICRC mismatch (opcode {:#x} psn {})", net::ipv4_to_string(d.src_ip),
-                pkt.hdr.bth.opcode, pkt.hdr.bth.psn);
+    log().debug("drop from {}: ICRC mismatch (opcode {:#x} psn {})",
+                net::ipv4_to_string(d.src_ip), pkt.hdr.bth.opcode, pkt.hdr.bth.psn);
     return;
   }
-  if (!v.exact) bump(counters_->rcvd_icrc_id_recovered);
+  // Ids of our own GSO segments are expected (hint), not "recovered".
+  if (!v.exact && v.ip_id != ip_id_hint) bump(counters_->rcvd_icrc_id_recovered);
   if (pkt.info->mask & wire::kIsCnp) return;  // congestion notification: no rate control yet
   if ((pkt.hdr.bth.pkey & 0x7fff) != (wire::kDefaultPkey & 0x7fff)) {
     bump(counters_->rcvd_malformed);
@@ -347,7 +435,7 @@ void Device::handle_datagram(const net::RxDatagram& d) {
     return;
   }
   bump(counters_->rcvd_pkts);
-  bump(counters_->rcvd_bytes, d.length);
+  bump(counters_->rcvd_bytes, length);
   if (request) {
     responder::on_request(qp, pkt, *this);
     if (qp.resp.ack_pending) ack_dirty_.push_back(qp.qpn());
@@ -362,14 +450,14 @@ size_t Device::receive_locked() {
     const size_t n = port_.recv_batch(rx_slots_);
     if (n == 0) break;
     for (size_t i = 0; i < n; ++i) handle_datagram(rx_slots_[i]);
-    // Coalesced ACKs: one per QP per batch, for the newest PSN that asked for one.
-    for (uint32_t qpn : ack_dirty_) {
-      auto it = qps_.find(qpn);
-      if (it != qps_.end()) responder::flush_ack(*it->second, *this);
-    }
-    ack_dirty_.clear();
-    flush();
     total += n;
+    // Responses (READ data, atomic ACKs) and requests the completer released go out now.
+    // Coalesced ACKs too while more may be waiting (they open the peer's window); after
+    // the batch that emptied the socket they wait for the end of the round (flush()).
+    if (n == rx_slots_.size())
+      flush();
+    else
+      send_queued();
   }
   return total;
 }
@@ -405,7 +493,23 @@ void Device::try_progress() {
   last_inline_poll_ns_.store(now, std::memory_order_relaxed);
   std::unique_lock lk(mu_, std::try_to_lock);
   if (!lk) return;
-  progress_locked(now);
+  receive_locked();
+  run_timers_locked(now);
+  // A poll that produced only ACKs returns to the application before sending them: the
+  // application's next post (a reply, in a ping-pong) carries them in the same system
+  // call, after the reply, or its next poll sends them. At most one poll defers them; the
+  // progress thread sends whatever is left when the application stops polling.
+  //
+  // Deferring is safe only while the progress thread sleeps with a deadline (it then wakes
+  // within kPollerActiveNs and sends them once polling stops): acks_waiting_ and
+  // thread_timed_ form a Dekker pair with the thread's check before an untimed sleep.
+  if (tx_count_ == 0 && !ack_dirty_.empty() && !ack_deferred_) {
+    ack_deferred_ = true;
+    acks_waiting_.store(true);
+    if (thread_timed_.load()) return;
+  }
+  ack_deferred_ = false;
+  flush();
 }
 
 void Device::watch_socket(bool on) {
@@ -441,6 +545,8 @@ void Device::progress_thread() {
       until = last_poll + kPollerActiveNs;
     timespec ts{};
     timespec* timeout = nullptr;  // sleep until an event
+    thread_timed_.store(until != 0);
+    if (!until && acks_waiting_.load()) until = now;  // an app deferred ACKs: send them now
     if (until) {
       const uint64_t left = until > now ? until - now : 0;
       ts.tv_sec = static_cast<time_t>(left / 1'000'000'000);

@@ -47,8 +47,11 @@ struct DeviceConfig {
   /// Write every RoCEv2 packet sent and received to this pcap file ("%p" → pid, "%a" →
   /// address); empty: no capture.
   std::string pcap_path;
+  /// UDP GSO on send and GRO on receive where the kernel has them (SOFTRDMA_GSO=0 turns
+  /// both off: one datagram per packet, e.g. so `tcpdump -i lo` shows every packet).
+  bool udp_offload = true;
 
-  /// Reads SOFTRDMA_ADDR, SOFTRDMA_NETEM and SOFTRDMA_PCAP. Returns false with `error` set when a
+  /// Reads SOFTRDMA_ADDR, SOFTRDMA_NETEM, SOFTRDMA_PCAP and SOFTRDMA_GSO. Returns false with `error` set when a
   /// variable is malformed.
   static bool from_environment(DeviceConfig& out, std::string& error);
 };
@@ -102,7 +105,7 @@ class Device final : public Transport {
   uint64_t now_ns() override;
   void timer_armed(QueuePair& qp, uint64_t deadline_ns) override;
 
-  /// Sends everything queued by transmit() (device lock held).
+  /// Sends everything queued by transmit(), then the coalesced ACKs (device lock held).
   void flush() override;
 
  private:
@@ -111,6 +114,9 @@ class Device final : public Transport {
   void progress_locked(uint64_t now);  // receive, timers, flush
   size_t receive_locked();
   void handle_datagram(const net::RxDatagram& d);
+  void handle_packet(const net::RxDatagram& d, const uint8_t* data, size_t length,
+                     uint16_t ip_id_hint);
+  void send_queued();  // sends tx_ (GSO runs per peer), ACKs excluded
   void run_timers_locked(uint64_t now);
   void wake();
   void watch_socket(bool on);
@@ -120,6 +126,9 @@ class Device final : public Transport {
     uint8_t trailer[8];  // pad + ICRC
     std::vector<iovec> iov;
     uint32_t dst_ip;
+    uint32_t udp_len;  // BTH … ICRC, bytes
+    uint32_t icrc;     // for IPv4 id 0
+    uint8_t pad;
   };
 
   std::mutex mu_;
@@ -154,6 +163,12 @@ class Device final : public Transport {
 
   std::vector<TxSlot> tx_;
   size_t tx_count_ = 0;
+  std::vector<iovec> tx_iov_;          // send_queued(): every run's gather list
+  std::vector<net::TxDatagram> tx_batch_;
+  std::vector<std::pair<size_t, size_t>> tx_ranges_;
+  bool ack_deferred_ = false;          // try_progress() left ACKs for the next post/poll
+  std::atomic<bool> acks_waiting_{false};   // deferred ACKs not yet sent (seq_cst, see try_progress)
+  std::atomic<bool> thread_timed_{false};   // progress thread sleeps with a deadline
   std::vector<std::vector<uint8_t>> rx_buffers_;
   std::vector<net::RxDatagram> rx_slots_;
 

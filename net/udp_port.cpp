@@ -2,9 +2,12 @@
 
 #include <arpa/inet.h>
 #include <errno.h>
+#include <netinet/udp.h>
 #include <unistd.h>
 
 #include <array>
+#include <utility>
+#include <vector>
 #include <cstring>
 
 namespace softrdma::net {
@@ -53,11 +56,84 @@ int UdpPort::bind(uint32_t ip, uint16_t port, int buffer_bytes) {
   return 0;
 }
 
+#ifndef UDP_SEGMENT
+#define UDP_SEGMENT 103
+#endif
+#ifndef UDP_GRO
+#define UDP_GRO 104
+#endif
+
+bool UdpPort::enable_gso() {
+  // Probe: setting a socket-wide segment size of 0 (off) succeeds only where the option
+  // exists (Linux ≥ 4.18); sends then set the size per message in a cmsg.
+  int zero = 0;
+  gso_ = setsockopt(fd_, SOL_UDP, UDP_SEGMENT, &zero, sizeof zero) == 0;
+  return gso_;
+}
+
+bool UdpPort::enable_gro() {
+  int on = 1;
+  gro_ = setsockopt(fd_, SOL_UDP, UDP_GRO, &on, sizeof on) == 0;
+  return gro_;
+}
+
 size_t UdpPort::send_batch(std::span<const TxDatagram> batch, size_t& errors) {
   errors = 0;
   constexpr size_t kMax = 64;
+  constexpr size_t kCtl = CMSG_SPACE(sizeof(uint16_t));
   std::array<mmsghdr, kMax> msgs;
   std::array<sockaddr_in, kMax> addrs;
+  alignas(cmsghdr) std::array<std::array<uint8_t, kCtl>, kMax> ctl;
+  // Without GSO a segmented datagram goes out segment by segment (as its own sendmmsg
+  // entries): split its gather list at segment boundaries.
+  std::vector<TxDatagram> split;
+  std::vector<iovec> split_iov;
+  if (!gso_) {
+    bool any = false;
+    for (const TxDatagram& d : batch) any |= d.segment_size != 0;
+    if (any) {
+      size_t total_iov = 0;
+      for (const TxDatagram& d : batch) total_iov += d.iov_count * 2 + 1;
+      split_iov.reserve(total_iov * 2);
+      std::vector<std::pair<size_t, size_t>> ranges;  // (first iov, count) per datagram
+      std::vector<const TxDatagram*> owner;
+      for (const TxDatagram& d : batch) {
+        if (!d.segment_size) {
+          ranges.emplace_back(split_iov.size(), d.iov_count);
+          split_iov.insert(split_iov.end(), d.iov, d.iov + d.iov_count);
+          owner.push_back(&d);
+          continue;
+        }
+        size_t left = d.segment_size, first = split_iov.size();
+        for (size_t k = 0; k < d.iov_count; ++k) {
+          auto* p = static_cast<uint8_t*>(d.iov[k].iov_base);
+          size_t len = d.iov[k].iov_len;
+          while (len) {
+            const size_t take = std::min(len, left);
+            split_iov.push_back({p, take});
+            p += take;
+            len -= take;
+            left -= take;
+            if (left == 0) {
+              ranges.emplace_back(first, split_iov.size() - first);
+              owner.push_back(&d);
+              first = split_iov.size();
+              left = d.segment_size;
+            }
+          }
+        }
+        if (split_iov.size() > first) {
+          ranges.emplace_back(first, split_iov.size() - first);
+          owner.push_back(&d);
+        }
+      }
+      split.reserve(ranges.size());
+      for (size_t i = 0; i < ranges.size(); ++i)
+        split.push_back({split_iov.data() + ranges[i].first, ranges[i].second, owner[i]->dst_ip,
+                         owner[i]->dst_port, 0});
+      batch = split;
+    }
+  }
   size_t done = 0;
   while (done < batch.size()) {
     size_t n = std::min(kMax, batch.size() - done);
@@ -72,6 +148,15 @@ size_t UdpPort::send_batch(std::span<const TxDatagram> batch, size_t& errors) {
       msgs[i].msg_hdr.msg_namelen = sizeof(sockaddr_in);
       msgs[i].msg_hdr.msg_iov = const_cast<iovec*>(d.iov);
       msgs[i].msg_hdr.msg_iovlen = d.iov_count;
+      if (d.segment_size) {
+        msgs[i].msg_hdr.msg_control = ctl[i].data();
+        msgs[i].msg_hdr.msg_controllen = kCtl;
+        cmsghdr* c = CMSG_FIRSTHDR(&msgs[i].msg_hdr);
+        c->cmsg_level = SOL_UDP;
+        c->cmsg_type = UDP_SEGMENT;
+        c->cmsg_len = CMSG_LEN(sizeof(uint16_t));
+        std::memcpy(CMSG_DATA(c), &d.segment_size, sizeof(uint16_t));
+      }
     }
     int r = ::sendmmsg(fd_, msgs.data(), static_cast<unsigned>(n), MSG_DONTWAIT);
     if (r < 0) {
@@ -110,7 +195,7 @@ uint8_t UdpPort::tx_tos() const {
 
 size_t UdpPort::recv_batch(std::span<RxDatagram> slots) {
   constexpr size_t kMax = 64;
-  constexpr size_t kCtl = CMSG_SPACE(sizeof(int)) * 2;
+  constexpr size_t kCtl = CMSG_SPACE(sizeof(int)) * 3;
   std::array<mmsghdr, kMax> msgs;
   std::array<iovec, kMax> iovs;
   std::array<sockaddr_in, kMax> addrs;
@@ -123,7 +208,7 @@ size_t UdpPort::recv_batch(std::span<RxDatagram> slots) {
     msgs[i].msg_hdr.msg_namelen = sizeof(sockaddr_in);
     msgs[i].msg_hdr.msg_iov = &iovs[i];
     msgs[i].msg_hdr.msg_iovlen = 1;
-    if (header_info_) {
+    if (header_info_ || gro_) {
       msgs[i].msg_hdr.msg_control = ctl[i].data();
       msgs[i].msg_hdr.msg_controllen = kCtl;
     }
@@ -140,8 +225,16 @@ size_t UdpPort::recv_batch(std::span<RxDatagram> slots) {
     s.src_ip = ntohl(addrs[i].sin_addr.s_addr);
     s.src_port = ntohs(addrs[i].sin_port);
     s.ttl = s.tos = 0;
-    if (!header_info_) continue;
+    s.segment_size = 0;
+    if (!header_info_ && !gro_) continue;
     for (cmsghdr* c = CMSG_FIRSTHDR(&msgs[i].msg_hdr); c; c = CMSG_NXTHDR(&msgs[i].msg_hdr, c)) {
+      if (c->cmsg_level == SOL_UDP && c->cmsg_type == UDP_GRO) {
+        int v;
+        std::memcpy(&v, CMSG_DATA(c), sizeof v);
+        // A "coalesced" buffer of one datagram is just a datagram.
+        if (v > 0 && static_cast<size_t>(v) < s.length) s.segment_size = static_cast<uint16_t>(v);
+        continue;
+      }
       if (c->cmsg_level != IPPROTO_IP) continue;
       if (c->cmsg_type == IP_TTL) {
         int v;

@@ -19,13 +19,22 @@ std::string ipv4_to_string(uint32_t host_order_ip);
 /// Parses a dotted quad; returns false on malformed input.
 bool ipv4_from_string(const std::string& s, uint32_t& host_order_ip);
 
-/// One datagram to send: a gather list and the destination (host order).
+/// One datagram to send: a gather list and the destination (host order). With
+/// `segment_size` set (UDP GSO, Linux udp(7) UDP_SEGMENT) the kernel cuts the gathered bytes
+/// into datagrams of `segment_size` bytes each, the last one possibly shorter; each
+/// becomes its own UDP datagram on the wire (IPv4 ids counting up from the first's).
 struct TxDatagram {
   const iovec* iov = nullptr;
   size_t iov_count = 0;
   uint32_t dst_ip = 0;
   uint16_t dst_port = 0;
+  uint16_t segment_size = 0;  ///< 0: one datagram; else GSO segment size, bytes
 };
+
+/// Most segments one GSO send may carry (the kernel's UDP_MAX_SEGMENTS is 64 or more).
+inline constexpr size_t kMaxGsoSegments = 64;
+/// Most bytes one GSO send may carry: one IPv4 datagram's worth (65535 − 20 − 8).
+inline constexpr size_t kMaxGsoBytes = 65507;
 
 /// One received datagram: bytes in a caller-provided buffer and where they came from.
 struct RxDatagram {
@@ -33,6 +42,10 @@ struct RxDatagram {
   size_t capacity = 0;       ///< its size, bytes
   size_t length = 0;         ///< bytes received (valid after recv_batch)
   bool truncated = false;    ///< datagram was larger than capacity (MSG_TRUNC)
+  /// UDP GRO (after enable_gro()): the kernel coalesced datagrams of this size (bytes), all
+  /// from one sender; the buffer holds them back to back, the last possibly shorter.
+  /// 0: the buffer is one datagram.
+  uint16_t segment_size = 0;
   uint32_t src_ip = 0;       ///< host order
   uint16_t src_port = 0;
   uint8_t ttl = 0;           ///< IPv4 TTL as received (after enable_header_info(); else 0)
@@ -63,6 +76,17 @@ class UdpPort {
   /// lost: RoCE recovers them by retransmission); `errors` gets the number refused.
   size_t send_batch(std::span<const TxDatagram> batch, size_t& errors);
 
+  /// Turns on UDP_SEGMENT (GSO) sends if the kernel supports it; returns whether it
+  /// does. Without it, send_batch() sends TxDatagrams with segment_size set as separate
+  /// datagrams (the same bytes on the wire, one system call per segment batch).
+  bool enable_gso();
+  bool gso() const { return gso_; }
+  /// Turns on UDP_GRO receives (coalesced datagrams, reported through
+  /// RxDatagram::segment_size; give recv_batch buffers of kMaxGsoBytes). Returns whether
+  /// the kernel supports it.
+  bool enable_gro();
+  bool gro() const { return gro_; }
+
   /// Asks the kernel to report each received datagram's IPv4 TTL and TOS (IP_RECVTTL,
   /// IP_RECVTOS) — packet capture wants the headers that crossed the wire.
   void enable_header_info();
@@ -78,6 +102,8 @@ class UdpPort {
   int fd_ = -1;
   uint32_t ip_ = 0;
   bool header_info_ = false;
+  bool gso_ = false;
+  bool gro_ = false;
 };
 
 }  // namespace softrdma::net

@@ -119,6 +119,27 @@ constexpr std::array<uint32_t, 64> make_unshift_table() {
 constexpr std::array<uint32_t, 64> kUnshift8 = make_unshift_table();
 static_assert(multmodp(kUnshift8[0], xpowmodp(8)) == 1u << 31);
 
+/// x^(8·2^k) mod P for k = 0..63.
+constexpr std::array<uint32_t, 64> make_shift_table() {
+  std::array<uint32_t, 64> t{};
+  uint32_t p = xpowmodp(8);
+  for (auto& e : t) {
+    e = p;
+    p = multmodp(p, p);
+  }
+  return t;
+}
+constexpr std::array<uint32_t, 64> kShift8 = make_shift_table();
+
+/// x^(8·n) mod P: advancing a raw CRC state over n zero bytes multiplies it by this.
+uint32_t shift_bytes(uint64_t n) {
+  uint32_t p = 1u << 31;
+  for (size_t k = 0; n != 0; ++k, n >>= 1) {
+    if (n & 1) p = multmodp(kShift8[k], p);
+  }
+  return p;
+}
+
 /// x^(−8·n) mod P.
 uint32_t unshift_bytes(uint64_t n) {
   uint32_t p = 1u << 31;
@@ -189,6 +210,20 @@ constexpr Echelon make_echelon() {
 }
 
 constexpr Echelon kEchelon = make_echelon();
+
+/// Effect of each IPv4 id bit on the raw CRC state right after the 8-byte prefix.
+constexpr std::array<uint32_t, 16> make_id_effects() {
+  std::array<uint32_t, 16> e{};
+  for (int i = 0; i < 16; ++i) {
+    uint8_t prefix[kPrefixBytes] = {};
+    const uint16_t v = static_cast<uint16_t>(1u << i);
+    prefix[kIdOffset] = static_cast<uint8_t>(v >> 8);
+    prefix[kIdOffset + 1] = static_cast<uint8_t>(v);
+    e[static_cast<size_t>(i)] = raw_crc(prefix, kPrefixBytes);
+  }
+  return e;
+}
+constexpr std::array<uint32_t, 16> kIdEffect = make_id_effects();
 // The effects are linearly independent (a 32-bit CRC detects every error burst of at
 // most 32 bits, and the unknowns lie within 23 bits of the message), so the (id, DF) that
 // explains a given ICRC difference, if any, is unique.
@@ -239,6 +274,24 @@ uint32_t icrc_compute(const Ipv4UdpTuple& t,
                       udp_payload_without_icrc.first(bth_len));
   acc.update(udp_payload_without_icrc.subspan(bth_len));
   return acc.finish();
+}
+
+uint32_t icrc_with_ip_id(uint32_t icrc, uint16_t from_id, uint16_t ip_id,
+                         size_t udp_payload_bytes) noexcept {
+  uint32_t effect = 0;
+  for (unsigned d = static_cast<uint16_t>(from_id ^ ip_id), i = 0; d; d >>= 1, ++i)
+    if (d & 1) effect ^= kIdEffect[i];
+  if (effect == 0 || udp_payload_bytes < kIcrcBytes) return icrc;
+  // Bytes CRC'd after the prefix: the rest of IPv4 + UDP, then BTH … pad.
+  const uint64_t rest = kIpv4Bytes + kUdpBytes + udp_payload_bytes - kIcrcBytes - kPrefixBytes;
+  // Segments of one GSO batch share their length: keep the last shift.
+  thread_local uint64_t cached_rest = ~0ull;
+  thread_local uint32_t cached_shift = 0;
+  if (rest != cached_rest) {
+    cached_shift = shift_bytes(rest);
+    cached_rest = rest;
+  }
+  return icrc ^ multmodp(cached_shift, effect);
 }
 
 IcrcVerdict icrc_verify(const Ipv4UdpTuple& t, std::span<const uint8_t> udp_payload) noexcept {

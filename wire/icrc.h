@@ -60,6 +60,14 @@ class IcrcAccumulator {
 uint32_t icrc_compute(const Ipv4UdpTuple& t,
                       std::span<const uint8_t> udp_payload_without_icrc) noexcept;
 
+/// The ICRC of the same packet sent with IPv4 id `ip_id` instead of the id `icrc` was
+/// computed for (`from_id`). `udp_payload_bytes` is the whole UDP payload, BTH … ICRC. The
+/// CRC is affine in the id bits (see icrc_verify), so this costs a few GF(2) products, not
+/// a pass over the packet. UDP GSO senders use it: the kernel gives segment k of a batch
+/// the first segment's id + k.
+uint32_t icrc_with_ip_id(uint32_t icrc, uint16_t from_id, uint16_t ip_id,
+                         size_t udp_payload_bytes) noexcept;
+
 /// Outcome of checking a received packet's ICRC.
 struct IcrcVerdict {
   bool ok = false;            ///< some (id, DF) explains the received ICRC
