@@ -204,11 +204,17 @@ void on_atomic_ack(QueuePair& qp, const wire::Packet& pkt, Transport& t) {
 
 void on_response(QueuePair& qp, const wire::Packet& pkt, Transport& t) {
   const uint32_t psn = pkt.hdr.bth.psn;
-  // Only PSNs that were sent and are not yet acknowledged mean anything; an ACK for
-  // comp.psn − 1 is a harmless duplicate.
+  // Only PSNs that were sent and are not yet acknowledged mean anything; a positive ACK
+  // for comp.psn − 1 is a harmless duplicate. A NAK or RNR NAK for comp.psn − 1 is not:
+  // it names a request already known to be executed (no responder sends one; a duplicated
+  // or forged packet does), and acting on it would fail the QP or rewind the requester to
+  // a PSN the responder has executed, so the next message would be taken for a duplicate
+  // and silently lost while completing successfully.
+  const bool positive_ack =
+      pkt.hdr.bth.opcode == static_cast<uint8_t>(wire::Opcode::kAcknowledge) &&
+      wire::aeth_kind(pkt.hdr.aeth.syndrome) == wire::AckKind::kAck;
   if (psn_diff(psn, qp.req.max_psn) >= 0 || psn_diff(psn, qp.comp.psn) < -1 ||
-      (psn_diff(psn, qp.comp.psn) == -1 &&
-       pkt.hdr.bth.opcode != static_cast<uint8_t>(wire::Opcode::kAcknowledge))) {
+      (psn_diff(psn, qp.comp.psn) == -1 && !positive_ack)) {
     bump(t.counters().rcvd_stale_response);
     return;
   }
