@@ -19,6 +19,7 @@ void note_progress(QueuePair& qp, Transport& t, uint32_t old_psn) {
                                    qp.req.cwnd + uint32_t(psn_diff(qp.comp.psn, old_psn)));
   qp.comp.retry_left = qp.attr.retry_cnt;
   qp.comp.rnr_retry_left = qp.attr.rnr_retry;
+  qp.comp.nak_retry_started = false;
   qp.comp.last_progress_ns = t.now_ns();
   auto& inflight = qp.comp.rd_atomic_inflight;
   while (!inflight.empty() && psn_diff(inflight.front(), qp.comp.psn) < 0) inflight.pop_front();
@@ -112,7 +113,17 @@ void on_ack(QueuePair& qp, const wire::Packet& pkt, Transport& t) {
         case wire::NakCode::kPsnSequenceError:
           bump(t.counters().rcvd_seq_err);
           if (qp.req.rnr_wait) return;  // the RNR retry goes back to this PSN anyway
-          if (!progressed && !retry_budget(qp, t)) return;
+          if (!progressed) {
+            // Once a NAK has started a go-back-N, more NAKs for the same PSN before any
+            // progress start no other (rxe: "if we've started a retry, don't start another
+            // retry sequence, unless this is a timeout"). Otherwise each request an attacker
+            // forges far ahead of the responder's expected PSN — each draws a genuine
+            // sequence NAK — cost a go-back-N round and one retry, and a few of them
+            // exhausted retry_cnt (observed under load in the hostile-packet tests).
+            if (qp.comp.nak_retry_started) return;
+            if (!retry_budget(qp, t)) return;
+            qp.comp.nak_retry_started = true;
+          }
           qp.req.cwnd = std::max<uint32_t>(1, qp.req.cwnd / 2);
           retry_from(qp, psn, "sequence NAK");
           return;
