@@ -19,6 +19,7 @@ void note_progress(QueuePair& qp, Transport& t, uint32_t old_psn) {
                                    qp.req.cwnd + uint32_t(psn_diff(qp.comp.psn, old_psn)));
   qp.comp.retry_left = qp.attr.retry_cnt;
   qp.comp.rnr_retry_left = qp.attr.rnr_retry;
+  qp.comp.nak_retry_started = false;
   qp.comp.last_progress_ns = t.now_ns();
   auto& inflight = qp.comp.rd_atomic_inflight;
   while (!inflight.empty() && psn_diff(inflight.front(), qp.comp.psn) < 0) inflight.pop_front();
@@ -112,7 +113,17 @@ void on_ack(QueuePair& qp, const wire::Packet& pkt, Transport& t) {
         case wire::NakCode::kPsnSequenceError:
           bump(t.counters().rcvd_seq_err);
           if (qp.req.rnr_wait) return;  // the RNR retry goes back to this PSN anyway
-          if (!progressed && !retry_budget(qp, t)) return;
+          if (!progressed) {
+            // Once a NAK has started a go-back-N, more NAKs for the same PSN before any
+            // progress start no other (rxe: "if we've started a retry, don't start another
+            // retry sequence, unless this is a timeout"). Otherwise each request an attacker
+            // forges far ahead of the responder's expected PSN — each draws a genuine
+            // sequence NAK — cost a go-back-N round and one retry, and a few of them
+            // exhausted retry_cnt (observed under load in the hostile-packet tests).
+            if (qp.comp.nak_retry_started) return;
+            if (!retry_budget(qp, t)) return;
+            qp.comp.nak_retry_started = true;
+          }
           qp.req.cwnd = std::max<uint32_t>(1, qp.req.cwnd / 2);
           retry_from(qp, psn, "sequence NAK");
           return;
@@ -204,11 +215,17 @@ void on_atomic_ack(QueuePair& qp, const wire::Packet& pkt, Transport& t) {
 
 void on_response(QueuePair& qp, const wire::Packet& pkt, Transport& t) {
   const uint32_t psn = pkt.hdr.bth.psn;
-  // Only PSNs that were sent and are not yet acknowledged mean anything; an ACK for
-  // comp.psn − 1 is a harmless duplicate.
+  // Only PSNs that were sent and are not yet acknowledged mean anything; a positive ACK
+  // for comp.psn − 1 is a harmless duplicate. A NAK or RNR NAK for comp.psn − 1 is not:
+  // it names a request already known to be executed (no responder sends one; a duplicated
+  // or forged packet does), and acting on it would fail the QP or rewind the requester to
+  // a PSN the responder has executed, so the next message would be taken for a duplicate
+  // and silently lost while completing successfully.
+  const bool positive_ack =
+      pkt.hdr.bth.opcode == static_cast<uint8_t>(wire::Opcode::kAcknowledge) &&
+      wire::aeth_kind(pkt.hdr.aeth.syndrome) == wire::AckKind::kAck;
   if (psn_diff(psn, qp.req.max_psn) >= 0 || psn_diff(psn, qp.comp.psn) < -1 ||
-      (psn_diff(psn, qp.comp.psn) == -1 &&
-       pkt.hdr.bth.opcode != static_cast<uint8_t>(wire::Opcode::kAcknowledge))) {
+      (psn_diff(psn, qp.comp.psn) == -1 && !positive_ack)) {
     bump(t.counters().rcvd_stale_response);
     return;
   }

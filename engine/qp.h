@@ -78,6 +78,10 @@ struct CompleterState {
   uint64_t rnr_ns = 0;                   ///< RNR back-off deadline (0: none)
   /// Last PSN of each READ request / atomic sent and not yet answered, oldest first.
   std::deque<uint32_t> rd_atomic_inflight;
+  /// A sequence NAK without progress started a go-back-N and nothing has been acknowledged
+  /// since: further such NAKs neither rewind again nor use up retry_cnt (rxe's
+  /// comp.started_retry); the retransmit timer still counts.
+  bool nak_retry_started = false;
 };
 
 /// What the responder executed for one READ or ATOMIC request, kept so a duplicate of it
