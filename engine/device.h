@@ -166,9 +166,6 @@ class Device final : public Transport {
   std::vector<iovec> tx_iov_;          // send_queued(): every run's gather list
   std::vector<net::TxDatagram> tx_batch_;
   std::vector<std::pair<size_t, size_t>> tx_ranges_;
-  bool ack_deferred_ = false;          // try_progress() left ACKs for the next post/poll
-  std::atomic<bool> acks_waiting_{false};   // deferred ACKs not yet sent (seq_cst, see try_progress)
-  std::atomic<bool> thread_timed_{false};   // progress thread sleeps with a deadline
   std::vector<std::vector<uint8_t>> rx_buffers_;
   std::vector<net::RxDatagram> rx_slots_;
 
