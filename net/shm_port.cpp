@@ -222,6 +222,8 @@ uint8_t* ShmPort::ring_data(uint32_t index) const {
 
 // ---- open / close -----------------------------------------------------------------------
 
+ShmPort::ShmPort() = default;
+
 ShmPort::~ShmPort() {
   close();
 }

@@ -96,7 +96,7 @@ struct ShmStats {
 /// rings it holds in peers' mailboxes (sender side).
 class ShmPort {
  public:
-  ShmPort() = default;
+  ShmPort();
   ~ShmPort();  ///< close()
   ShmPort(const ShmPort&) = delete;
   ShmPort& operator=(const ShmPort&) = delete;
