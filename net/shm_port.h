@@ -11,6 +11,8 @@
 //
 // Threading: one ShmPort is used by one thread at a time (the engine calls everything under
 // its device lock). The only cross-process sharing is through the atomics in the mappings.
+// A fork()ed child must not use its copy of a parent's port: it would be a second producer
+// on the parent's rings (like a verbs context after fork without ibv_fork_init).
 //
 // Liveness and ownership: the device's doorbell socket, an abstract unix datagram socket
 // named "\0<prefix>bell-<a.b.c.d>", is the address lock: binding it is atomic, exclusive and
@@ -153,6 +155,7 @@ class ShmPort {
   /// after it returns). Returns the number delivered. With nothing there it costs a few
   /// atomic loads. Also (at most every liveness_check_ns) frees rings whose producer died or
   /// released them; a malformed ring is counted in stats().broken_rings and quarantined.
+  /// `on_packet` may call send() (e.g. to answer with an ACK) but not poll() or close().
   template <class F>
   size_t poll(F&& on_packet, size_t budget) {
     using Fn = std::remove_reference_t<F>;
