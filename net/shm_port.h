@@ -88,7 +88,7 @@ struct ShmStats {
   uint64_t bytes_in = 0;       ///< their packet bytes
   uint64_t broken_rings = 0;   ///< inbound rings found malformed and quarantined
   uint64_t peers_found = 0;    ///< peer mailboxes mapped (a restarted peer counts again)
-  uint64_t peers_lost = 0;     ///< mapped peers dropped (closed, dead pid, ring taken away)
+  uint64_t peers_lost = 0;     ///< mapped peers dropped (mailbox closed or owner pid dead)
   uint64_t rings_claimed = 0;  ///< outbound rings claimed in peers' mailboxes
   uint64_t rings_freed = 0;    ///< inbound rings returned to the free pool by this receiver
   uint64_t doorbells = 0;      ///< doorbell datagrams sent
