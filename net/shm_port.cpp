@@ -1,0 +1,708 @@
+// Same-host shared-memory packet path; see shm_port.h for the contract.
+//
+// Mailbox file layout (all offsets page-aligned; every field little-endian native):
+//   [0, 4096)            MailboxHeader (immutable line, last_poll_ns line, claimed line)
+//   [ctl_offset, …)      K × RingCtl (owner/epoch line, tail line, head line: 192 bytes)
+//   [data_offset, …)     K × ring_bytes of record data
+//
+// Ring ownership word (RingCtl::owner): bits 63:62 state, 61:32 producer pid, 31:0 producer
+// ip. States: 0 free (whole word 0), Active, Released (producer stopped writing for good),
+// Quarantined (receiver found garbage; the producer must give it back). Transitions:
+//   free → Active          producer, CAS (the only thing a producer does to a foreign ring)
+//   Active → Released      producer (close, or acknowledging a quarantine)
+//   Active → Quarantined   receiver, malformed records
+//   any → free             receiver only, after head = tail, once no producer can write
+//                          (Released, or producer pid dead)
+// Because only the receiver frees a ring and only when its producer is gone, head and tail
+// never have two writers, and a new producer starts at the tail the receiver left.
+//
+// Records: 8-byte header {u32 length, u32 source ip} + packet bytes, padded to 64 bytes so
+// every record starts on its own cache line (the producer filling record n+1 never shares a
+// line with the consumer reading record n; the padding costs < 64 B per ≤ 4 KiB packet and
+// turns a 20-byte ACK into one line). A record that would cross the end of the data area is
+// preceded by a wrap marker (length 0xFFFFFFFF) and starts at offset 0. head and tail are
+// free-running byte counters (mod ring_bytes, a power of two).
+#include "net/shm_port.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stddef.h>
+#include <sys/mman.h>
+#include <sys/random.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <bit>
+#include <cstring>
+
+#include "net/udp_port.h"
+
+namespace softrdma::net {
+
+namespace {
+
+constexpr uint64_t kMagic = 0x314d48534d445253ull;  // "SRDMSHM1"
+constexpr uint32_t kVersion = 1;
+constexpr uint64_t kPage = 4096;
+constexpr uint64_t kAlign = 64;  // record alignment, bytes
+constexpr uint64_t kRecordHeader = 8;
+constexpr uint32_t kWrapMarker = 0xFFFFFFFFu;
+constexpr uint64_t kMinRingBytes = 64u << 10;
+constexpr uint64_t kMaxRingBytes = 1ull << 30;
+
+constexpr uint64_t kStateShift = 62;
+constexpr uint64_t kActive = 1;
+constexpr uint64_t kReleased = 2;
+constexpr uint64_t kQuarantined = 3;
+
+constexpr uint64_t owner_word(uint64_t state, uint32_t pid, uint32_t ip) {
+  return state << kStateShift | (uint64_t{pid} & 0x3FFFFFFFu) << 32 | ip;
+}
+constexpr uint64_t owner_state(uint64_t w) {
+  return w >> kStateShift;
+}
+constexpr uint32_t owner_pid(uint64_t w) {
+  return static_cast<uint32_t>(w >> 32) & 0x3FFFFFFFu;
+}
+constexpr uint64_t with_state(uint64_t w, uint64_t state) {
+  return (w & ~(uint64_t{3} << kStateShift)) | state << kStateShift;
+}
+
+constexpr uint64_t align_up(uint64_t v, uint64_t a) {
+  return (v + a - 1) & ~(a - 1);
+}
+
+static_assert(std::atomic<uint64_t>::is_always_lock_free);
+static_assert(std::atomic<uint32_t>::is_always_lock_free);
+
+// CLOCK_MONOTONIC_COARSE: a few ns through the vDSO, ms resolution — enough for the 100 ms
+// retry/liveness timers that send() and poll() keep without taking a time argument.
+uint64_t coarse_ns() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+  return uint64_t(ts.tv_sec) * 1'000'000'000ull + uint64_t(ts.tv_nsec);
+}
+
+// kill(pid, 0): 0 or EPERM means a process with that pid exists (a zombie counts as alive
+// until reaped). pid reuse can make a dead peer look alive; that only delays cleanup.
+bool pid_alive(uint32_t pid) {
+  if (pid == 0) return false;
+  if (::kill(static_cast<pid_t>(pid), 0) == 0) return true;
+  return errno == EPERM;
+}
+
+uint64_t random_epoch() {
+  uint64_t e = 0;
+  if (getrandom(&e, sizeof e, GRND_NONBLOCK) != sizeof e) {
+    timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    e = (uint64_t(ts.tv_sec) << 32) ^ uint64_t(ts.tv_nsec) ^ (uint64_t(getpid()) << 20);
+  }
+  return e ? e : 1;
+}
+
+bool valid_geometry(uint64_t ring_count, uint64_t ring_bytes) {
+  return ring_count >= 1 && ring_count <= 64 && std::has_single_bit(ring_bytes) &&
+         ring_bytes >= kMinRingBytes && ring_bytes <= kMaxRingBytes;
+}
+
+// Fills an abstract unix address; returns its length, or 0 when the name is too long.
+socklen_t abstract_addr(const std::string& name, sockaddr_un& sa) {
+  sa = sockaddr_un{};
+  sa.sun_family = AF_UNIX;
+  if (name.size() + 1 > sizeof sa.sun_path) return 0;
+  std::memcpy(sa.sun_path + 1, name.data(), name.size());
+  return static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + name.size());
+}
+
+}  // namespace
+
+// ---- shared layout ---------------------------------------------------------------------
+
+struct detail::ShmMailboxHeader {
+  // Line 0: written once by the owner before `magic` is published (and `closed` at the end).
+  std::atomic<uint64_t> magic;
+  uint32_t version;
+  uint32_t ring_count;
+  uint64_t ring_bytes;
+  uint64_t total_bytes;
+  uint64_t ctl_offset;
+  uint64_t data_offset;
+  uint64_t epoch;
+  uint32_t owner_pid;
+  uint32_t ip;
+  std::atomic<uint32_t> closed;
+  // Line 1: the receiver's busy-poll clock, written often by the receiver, read by senders.
+  alignas(64) std::atomic<uint64_t> last_poll_ns;
+  // Line 2: bit i set while ring i is claimed (set by producers, cleared by the receiver).
+  alignas(64) std::atomic<uint64_t> claimed;
+};
+
+struct detail::ShmRingCtl {
+  alignas(64) std::atomic<uint64_t> owner;
+  std::atomic<uint64_t> sender_epoch;
+  alignas(64) std::atomic<uint64_t> tail;  // producer-written byte counter
+  alignas(64) std::atomic<uint64_t> head;  // consumer-written byte counter
+};
+
+static_assert(sizeof(detail::ShmMailboxHeader) <= kPage);
+static_assert(sizeof(detail::ShmRingCtl) == 192);
+
+namespace {
+struct Geometry {
+  uint64_t ctl_offset, data_offset, total_bytes;
+};
+Geometry geometry(uint64_t ring_count, uint64_t ring_bytes) {
+  Geometry g;
+  g.ctl_offset = kPage;
+  g.data_offset = g.ctl_offset + align_up(ring_count * sizeof(detail::ShmRingCtl), kPage);
+  g.total_bytes = g.data_offset + ring_count * ring_bytes;
+  return g;
+}
+}  // namespace
+
+// ---- sender-side peer state ------------------------------------------------------------
+
+struct ShmPort::Peer {
+  uint32_t ip = 0;
+  // Mapping of the peer's mailbox (hdr == nullptr: not mapped).
+  int fd = -1;  // kept for fallocate() of the rings we claim
+  uint8_t* base = nullptr;
+  size_t bytes = 0;
+  MailboxHeader* hdr = nullptr;
+  uint32_t owner_pid = 0;
+  uint64_t epoch = 0;
+  uint32_t ring_count = 0;
+  uint64_t ring_bytes = 0;
+  uint64_t ctl_offset = 0;
+  uint64_t data_offset = 0;
+  // Our ring in it (ring < 0: none).
+  int ring = -1;
+  RingCtl* ctl = nullptr;
+  uint8_t* data = nullptr;
+  uint64_t tail = 0;        // our copy of ctl->tail
+  uint64_t head_cache = 0;  // last head we read; reloaded only when the ring looks full
+  // Timers (coarse ns).
+  uint64_t next_lookup = 0;
+  uint64_t next_claim = 0;
+  uint64_t next_pid_check = 0;
+  bool dirty = false;  // written since the last ring_doorbells()
+  sockaddr_un bell{};
+  socklen_t bell_len = 0;
+};
+
+// ---- helpers -----------------------------------------------------------------------------
+
+std::string shm_mailbox_path(const ShmConfig& cfg, uint32_t ip) {
+  return cfg.dir + "/" + cfg.name_prefix + "shm-" + ipv4_to_string(ip);
+}
+
+std::string shm_doorbell_name(const ShmConfig& cfg, uint32_t ip) {
+  return cfg.name_prefix + "bell-" + ipv4_to_string(ip);
+}
+
+uint64_t shm_monotonic_ns() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return uint64_t(ts.tv_sec) * 1'000'000'000ull + uint64_t(ts.tv_nsec);
+}
+
+ShmPort::RingCtl* ShmPort::ring_ctl(uint32_t index) const {
+  return reinterpret_cast<RingCtl*>(reinterpret_cast<uint8_t*>(hdr_) + hdr_->ctl_offset) + index;
+}
+
+uint8_t* ShmPort::ring_data(uint32_t index) const {
+  return reinterpret_cast<uint8_t*>(hdr_) + hdr_->data_offset + index * hdr_->ring_bytes;
+}
+
+// ---- open / close -----------------------------------------------------------------------
+
+ShmPort::ShmPort() = default;
+
+ShmPort::~ShmPort() {
+  close();
+}
+
+int ShmPort::open(uint32_t ip, const ShmConfig& cfg) {
+  if (hdr_ != nullptr || bell_fd_ >= 0) return EINVAL;
+  if (!valid_geometry(cfg.ring_count, cfg.ring_bytes) || cfg.max_packet_bytes == 0 ||
+      cfg.dir.empty())
+    return EINVAL;
+  cfg_ = cfg;
+  ip_ = ip;
+  pid_ = static_cast<uint32_t>(getpid());
+  path_ = shm_mailbox_path(cfg_, ip);
+
+  // 1. The address lock: the receiver's doorbell socket.
+  sockaddr_un sa;
+  socklen_t sl = abstract_addr(shm_doorbell_name(cfg_, ip), sa);
+  if (sl == 0) return ENAMETOOLONG;
+  int bell = ::socket(AF_UNIX, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (bell < 0) return errno;
+  if (::bind(bell, reinterpret_cast<sockaddr*>(&sa), sl) != 0) {
+    int e = errno;
+    ::close(bell);
+    return e;  // EADDRINUSE: a live process owns this address
+  }
+  auto fail = [&](int e) {
+    ::close(bell);
+    return e;
+  };
+
+  // 2. An existing file: refuse if it names a live, open owner; else it is stale.
+  {
+    int fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    if (fd >= 0) {
+      alignas(64) uint8_t raw[sizeof(MailboxHeader)] = {};
+      ssize_t n = ::pread(fd, raw, sizeof raw, 0);
+      ::close(fd);
+      uint64_t magic;
+      uint32_t pid, closed;
+      std::memcpy(&magic, raw + offsetof(MailboxHeader, magic), sizeof magic);
+      std::memcpy(&pid, raw + offsetof(MailboxHeader, owner_pid), sizeof pid);
+      std::memcpy(&closed, raw + offsetof(MailboxHeader, closed), sizeof closed);
+      if (n == static_cast<ssize_t>(sizeof raw) && magic == kMagic && closed == 0 && pid_alive(pid))
+        return fail(EADDRINUSE);
+    }
+    if (::unlink(path_.c_str()) != 0 && errno != ENOENT) return fail(errno);
+  }
+
+  // 3. Build the new mailbox under a private name, publish it with rename() (atomic), so a
+  // sender never maps a half-initialised file.
+  Geometry g = geometry(cfg_.ring_count, cfg_.ring_bytes);
+  std::string tmp = path_ + ".new-" + std::to_string(pid_);
+  ::unlink(tmp.c_str());
+  int fd = ::open(tmp.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
+  if (fd < 0) return fail(errno);
+  auto fail_fd = [&](int e) {
+    ::close(fd);
+    ::unlink(tmp.c_str());
+    return fail(e);
+  };
+  if (::ftruncate(fd, static_cast<off_t>(g.total_bytes)) != 0) return fail_fd(errno);
+  // Reserve the header and ring control pages now: touching an unbacked tmpfs page when the
+  // filesystem is full is SIGBUS. Ring data pages are reserved by each producer on claim.
+  int fr = ::fallocate(fd, 0, 0, static_cast<off_t>(g.data_offset));
+  if (fr != 0 && errno != EOPNOTSUPP && errno != ENOSYS) return fail_fd(errno);
+  void* m = ::mmap(nullptr, g.total_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (m == MAP_FAILED) return fail_fd(errno);
+  auto* h = static_cast<MailboxHeader*>(m);  // zero-filled by ftruncate
+  h->version = kVersion;
+  h->ring_count = cfg_.ring_count;
+  h->ring_bytes = cfg_.ring_bytes;
+  h->total_bytes = g.total_bytes;
+  h->ctl_offset = g.ctl_offset;
+  h->data_offset = g.data_offset;
+  epoch_ = random_epoch();
+  h->epoch = epoch_;
+  h->owner_pid = pid_;
+  h->ip = ip;
+  h->closed.store(0, std::memory_order_relaxed);
+  h->last_poll_ns.store(0, std::memory_order_relaxed);
+  h->claimed.store(0, std::memory_order_relaxed);
+  h->magic.store(kMagic, std::memory_order_release);
+  if (::rename(tmp.c_str(), path_.c_str()) != 0) {
+    int e = errno;
+    ::munmap(m, g.total_bytes);
+    return fail_fd(e);
+  }
+  ::close(fd);
+
+  int tx = ::socket(AF_UNIX, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (tx < 0) {
+    int e = errno;
+    h->closed.store(1, std::memory_order_release);
+    ::unlink(path_.c_str());
+    ::munmap(m, g.total_bytes);
+    return fail(e);
+  }
+  hdr_ = h;
+  map_bytes_ = g.total_bytes;
+  bell_fd_ = bell;
+  bell_tx_fd_ = tx;
+  rr_ = 0;
+  next_housekeeping_ = 0;
+  local_poll_ns_ = 0;
+  stats_ = ShmStats{};
+  return 0;
+}
+
+void ShmPort::close() {
+  for (auto& [ip, p] : peers_) drop_peer(*p, true);
+  peers_.clear();
+  last_peer_ = nullptr;
+  dirty_.clear();
+  if (hdr_ != nullptr) {
+    hdr_->closed.store(1, std::memory_order_release);
+    // The doorbell socket still locks the address, so the file at path_ is ours.
+    ::unlink(path_.c_str());
+    ::munmap(hdr_, map_bytes_);
+    hdr_ = nullptr;
+    map_bytes_ = 0;
+  }
+  if (bell_tx_fd_ >= 0) ::close(bell_tx_fd_);
+  bell_tx_fd_ = -1;
+  if (bell_fd_ >= 0) ::close(bell_fd_);  // last: releases the address
+  bell_fd_ = -1;
+  epoch_ = 0;
+}
+
+// ---- sender side ------------------------------------------------------------------------
+
+ShmPort::Peer& ShmPort::peer_for(uint32_t dst_ip) {
+  if (last_peer_ != nullptr && last_peer_->ip == dst_ip) return *last_peer_;
+  auto& slot = peers_[dst_ip];
+  if (!slot) {
+    slot = std::make_unique<Peer>();
+    slot->ip = dst_ip;
+    slot->bell_len = abstract_addr(shm_doorbell_name(cfg_, dst_ip), slot->bell);
+  }
+  last_peer_ = slot.get();
+  return *slot;
+}
+
+bool ShmPort::lookup_peer(Peer& p, uint64_t now) {
+  p.next_lookup = now + cfg_.peer_retry_ns;
+  std::string path = shm_mailbox_path(cfg_, p.ip);
+  int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW);
+  if (fd < 0) return false;
+  struct stat st;
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || static_cast<uint64_t>(st.st_size) < kPage) {
+    ::close(fd);
+    return false;
+  }
+  size_t bytes = static_cast<size_t>(st.st_size);
+  void* m = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (m == MAP_FAILED) {
+    ::close(fd);
+    return false;
+  }
+  auto* h = static_cast<MailboxHeader*>(m);
+  bool ok = h->magic.load(std::memory_order_acquire) == kMagic && h->version == kVersion &&
+            h->ip == p.ip && valid_geometry(h->ring_count, h->ring_bytes);
+  if (ok) {
+    Geometry g = geometry(h->ring_count, h->ring_bytes);
+    ok = h->ctl_offset == g.ctl_offset && h->data_offset == g.data_offset &&
+         h->total_bytes == g.total_bytes && g.total_bytes <= bytes &&
+         h->closed.load(std::memory_order_acquire) == 0 && pid_alive(h->owner_pid);
+  }
+  if (!ok) {
+    ::munmap(m, bytes);
+    ::close(fd);
+    return false;
+  }
+  p.fd = fd;
+  p.base = static_cast<uint8_t*>(m);
+  p.bytes = bytes;
+  p.hdr = h;
+  p.owner_pid = h->owner_pid;
+  p.epoch = h->epoch;
+  p.ring_count = h->ring_count;
+  p.ring_bytes = h->ring_bytes;
+  p.ctl_offset = h->ctl_offset;
+  p.data_offset = h->data_offset;
+  p.ring = -1;
+  p.next_claim = 0;
+  p.next_pid_check = now + cfg_.liveness_check_ns;
+  ++stats_.peers_found;
+  return true;
+}
+
+// Gives our ring back (if asked and still ours) and unmaps the peer's mailbox.
+void ShmPort::drop_peer(Peer& p, bool release_ring) {
+  if (p.hdr == nullptr) return;
+  if (release_ring && p.ring >= 0 && p.hdr->closed.load(std::memory_order_acquire) == 0) {
+    uint64_t mine = owner_word(kActive, pid_, ip_);
+    uint64_t expect = mine;
+    if (!p.ctl->owner.compare_exchange_strong(expect, owner_word(kReleased, pid_, ip_),
+                                              std::memory_order_acq_rel)) {
+      expect = owner_word(kQuarantined, pid_, ip_);
+      p.ctl->owner.compare_exchange_strong(expect, owner_word(kReleased, pid_, ip_),
+                                           std::memory_order_acq_rel);
+    }
+  }
+  ::munmap(p.base, p.bytes);
+  ::close(p.fd);
+  p.fd = -1;
+  p.base = nullptr;
+  p.bytes = 0;
+  p.hdr = nullptr;
+  p.ring = -1;
+  p.ctl = nullptr;
+  p.data = nullptr;
+}
+
+bool ShmPort::claim_ring(Peer& p, uint64_t now) {
+  p.next_claim = now + cfg_.peer_retry_ns;
+  const uint64_t mine = owner_word(kActive, pid_, ip_);
+  // Start the scan at a per-sender spot so concurrent claimers rarely collide.
+  uint32_t start = static_cast<uint32_t>((uint64_t{ip_} * 0x9E3779B1u + pid_) % p.ring_count);
+  for (uint32_t i = 0; i < p.ring_count; ++i) {
+    uint32_t idx = (start + i) % p.ring_count;
+    auto* ctl = reinterpret_cast<RingCtl*>(p.base + p.ctl_offset) + idx;
+    uint64_t expect = 0;
+    if (ctl->owner.load(std::memory_order_relaxed) != 0 ||
+        !ctl->owner.compare_exchange_strong(expect, mine, std::memory_order_acq_rel))
+      continue;
+    ctl->sender_epoch.store(epoch_, std::memory_order_relaxed);
+    uint64_t off = p.data_offset + idx * p.ring_bytes;
+    // Reserve the ring's pages so a full tmpfs shows here, not as SIGBUS on a later write.
+    if (::fallocate(p.fd, 0, static_cast<off_t>(off), static_cast<off_t>(p.ring_bytes)) != 0 &&
+        errno != EOPNOTSUPP && errno != ENOSYS) {
+      ctl->owner.store(owner_word(kReleased, pid_, ip_), std::memory_order_release);
+      return false;
+    }
+    uint64_t tail = ctl->tail.load(std::memory_order_acquire);
+    uint64_t head = ctl->head.load(std::memory_order_acquire);
+    if (head != tail || tail % kAlign != 0) {
+      // The receiver leaves a free ring empty; this one is not: let it sort the ring out.
+      ctl->owner.store(owner_word(kReleased, pid_, ip_), std::memory_order_release);
+      p.hdr->claimed.fetch_or(uint64_t{1} << idx, std::memory_order_seq_cst);
+      continue;
+    }
+    p.ring = static_cast<int>(idx);
+    p.ctl = ctl;
+    p.data = p.base + off;
+    p.tail = tail;
+    p.head_cache = head;
+    // After the CAS: the receiver clears the bit before it frees the ring (see free_ring).
+    p.hdr->claimed.fetch_or(uint64_t{1} << idx, std::memory_order_seq_cst);
+    ++stats_.rings_claimed;
+    return true;
+  }
+  return false;
+}
+
+ShmSendResult ShmPort::send(uint32_t dst_ip, const iovec* iov, size_t iovcnt) {
+  auto no_peer = [&] {
+    ++stats_.no_peer;
+    return ShmSendResult::kNoPeer;
+  };
+  if (hdr_ == nullptr) return no_peer();
+  uint64_t len = 0;
+  for (size_t i = 0; i < iovcnt; ++i) len += iov[i].iov_len;
+
+  Peer& p = peer_for(dst_ip);
+  uint64_t now = coarse_ns();
+  if (p.hdr == nullptr && (now < p.next_lookup || !lookup_peer(p, now))) return no_peer();
+
+  // Is the receiver still there? closed: one load per send; pid: every liveness_check_ns.
+  bool gone = p.hdr->closed.load(std::memory_order_acquire) != 0;
+  if (!gone && now >= p.next_pid_check) {
+    p.next_pid_check = now + cfg_.liveness_check_ns;
+    gone = !pid_alive(p.owner_pid);
+  }
+  if (gone) {
+    drop_peer(p, false);
+    ++stats_.peers_lost;
+    // A restarted receiver has already replaced the file: look again now (rate-limited).
+    if (!lookup_peer(p, now)) return no_peer();
+  }
+
+  if (len > cfg_.max_packet_bytes || len > p.ring_bytes / 4) return no_peer();
+
+  if (p.ring >= 0 &&
+      p.ctl->owner.load(std::memory_order_relaxed) != owner_word(kActive, pid_, ip_)) {
+    // The receiver quarantined our ring (it found garbage): acknowledge, take another.
+    uint64_t expect = owner_word(kQuarantined, pid_, ip_);
+    p.ctl->owner.compare_exchange_strong(expect, owner_word(kReleased, pid_, ip_),
+                                         std::memory_order_acq_rel);
+    p.ring = -1;
+    p.ctl = nullptr;
+    p.data = nullptr;
+    p.next_claim = 0;
+  }
+  if (p.ring < 0 && (now < p.next_claim || !claim_ring(p, now))) return no_peer();
+
+  const uint64_t cap = p.ring_bytes;
+  const uint64_t need = align_up(kRecordHeader + len, kAlign);
+  uint64_t pos = p.tail & (cap - 1);
+  uint64_t pad = pos + need > cap ? cap - pos : 0;
+  if (p.tail + pad + need - p.head_cache > cap) {
+    p.head_cache = p.ctl->head.load(std::memory_order_acquire);
+    if (p.tail + pad + need - p.head_cache > cap) {
+      ++stats_.full_drops;
+      return ShmSendResult::kFull;
+    }
+  }
+  if (pad != 0) {
+    uint32_t wrap[2] = {kWrapMarker, ip_};
+    std::memcpy(p.data + pos, wrap, sizeof wrap);
+    p.tail += pad;
+    pos = 0;
+  }
+  uint32_t rh[2] = {static_cast<uint32_t>(len), ip_};
+  uint8_t* dst = p.data + pos;
+  std::memcpy(dst, rh, sizeof rh);
+  dst += kRecordHeader;
+  for (size_t i = 0; i < iovcnt; ++i) {
+    if (iov[i].iov_len == 0) continue;
+    std::memcpy(dst, iov[i].iov_base, iov[i].iov_len);
+    dst += iov[i].iov_len;
+  }
+  p.tail += need;
+  p.ctl->tail.store(p.tail, std::memory_order_release);
+  ++stats_.packets_out;
+  stats_.bytes_out += len;
+  if (!p.dirty) {
+    p.dirty = true;
+    dirty_.push_back(&p);
+  }
+  return ShmSendResult::kSent;
+}
+
+void ShmPort::ring_doorbells(uint64_t now_ns) {
+  if (dirty_.empty()) return;
+  // Pairs with the fence in note_sleeping(): our tail stores vs. its last_poll_ns store.
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  for (Peer* p : dirty_) {
+    p->dirty = false;
+    if (p->hdr == nullptr || p->bell_len == 0) continue;
+    uint64_t lp = p->hdr->last_poll_ns.load(std::memory_order_relaxed);
+    if (lp != 0 && (now_ns <= lp || now_ns - lp <= cfg_.doorbell_threshold_ns)) continue;
+    uint8_t b = 1;
+    if (::sendto(bell_tx_fd_, &b, 1, MSG_DONTWAIT, reinterpret_cast<sockaddr*>(&p->bell),
+                 p->bell_len) == 1)
+      ++stats_.doorbells;
+  }
+  dirty_.clear();
+}
+
+// ---- receiver side ----------------------------------------------------------------------
+
+void ShmPort::drain_doorbell() {
+  if (bell_fd_ < 0) return;
+  uint8_t buf[64];
+  for (int i = 0; i < 4096; ++i)
+    if (::recv(bell_fd_, buf, sizeof buf, MSG_DONTWAIT) < 0 && errno != EINTR) break;
+}
+
+void ShmPort::note_polling(uint64_t now_ns) {
+  if (hdr_ == nullptr) return;
+  // Skip the store (a write to a line every sender reads) while the published value is
+  // within a quarter of the threshold: senders then ring a little early, never too late.
+  if (local_poll_ns_ != 0 && now_ns >= local_poll_ns_ &&
+      now_ns - local_poll_ns_ < cfg_.doorbell_threshold_ns / 4)
+    return;
+  local_poll_ns_ = now_ns ? now_ns : 1;
+  hdr_->last_poll_ns.store(local_poll_ns_, std::memory_order_relaxed);
+}
+
+void ShmPort::note_sleeping() {
+  if (hdr_ == nullptr) return;
+  local_poll_ns_ = 0;
+  hdr_->last_poll_ns.store(0, std::memory_order_relaxed);
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+}
+
+void ShmPort::free_ring(uint32_t idx) {
+  RingCtl* c = ring_ctl(idx);
+  c->head.store(c->tail.load(std::memory_order_acquire), std::memory_order_release);
+  // Clear the claimed bit before the owner goes to 0: the next claimer sets it after its CAS.
+  hdr_->claimed.fetch_and(~(uint64_t{1} << idx), std::memory_order_seq_cst);
+  c->sender_epoch.store(0, std::memory_order_relaxed);
+  c->owner.store(0, std::memory_order_release);
+  ++stats_.rings_freed;
+}
+
+void ShmPort::quarantine_ring(uint32_t idx, uint64_t tail) {
+  ++stats_.broken_rings;
+  RingCtl* c = ring_ctl(idx);
+  hdr_->claimed.fetch_and(~(uint64_t{1} << idx), std::memory_order_seq_cst);
+  c->head.store(tail, std::memory_order_release);  // discard what is there
+  uint64_t o = c->owner.load(std::memory_order_acquire);
+  if (owner_state(o) == kActive &&
+      c->owner.compare_exchange_strong(o, with_state(o, kQuarantined), std::memory_order_acq_rel))
+    return;  // the producer acknowledges (→ Released) on its next send; housekeeping frees
+  if (owner_state(o) == kReleased) free_ring(idx);
+}
+
+void ShmPort::housekeeping() {
+  const uint32_t k = hdr_->ring_count;
+  const uint64_t bits = hdr_->claimed.load(std::memory_order_acquire);
+  for (uint32_t i = 0; i < k; ++i) {
+    RingCtl* c = ring_ctl(i);
+    uint64_t o = c->owner.load(std::memory_order_acquire);
+    switch (owner_state(o)) {
+      case 0:
+        break;
+      case kReleased:
+        // Deliver what a closed producer left, then free (a quarantined one: free now).
+        if (!(bits >> i & 1) ||
+            c->head.load(std::memory_order_relaxed) == c->tail.load(std::memory_order_acquire))
+          free_ring(i);
+        break;
+      default:  // Active or Quarantined: free once the producer is dead (its data too)
+        if (!pid_alive(owner_pid(o))) free_ring(i);
+        break;
+    }
+  }
+}
+
+size_t ShmPort::poll_impl(PacketFn fn, void* ctx, size_t budget) {
+  if (hdr_ == nullptr) return 0;
+  uint64_t now = coarse_ns();
+  if (now >= next_housekeeping_) {
+    next_housekeeping_ = now + cfg_.liveness_check_ns;
+    housekeeping();
+  }
+  uint64_t bits = hdr_->claimed.load(std::memory_order_acquire);
+  if (bits == 0 || budget == 0) return 0;
+  const uint64_t cap = hdr_->ring_bytes;
+  const uint64_t max_len = cap / 4;
+  size_t done = 0;
+  const uint32_t start = rr_;
+  rr_ = (rr_ + 1) % hdr_->ring_count;
+  uint64_t rot = std::rotr(bits, static_cast<int>(start));
+  while (rot != 0 && done < budget) {
+    int tz = std::countr_zero(rot);
+    rot &= rot - 1;
+    uint32_t idx = (start + static_cast<uint32_t>(tz)) & 63;
+    RingCtl* c = ring_ctl(idx);
+    uint64_t tail = c->tail.load(std::memory_order_acquire);
+    uint64_t head = c->head.load(std::memory_order_relaxed);
+    if (tail == head) continue;
+    if (tail - head > cap || head % kAlign != 0 || tail % kAlign != 0) {
+      quarantine_ring(idx, tail);
+      continue;
+    }
+    uint8_t* d = ring_data(idx);
+    bool broken = false;
+    while (head != tail && done < budget) {
+      uint64_t pos = head & (cap - 1);
+      uint64_t avail = tail - head;
+      uint32_t rh[2];
+      std::memcpy(rh, d + pos, sizeof rh);  // read once: the peer could be changing it
+      if (rh[0] == kWrapMarker) {
+        if (cap - pos > avail) {
+          broken = true;
+          break;
+        }
+        head += cap - pos;
+        c->head.store(head, std::memory_order_release);
+        continue;
+      }
+      uint64_t len = rh[0];
+      uint64_t need = align_up(kRecordHeader + len, kAlign);
+      if (len > max_len || pos + need > cap || need > avail) {
+        broken = true;
+        break;
+      }
+      fn(ctx, rh[1], std::span<const uint8_t>(d + pos + kRecordHeader, len));
+      ++done;
+      ++stats_.packets_in;
+      stats_.bytes_in += len;
+      head += need;
+      c->head.store(head, std::memory_order_release);
+    }
+    if (broken) quarantine_ring(idx, tail);
+  }
+  return done;
+}
+
+}  // namespace softrdma::net

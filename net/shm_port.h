@@ -1,0 +1,204 @@
+// Same-host shared-memory packet path of one softrdma device.
+//
+// A device (one IPv4 address, one process) owns an inbound *mailbox*: a file in /dev/shm
+// holding a small header and K single-producer/single-consumer rings. Another softrdma
+// device on this host that sends to that address maps the mailbox, claims one free ring and
+// appends whole RoCEv2 packets (UDP payloads, BTH…ICRC) as variable-size records; the owner
+// polls its claimed rings and hands each record to the engine in place (zero copy). This is
+// the ShmPort counterpart of UdpPort: the engine above keeps PSNs, ACKs and retransmission,
+// so this layer may drop a packet (ring full, peer gone) but never blocks, waits on a peer,
+// or trusts what a peer wrote to shared memory.
+//
+// Threading: one ShmPort is used by one thread at a time (the engine calls everything under
+// its device lock). The only cross-process sharing is through the atomics in the mappings.
+// A fork()ed child must not use its copy of a parent's port: it would be a second producer
+// on the parent's rings (like a verbs context after fork without ibv_fork_init).
+//
+// Liveness and ownership: the device's doorbell socket, an abstract unix datagram socket
+// named "\0<prefix>bell-<a.b.c.d>", is the address lock: binding it is atomic, exclusive and
+// released by the kernel when the owner dies, so two processes can never both believe they
+// own one mailbox (a file-only O_EXCL/unlink scheme races when two processes replace the
+// same stale file). Like the UDP socket the engine binds, that descriptor is inherited by a
+// fork()ed child, which then keeps the address taken while it lives.
+#pragma once
+
+#include <sys/uio.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <unordered_map>
+#include <vector>
+
+namespace softrdma::net {
+
+namespace detail {
+struct ShmMailboxHeader;  // layout of the shared mapping: private to shm_port.cpp
+struct ShmRingCtl;
+}  // namespace detail
+
+/// Where mailboxes live and how big they are. Tests override `dir`/`name_prefix` so they
+/// never meet a real device; the engine uses the defaults.
+struct ShmConfig {
+  std::string dir = "/dev/shm";           ///< directory of mailbox files (a tmpfs)
+  std::string name_prefix = "softrdma-";  ///< prefix of file and doorbell names
+  uint32_t ring_count = 64;               ///< K rings per mailbox, 1..64 (one per sender)
+  /// Data bytes per ring: a power of two, 64 KiB … 1 GiB. tmpfs allocates pages lazily, so
+  /// the mailbox file (K × ring_bytes) costs memory only for rings in use; a producer reserves
+  /// its ring's pages with fallocate() when it claims it (so a full tmpfs gives kNoPeer, not
+  /// SIGBUS later).
+  uint64_t ring_bytes = 2u << 20;
+  /// Largest packet carried, bytes (also capped to ring_bytes / 4). Larger ones: kNoPeer.
+  uint32_t max_packet_bytes = 16384;
+  /// ring_doorbells() rings a peer whose last note_polling() is older than this, ns.
+  uint64_t doorbell_threshold_ns = 5000;
+  /// A failed peer lookup or ring claim is retried at most this often, ns.
+  uint64_t peer_retry_ns = 100'000'000;
+  /// Peer pids (sender side: the receiver; receiver side: each producer) are checked with
+  /// kill(pid, 0) at most this often, ns.
+  uint64_t liveness_check_ns = 100'000'000;
+};
+
+/// Path of the mailbox file of `ip` (host order): "<dir>/<prefix>shm-<a.b.c.d>".
+std::string shm_mailbox_path(const ShmConfig& cfg, uint32_t ip);
+/// Abstract-namespace doorbell socket name of `ip`, without the leading NUL:
+/// "<prefix>bell-<a.b.c.d>".
+std::string shm_doorbell_name(const ShmConfig& cfg, uint32_t ip);
+/// CLOCK_MONOTONIC in ns (the clock of note_polling() and ring_doorbells()).
+uint64_t shm_monotonic_ns();
+
+/// Result of ShmPort::send.
+enum class ShmSendResult {
+  kSent,    ///< the packet is in the peer's ring
+  kFull,    ///< the ring has no room: the packet was dropped (RoCE retransmits it)
+  kNoPeer,  ///< no live mailbox for dst (or no free ring there, or the packet is larger than
+            ///< max_packet_bytes): nothing was written; send by UDP or drop
+};
+
+/// Counters of one port (plain integers: read them under the same lock as the port).
+struct ShmStats {
+  uint64_t packets_out = 0;    ///< records written by send()
+  uint64_t bytes_out = 0;      ///< their packet bytes
+  uint64_t full_drops = 0;     ///< send() returned kFull
+  uint64_t no_peer = 0;        ///< send() returned kNoPeer
+  uint64_t packets_in = 0;     ///< records delivered by poll()
+  uint64_t bytes_in = 0;       ///< their packet bytes
+  uint64_t broken_rings = 0;   ///< inbound rings found malformed and quarantined
+  uint64_t peers_found = 0;    ///< peer mailboxes mapped (a restarted peer counts again)
+  uint64_t peers_lost = 0;     ///< mapped peers dropped (mailbox closed or owner pid dead)
+  uint64_t rings_claimed = 0;  ///< outbound rings claimed in peers' mailboxes
+  uint64_t rings_freed = 0;    ///< inbound rings returned to the free pool by this receiver
+  uint64_t doorbells = 0;      ///< doorbell datagrams sent
+};
+
+/// The shared-memory endpoint of one device: its inbound mailbox (receiver side) and the
+/// rings it holds in peers' mailboxes (sender side).
+class ShmPort {
+ public:
+  ShmPort();
+  ~ShmPort();  ///< close()
+  ShmPort(const ShmPort&) = delete;
+  ShmPort& operator=(const ShmPort&) = delete;
+
+  /// Creates the mailbox of `ip` (host order) and binds its doorbell socket. Returns 0 or an
+  /// errno value: EADDRINUSE when a live process owns `ip` (its doorbell socket is bound, or
+  /// the existing file names a live owner pid and is not closed); EINVAL for a bad config or
+  /// a port already open; otherwise the failing system call's errno (e.g. ENOENT when `dir`
+  /// does not exist). A mailbox left by a dead or closed owner is unlinked and replaced.
+  int open(uint32_t ip, const ShmConfig& cfg = {});
+  /// Marks the mailbox closed (senders see it on their next send and stop), unlinks and
+  /// unmaps it, returns this device's outbound rings to their receivers, closes the sockets.
+  /// Idempotent.
+  void close();
+
+  bool is_open() const { return hdr_ != nullptr; }
+  uint32_t ip() const { return ip_; }
+  /// The random 64-bit epoch of this mailbox incarnation (0 when closed).
+  uint64_t epoch() const { return epoch_; }
+  const ShmConfig& config() const { return cfg_; }
+  const ShmStats& stats() const { return stats_; }
+
+  /// Appends one packet, gathered from `iov[0..iovcnt)`, to this device's ring in the
+  /// mailbox of `dst_ip` (host order). The first send to a dst maps its mailbox and claims a
+  /// ring; a failed lookup or claim is retried at most every peer_retry_ns. A mapped peer
+  /// whose mailbox is closed, whose owner pid died (checked every liveness_check_ns) or that
+  /// took our ring away is unmapped and looked up again (a restarted receiver has a new
+  /// file and epoch). Never blocks. Returns kSent, kFull (dropped) or kNoPeer (not written).
+  ShmSendResult send(uint32_t dst_ip, const iovec* iov, size_t iovcnt);
+
+  /// Sends a 1-byte doorbell datagram to every peer written to since the last call whose
+  /// receiver has not noted polling within doorbell_threshold_ns before `now_ns`
+  /// (CLOCK_MONOTONIC ns), or noted sleeping. Errors (EAGAIN: a doorbell is already pending;
+  /// ECONNREFUSED: the peer is gone) are ignored. Call after each batch of send()s.
+  void ring_doorbells(uint64_t now_ns);
+
+  /// The receiver's doorbell socket (non-blocking, CLOEXEC) for the engine's epoll set: it
+  /// turns readable when a sender rang. -1 when closed.
+  int doorbell_fd() const { return bell_fd_; }
+  /// Reads and discards every pending doorbell datagram (bounded; never blocks).
+  void drain_doorbell();
+  /// Receiver is busy-polling at `now_ns` (CLOCK_MONOTONIC ns): senders within the
+  /// threshold skip the doorbell. One relaxed store.
+  void note_polling(uint64_t now_ns);
+  /// Receiver is about to block: senders always ring from now on. The caller must poll()
+  /// once more after this and before blocking (a sender that saw an earlier note_polling()
+  /// may have skipped its doorbell); the store-fence here pairs with the fence in
+  /// ring_doorbells() so that one of the two sides always sees the other.
+  void note_sleeping();
+
+  /// Delivers up to `budget` inbound packets, visiting the claimed rings round-robin. For
+  /// each calls `on_packet(uint32_t src_ip, std::span<const uint8_t> bytes)` with the bytes
+  /// in place in shared memory (valid only during the call; the ring slot is released right
+  /// after it returns). Returns the number delivered. With nothing there it costs a few
+  /// atomic loads. Also (at most every liveness_check_ns) frees rings whose producer died or
+  /// released them; a malformed ring is counted in stats().broken_rings and quarantined.
+  /// `on_packet` may call send() (e.g. to answer with an ACK) but not poll() or close().
+  template <class F>
+  size_t poll(F&& on_packet, size_t budget) {
+    using Fn = std::remove_reference_t<F>;
+    return poll_impl([](void* ctx, uint32_t src,
+                        std::span<const uint8_t> bytes) { (*static_cast<Fn*>(ctx))(src, bytes); },
+                     const_cast<void*>(static_cast<const void*>(&on_packet)), budget);
+  }
+
+ private:
+  using PacketFn = void (*)(void* ctx, uint32_t src_ip, std::span<const uint8_t> bytes);
+  struct Peer;
+  using MailboxHeader = detail::ShmMailboxHeader;
+  using RingCtl = detail::ShmRingCtl;
+
+  size_t poll_impl(PacketFn fn, void* ctx, size_t budget);
+  void housekeeping();
+  void quarantine_ring(uint32_t index, uint64_t tail);
+  void free_ring(uint32_t index);
+  Peer& peer_for(uint32_t dst_ip);
+  bool lookup_peer(Peer& p, uint64_t now);
+  bool claim_ring(Peer& p, uint64_t now);
+  void drop_peer(Peer& p, bool release_ring);
+  RingCtl* ring_ctl(uint32_t index) const;
+  uint8_t* ring_data(uint32_t index) const;
+
+  ShmConfig cfg_;
+  uint32_t ip_ = 0;
+  uint32_t pid_ = 0;
+  uint64_t epoch_ = 0;
+  std::string path_;
+  // Receiver side: our mailbox.
+  MailboxHeader* hdr_ = nullptr;
+  size_t map_bytes_ = 0;
+  int bell_fd_ = -1;
+  uint32_t rr_ = 0;                 // round-robin start ring
+  uint64_t next_housekeeping_ = 0;  // coarse-clock ns
+  uint64_t local_poll_ns_ = 0;      // last value note_polling() published (0: sleeping)
+  // Sender side.
+  int bell_tx_fd_ = -1;
+  std::unordered_map<uint32_t, std::unique_ptr<Peer>> peers_;
+  Peer* last_peer_ = nullptr;
+  std::vector<Peer*> dirty_;  // peers written to since the last ring_doorbells()
+  ShmStats stats_;
+};
+
+}  // namespace softrdma::net

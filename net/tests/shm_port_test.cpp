@@ -1,0 +1,612 @@
+// ShmPort: same-host shared-memory packet path. Every test uses its own name prefix (pid +
+// counter) under /dev/shm and loopback addresses 127.0.x.y; every loop is bounded in count
+// and in time; fork()ed children only call async-signal-safe-ish code and _exit().
+#include <dirent.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "net/shm_port.h"
+
+using namespace softrdma::net;
+using namespace std::chrono_literals;
+
+namespace {
+
+constexpr uint32_t ip_of(uint32_t c, uint32_t d) {
+  return 127u << 24 | c << 8 | d;
+}
+
+uint8_t pattern_byte(uint32_t seed, size_t i) {
+  return static_cast<uint8_t>(seed * 131u + i * 7u + (i >> 8));
+}
+
+std::vector<uint8_t> make_packet(uint32_t seed, size_t len) {
+  std::vector<uint8_t> v(len);
+  for (size_t i = 0; i < len; ++i) v[i] = pattern_byte(seed, i);
+  return v;
+}
+
+ShmSendResult send_bytes(ShmPort& p, uint32_t dst, const std::vector<uint8_t>& v) {
+  // Split into up to three pieces to exercise the gather.
+  size_t a = v.size() / 3, b = v.size() / 2;
+  iovec iov[3] = {{const_cast<uint8_t*>(v.data()), a},
+                  {const_cast<uint8_t*>(v.data()) + a, b - a},
+                  {const_cast<uint8_t*>(v.data()) + b, v.size() - b}};
+  return p.send(dst, iov, 3);
+}
+
+struct Received {
+  uint32_t src;
+  std::vector<uint8_t> bytes;
+};
+
+size_t drain(ShmPort& p, std::vector<Received>& out, size_t budget = 1000) {
+  return p.poll(
+      [&](uint32_t src, std::span<const uint8_t> b) {
+        out.push_back({src, std::vector<uint8_t>(b.begin(), b.end())});
+      },
+      budget);
+}
+
+// Waits (bounded) until `fn()` is true; returns its last value.
+template <class F>
+bool eventually(F&& fn, std::chrono::milliseconds limit = 3000ms) {
+  auto deadline = std::chrono::steady_clock::now() + limit;
+  for (int i = 0; i < 100000; ++i) {
+    if (fn()) return true;
+    if (std::chrono::steady_clock::now() > deadline) break;
+    std::this_thread::sleep_for(1ms);
+  }
+  return fn();
+}
+
+// Reads one byte from `fd` within `ms`; false on timeout/EOF.
+bool wait_byte(int fd, int ms = 5000) {
+  pollfd pf{fd, POLLIN, 0};
+  if (::poll(&pf, 1, ms) != 1) return false;
+  char c;
+  return ::read(fd, &c, 1) == 1;
+}
+
+void put_byte(int fd) {
+  char c = 1;
+  (void)!::write(fd, &c, 1);
+}
+
+int wait_child(pid_t pid) {
+  int status = 0;
+  for (int i = 0; i < 5000; ++i) {
+    pid_t r = ::waitpid(pid, &status, WNOHANG);
+    if (r == pid) return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    std::this_thread::sleep_for(1ms);
+  }
+  ::kill(pid, SIGKILL);
+  ::waitpid(pid, &status, 0);
+  return -1;
+}
+
+class ShmPortTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    static int counter = 0;
+    cfg.name_prefix = "srtest-" + std::to_string(getpid()) + "-" + std::to_string(counter++) + "-";
+    cfg.ring_count = 8;
+    cfg.ring_bytes = 64u << 10;
+    cfg.peer_retry_ns = 5'000'000;
+    cfg.liveness_check_ns = 5'000'000;
+  }
+  void TearDown() override {
+    // Children that died without close() leave their files behind: remove ours.
+    if (DIR* d = ::opendir(cfg.dir.c_str())) {
+      while (dirent* e = ::readdir(d)) {
+        std::string n = e->d_name;
+        if (n.rfind(cfg.name_prefix, 0) == 0) ::unlink((cfg.dir + "/" + n).c_str());
+      }
+      ::closedir(d);
+    }
+  }
+  ShmConfig cfg;
+};
+
+TEST_F(ShmPortTest, RoundTripOddSizesWithWrapAround) {
+  const uint32_t a_ip = ip_of(1, 1), b_ip = ip_of(1, 2);
+  ShmPort a, b;
+  ASSERT_EQ(a.open(a_ip, cfg), 0);
+  ASSERT_EQ(b.open(b_ip, cfg), 0);
+  EXPECT_NE(a.epoch(), b.epoch());
+  struct stat st;
+  EXPECT_EQ(::stat(shm_mailbox_path(cfg, b_ip).c_str(), &st), 0);
+
+  std::vector<Received> at_a, at_b;
+  size_t total_bytes = 0;
+  const int kPackets = 1500;  // ~3 MiB each way through a 64 KiB ring: ~50 wraps
+  for (int i = 0; i < kPackets; ++i) {
+    size_t len = 1 + (static_cast<size_t>(i) * 397u) % 4200u;
+    if (i < 3) len = static_cast<size_t>(i) + 1;  // 1, 2, 3 bytes
+    if (i == 3) len = 4200;
+    ASSERT_EQ(send_bytes(a, b_ip, make_packet(i, len)), ShmSendResult::kSent) << i;
+    ASSERT_EQ(send_bytes(b, a_ip, make_packet(i + 100000, len)), ShmSendResult::kSent) << i;
+    total_bytes += len;
+    if (i % 7 == 6 || i == kPackets - 1) {
+      drain(b, at_b);
+      drain(a, at_a);
+    }
+  }
+  ASSERT_EQ(at_b.size(), static_cast<size_t>(kPackets));
+  ASSERT_EQ(at_a.size(), static_cast<size_t>(kPackets));
+  for (int i = 0; i < kPackets; ++i) {
+    size_t len = 1 + (static_cast<size_t>(i) * 397u) % 4200u;
+    if (i < 3) len = static_cast<size_t>(i) + 1;
+    if (i == 3) len = 4200;
+    EXPECT_EQ(at_b[i].src, a_ip);
+    EXPECT_EQ(at_a[i].src, b_ip);
+    ASSERT_EQ(at_b[i].bytes, make_packet(i, len)) << i;
+    ASSERT_EQ(at_a[i].bytes, make_packet(i + 100000, len)) << i;
+  }
+  EXPECT_GT(total_bytes, 20 * cfg.ring_bytes);
+  EXPECT_EQ(a.stats().packets_out, static_cast<uint64_t>(kPackets));
+  EXPECT_EQ(b.stats().packets_in, static_cast<uint64_t>(kPackets));
+  EXPECT_EQ(b.stats().bytes_in, total_bytes);
+  EXPECT_EQ(a.stats().rings_claimed, 1u);
+  EXPECT_EQ(b.stats().broken_rings, 0u);
+  EXPECT_EQ(a.stats().full_drops, 0u);
+
+  b.close();
+  EXPECT_NE(::stat(shm_mailbox_path(cfg, b_ip).c_str(), &st), 0);  // unlinked
+}
+
+TEST_F(ShmPortTest, PollBudgetAndEmptyPoll) {
+  const uint32_t a_ip = ip_of(1, 3), b_ip = ip_of(1, 4);
+  ShmPort a, b;
+  ASSERT_EQ(a.open(a_ip, cfg), 0);
+  ASSERT_EQ(b.open(b_ip, cfg), 0);
+  std::vector<Received> got;
+  EXPECT_EQ(drain(b, got), 0u);
+  for (int i = 0; i < 5; ++i)
+    ASSERT_EQ(send_bytes(a, b_ip, make_packet(i, 64)), ShmSendResult::kSent);
+  EXPECT_EQ(drain(b, got, 2), 2u);
+  EXPECT_EQ(drain(b, got, 0), 0u);
+  EXPECT_EQ(drain(b, got), 3u);
+  EXPECT_EQ(drain(b, got), 0u);
+  ASSERT_EQ(got.size(), 5u);
+  for (int i = 0; i < 5; ++i) EXPECT_EQ(got[i].bytes, make_packet(i, 64));
+  // Zero-length packet and an oversized one.
+  EXPECT_EQ(a.send(b_ip, nullptr, 0), ShmSendResult::kSent);
+  EXPECT_EQ(send_bytes(a, b_ip, make_packet(0, cfg.max_packet_bytes + 1)), ShmSendResult::kNoPeer);
+  got.clear();
+  EXPECT_EQ(drain(b, got), 1u);
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_TRUE(got[0].bytes.empty());
+}
+
+TEST_F(ShmPortTest, FullRingDropsThenRecoversAfterDrain) {
+  const uint32_t a_ip = ip_of(1, 5), b_ip = ip_of(1, 6);
+  ShmPort a, b;
+  ASSERT_EQ(a.open(a_ip, cfg), 0);
+  ASSERT_EQ(b.open(b_ip, cfg), 0);
+  int sent = 0;
+  ShmSendResult r = ShmSendResult::kSent;
+  for (int i = 0; i < 1000; ++i) {
+    r = send_bytes(a, b_ip, make_packet(i, 4000));
+    if (r != ShmSendResult::kSent) break;
+    ++sent;
+  }
+  EXPECT_EQ(r, ShmSendResult::kFull);
+  EXPECT_GT(sent, 5);
+  EXPECT_LE(sent * 4000, static_cast<int>(cfg.ring_bytes));
+  EXPECT_EQ(a.stats().full_drops, 1u);
+  EXPECT_EQ(send_bytes(a, b_ip, make_packet(9999, 4000)), ShmSendResult::kFull);
+
+  std::vector<Received> got;
+  EXPECT_EQ(drain(b, got), static_cast<size_t>(sent));
+  for (int i = 0; i < sent; ++i) ASSERT_EQ(got[i].bytes, make_packet(i, 4000));
+  EXPECT_EQ(send_bytes(a, b_ip, make_packet(4242, 4000)), ShmSendResult::kSent);
+  got.clear();
+  EXPECT_EQ(drain(b, got), 1u);
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].bytes, make_packet(4242, 4000));
+}
+
+TEST_F(ShmPortTest, NoPeerUntilMailboxAppears) {
+  const uint32_t a_ip = ip_of(1, 7), late_ip = ip_of(1, 99);
+  ShmPort a;
+  ShmPort unopened;
+  auto pkt = make_packet(1, 100);
+  EXPECT_EQ(send_bytes(unopened, late_ip, pkt), ShmSendResult::kNoPeer);
+  ASSERT_EQ(a.open(a_ip, cfg), 0);
+  EXPECT_EQ(send_bytes(a, late_ip, pkt), ShmSendResult::kNoPeer);
+  EXPECT_EQ(send_bytes(a, late_ip, pkt), ShmSendResult::kNoPeer);  // cached failure
+  EXPECT_EQ(a.stats().no_peer, 2u);
+
+  ShmPort late;
+  ASSERT_EQ(late.open(late_ip, cfg), 0);
+  EXPECT_TRUE(eventually([&] { return send_bytes(a, late_ip, pkt) == ShmSendResult::kSent; }));
+  std::vector<Received> got;
+  EXPECT_EQ(drain(late, got), 1u);
+  EXPECT_EQ(a.stats().peers_found, 1u);
+}
+
+TEST_F(ShmPortTest, SecondOpenOfLiveAddressFails) {
+  const uint32_t ip = ip_of(1, 8);
+  ShmPort p1, p2;
+  ASSERT_EQ(p1.open(ip, cfg), 0);
+  EXPECT_EQ(p1.open(ip_of(1, 9), cfg), EINVAL);  // already open
+  EXPECT_EQ(p2.open(ip, cfg), EADDRINUSE);
+  EXPECT_FALSE(p2.is_open());
+  p1.close();
+  EXPECT_EQ(p2.open(ip, cfg), 0);
+
+  ShmConfig bad = cfg;
+  bad.ring_bytes = 100000;  // not a power of two
+  ShmPort p3;
+  EXPECT_EQ(p3.open(ip_of(1, 10), bad), EINVAL);
+  bad = cfg;
+  bad.ring_count = 65;
+  EXPECT_EQ(p3.open(ip_of(1, 10), bad), EINVAL);
+}
+
+TEST_F(ShmPortTest, StaleSegmentOfDeadOwnerIsReplaced) {
+  const uint32_t a_ip = ip_of(2, 1), b_ip = ip_of(2, 2);
+  const std::string path = shm_mailbox_path(cfg, b_ip);
+  pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    ShmPort p;
+    _exit(p.open(b_ip, cfg) == 0 ? 0 : 1);  // dies without close(): the file stays
+  }
+  ASSERT_EQ(wait_child(child), 0);
+  struct stat st;
+  ASSERT_EQ(::stat(path.c_str(), &st), 0);  // left behind, owner pid now dead
+
+  ShmPort a, b;
+  ASSERT_EQ(a.open(a_ip, cfg), 0);
+  EXPECT_EQ(send_bytes(a, b_ip, make_packet(1, 10)), ShmSendResult::kNoPeer);  // owner dead
+  ASSERT_EQ(b.open(b_ip, cfg), 0);
+  EXPECT_TRUE(
+      eventually([&] { return send_bytes(a, b_ip, make_packet(2, 10)) == ShmSendResult::kSent; }));
+  std::vector<Received> got;
+  EXPECT_EQ(drain(b, got), 1u);
+  b.close();
+
+  // A garbage file at the path is replaced too.
+  int fd = ::open(path.c_str(), O_CREAT | O_WRONLY | O_TRUNC, 0600);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::write(fd, "garbage", 7), 7);
+  ::close(fd);
+  ShmPort b2;
+  EXPECT_EQ(b2.open(b_ip, cfg), 0);
+}
+
+// Receiver child goes away (closed or crashed): the sender sees kNoPeer within bounded time.
+void receiver_goes_away(const ShmConfig& cfg, uint32_t a_ip, uint32_t b_ip, bool graceful) {
+  int ready[2], go[2];
+  ASSERT_EQ(::pipe(ready), 0);
+  ASSERT_EQ(::pipe(go), 0);
+  pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    ShmPort b;
+    if (b.open(b_ip, cfg) != 0) _exit(1);
+    put_byte(ready[1]);
+    wait_byte(go[0]);
+    if (graceful) b.close();
+    _exit(0);
+  }
+  ASSERT_TRUE(wait_byte(ready[0]));
+  ShmPort a;
+  ASSERT_EQ(a.open(a_ip, cfg), 0);
+  EXPECT_EQ(send_bytes(a, b_ip, make_packet(1, 1000)), ShmSendResult::kSent);
+  put_byte(go[1]);
+  EXPECT_EQ(wait_child(child), 0);
+  int sends = 0;
+  EXPECT_TRUE(eventually([&] {
+    ++sends;
+    return send_bytes(a, b_ip, make_packet(2, 1000)) == ShmSendResult::kNoPeer;
+  }));
+  if (graceful) {
+    EXPECT_EQ(sends, 1);  // the closed flag is seen on the very next send
+  }
+  EXPECT_EQ(a.stats().peers_lost, 1u);
+  EXPECT_EQ(send_bytes(a, b_ip, make_packet(3, 1000)), ShmSendResult::kNoPeer);
+  for (int fd : {ready[0], ready[1], go[0], go[1]}) ::close(fd);
+}
+
+TEST_F(ShmPortTest, ReceiverClosesSenderSeesNoPeer) {
+  receiver_goes_away(cfg, ip_of(3, 1), ip_of(3, 2), true);
+}
+
+TEST_F(ShmPortTest, ReceiverCrashesSenderSeesNoPeer) {
+  receiver_goes_away(cfg, ip_of(3, 3), ip_of(3, 4), false);
+}
+
+TEST_F(ShmPortTest, ReceiverRestartOnSameAddressIsFoundAgain) {
+  const uint32_t a_ip = ip_of(4, 1), b_ip = ip_of(4, 2);
+  int ready[2], go[2];
+  ASSERT_EQ(::pipe(ready), 0);
+  ASSERT_EQ(::pipe(go), 0);
+  pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    ShmPort b;
+    if (b.open(b_ip, cfg) != 0) _exit(1);
+    put_byte(ready[1]);
+    wait_byte(go[0]);
+    _exit(0);  // crash: no close()
+  }
+  ASSERT_TRUE(wait_byte(ready[0]));
+  ShmPort a;
+  ASSERT_EQ(a.open(a_ip, cfg), 0);
+  EXPECT_EQ(send_bytes(a, b_ip, make_packet(1, 500)), ShmSendResult::kSent);
+  put_byte(go[1]);
+  ASSERT_EQ(wait_child(child), 0);
+
+  // New incarnation on the same address (this process), new epoch.
+  ShmPort b;
+  ASSERT_EQ(b.open(b_ip, cfg), 0);
+  std::vector<Received> got;
+  EXPECT_TRUE(eventually([&] {
+    send_bytes(a, b_ip, make_packet(7, 500));
+    return drain(b, got) > 0;
+  }));
+  ASSERT_FALSE(got.empty());
+  EXPECT_EQ(got[0].bytes, make_packet(7, 500));  // nothing from the old incarnation
+  EXPECT_EQ(a.stats().peers_found, 2u);
+  EXPECT_GE(a.stats().peers_lost, 1u);
+
+  // And an in-process close + reopen: the closed flag sends the sender to the new file.
+  uint64_t old_epoch = b.epoch();
+  b.close();
+  ASSERT_EQ(b.open(b_ip, cfg), 0);
+  EXPECT_NE(b.epoch(), old_epoch);
+  got.clear();
+  EXPECT_TRUE(eventually([&] {
+    send_bytes(a, b_ip, make_packet(8, 300));
+    return drain(b, got) > 0;
+  }));
+  ASSERT_FALSE(got.empty());
+  EXPECT_EQ(got[0].bytes, make_packet(8, 300));
+  for (int fd : {ready[0], ready[1], go[0], go[1]}) ::close(fd);
+}
+
+TEST_F(ShmPortTest, DeadProducerRingIsReleased) {
+  cfg.ring_count = 1;  // one ring: a new producer can only get the dead one's
+  const uint32_t a_ip = ip_of(5, 1), b_ip = ip_of(5, 2), c_ip = ip_of(5, 3);
+  ShmPort b;
+  ASSERT_EQ(b.open(b_ip, cfg), 0);
+  pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    ShmPort c;
+    if (c.open(c_ip, cfg) != 0) _exit(1);
+    _exit(send_bytes(c, b_ip, make_packet(1, 100)) == ShmSendResult::kSent ? 0 : 2);
+  }
+  ASSERT_EQ(wait_child(child), 0);
+
+  ShmPort a;
+  ASSERT_EQ(a.open(a_ip, cfg), 0);
+  EXPECT_EQ(send_bytes(a, b_ip, make_packet(2, 100)), ShmSendResult::kNoPeer);  // no free ring
+  std::vector<Received> got;
+  EXPECT_TRUE(eventually([&] {
+    drain(b, got);
+    return send_bytes(a, b_ip, make_packet(3, 100)) == ShmSendResult::kSent;
+  }));
+  EXPECT_GE(b.stats().rings_freed, 1u);
+  got.clear();
+  EXPECT_EQ(drain(b, got), 1u);
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].src, a_ip);
+  EXPECT_EQ(got[0].bytes, make_packet(3, 100));
+}
+
+TEST_F(ShmPortTest, ClosedProducerRingIsDrainedThenReleased) {
+  cfg.ring_count = 1;
+  const uint32_t a_ip = ip_of(5, 4), b_ip = ip_of(5, 5), c_ip = ip_of(5, 6);
+  ShmPort a, b, c;
+  ASSERT_EQ(b.open(b_ip, cfg), 0);
+  ASSERT_EQ(c.open(c_ip, cfg), 0);
+  ASSERT_EQ(a.open(a_ip, cfg), 0);
+  ASSERT_EQ(send_bytes(c, b_ip, make_packet(1, 100)), ShmSendResult::kSent);
+  c.close();
+  std::vector<Received> got;
+  EXPECT_EQ(drain(b, got), 1u);  // a closed producer's last packets are still delivered
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].src, c_ip);
+  EXPECT_TRUE(eventually([&] {
+    drain(b, got);
+    return send_bytes(a, b_ip, make_packet(2, 100)) == ShmSendResult::kSent;
+  }));
+  got.clear();
+  EXPECT_EQ(drain(b, got), 1u);
+}
+
+// A producer process streams while this process consumes: real cross-process SPSC traffic,
+// in order and intact. kFull is retried (bounded); no timing is measured.
+TEST_F(ShmPortTest, CrossProcessStreamIsInOrderAndIntact) {
+  const uint32_t b_ip = ip_of(5, 7), c_ip = ip_of(5, 8);
+  const uint32_t kPackets = 20000;
+  ShmPort b;
+  ASSERT_EQ(b.open(b_ip, cfg), 0);
+  pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    ShmPort c;
+    if (c.open(c_ip, cfg) != 0) _exit(1);
+    auto deadline = std::chrono::steady_clock::now() + 20s;
+    for (uint32_t i = 0; i < kPackets;) {
+      size_t len = 4 + (i * 613u) % 4200u;
+      auto pkt = make_packet(i, len);
+      std::memcpy(pkt.data(), &i, 4);
+      ShmSendResult r = send_bytes(c, b_ip, pkt);
+      if (r == ShmSendResult::kSent) {
+        ++i;
+      } else if (r == ShmSendResult::kNoPeer || std::chrono::steady_clock::now() > deadline) {
+        _exit(2);
+      }
+    }
+    c.close();
+    _exit(0);
+  }
+  uint32_t next = 0;
+  bool ok = true;
+  auto deadline = std::chrono::steady_clock::now() + 30s;
+  while (next < kPackets && ok && std::chrono::steady_clock::now() < deadline) {
+    b.poll(
+        [&](uint32_t src, std::span<const uint8_t> bytes) {
+          uint32_t seq = ~0u;
+          if (bytes.size() >= 4) std::memcpy(&seq, bytes.data(), 4);
+          size_t len = 4 + (next * 613u) % 4200u;
+          if (src != c_ip || seq != next || bytes.size() != len) {
+            ok = false;
+            return;
+          }
+          for (size_t i = 4; i < len; ++i)
+            if (bytes[i] != pattern_byte(next, i)) ok = false;
+          ++next;
+        },
+        64);
+  }
+  EXPECT_TRUE(ok) << "at packet " << next;
+  EXPECT_EQ(next, kPackets);
+  EXPECT_EQ(wait_child(child), 0);
+  EXPECT_EQ(b.stats().broken_rings, 0u);
+}
+
+TEST_F(ShmPortTest, DoorbellOnlyForSleepingReceiver) {
+  cfg.doorbell_threshold_ns = 5000;
+  const uint32_t a_ip = ip_of(6, 1), b_ip = ip_of(6, 2);
+  ShmPort a, b;
+  ASSERT_EQ(a.open(a_ip, cfg), 0);
+  ASSERT_EQ(b.open(b_ip, cfg), 0);
+  ASSERT_GE(b.doorbell_fd(), 0);
+  pollfd pf{b.doorbell_fd(), POLLIN, 0};
+  auto pkt = make_packet(1, 200);
+
+  // Sleeping receiver: rung.
+  b.note_sleeping();
+  uint64_t now = shm_monotonic_ns();
+  ASSERT_EQ(send_bytes(a, b_ip, pkt), ShmSendResult::kSent);
+  a.ring_doorbells(now);
+  EXPECT_EQ(::poll(&pf, 1, 2000), 1);
+  EXPECT_EQ(a.stats().doorbells, 1u);
+  b.drain_doorbell();
+  EXPECT_EQ(::poll(&pf, 1, 0), 0);
+
+  // Nothing written since: no doorbell.
+  a.ring_doorbells(now + 1'000'000'000);
+  EXPECT_EQ(::poll(&pf, 1, 20), 0);
+
+  // Receiver polled just now: not rung.
+  b.note_polling(now);
+  ASSERT_EQ(send_bytes(a, b_ip, pkt), ShmSendResult::kSent);
+  a.ring_doorbells(now + 1000);
+  EXPECT_EQ(::poll(&pf, 1, 20), 0);
+  EXPECT_EQ(a.stats().doorbells, 1u);
+
+  // Receiver's last poll is stale: rung.
+  ASSERT_EQ(send_bytes(a, b_ip, pkt), ShmSendResult::kSent);
+  a.ring_doorbells(now + 1'000'000);
+  EXPECT_EQ(::poll(&pf, 1, 2000), 1);
+  b.drain_doorbell();
+  std::vector<Received> got;
+  EXPECT_EQ(drain(b, got), 3u);
+}
+
+// Finds `needle` in the mailbox file of `ip` and returns a writable mapping of it plus the
+// offset (layout-agnostic corruption).
+struct FileMap {
+  uint8_t* base = nullptr;
+  size_t bytes = 0;
+  ~FileMap() {
+    if (base) ::munmap(base, bytes);
+  }
+};
+
+size_t find_in_mailbox(const std::string& path, const std::vector<uint8_t>& needle, FileMap& m) {
+  int fd = ::open(path.c_str(), O_RDWR);
+  if (fd < 0) return 0;
+  struct stat st;
+  ::fstat(fd, &st);
+  m.bytes = static_cast<size_t>(st.st_size);
+  void* p = ::mmap(nullptr, m.bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  ::close(fd);
+  if (p == MAP_FAILED) return 0;
+  m.base = static_cast<uint8_t*>(p);
+  void* hit = ::memmem(m.base, m.bytes, needle.data(), needle.size());
+  return hit ? static_cast<size_t>(static_cast<uint8_t*>(hit) - m.base) : 0;
+}
+
+TEST_F(ShmPortTest, CorruptedRecordHeaderIsCountedNotFatal) {
+  const uint32_t a_ip = ip_of(7, 1), b_ip = ip_of(7, 2);
+  ShmPort a, b;
+  ASSERT_EQ(a.open(a_ip, cfg), 0);
+  ASSERT_EQ(b.open(b_ip, cfg), 0);
+  auto marker = make_packet(0xC0FFEE, 96);
+  ASSERT_EQ(send_bytes(a, b_ip, marker), ShmSendResult::kSent);
+  FileMap m;
+  size_t off = find_in_mailbox(shm_mailbox_path(cfg, b_ip), marker, m);
+  ASSERT_GE(off, 8u);
+  uint32_t huge = 0x7FFFFFFF;
+  std::memcpy(m.base + off - 8, &huge, 4);  // record length beyond the ring
+
+  std::vector<Received> got;
+  EXPECT_EQ(drain(b, got), 0u);
+  EXPECT_EQ(b.stats().broken_rings, 1u);
+  EXPECT_EQ(drain(b, got), 0u);
+  EXPECT_EQ(b.stats().broken_rings, 1u);
+
+  // The producer notices its ring was quarantined and takes another one.
+  auto pkt = make_packet(5, 300);
+  ASSERT_EQ(send_bytes(a, b_ip, pkt), ShmSendResult::kSent);
+  EXPECT_EQ(a.stats().rings_claimed, 2u);
+  EXPECT_EQ(drain(b, got), 1u);
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].bytes, pkt);
+  // The quarantined ring, now acknowledged by its producer, goes back to the pool.
+  EXPECT_TRUE(eventually([&] {
+    drain(b, got);
+    return b.stats().rings_freed >= 1;
+  }));
+}
+
+TEST_F(ShmPortTest, ScribbledRingDataNeverCrashesReceiver) {
+  const uint32_t a_ip = ip_of(7, 3), b_ip = ip_of(7, 4);
+  for (int variant = 0; variant < 3; ++variant) {
+    ShmPort a, b;
+    ASSERT_EQ(a.open(a_ip, cfg), 0);
+    ASSERT_EQ(b.open(b_ip, cfg), 0);
+    auto marker = make_packet(0xBEEF + variant, 128);
+    ASSERT_EQ(send_bytes(a, b_ip, marker), ShmSendResult::kSent);
+    for (int i = 0; i < 20; ++i)
+      ASSERT_EQ(send_bytes(a, b_ip, make_packet(i, 1500)), ShmSendResult::kSent);
+    FileMap m;
+    size_t off = find_in_mailbox(shm_mailbox_path(cfg, b_ip), marker, m);
+    ASSERT_GE(off, 8u);
+    size_t from = off - 8, to = std::min(m.bytes, from + 40000);
+    uint32_t x = 12345u + variant;
+    for (size_t i = from; i < to; ++i) {
+      x = x * 1103515245u + 12345u;
+      m.base[i] = variant == 0 ? 0xFF : variant == 1 ? static_cast<uint8_t>(x >> 16) : 0;
+    }
+    std::vector<Received> got;
+    size_t n = 0;
+    for (int i = 0; i < 10; ++i) n += drain(b, got);
+    EXPECT_LE(n, cfg.ring_bytes / 64);
+    // The sender keeps working (same or new ring) and nothing hangs.
+    for (int i = 0; i < 10; ++i) send_bytes(a, b_ip, make_packet(i, 100));
+    for (int i = 0; i < 10; ++i) drain(b, got);
+  }
+}
+
+}  // namespace
