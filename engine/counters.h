@@ -40,6 +40,9 @@ namespace softrdma::engine {
   X(emulated_drops, "packets dropped on transmit by the link emulator (SOFTRDMA_NETEM)")      \
   X(send_err, "sendmsg failures")                                                         \
   X(sent_gso_batches, "UDP GSO sends (several RoCEv2 packets in one sendmsg)")             \
+  X(sent_shm_pkts, "packets sent through the same-host shared-memory path")               \
+  X(rcvd_shm_pkts, "packets received through the same-host shared-memory path")           \
+  X(shm_drops, "packets dropped: peer's shared-memory ring full (or no mailbox, shm only)") \
   X(rcvd_gro_batches, "UDP GRO receives (several RoCEv2 packets in one datagram buffer)")
 
 /// The live counters of one device. Lives in shared memory; every field is a relaxed

@@ -4,6 +4,7 @@
 #include <net/if.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
+#include <sched.h>
 #include <sys/ioctl.h>
 #include <time.h>
 #include <unistd.h>
@@ -74,6 +75,28 @@ bool DeviceConfig::from_environment(DeviceConfig& out, std::string& error) {
     }
   }
   if (const char* p = std::getenv("SOFTRDMA_PCAP"); p && *p) c.pcap_path = p;
+  if (const char* t = std::getenv("SOFTRDMA_TRANSPORT"); t && *t) {
+    const std::string v = t;
+    if (v == "auto")
+      c.path = PacketPath::kAuto;
+    else if (v == "udp")
+      c.path = PacketPath::kUdp;
+    else if (v == "shm")
+      c.path = PacketPath::kShm;
+    else {
+      error = "SOFTRDMA_TRANSPORT: expected auto, udp or shm, got '" + v + "'";
+      return false;
+    }
+  }
+  if (const char* sp = std::getenv("SOFTRDMA_SPIN_US"); sp && *sp) {
+    char* end = nullptr;
+    const unsigned long long us = std::strtoull(sp, &end, 10);
+    if (*end != 0 || us > 1'000'000) {
+      error = std::string("SOFTRDMA_SPIN_US: expected 0..1000000 (µs), got '") + sp + "'";
+      return false;
+    }
+    c.spin_ns = us * 1000;
+  }
   if (const char* g = std::getenv("SOFTRDMA_GSO"); g && *g) {
     const std::string v = g;
     if (v == "1" || v == "on")
@@ -109,6 +132,21 @@ std::unique_ptr<Device> Device::open(const DeviceConfig& cfg, int& err) {
   }
   if (err) return nullptr;
 
+  d->path_ = cfg.path;
+  d->spin_ns_ = cfg.spin_ns;
+  if (cfg.path != PacketPath::kUdp) {
+    // The UDP bind above made this process the address's owner; the mailbox only joins it.
+    if (int e = d->shm_.open(d->ip(), cfg.shm); e != 0) {
+      if (cfg.path == PacketPath::kShm) {
+        log().error("SOFTRDMA_TRANSPORT=shm: cannot open the shared-memory mailbox for {}: {}",
+                    net::ipv4_to_string(d->ip()), std::strerror(e));
+        err = e;
+        return nullptr;
+      }
+      log().warn("same-host shared-memory path off for {}: {} (UDP only)",
+                 net::ipv4_to_string(d->ip()), std::strerror(e));
+    }
+  }
   d->netdev_mtu_ = interface_mtu(d->ip());
   d->active_mtu_ = ib_mtu_for(d->netdev_mtu_);
   if (cfg.netem.enabled()) d->netem_ = std::make_unique<net::Netem>(cfg.netem);
@@ -159,10 +197,16 @@ std::unique_ptr<Device> Device::open(const DeviceConfig& cfg, int& err) {
   ::epoll_ctl(d->epoll_fd_, EPOLL_CTL_ADD, d->port_.fd(), &ev);
   ev.data.fd = d->event_fd_;
   ::epoll_ctl(d->epoll_fd_, EPOLL_CTL_ADD, d->event_fd_, &ev);
-  log().info("device srdma0 bound to {}:{} (netdev MTU {}, active MTU {}, UDP GSO {}, GRO {})",
-             net::ipv4_to_string(d->ip()), wire::kRoceV2Port, d->netdev_mtu_,
-             mtu_bytes(d->active_mtu_), d->port_.gso() ? "on" : "off",
-             d->port_.gro() ? "on" : "off");
+  if (d->shm_.is_open()) {
+    ev.data.fd = d->shm_.doorbell_fd();
+    ::epoll_ctl(d->epoll_fd_, EPOLL_CTL_ADD, d->shm_.doorbell_fd(), &ev);
+  }
+  log().info(
+      "device srdma0 bound to {}:{} (netdev MTU {}, active MTU {}, UDP GSO {}, GRO {}, "
+      "same-host shared memory {})",
+      net::ipv4_to_string(d->ip()), wire::kRoceV2Port, d->netdev_mtu_, mtu_bytes(d->active_mtu_),
+      d->port_.gso() ? "on" : "off", d->port_.gro() ? "on" : "off",
+      d->shm_.is_open() ? (cfg.path == PacketPath::kShm ? "only" : "auto") : "off");
   d->thread_ = std::thread([dev = d.get()] { dev->progress_thread(); });
   return d;
 }
@@ -311,26 +355,62 @@ void Device::send_queued() {
     }
     return;
   }
+  // Peers on this host with a mailbox get their packets through shared memory; the rest
+  // (and everything under SOFTRDMA_TRANSPORT=udp) by UDP.
+  udp_slots_.clear();
+  bool shm_sent = false;
+  for (size_t k = 0; k < tx_count_; ++k) {
+    TxSlot& s = tx_[k];
+    if (!shm_.is_open()) {
+      udp_slots_.push_back(k);
+      continue;
+    }
+    for (int b = 0; b < 4; ++b) s.trailer[s.pad + b] = static_cast<uint8_t>(s.icrc >> (8 * b));
+    const net::ShmSendResult r = shm_.send(s.dst_ip, s.iov.data(), s.iov.size());
+    if (r == net::ShmSendResult::kNoPeer && path_ != PacketPath::kShm) {
+      udp_slots_.push_back(k);
+      continue;
+    }
+    if (r == net::ShmSendResult::kSent) {
+      shm_sent = true;
+      bump(counters_->sent_shm_pkts);
+      if (pcap_) {
+        // As if it had crossed the wire unsegmented: id 0, DF, the socket's TTL and TOS.
+        pcap_->record({ip(), s.dst_ip, wire::kRoceV2Port, wire::kRoceV2Port, 0, true, tx_ttl_,
+                       tx_tos_},
+                      s.iov);
+        pcap_dirty_ = true;
+      }
+    } else {
+      // A full ring, or (SOFTRDMA_TRANSPORT=shm) no mailbox: lost, as a full socket buffer
+      // loses a datagram; RC retransmission recovers it or errors the QP.
+      bump(counters_->shm_drops);
+    }
+  }
+  if (shm_sent) shm_.ring_doorbells(now_ns());
+  if (!udp_slots_.empty()) last_udp_traffic_ns_ = now_ns();
   tx_iov_.clear();
   tx_batch_.clear();
   std::vector<std::pair<size_t, size_t>>& ranges = tx_ranges_;  // (first iov, count)
   ranges.clear();
-  for (size_t i = 0; i < tx_count_;) {
+  const size_t nudp = udp_slots_.size();
+  for (size_t i = 0; i < nudp;) {
     // A GSO run: consecutive packets to one peer, all of the first one's size except a
     // shorter last one (UDP_SEGMENT cuts at a fixed size), within the kernel's limits.
-    const uint32_t seg = tx_[i].udp_len;
+    const TxSlot& head = tx_[udp_slots_[i]];
+    const uint32_t seg = head.udp_len;
     size_t j = i + 1, total = seg;
     if (port_.gso()) {
-      while (j < tx_count_ && j - i < net::kMaxGsoSegments && tx_[j].dst_ip == tx_[i].dst_ip &&
-             tx_[j - 1].udp_len == seg && tx_[j].udp_len <= seg &&
-             total + tx_[j].udp_len <= net::kMaxGsoBytes) {
-        total += tx_[j].udp_len;
+      while (j < nudp && j - i < net::kMaxGsoSegments &&
+             tx_[udp_slots_[j]].dst_ip == head.dst_ip && tx_[udp_slots_[j - 1]].udp_len == seg &&
+             tx_[udp_slots_[j]].udp_len <= seg && total + tx_[udp_slots_[j]].udp_len <= net::kMaxGsoBytes) {
+        total += tx_[udp_slots_[j]].udp_len;
         ++j;
       }
     }
     const size_t first_iov = tx_iov_.size();
     for (size_t k = i; k < j; ++k) {
-      TxSlot& s = tx_[k];
+      TxSlot& s = tx_[udp_slots_[k]];
       const uint16_t id = static_cast<uint16_t>(k - i);
       const uint32_t icrc = id ? wire::icrc_with_ip_id(s.icrc, 0, id, s.udp_len) : s.icrc;
       for (int b = 0; b < 4; ++b) s.trailer[s.pad + b] = static_cast<uint8_t>(icrc >> (8 * b));
@@ -345,7 +425,7 @@ void Device::send_queued() {
       tx_iov_.insert(tx_iov_.end(), s.iov.begin(), s.iov.end());
     }
     ranges.emplace_back(first_iov, tx_iov_.size() - first_iov);
-    tx_batch_.push_back({nullptr, 0, tx_[i].dst_ip, wire::kRoceV2Port,
+    tx_batch_.push_back({nullptr, 0, head.dst_ip, wire::kRoceV2Port,
                          static_cast<uint16_t>(j - i > 1 ? seg : 0)});
     if (j - i > 1) bump(counters_->sent_gso_batches);
     i = j;
@@ -358,9 +438,11 @@ void Device::send_queued() {
     pcap_->flush();
     pcap_dirty_ = false;
   }
-  size_t errors = 0;
-  port_.send_batch(tx_batch_, errors);
-  if (errors) bump(counters_->send_err, errors);
+  if (!tx_batch_.empty()) {
+    size_t errors = 0;
+    port_.send_batch(tx_batch_, errors);
+    if (errors) bump(counters_->send_err, errors);
+  }
   tx_count_ = 0;
 }
 
@@ -443,11 +525,31 @@ void Device::handle_packet(const net::RxDatagram& d, const uint8_t* data, size_t
   }
 }
 
+size_t Device::receive_shm_locked() {
+  if (!shm_.is_open()) return 0;
+  net::RxDatagram d;  // what a UDP receive would have said about a local sender
+  d.src_port = wire::kRoceV2Port;
+  d.ttl = tx_ttl_;
+  d.tos = tx_tos_;
+  const size_t n = shm_.poll(
+      [&](uint32_t src_ip, std::span<const uint8_t> bytes) {
+        d.src_ip = src_ip;
+        d.data = const_cast<uint8_t*>(bytes.data());
+        d.length = bytes.size();
+        bump(counters_->rcvd_shm_pkts);
+        handle_packet(d, bytes.data(), bytes.size(), 0);
+      },
+      kRxBudget);
+  if (n) flush();
+  return n;
+}
+
 size_t Device::receive_locked() {
-  size_t total = 0;
+  size_t total = receive_shm_locked();
   while (total < kRxBudget) {
     const size_t n = port_.recv_batch(rx_slots_);
     if (n == 0) break;
+    last_udp_traffic_ns_ = now_ns();
     for (size_t i = 0; i < n; ++i) handle_datagram(rx_slots_[i]);
     total += n;
     // Responses (READ data, atomic ACKs) and requests the completer released go out now.
@@ -492,10 +594,24 @@ void Device::try_progress() {
   last_inline_poll_ns_.store(now, std::memory_order_relaxed);
   std::unique_lock lk(mu_, std::try_to_lock);
   if (!lk) return;
+  if (shm_.is_open()) shm_.note_polling(now);
+  // An empty poll of the rings is a few memory loads; an empty recvmmsg is a system call.
+  // While no UDP traffic has been seen for kUdpIdleNs (all peers on the same-host path), the
+  // UDP socket is checked at most every kUdpCheckNs, so a busy poll costs no system call
+  // (a UDP peer's first packet then waits up to kUdpCheckNs).
+  constexpr uint64_t kUdpIdleNs = 1'000'000, kUdpCheckNs = 20'000;
+  const bool udp_idle = shm_.is_open() && now - last_udp_traffic_ns_ > kUdpIdleNs;
+  if (udp_idle && now - last_udp_check_ns_ < kUdpCheckNs) {
+    receive_shm_locked();
+    run_timers_locked(now);
+    flush();
+    return;
+  }
+  last_udp_check_ns_ = now;
   // ACKs leave before the poll returns: a completion the application sees implies its
   // ACK is on its way, as with a NIC. (Deferring them to the application's next post
-  // saved 3.7 µs of ib_send_lat, but a responder that exits or is killed right after its
-  // last completion then never acknowledges it; see docs/performance.md.)
+  // saved 3.7 µs of ib_send_lat over UDP, but a responder that exits or is killed right
+  // after its last completion then never acknowledges it; see docs/performance.md.)
   progress_locked(now);
 }
 
@@ -521,15 +637,49 @@ void Device::progress_thread() {
   // the whole window for every WRITE; waking every 50 µs while an app polls costs a few
   // percent of a core, as the thread takes no lock then.
   constexpr uint64_t kPollerActiveNs = 50'000;
+  //
+  // Same-host path: nobody polls the rings while this thread sleeps, so before an untimed
+  // sleep it tells senders so (note_sleeping: they then ring the doorbell socket, which
+  // epoll watches) and looks once more. While rings carry traffic and no application
+  // polls, it keeps polling them for spin_ns_ after the last packet instead of sleeping:
+  // a sender sees a fresh poll time and rings no doorbell (a system call on its side, a
+  // wakeup on ours), and a stream of messages never waits for a wakeup.
   epoll_event events[4];
+  uint64_t spin_until = 0;
   while (!stop_.load()) {
     const uint64_t now = now_ns();
     const uint64_t last_poll = last_inline_poll_ns_.load(std::memory_order_relaxed);
     const bool app_polling = now - last_poll < kPollerActiveNs;
+    if (shm_.is_open() && !app_polling && now < spin_until) {
+      // Spinning while no application polls; the core is offered to other threads between
+      // empty polls (on 2 cores, the applications' own threads).
+      std::unique_lock lk(mu_, std::try_to_lock);
+      bool got = false;
+      if (lk) {
+        shm_.note_polling(now);
+        got = receive_shm_locked() != 0;
+        if (got) spin_until = now + spin_ns_;
+        if (now - last_udp_check_ns_ >= 20'000 ||
+            (next_deadline_ns_ && next_deadline_ns_ <= now)) {
+          last_udp_check_ns_ = now;
+          progress_locked(now);
+        }
+      }
+      if (!got) sched_yield();
+      continue;
+    }
     watch_socket(!app_polling);
     uint64_t until = sleep_until_ns_.load(std::memory_order_relaxed);
     if (app_polling && (until == 0 || until > last_poll + kPollerActiveNs))
       until = last_poll + kPollerActiveNs;
+    if (shm_.is_open() && !app_polling) {
+      std::lock_guard lk(mu_);
+      shm_.note_sleeping();
+      if (receive_shm_locked()) {  // written before the sender could see us asleep
+        spin_until = now + spin_ns_;
+        continue;
+      }
+    }
     timespec ts{};
     timespec* timeout = nullptr;  // sleep until an event
     if (until) {
@@ -539,21 +689,30 @@ void Device::progress_thread() {
       timeout = &ts;
     }
     const int n = ::epoll_pwait2(epoll_fd_, events, 4, timeout, nullptr);
+    bool bell = false;
     for (int i = 0; i < n; ++i) {
       if (events[i].data.fd == event_fd_) {
         uint64_t v;
         ssize_t r = ::read(event_fd_, &v, sizeof v);
         (void)r;
+      } else if (shm_.is_open() && events[i].data.fd == shm_.doorbell_fd()) {
+        bell = true;
       }
     }
     if (stop_.load()) break;
     const uint64_t woke = now_ns();
     const uint64_t timer = sleep_until_ns_.load(std::memory_order_relaxed);
-    if (woke - last_inline_poll_ns_.load(std::memory_order_relaxed) < kPollerActiveNs &&
+    // A doorbell means a sender saw nobody polling: serve it even inside the poller
+    // window (ib_write_lat's target polls once, then spins on memory).
+    if (!bell && woke - last_inline_poll_ns_.load(std::memory_order_relaxed) < kPollerActiveNs &&
         (timer == 0 || timer > woke))
       continue;  // the poller is still at it and no timer is due: leave it the lock
     std::lock_guard lk(mu_);
+    if (bell) shm_.drain_doorbell();
+    if (shm_.is_open()) shm_.note_polling(woke);
+    last_udp_check_ns_ = woke;
     progress_locked(woke);
+    if (shm_.is_open()) spin_until = woke + spin_ns_;
     sleep_until_ns_.store(next_deadline_ns_, std::memory_order_relaxed);
   }
 }

@@ -26,6 +26,7 @@
 #include "engine/types.h"
 #include "net/netem.h"
 #include "net/pcap_tap.h"
+#include "net/shm_port.h"
 #include "net/udp_port.h"
 
 namespace softrdma::engine {
@@ -33,6 +34,13 @@ namespace softrdma::engine {
 class QueuePair;
 class MemoryRegion;
 class CounterPublisher;
+
+/// Which path packets to a peer take (SOFTRDMA_TRANSPORT).
+enum class PacketPath : uint8_t {
+  kAuto,  ///< shared memory to peers that are softrdma devices on this host, else UDP
+  kUdp,   ///< UDP port 4791 only (the wire; `tcpdump -i lo` sees every packet)
+  kShm,   ///< shared memory only: packets to a peer without a mailbox are dropped
+};
 
 /// How to open a device.
 struct DeviceConfig {
@@ -50,8 +58,16 @@ struct DeviceConfig {
   /// UDP GSO on send and GRO on receive where the kernel has them (SOFTRDMA_GSO=0 turns
   /// both off: one datagram per packet, e.g. so `tcpdump -i lo` shows every packet).
   bool udp_offload = true;
+  /// Packet path (SOFTRDMA_TRANSPORT=auto|udp|shm).
+  PacketPath path = PacketPath::kAuto;
+  /// Same-host path settings (mailbox in /dev/shm, ring sizes, doorbell threshold).
+  net::ShmConfig shm;
+  /// How long the progress thread keeps polling the shared-memory rings after their last
+  /// packet before it sleeps, ns (SOFTRDMA_SPIN_US, µs; 0: sleep at once).
+  uint64_t spin_ns = 20'000;
 
-  /// Reads SOFTRDMA_ADDR, SOFTRDMA_NETEM, SOFTRDMA_PCAP and SOFTRDMA_GSO. Returns false with `error` set when a
+  /// Reads SOFTRDMA_ADDR, SOFTRDMA_NETEM, SOFTRDMA_PCAP, SOFTRDMA_GSO and
+  /// SOFTRDMA_TRANSPORT. Returns false with `error` set when a
   /// variable is malformed.
   static bool from_environment(DeviceConfig& out, std::string& error);
 };
@@ -116,7 +132,8 @@ class Device final : public Transport {
   void handle_datagram(const net::RxDatagram& d);
   void handle_packet(const net::RxDatagram& d, const uint8_t* data, size_t length,
                      uint16_t ip_id_hint);
-  void send_queued();  // sends tx_ (GSO runs per peer), ACKs excluded
+  void send_queued();  // sends tx_ (shared memory or GSO runs per peer), ACKs excluded
+  size_t receive_shm_locked();
   void run_timers_locked(uint64_t now);
   void wake();
   void watch_socket(bool on);
@@ -133,6 +150,12 @@ class Device final : public Transport {
 
   std::mutex mu_;
   net::UdpPort port_;
+  net::ShmPort shm_;                   // open unless PacketPath::kUdp
+  PacketPath path_ = PacketPath::kAuto;
+  std::vector<size_t> udp_slots_;      // send_queued(): slots that go by UDP
+  uint64_t last_udp_check_ns_ = 0;     // try_progress(): last recvmmsg on the UDP socket
+  uint64_t last_udp_traffic_ns_ = 0;   // last UDP packet sent or received
+  uint64_t spin_ns_ = 20'000;          // progress thread's ring polling after traffic
   std::unique_ptr<net::Netem> netem_;
   std::unique_ptr<net::PcapTap> pcap_;
   bool pcap_dirty_ = false;

@@ -50,11 +50,11 @@ struct ShmConfig {
   /// the mailbox file (K × ring_bytes) costs memory only for rings in use; a producer reserves
   /// its ring's pages with fallocate() when it claims it (so a full tmpfs gives kNoPeer, not
   /// SIGBUS later).
-  uint64_t ring_bytes = 2u << 20;
+  uint64_t ring_bytes = 4u << 20;
   /// Largest packet carried, bytes (also capped to ring_bytes / 4). Larger ones: kNoPeer.
   uint32_t max_packet_bytes = 16384;
   /// ring_doorbells() rings a peer whose last note_polling() is older than this, ns.
-  uint64_t doorbell_threshold_ns = 5000;
+  uint64_t doorbell_threshold_ns = 2000;
   /// A failed peer lookup or ring claim is retried at most this often, ns.
   uint64_t peer_retry_ns = 100'000'000;
   /// Peer pids (sender side: the receiver; receiver side: each producer) are checked with

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Builds softrdma and runs every test, twice: the default preset (RelWithDebInfo, build/)
-# and the asan preset (AddressSanitizer + UBSan, build-asan/).
+# Builds softrdma and runs every test: the default preset (RelWithDebInfo, build/) once on
+# the same-host shared-memory path (the default) and once forced to UDP
+# (SOFTRDMA_TRANSPORT=udp), and the asan preset (AddressSanitizer + UBSan, build-asan/).
 #
 #   bash scripts/test.sh
 #
@@ -28,6 +29,10 @@ run_preset() {
     step=build
   elif ! ctest --preset "$preset"; then
     step=ctest
+  elif [[ $preset == default ]] && ! SOFTRDMA_TRANSPORT=udp ctest --preset "$preset"; then
+    # Peers on one host take the shared-memory path by default (SOFTRDMA_TRANSPORT=auto):
+    # run every test once more over the UDP wire path.
+    step="ctest (SOFTRDMA_TRANSPORT=udp)"
   else
     results+=("$preset: ok ($((SECONDS - t0)) s)")
     return 0
