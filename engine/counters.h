@@ -38,11 +38,11 @@ namespace softrdma::engine {
   X(rcvd_addr_err, "packets dropped: source address is not the QP's peer")                    \
   X(rcvd_stale_response, "responses dropped: PSN outside the outstanding window")             \
   X(emulated_drops, "packets dropped on transmit by the link emulator (SOFTRDMA_NETEM)")      \
-  X(send_err, "sendmsg failures")                                                         \
-  X(sent_gso_batches, "UDP GSO sends (several RoCEv2 packets in one sendmsg)")             \
-  X(sent_shm_pkts, "packets sent through the same-host shared-memory path")               \
-  X(rcvd_shm_pkts, "packets received through the same-host shared-memory path")           \
-  X(shm_drops, "packets dropped: peer's shared-memory ring full (or no mailbox, shm only)") \
+  X(send_err, "sendmsg failures")                                                             \
+  X(sent_gso_batches, "UDP GSO sends (several RoCEv2 packets in one sendmsg)")                \
+  X(sent_shm_pkts, "packets sent through the same-host shared-memory path")                   \
+  X(rcvd_shm_pkts, "packets received through the same-host shared-memory path")               \
+  X(shm_drops, "packets dropped: peer's shared-memory ring full (or no mailbox, shm only)")   \
   X(rcvd_gro_batches, "UDP GRO receives (several RoCEv2 packets in one datagram buffer)")
 
 /// The live counters of one device. Lives in shared memory; every field is a relaxed

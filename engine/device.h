@@ -150,12 +150,12 @@ class Device final : public Transport {
 
   std::mutex mu_;
   net::UdpPort port_;
-  net::ShmPort shm_;                   // open unless PacketPath::kUdp
+  net::ShmPort shm_;  // open unless PacketPath::kUdp
   PacketPath path_ = PacketPath::kAuto;
-  std::vector<size_t> udp_slots_;      // send_queued(): slots that go by UDP
-  uint64_t last_udp_check_ns_ = 0;     // try_progress(): last recvmmsg on the UDP socket
-  uint64_t last_udp_traffic_ns_ = 0;   // last UDP packet sent or received
-  uint64_t spin_ns_ = 20'000;          // progress thread's ring polling after traffic
+  std::vector<size_t> udp_slots_;     // send_queued(): slots that go by UDP
+  uint64_t last_udp_check_ns_ = 0;    // try_progress(): last recvmmsg on the UDP socket
+  uint64_t last_udp_traffic_ns_ = 0;  // last UDP packet sent or received
+  uint64_t spin_ns_ = 20'000;         // progress thread's ring polling after traffic
   std::unique_ptr<net::Netem> netem_;
   std::unique_ptr<net::PcapTap> pcap_;
   bool pcap_dirty_ = false;
@@ -186,7 +186,7 @@ class Device final : public Transport {
 
   std::vector<TxSlot> tx_;
   size_t tx_count_ = 0;
-  std::vector<iovec> tx_iov_;          // send_queued(): every run's gather list
+  std::vector<iovec> tx_iov_;  // send_queued(): every run's gather list
   std::vector<net::TxDatagram> tx_batch_;
   std::vector<std::pair<size_t, size_t>> tx_ranges_;
   std::vector<std::vector<uint8_t>> rx_buffers_;

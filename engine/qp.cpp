@@ -57,27 +57,26 @@ const Transition* find_transition(QpState from, QpState to) {
 WcOpcode wc_opcode_for(WrOpcode op) {
   switch (op) {
     case WrOpcode::kRdmaWrite:
-    case WrOpcode::kRdmaWriteImm: return WcOpcode::kRdmaWrite;
+    case WrOpcode::kRdmaWriteImm:
+      return WcOpcode::kRdmaWrite;
     case WrOpcode::kSend:
-    case WrOpcode::kSendImm: return WcOpcode::kSend;
-    case WrOpcode::kRdmaRead: return WcOpcode::kRdmaRead;
-    case WrOpcode::kCompareSwap: return WcOpcode::kCompSwap;
-    case WrOpcode::kFetchAdd: return WcOpcode::kFetchAdd;
+    case WrOpcode::kSendImm:
+      return WcOpcode::kSend;
+    case WrOpcode::kRdmaRead:
+      return WcOpcode::kRdmaRead;
+    case WrOpcode::kCompareSwap:
+      return WcOpcode::kCompSwap;
+    case WrOpcode::kFetchAdd:
+      return WcOpcode::kFetchAdd;
   }
   return WcOpcode::kSend;
 }
 
 }  // namespace
 
-QueuePair::QueuePair(Device& dev, ProtectionDomain& pd, CompletionQueue& scq,
-                     CompletionQueue& rcq, const QpCap& c, bool sig_all)
-    : cap(c),
-      sq_sig_all(sig_all),
-      send_cq(scq),
-      recv_cq(rcq),
-      transport(&dev),
-      dev_(dev),
-      pd_(pd) {
+QueuePair::QueuePair(Device& dev, ProtectionDomain& pd, CompletionQueue& scq, CompletionQueue& rcq,
+                     const QpCap& c, bool sig_all)
+    : cap(c), sq_sig_all(sig_all), send_cq(scq), recv_cq(rcq), transport(&dev), dev_(dev), pd_(pd) {
   std::lock_guard lk(dev_.mutex());
   qpn_ = dev_.register_qp(this);
   pd_.users++;
@@ -226,8 +225,7 @@ QpAttr QueuePair::query() const {
 }
 
 Status QueuePair::post_send_locked(const SendWr& wr) {
-  if (attr.state == QpState::kReset || attr.state == QpState::kInit ||
-      attr.state == QpState::kRtr)
+  if (attr.state == QpState::kReset || attr.state == QpState::kInit || attr.state == QpState::kRtr)
     return std::errc::invalid_argument;
   if (wr.num_sge > cap.max_send_sge) return std::errc::invalid_argument;
   if (wr.num_sge && !wr.sg_list) return std::errc::invalid_argument;
@@ -328,8 +326,8 @@ void QueuePair::retire_send(WcStatus status, uint32_t byte_len) {
   }
 }
 
-void QueuePair::complete_recv(WcStatus status, WcOpcode opcode, uint32_t byte_len,
-                              uint32_t imm_be, uint32_t wc_flags, bool solicited) {
+void QueuePair::complete_recv(WcStatus status, WcOpcode opcode, uint32_t byte_len, uint32_t imm_be,
+                              uint32_t wc_flags, bool solicited) {
   RecvWqe& r = rq.front();
   Cqe c;
   c.wr_id = r.wr_id;

@@ -6,9 +6,9 @@
 #include <unistd.h>
 
 #include <array>
+#include <cstring>
 #include <utility>
 #include <vector>
-#include <cstring>
 
 namespace softrdma::net {
 

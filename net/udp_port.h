@@ -38,18 +38,18 @@ inline constexpr size_t kMaxGsoBytes = 65507;
 
 /// One received datagram: bytes in a caller-provided buffer and where they came from.
 struct RxDatagram {
-  uint8_t* data = nullptr;   ///< caller's buffer
-  size_t capacity = 0;       ///< its size, bytes
-  size_t length = 0;         ///< bytes received (valid after recv_batch)
-  bool truncated = false;    ///< datagram was larger than capacity (MSG_TRUNC)
+  uint8_t* data = nullptr;  ///< caller's buffer
+  size_t capacity = 0;      ///< its size, bytes
+  size_t length = 0;        ///< bytes received (valid after recv_batch)
+  bool truncated = false;   ///< datagram was larger than capacity (MSG_TRUNC)
   /// UDP GRO (after enable_gro()): the kernel coalesced datagrams of this size (bytes), all
   /// from one sender; the buffer holds them back to back, the last possibly shorter.
   /// 0: the buffer is one datagram.
   uint16_t segment_size = 0;
-  uint32_t src_ip = 0;       ///< host order
+  uint32_t src_ip = 0;  ///< host order
   uint16_t src_port = 0;
-  uint8_t ttl = 0;           ///< IPv4 TTL as received (after enable_header_info(); else 0)
-  uint8_t tos = 0;           ///< IPv4 TOS as received (after enable_header_info(); else 0)
+  uint8_t ttl = 0;  ///< IPv4 TTL as received (after enable_header_info(); else 0)
+  uint8_t tos = 0;  ///< IPv4 TOS as received (after enable_header_info(); else 0)
 };
 
 /// A non-blocking UDP socket bound to one IPv4 address and port.

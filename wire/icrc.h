@@ -33,8 +33,8 @@ struct Ipv4UdpTuple {
   uint32_t dst_ip = 0;
   uint16_t src_port = 0;
   uint16_t dst_port = kRoceV2Port;
-  uint16_t ip_id = 0;          ///< IPv4 identification (0 for softrdma senders)
-  bool dont_fragment = true;   ///< IPv4 DF flag
+  uint16_t ip_id = 0;         ///< IPv4 identification (0 for softrdma senders)
+  bool dont_fragment = true;  ///< IPv4 DF flag
 };
 
 /// Incremental ICRC over a packet assembled from several buffers (headers, then payload

@@ -140,8 +140,8 @@ void exchange_and_check(const Env& path_env, bool compare_tcpdump, std::vector<D
       // --immediate-mode: deliver each packet at once, not in 1 s kernel blocks that a
       // SIGINT would cut short.
       ::execlp("tcpdump", "tcpdump", "--immediate-mode", "-i", "lo", "-U", "-n", "-w",
-               theirs.c_str(), "udp", "port",
-               "4791", "and", "host", kRequester, static_cast<char*>(nullptr));
+               theirs.c_str(), "udp", "port", "4791", "and", "host", kRequester,
+               static_cast<char*>(nullptr));
       ::_exit(127);
     }
     // Wait until the capture file exists (tcpdump writes its header once it listens).
