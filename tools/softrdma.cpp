@@ -1,10 +1,11 @@
 // softrdma — command-line companion of the softrdma drop-in libibverbs.so.1.
 //
-//   softrdma run [--addr IP] [--netem SPEC] [--pcap FILE] [--log LEVEL] -- PROGRAM [ARGS...]
+//   softrdma run [--addr IP] [--transport auto|udp|shm] [--netem SPEC] [--pcap FILE]
+//                [--log LEVEL] -- PROGRAM [ARGS...]
 //       Runs an unmodified verbs program over softrdma: checks the options, exports
-//       SOFTRDMA_ADDR / SOFTRDMA_NETEM / SOFTRDMA_PCAP / SOFTRDMA_LOG, puts the directory holding the
-//       drop-in libibverbs.so.1 (<dir of this executable>/../lib) first in LD_LIBRARY_PATH
-//       and execs PROGRAM in place of itself (same pid, exit status, signals and stdio).
+//       SOFTRDMA_ADDR / SOFTRDMA_NETEM / SOFTRDMA_PCAP / SOFTRDMA_LOG, puts the directory holding
+//       the drop-in libibverbs.so.1 (<dir of this executable>/../lib) first in LD_LIBRARY_PATH and
+//       execs PROGRAM in place of itself (same pid, exit status, signals and stdio).
 //
 //   softrdma stat [--all] [--json]
 //       Prints the counters that every open softrdma device publishes in
@@ -20,13 +21,13 @@
 #include <link.h>
 #include <unistd.h>
 
+#include <fmt/core.h>
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <fmt/core.h>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -51,10 +52,12 @@ constexpr int kExitCannotExec = 127;
 constexpr const char* kDeviceName = "srdma0";
 
 /// Levels SOFTRDMA_LOG accepts (spdlog level names; anything else would turn logging off).
-const std::vector<std::string> kLogLevels = {"trace", "debug", "info",    "warn",
+const std::vector<std::string> kLogLevels = {"trace", "debug",    "info", "warn",
                                              "error", "critical", "off"};
 
-void error(const std::string& msg) { fmt::print(stderr, "softrdma: {}\n", msg); }
+void error(const std::string& msg) {
+  fmt::print(stderr, "softrdma: {}\n", msg);
+}
 
 /// The directory that should hold the drop-in libibverbs.so.1: <dir of /proc/self/exe>/../lib
 /// (the build puts programs in build/bin and libraries in build/lib). Returns nullopt and
@@ -111,6 +114,7 @@ struct RunOptions {
   std::string netem;
   std::string pcap;
   std::string log;
+  std::string transport;
   std::vector<std::string> command;
 };
 
@@ -119,9 +123,10 @@ int cmd_run(const RunOptions& o) {
   if (!o.addr.empty()) {
     uint32_t ip = 0;
     if (!softrdma::net::ipv4_from_string(o.addr, ip) || ip == 0) {
-      error(fmt::format("--addr: '{}' is not a usable IPv4 address (expected a dotted quad "
-                        "such as 127.0.0.2)",
-                        o.addr));
+      error(
+          fmt::format("--addr: '{}' is not a usable IPv4 address (expected a dotted quad "
+                      "such as 127.0.0.2)",
+                      o.addr));
       return kExitUsage;
     }
   }
@@ -129,8 +134,8 @@ int cmd_run(const RunOptions& o) {
     softrdma::net::NetemConfig cfg;
     std::string why;
     if (!softrdma::net::parse_netem(o.netem, cfg, why)) {
-      error(fmt::format("--netem: '{}': {} (expected e.g. \"loss=5%,every=13,seed=42\")",
-                        o.netem, why));
+      error(fmt::format("--netem: '{}': {} (expected e.g. \"loss=5%,every=13,seed=42\")", o.netem,
+                        why));
       return kExitUsage;
     }
   }
@@ -150,6 +155,7 @@ int cmd_run(const RunOptions& o) {
   if (!o.netem.empty()) ::setenv("SOFTRDMA_NETEM", o.netem.c_str(), 1);
   if (!o.pcap.empty()) ::setenv("SOFTRDMA_PCAP", o.pcap.c_str(), 1);
   if (!o.log.empty()) ::setenv("SOFTRDMA_LOG", o.log.c_str(), 1);
+  if (!o.transport.empty()) ::setenv("SOFTRDMA_TRANSPORT", o.transport.c_str(), 1);
   prepend_env_path("LD_LIBRARY_PATH", dir->string());
   if (std::string asan = loaded_asan_runtime(); !asan.empty()) {
     const char* pre = std::getenv("LD_PRELOAD");
@@ -233,8 +239,8 @@ int cmd_stat(const StatOptions& o) {
   for (const auto& d : devs) {
     if (!first) fmt::print("\n");
     first = false;
-    fmt::print("{} {} pid {} {} ({})\n", kDeviceName, d.address, d.pid,
-               d.alive ? "alive" : "dead", d.path);
+    fmt::print("{} {} pid {} {} ({})\n", kDeviceName, d.address, d.pid, d.alive ? "alive" : "dead",
+               d.path);
     size_t width = 0;
     for (const auto& c : d.counters) width = std::max(width, c.name.size());
     size_t shown = 0;
@@ -243,8 +249,8 @@ int cmd_stat(const StatOptions& o) {
       fmt::print("    {:<{}} {}\n", c.name, width, c.value);
       ++shown;
     }
-    if (shown == 0) fmt::print("    (all {} counters are zero; --all lists them)\n",
-                               d.counters.size());
+    if (shown == 0)
+      fmt::print("    (all {} counters are zero; --all lists them)\n", d.counters.size());
   }
   return 0;
 }
@@ -261,6 +267,14 @@ int main(int argc, char** argv) {
       "  SOFTRDMA_PCAP   write every RoCEv2 packet sent and received to this pcap file\n"
       "                  (%p: pid, %a: device address); tshark/Wireshark decode it.\n"
       "  SOFTRDMA_LOG    trace|debug|info|warn|error|critical|off (default warn).\n"
+      "  SOFTRDMA_TRANSPORT  auto (default): shared memory to peers that are softrdma\n"
+      "                  devices on this host, UDP to the rest; udp: UDP only (the wire,\n"
+      "                  e.g. for tcpdump); shm: shared memory only.\n"
+      "  SOFTRDMA_GSO    1 (default) / 0: UDP GSO on send and GRO on receive. With GSO, lo\n"
+      "                  carries each batch as one datagram: use 0 for per-packet tcpdump.\n"
+      "  SOFTRDMA_SPIN_US  µs the progress thread keeps polling shared-memory rings after\n"
+      "                  traffic before it sleeps (default 20; never while CPUs are\n"
+      "                  oversubscribed).\n"
       "\n"
       "Example (two shells; pingpong's TCP exchange goes to 127.0.0.1):\n"
       "  softrdma run --addr 127.0.0.2 -- ibv_rc_pingpong -g 0\n"
@@ -279,10 +293,12 @@ int main(int argc, char** argv) {
   // ---- run ----------------------------------------------------------------------------
   RunOptions ro;
   CLI::App* run = app.add_subcommand(
-      "run", "run an unmodified verbs program over softrdma: softrdma run [OPTIONS] -- PROGRAM "
-             "[ARGS...]");
+      "run",
+      "run an unmodified verbs program over softrdma: softrdma run [OPTIONS] -- PROGRAM "
+      "[ARGS...]");
   run->footer(
-      "Checks the options, exports SOFTRDMA_ADDR / SOFTRDMA_NETEM / SOFTRDMA_LOG, puts the\n"
+      "Checks the options, exports SOFTRDMA_ADDR / SOFTRDMA_TRANSPORT / SOFTRDMA_NETEM /\n"
+      "SOFTRDMA_PCAP / SOFTRDMA_LOG, puts the\n"
       "directory of the drop-in libibverbs.so.1 (<dir of this executable>/../lib) first in\n"
       "LD_LIBRARY_PATH and executes PROGRAM in place of itself (same pid, stdio, signals).\n"
       "Options not given leave the inherited environment as it is.\n"
@@ -293,6 +309,12 @@ int main(int argc, char** argv) {
                   "IPv4 address of this process's device (sets SOFTRDMA_ADDR), e.g. "
                   "127.0.0.2; each process needs its own. Default: the first free 127.0.0.x")
       ->type_name("IP");
+  run->add_option("--transport", ro.transport,
+                  "packet path (sets SOFTRDMA_TRANSPORT): auto = shared memory to softrdma "
+                  "peers on this host, UDP otherwise; udp = UDP port 4791 only; shm = shared "
+                  "memory only")
+      ->type_name("PATH")
+      ->check(CLI::IsMember({"auto", "udp", "shm"}));
   run->add_option("--netem", ro.netem,
                   "emulate a lossy link on transmit (sets SOFTRDMA_NETEM): comma-separated "
                   "loss=P% (or a fraction 0..1), every=N (drop every Nth packet), seed=S")
@@ -313,8 +335,7 @@ int main(int argc, char** argv) {
 
   // ---- stat ---------------------------------------------------------------------------
   StatOptions so;
-  CLI::App* stat =
-      app.add_subcommand("stat", "show the counters of every open softrdma device");
+  CLI::App* stat = app.add_subcommand("stat", "show the counters of every open softrdma device");
   stat->footer(
       "Every process that opens srdma0 publishes its counters in /dev/shm/softrdma.<ip>.<pid>.\n"
       "stat prints each device (address, pid, alive or dead) and its counters, one\n"

@@ -100,8 +100,11 @@ expect_status 127 "run -- /nonexistent" "cannot execute '/nonexistent'"
 sr run -- no-such-program-softrdma-test
 expect_status 127 "run -- no-such-program (PATH search)" "no-such-program-softrdma-test"
 
-sr run --addr 127.0.0.9 --netem "every=7" --log info -- env
+sr run --transport tcp -- true
+expect_status 2 "run --transport tcp" "--transport"
+sr run --addr 127.0.0.9 --netem "every=7" --log info --transport udp -- env
 expect_status 0 "run -- env"
+grep -qx "SOFTRDMA_TRANSPORT=udp" <<<"$OUT" || bad "SOFTRDMA_TRANSPORT not exported"
 want_lib="$(cd "$BUILD_DIR/lib" && pwd -P)"
 grep -qx "SOFTRDMA_ADDR=127.0.0.9" <<<"$OUT" || bad "SOFTRDMA_ADDR not exported"
 grep -qx "SOFTRDMA_NETEM=every=7" <<<"$OUT" || bad "SOFTRDMA_NETEM not exported"

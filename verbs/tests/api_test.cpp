@@ -181,6 +181,29 @@ TEST(Discovery, AddressFromEnvironment) {
   close_device(d);
 }
 
+// A malformed packet-path setting refuses to open the device (with a log line naming the
+// variable) rather than silently taking another path.
+TEST(Discovery, MalformedPathSettingsRefuseToOpen) {
+  for (const auto& [var, value] : std::vector<std::pair<const char*, const char*>>{
+           {"SOFTRDMA_TRANSPORT", "tcp"}, {"SOFTRDMA_GSO", "maybe"}, {"SOFTRDMA_SPIN_US", "-5"}}) {
+    ScopedEnv env(var, value);
+    int n = 0;
+    ibv_device** list = ibv_get_device_list(&n);
+    ibv_context* ctx = nullptr;
+    for (int i = 0; list && i < n; ++i)
+      if (strcmp(ibv_get_device_name(list[i]), kDeviceName) == 0) ctx = ibv_open_device(list[i]);
+    EXPECT_EQ(nullptr, ctx) << var << "=" << value << " was accepted";
+    if (ctx) ibv_close_device(ctx);
+    if (list) ibv_free_device_list(list);
+  }
+  for (const char* path : {"udp", "shm", "auto"}) {
+    ScopedEnv env("SOFTRDMA_TRANSPORT", path);
+    Device d;
+    ASSERT_TRUE(open_device(d)) << path;
+    close_device(d);
+  }
+}
+
 // ---- memory regions, PDs, CQs --------------------------------------------------------
 
 TEST_F(Api, RegMrRemoteRightsNeedLocalWrite) {
