@@ -7,19 +7,29 @@
 //                                   SEGMENT-byte datagrams) and GRO on the receiver;
 //                                   prints the receive rate over SECONDS, GB/s (1e9 B/s)
 //   udp_floor stream-nogso SEGMENT SECONDS   the same with one datagram per send
+//   udp_floor rate SIZE SECONDS     datagram rate: one sender blasting SIZE-byte datagrams in
+//                                   sendmmsg batches of 64, one receiver draining them with
+//                                   recvmmsg (busy-poll); prints the receive rate, Mpps
+//   udp_floor memcpy BLOCK SECONDS  memcpy of BLOCK-byte blocks from a 64 MiB source to a
+//                                   64 MiB destination, both cycled in BLOCK steps (a working
+//                                   set far beyond the caches); prints GB/s copied — the limit
+//                                   a design that copies each payload once approaches
 //
 // Addresses: 127.0.20.1 (server) and 127.0.20.2 (client), ephemeral UDP port. Output is one
-// machine-readable line "floor <what> <value>" for bench/run_bench.sh.
+// machine-readable line "floor <what> <value>" for bench/run_bench.sh (memcpy uses no socket).
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <netinet/udp.h>
 #include <signal.h>
 #include <sys/socket.h>
+#include <sys/uio.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -132,8 +142,10 @@ int stream(size_t seg, double seconds, bool gso) {
     ssize_t n = recv(srv, buf.data(), buf.size(), MSG_DONTWAIT);
     t = now_s();
     if (n > 0) {
-      if (t0 == 0) t0 = t;  // start at the first datagram
-      else got += size_t(n);
+      if (t0 == 0)
+        t0 = t;  // start at the first datagram
+      else
+        got += size_t(n);
     }
     if (t0 != 0 && t - t0 >= seconds) break;
     if (t0 == 0 && n < 0 && errno != EAGAIN) die("recv");
@@ -145,6 +157,70 @@ int stream(size_t seg, double seconds, bool gso) {
   return 0;
 }
 
+int rate(size_t size, double seconds) {
+  int srv = bound_socket("127.0.20.1", 0, 8 << 20);
+  int cli = bound_socket("127.0.20.2", 0, 8 << 20);
+  connect_to(cli, addr_of(srv));
+  constexpr unsigned kBatch = 64;
+  std::vector<char> buf(std::max<size_t>(size, 1) * kBatch, 'x');
+  std::vector<iovec> iov(kBatch);
+  std::vector<mmsghdr> msgs(kBatch);
+  for (unsigned i = 0; i < kBatch; ++i) {
+    iov[i] = {buf.data() + i * std::max<size_t>(size, 1), std::max<size_t>(size, 1)};
+    msgs[i] = {};
+    msgs[i].msg_hdr.msg_iov = &iov[i];
+    msgs[i].msg_hdr.msg_iovlen = 1;
+  }
+  pid_t child = fork();
+  if (child == 0) {  // sender: runs until killed
+    for (;;) (void)sendmmsg(cli, msgs.data(), kBatch, 0);
+  }
+  uint64_t got = 0;
+  double t0 = 0, t = 0;
+  for (;;) {
+    int n = recvmmsg(srv, msgs.data(), kBatch, MSG_DONTWAIT, nullptr);
+    t = now_s();
+    if (n > 0) {
+      if (t0 == 0)
+        t0 = t;  // start at the first batch
+      else
+        got += unsigned(n);
+    }
+    if (t0 != 0 && t - t0 >= seconds) break;
+    if (n < 0 && errno != EAGAIN && errno != EINTR) die("recvmmsg");
+  }
+  kill(child, SIGKILL);
+  waitpid(child, nullptr, 0);
+  std::printf("floor udp_rate_%zuB_Mpps %.3f\n", size, double(got) / (t - t0) / 1e6);
+  return 0;
+}
+
+int copy_rate(size_t block, double seconds) {
+  const size_t set = size_t(64) << 20;
+  if (block == 0 || block > set) {
+    std::fprintf(stderr, "memcpy: BLOCK must be 1..%zu\n", set);
+    return 2;
+  }
+  std::vector<char> src(set, 's'), dst(set, 'd');  // filled: every page is faulted in
+  const size_t steps = set / block;
+  uint64_t copies = 0;
+  size_t i = 0;
+  double t0 = now_s(), t = t0;
+  while (t - t0 < seconds) {
+    for (int k = 0; k < 64; ++k) {
+      char* d = dst.data() + i * block;
+      std::memcpy(d, src.data() + i * block, block);
+      asm volatile("" : : "r"(d) : "memory");  // the copy is observed: never elided
+      i = i + 1 == steps ? 0 : i + 1;
+    }
+    copies += 64;
+    t = now_s();
+  }
+  std::printf("floor memcpy_%zuB_GBps %.3f\n", block,
+              double(copies) * double(block) / (t - t0) / 1e9);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -153,8 +229,12 @@ int main(int argc, char** argv) {
   if (argc == 4 && (std::string(argv[1]) == "stream" || std::string(argv[1]) == "stream-nogso"))
     return stream(std::strtoul(argv[2], nullptr, 0), std::strtod(argv[3], nullptr),
                   std::string(argv[1]) == "stream");
+  if (argc == 4 && std::string(argv[1]) == "rate")
+    return rate(std::strtoul(argv[2], nullptr, 0), std::strtod(argv[3], nullptr));
+  if (argc == 4 && std::string(argv[1]) == "memcpy")
+    return copy_rate(std::strtoul(argv[2], nullptr, 0), std::strtod(argv[3], nullptr));
   std::fprintf(stderr,
                "usage: udp_floor pingpong SIZE ITERS | stream SEGMENT SECONDS | stream-nogso "
-               "SEGMENT SECONDS\n");
+               "SEGMENT SECONDS | rate SIZE SECONDS | memcpy BLOCK SECONDS\n");
   return 2;
 }
