@@ -57,8 +57,8 @@ bool complete_acked(QueuePair& qp, Transport& t, uint32_t psn) {
 
 // Go-back-N from `psn`.
 void retry_from(QueuePair& qp, uint32_t psn, const char* why) {
-  log().debug("qp {:#x}: go back to psn {:#x} ({}; comp.psn {:#x} req.psn {:#x} cwnd {})",
-              qp.qpn(), psn, why, qp.comp.psn, qp.req.psn, qp.req.cwnd);
+  log().debug("qp {:#x}: go back to psn {:#x} ({}; comp.psn {:#x} req.psn {:#x} cwnd {})", qp.qpn(),
+              psn, why, qp.comp.psn, qp.req.psn, qp.req.cwnd);
   requester::rewind(qp, psn);
 }
 
@@ -250,8 +250,8 @@ void on_timer(QueuePair& qp, Transport& t, uint64_t now) {
     requester::run(qp, t);
   }
   if (!qp.comp.timer_ns || now < qp.comp.timer_ns) return;
-  const bool outstanding = psn_diff(qp.req.max_psn, qp.comp.psn) > 0 && !qp.sq.empty() &&
-                           qp.sq.front().started;
+  const bool outstanding =
+      psn_diff(qp.req.max_psn, qp.comp.psn) > 0 && !qp.sq.empty() && qp.sq.front().started;
   if (!outstanding || qp.req.rnr_wait) {
     qp.comp.timer_ns = 0;
     return;

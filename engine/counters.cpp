@@ -41,12 +41,14 @@ constexpr CounterName kNames[] = {
 constexpr size_t kNumCounters = sizeof(kNames) / sizeof(kNames[0]);
 static_assert(sizeof(Counters) == kNumCounters * sizeof(uint64_t));
 
-bool process_alive(int pid) { return pid > 0 && (::kill(pid, 0) == 0 || errno == EPERM); }
+bool process_alive(int pid) {
+  return pid > 0 && (::kill(pid, 0) == 0 || errno == EPERM);
+}
 
 bool read_one(const std::string& path, DeviceStats& out) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return false;
-  struct stat st{};
+  struct stat st {};
   bool ok = false;
   if (::fstat(fd, &st) == 0 && static_cast<size_t>(st.st_size) >= sizeof(ShmHeader)) {
     void* p = ::mmap(nullptr, static_cast<size_t>(st.st_size), PROT_READ, MAP_SHARED, fd, 0);

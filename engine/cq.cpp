@@ -4,8 +4,13 @@
 #include <unistd.h>
 
 #include "engine/device.h"
+#include "engine/transport.h"
 
 namespace softrdma::engine {
+
+void Transport::deliver_recv_completion(CompletionQueue& cq, const Cqe& cqe, bool solicited) {
+  cq.push(cqe, solicited);
+}
 
 CompletionChannel::CompletionChannel() {
   int fds[2];
@@ -46,7 +51,8 @@ bool CompletionQueue::push(const Cqe& cqe, bool solicited) {
   }
   ring_[(head_ + count_) % ring_.size()] = cqe;
   ++count_;
-  if (arm_ == Arm::kAll || (arm_ == Arm::kSolicited && (solicited || cqe.status != WcStatus::kSuccess))) {
+  if (arm_ == Arm::kAll ||
+      (arm_ == Arm::kSolicited && (solicited || cqe.status != WcStatus::kSuccess))) {
     arm_ = Arm::kNone;
     if (channel_) channel_->notify(event_handle_);
   }

@@ -16,6 +16,7 @@
 #include <random>
 
 #include "engine/counter_publisher.h"
+#include "engine/cq.h"
 #include "engine/log.h"
 #include "engine/memory.h"
 #include "engine/qp.h"
@@ -365,6 +366,16 @@ void Device::flush() {
   }
   ack_dirty_.clear();
   send_queued();
+  // The ACKs are out: the completions of the messages they acknowledge may be seen now.
+  for (const HeldCompletion& h : held_completions_) h.cq->push(h.cqe, h.solicited);
+  held_completions_.clear();
+}
+
+void Device::deliver_recv_completion(CompletionQueue& cq, const Cqe& cqe, bool solicited) {
+  if (holding_completions_)
+    held_completions_.push_back({&cq, cqe, solicited});
+  else
+    cq.push(cqe, solicited);
 }
 
 void Device::send_queued() {
@@ -538,7 +549,9 @@ void Device::handle_packet(const net::RxDatagram& d, const uint8_t* data, size_t
   bump(counters_->rcvd_pkts);
   bump(counters_->rcvd_bytes, length);
   if (request) {
+    holding_completions_ = true;
     responder::on_request(qp, pkt, *this);
+    holding_completions_ = false;
     if (qp.resp.ack_pending) ack_dirty_.push_back(qp.qpn());
   } else {
     completer::on_response(qp, pkt, *this);

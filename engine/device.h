@@ -120,6 +120,9 @@ class Device final : public Transport {
   MemoryRegion* find_mr(uint32_t key) override;
   uint64_t now_ns() override;
   void timer_armed(QueuePair& qp, uint64_t deadline_ns) override;
+  /// While a received packet is processed, holds receive completions until the next
+  /// flush() has sent the coalesced ACKs (see Transport).
+  void deliver_recv_completion(CompletionQueue& cq, const Cqe& cqe, bool solicited) override;
 
   /// Sends everything queued by transmit(), then the coalesced ACKs (device lock held).
   void flush() override;
@@ -159,6 +162,13 @@ class Device final : public Transport {
   std::unique_ptr<net::Netem> netem_;
   std::unique_ptr<net::PcapTap> pcap_;
   bool pcap_dirty_ = false;
+  struct HeldCompletion {
+    CompletionQueue* cq;
+    Cqe cqe;
+    bool solicited;
+  };
+  bool holding_completions_ = false;              // inside handle_packet
+  std::vector<HeldCompletion> held_completions_;  // released by flush(), after the ACKs
   uint8_t tx_ttl_ = 64, tx_tos_ = 0;
   std::unique_ptr<CounterPublisher> publisher_;
   Counters* counters_ = nullptr;

@@ -7,8 +7,8 @@
 namespace softrdma::engine {
 
 Status MemoryRegion::validate(const void* host, uint64_t length, uint32_t access) {
-  constexpr uint32_t kKnown = kLocalWrite | kRemoteWrite | kRemoteRead | kRemoteAtomic |
-                              kMwBind | kZeroBased | kOnDemand | kHugetlb | kRelaxedOrdering;
+  constexpr uint32_t kKnown = kLocalWrite | kRemoteWrite | kRemoteRead | kRemoteAtomic | kMwBind |
+                              kZeroBased | kOnDemand | kHugetlb | kRelaxedOrdering;
   if (access & ~kKnown) return std::errc::invalid_argument;
   // IBTA 10.6.3.1 / ibv_reg_mr(3): remote write or atomic requires local write.
   if ((access & (kRemoteWrite | kRemoteAtomic)) && !(access & kLocalWrite))
@@ -20,11 +20,7 @@ Status MemoryRegion::validate(const void* host, uint64_t length, uint32_t access
 
 MemoryRegion::MemoryRegion(ProtectionDomain& pd, void* host, uint64_t length, uint64_t iova,
                            uint32_t access)
-    : pd_(pd),
-      host_(static_cast<uint8_t*>(host)),
-      length_(length),
-      iova_(iova),
-      access_(access) {
+    : pd_(pd), host_(static_cast<uint8_t*>(host)), length_(length), iova_(iova), access_(access) {
   std::lock_guard lk(pd_.device().mutex());
   key_ = pd_.device().register_mr(this);
   pd_.users++;

@@ -339,7 +339,7 @@ void QueuePair::complete_recv(WcStatus status, WcOpcode opcode, uint32_t byte_le
   c.qp_num = qpn_;
   c.src_qp = attr.dest_qp_num;
   rq.pop_front();
-  recv_cq.push(c, solicited);
+  transport->deliver_recv_completion(recv_cq, c, solicited);
 }
 
 void QueuePair::flush_queues() {

@@ -134,8 +134,7 @@ bool send_read_request(QueuePair& qp, SendWqe& w, Transport& t) {
 
 void send_atomic(QueuePair& qp, SendWqe& w, Transport& t) {
   const bool cas = w.wr.opcode == WrOpcode::kCompareSwap;
-  wire::Headers h =
-      base_headers(qp, cas ? Opcode::kCompareSwap : Opcode::kFetchAdd, qp.req.psn);
+  wire::Headers h = base_headers(qp, cas ? Opcode::kCompareSwap : Opcode::kFetchAdd, qp.req.psn);
   h.atomic.va = w.wr.remote_addr;
   h.atomic.rkey = w.wr.rkey;
   h.atomic.swap_add = cas ? w.wr.swap : w.wr.compare_add;

@@ -13,8 +13,10 @@
 
 namespace softrdma::engine {
 
+class CompletionQueue;
 class MemoryRegion;
 class QueuePair;
+struct Cqe;
 
 /// Services a device provides to its QPs' transport units. All calls happen with the
 /// device lock held.
@@ -35,6 +37,12 @@ class Transport {
   virtual Counters& counters() = 0;
   /// Monotonic time, ns.
   virtual uint64_t now_ns() = 0;
+  /// Delivers a receive completion to `cq` (IBTA: the CQE of an incoming SEND or WRITE
+  /// with immediate). A device may hold it until the ACK for that message has been sent, so
+  /// that a completion the application sees implies its ACK is on its way — as with a NIC,
+  /// a process killed right after it saw the completion has still acknowledged the message.
+  /// The default delivers at once.
+  virtual void deliver_recv_completion(CompletionQueue& cq, const Cqe& cqe, bool solicited);
   /// Tells the device that `qp` now has a timer due at `deadline_ns` (ns, now_ns() clock):
   /// the device queues the QP for that time and may wake its progress thread earlier than
   /// planned. Only QPs with an armed timer are ever visited by the timer round.

@@ -59,8 +59,8 @@ enum SendFlag : uint32_t {
 struct SendWr {
   uint64_t wr_id = 0;
   WrOpcode opcode = WrOpcode::kSend;
-  uint32_t flags = 0;      ///< SendFlag bits
-  uint32_t imm_be = 0;     ///< immediate data, network order as in ibv_send_wr
+  uint32_t flags = 0;   ///< SendFlag bits
+  uint32_t imm_be = 0;  ///< immediate data, network order as in ibv_send_wr
   uint64_t remote_addr = 0;
   uint32_t rkey = 0;
   uint64_t compare_add = 0;  ///< CmpSwap compare value / FetchAdd addend

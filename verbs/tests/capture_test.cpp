@@ -24,8 +24,12 @@
 namespace softrdma::verbs_test {
 namespace {
 
+// Each test its own pair of addresses: ctest runs them in parallel, and tcpdump filters on
+// the requester's.
 constexpr char kRequester[] = "127.0.12.1";
 constexpr char kResponder[] = "127.0.12.2";
+constexpr char kRequester2[] = "127.0.12.3";
+constexpr char kResponder2[] = "127.0.12.4";
 
 /// One decoded packet: what tshark printed for it.
 struct Decoded {
@@ -122,7 +126,8 @@ using Env = std::vector<std::pair<std::string, std::string>>;
 // Runs the exchange with `path_env` added to both roles' environment, checks what the
 // requester's capture decodes to, and returns it in *out. With `compare_tcpdump`, tcpdump on
 // loopback records the same traffic and must decode to the same packets.
-void exchange_and_check(const Env& path_env, bool compare_tcpdump, std::vector<Decoded>* out) {
+void exchange_and_check(const Env& path_env, bool compare_tcpdump, std::vector<Decoded>* out,
+                        const char* requester = kRequester, const char* responder = kResponder) {
   if (!have("tshark")) FAIL() << "tshark is missing: install Debian's tshark (scripts/deps.sh)";
   static int run = 0;
   const auto dir = std::filesystem::temp_directory_path() /
@@ -140,7 +145,7 @@ void exchange_and_check(const Env& path_env, bool compare_tcpdump, std::vector<D
       // --immediate-mode: deliver each packet at once, not in 1 s kernel blocks that a
       // SIGINT would cut short.
       ::execlp("tcpdump", "tcpdump", "--immediate-mode", "-i", "lo", "-U", "-n", "-w",
-               theirs.c_str(), "udp", "port", "4791", "and", "host", kRequester,
+               theirs.c_str(), "udp", "port", "4791", "and", "host", requester,
                static_cast<char*>(nullptr));
       ::_exit(127);
     }
@@ -156,8 +161,8 @@ void exchange_and_check(const Env& path_env, bool compare_tcpdump, std::vector<D
   spec.conn = conn;
   spec.links = {{0, 1}};
   spec.roles.resize(2);
-  spec.roles[0].env = {{"SOFTRDMA_ADDR", kRequester}, {"SOFTRDMA_PCAP", ours}};
-  spec.roles[1].env = {{"SOFTRDMA_ADDR", kResponder}};
+  spec.roles[0].env = {{"SOFTRDMA_ADDR", requester}, {"SOFTRDMA_PCAP", ours}};
+  spec.roles[1].env = {{"SOFTRDMA_ADDR", responder}};
   for (auto& role : spec.roles) role.env.insert(role.env.end(), path_env.begin(), path_env.end());
   spec.roles[0].fn = [](Role& r) {
     auto& l = r.link();
@@ -205,7 +210,7 @@ void exchange_and_check(const Env& path_env, bool compare_tcpdump, std::vector<D
   // Requests, in order, with consecutive PSNs (the READ of 2000 B at MTU 1024 uses two).
   std::vector<Decoded> req;
   for (const auto& d : got)
-    if (d.src == kRequester && d.opcode != 0x11) req.push_back(d);
+    if (d.src == requester && d.opcode != 0x11) req.push_back(d);
   const std::vector<unsigned> want_ops = {0x04, 0x06, 0x07, 0x09, 0x0c, 0x13, 0x14};
   ASSERT_EQ(req.size(), want_ops.size());
   const std::vector<unsigned> psn_step = {1, 1, 1, 1, 2, 1};
@@ -219,7 +224,7 @@ void exchange_and_check(const Env& path_env, bool compare_tcpdump, std::vector<D
   // Responses: ACK(s), two read responses with the READ's PSNs, two atomic ACKs.
   std::vector<Decoded> resp;
   for (const auto& d : got)
-    if (d.src == kResponder) resp.push_back(d);
+    if (d.src == responder) resp.push_back(d);
   auto has = [&](unsigned op, unsigned psn) {
     return std::any_of(resp.begin(), resp.end(),
                        [&](const Decoded& d) { return d.opcode == op && d.psn == psn; });
@@ -265,8 +270,8 @@ TEST(Capture, TsharkDecodesEveryOpcodeAndTcpdumpAgrees) {
 // same packets: opcodes, PSNs relative to the first request, directions, valid ICRCs.
 TEST(Capture, SameHostPathRecordsTheSamePacketsAsUdp) {
   std::vector<Decoded> udp, shm;
-  exchange_and_check({{"SOFTRDMA_TRANSPORT", "udp"}}, false, &udp);
-  exchange_and_check({{"SOFTRDMA_TRANSPORT", "shm"}}, false, &shm);
+  exchange_and_check({{"SOFTRDMA_TRANSPORT", "udp"}}, false, &udp, kRequester2, kResponder2);
+  exchange_and_check({{"SOFTRDMA_TRANSPORT", "shm"}}, false, &shm, kRequester2, kResponder2);
   ASSERT_FALSE(udp.empty());
   ASSERT_FALSE(shm.empty());
   // QPNs and initial PSNs are random per run: compare PSNs relative to each direction's
