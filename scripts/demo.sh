@@ -12,9 +12,11 @@
 #   3. perftest's ib_send_lat and ib_write_bw for a few iterations with the client's
 #      packets captured (softrdma run --pcap), and tshark's one-line decode of the first
 #      packets of each capture (opcode, QPN, PSN), as Soft-RoCE walkthroughs do with Wireshark;
-#   4. softrdma's collectives: `mpirun -np 4 all_reduce_perf -b 8 -e 16M -f 4 -c 1`, four
+#   4. ib_send_lat (2 B) and ib_write_bw (64 KiB) on both packet paths — the same-host
+#      shared-memory path (the default for peers on one host) and UDP (--transport udp);
+#   5. softrdma's collectives: `mpirun -np 4 all_reduce_perf -b 8 -e 16M -f 4 -c 1`, four
 #      ranks each on its own softrdma device, nccl-tests output with #wrong checked;
-# and prints a table of bytes moved, throughput and latency parsed from pingpong's output.
+# and prints a table of bytes moved, throughput and latency parsed from the programs' output.
 # Exits non-zero if anything fails. Settings: DEMO_SERVER_ADDR / DEMO_CLIENT_ADDR (default
 # 127.0.0.2 / 127.0.0.3), DEMO_PORT (pingpong's TCP port, default 18555), DEMO_TIMEOUT
 # (seconds per program, default 60).
@@ -180,19 +182,68 @@ command -v tshark >/dev/null || die "tshark is missing (scripts/deps.sh installs
 capture send_lat ib_send_lat -n 5
 capture write_bw ib_write_bw -n 5 -s 8192
 
-say "Collectives: mpirun -np 4 all_reduce_perf -b 8 -e 16M -f 4 -c 1 (4 ranks, 4 softrdma devices)"
+# paths TOOL ARGS... : runs a perftest tool on both packet paths and adds summary rows
+# with its headline figure (t_typical for latency tests, BW average for bandwidth tests).
+PERF_ROWS=()
+paths() {
+  local tool=$1
+  shift
+  local transport
+  for transport in shm udp; do
+    local args=(-d srdma0 -x 0 -p "$PORT" "$@")
+    say "$tool ${args[*]} over --transport $transport"
+    timeout "$TIMEOUT" "$SOFTRDMA" run --addr "$SERVER_ADDR" --transport "$transport" -- \
+      "$tool" "${args[@]}" >"$WORK/server.log" 2>&1 &
+    SERVER_PID=$!
+    local i
+    for ((i = 0; i < 200; i++)); do
+      tcp_listening "$PORT" && break
+      kill -0 "$SERVER_PID" 2>/dev/null || break
+      sleep 0.1
+    done
+    local crc=0 src=0
+    timeout "$TIMEOUT" "$SOFTRDMA" run --addr "$CLIENT_ADDR" --transport "$transport" -- \
+      "$tool" "${args[@]}" 127.0.0.1 >"$WORK/client.log" 2>&1 || crc=$?
+    wait "$SERVER_PID" || src=$?
+    SERVER_PID=""
+    grep -A1 -E "#bytes" "$WORK/client.log" || true
+    ((crc == 0 && src == 0)) || {
+      cat "$WORK/client.log" "$WORK/server.log" >&2
+      die "$tool over $transport: client exit $crc, server exit $src"
+    }
+    local figure
+    if [[ $tool == *_lat ]]; then
+      figure=$(awk '/t_typical/ { getline; print $5 " us (t_typical)"; exit }' "$WORK/client.log")
+    else
+      figure=$(awk '/BW average/ { getline; printf "%.2f GB/s (BW average)", $4 * 1048576 / 1e9; exit }' \
+        "$WORK/client.log")
+    fi
+    [[ -n $figure ]] || die "could not parse $tool's output"
+    PERF_ROWS+=("$tool ${*} ($transport path)|$figure")
+  done
+}
+paths ib_send_lat -s 2 -n 2000
+paths ib_write_bw -s 65536 -n 5000
+
 command -v mpirun >/dev/null || die "mpirun is missing (scripts/deps.sh installs openmpi-bin)"
 # Each rank opens its own device (the first free 127.0.0.x); the ranks find each other
 # through a TCP rendezvous at rank 0 (docs/collectives.md). As root, Open MPI wants
 # --allow-run-as-root; on a 2-core machine 4 ranks need --oversubscribe.
 mpi_root=()
 [[ $(id -u) == 0 ]] && mpi_root=(--allow-run-as-root)
-timeout "$TIMEOUT" mpirun -np 4 --oversubscribe --bind-to none "${mpi_root[@]}" \
-  "$ROOT/build/bin/all_reduce_perf" -b 8 -e 16M -f 4 -c 1 | tee "$WORK/allreduce.log" ||
-  die "all_reduce_perf failed"
-grep -q "Out of bounds values : 0 OK" "$WORK/allreduce.log" || die "all_reduce_perf reported wrong values"
-awk '$1 ~ /^[0-9]+$/ && ($9 != 0 || $13 != 0) { bad = 1 } END { exit bad }' "$WORK/allreduce.log" ||
-  die "all_reduce_perf: a line with #wrong != 0"
+AR_ROWS=()
+for np in 2 4; do
+  say "Collectives: mpirun -np $np all_reduce_perf -b 8 -e 16M -f 4 -c 1 ($np ranks, $np softrdma devices)"
+  ((np > $(nproc))) && echo "($np ranks on $(nproc) cores: ranks share cores, so expect far less than one rank per core)"
+  timeout "$TIMEOUT" mpirun -np "$np" --oversubscribe --bind-to none "${mpi_root[@]}" \
+    "$ROOT/build/bin/all_reduce_perf" -b 8 -e 16M -f 4 -c 1 | tee "$WORK/allreduce.log" ||
+    die "all_reduce_perf failed"
+  grep -q "Out of bounds values : 0 OK" "$WORK/allreduce.log" || die "all_reduce_perf reported wrong values"
+  awk '$1 ~ /^[0-9]+$/ && ($9 != 0 || $13 != 0) { bad = 1 } END { exit bad }' "$WORK/allreduce.log" ||
+    die "all_reduce_perf: a line with #wrong != 0"
+  AR_ROWS+=("all_reduce_perf, $np ranks, 8 B|$(awk '$1 == 8 { print $6 " us" }' "$WORK/allreduce.log")")
+  AR_ROWS+=("all_reduce_perf, $np ranks, 8 MiB|$(awk '$1 == 8388608 { print $8 " GB/s busbw" }' "$WORK/allreduce.log")")
+done
 
 say "Summary (client side; ibv_rc_pingpong counts both directions, usec/iter = round trip)"
 fmt='%-48s %12s %10s %10s\n'
@@ -203,6 +254,14 @@ for r in "${ROWS[@]}"; do
   printf "$fmt" "ibv_rc_pingpong $name" "$bytes" "$mbit" "$usec"
 done
 echo
+fmt2='%-48s %s\n'
+printf "$fmt2" "perftest (client side) and collectives" "result"
+printf "$fmt2" "$(printf '%.0s-' {1..48})" "--------------------------"
+for r in "${PERF_ROWS[@]}" "${AR_ROWS[@]}"; do
+  IFS='|' read -r name figure <<<"$r"
+  printf "$fmt2" "$name" "$figure"
+done
+echo
 echo "demo: OK — unmodified /usr/bin/ibv_devinfo, ibv_rc_pingpong, ib_send_lat and ib_write_bw"
-echo "ran over softrdma; their RoCEv2 packets were captured and decoded by tshark; a 4-rank"
-echo "AllReduce over softrdma's collectives checked every value (#wrong 0)."
+echo "ran over softrdma on both packet paths; their RoCEv2 packets were captured and decoded by"
+echo "tshark; an AllReduce over softrdma's collectives (2 and 4 ranks) checked every value (#wrong 0)."
