@@ -249,28 +249,54 @@ int ShmPort::open(uint32_t ip, const ShmConfig& cfg) {
     ::close(bell);
     return e;  // EADDRINUSE: a live process owns this address
   }
+  int stale_fd = -1;  // step 2: the previous owner's mailbox, to be marked closed
   auto fail = [&](int e) {
     ::close(bell);
+    if (stale_fd >= 0) ::close(stale_fd);
     return e;
   };
 
-  // 2. An existing file: refuse if it names a live, open owner; else it is stale.
+  // 2. An existing file: refuse if it names a live, open owner; else it is stale. A stale
+  // mailbox whose owner died without close() is still "open" for senders that mapped it:
+  // they would keep writing into it until their next liveness check (liveness_check_ns),
+  // losing everything meant for us. It is marked closed below once ours is published, so
+  // they look again on their next send and find the new one.
   {
-    int fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    int fd = ::open(path_.c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+    if (fd < 0) fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
     if (fd >= 0) {
       alignas(64) uint8_t raw[sizeof(MailboxHeader)] = {};
       ssize_t n = ::pread(fd, raw, sizeof raw, 0);
-      ::close(fd);
       uint64_t magic;
       uint32_t pid, closed;
       std::memcpy(&magic, raw + offsetof(MailboxHeader, magic), sizeof magic);
       std::memcpy(&pid, raw + offsetof(MailboxHeader, owner_pid), sizeof pid);
       std::memcpy(&closed, raw + offsetof(MailboxHeader, closed), sizeof closed);
-      if (n == static_cast<ssize_t>(sizeof raw) && magic == kMagic && closed == 0 && pid_alive(pid))
+      const bool valid = n == static_cast<ssize_t>(sizeof raw) && magic == kMagic;
+      if (valid && closed == 0 && pid_alive(pid)) {
+        ::close(fd);
         return fail(EADDRINUSE);
+      }
+      struct stat st;
+      if (valid && closed == 0 && (::fcntl(fd, F_GETFL) & O_ACCMODE) == O_RDWR &&
+          ::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) &&
+          static_cast<uint64_t>(st.st_size) >= kPage)
+        stale_fd = fd;
+      else
+        ::close(fd);
     }
     if (::unlink(path_.c_str()) != 0 && errno != ENOENT) return fail(errno);
   }
+  auto close_stale = [&] {
+    if (stale_fd < 0) return;
+    if (void* old = ::mmap(nullptr, kPage, PROT_READ | PROT_WRITE, MAP_SHARED, stale_fd, 0);
+        old != MAP_FAILED) {
+      static_cast<MailboxHeader*>(old)->closed.store(1, std::memory_order_release);
+      ::munmap(old, kPage);
+    }
+    ::close(stale_fd);
+    stale_fd = -1;
+  };
 
   // 3. Build the new mailbox under a private name, publish it with rename() (atomic), so a
   // sender never maps a half-initialised file.
@@ -312,6 +338,7 @@ int ShmPort::open(uint32_t ip, const ShmConfig& cfg) {
     return fail_fd(e);
   }
   ::close(fd);
+  close_stale();  // after the rename: a sender that sees `closed` finds ours right away
 
   int tx = ::socket(AF_UNIX, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   if (tx < 0) {

@@ -380,6 +380,44 @@ TEST_F(ShmPortTest, ReceiverRestartOnSameAddressIsFoundAgain) {
   for (int fd : {ready[0], ready[1], go[0], go[1]}) ::close(fd);
 }
 
+// A receiver that crashed and was restarted on the same address gets the sender's very
+// next packet: replacing the dead owner's mailbox marks it closed, so a sender that still
+// maps it does not keep writing into it until its next liveness check (made long here).
+TEST_F(ShmPortTest, RestartedReceiverGetsTheVeryNextSend) {
+  cfg.liveness_check_ns = 60'000'000'000;
+  const uint32_t a_ip = ip_of(4, 3), b_ip = ip_of(4, 4);
+  int ready[2], go[2];
+  ASSERT_EQ(::pipe(ready), 0);
+  ASSERT_EQ(::pipe(go), 0);
+  pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    ShmPort b;
+    if (b.open(b_ip, cfg) != 0) _exit(1);
+    put_byte(ready[1]);
+    wait_byte(go[0]);
+    _exit(0);  // crash: no close()
+  }
+  ASSERT_TRUE(wait_byte(ready[0]));
+  ShmPort a;
+  ASSERT_EQ(a.open(a_ip, cfg), 0);
+  EXPECT_EQ(send_bytes(a, b_ip, make_packet(1, 500)), ShmSendResult::kSent);
+  put_byte(go[1]);
+  ASSERT_EQ(wait_child(child), 0);
+
+  ShmPort b;
+  ASSERT_EQ(b.open(b_ip, cfg), 0);
+  EXPECT_EQ(send_bytes(a, b_ip, make_packet(9, 400)), ShmSendResult::kSent);
+  std::vector<Received> got;
+  EXPECT_EQ(drain(b, got), 1u) << "the packet went into the dead owner's mailbox";
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].bytes, make_packet(9, 400));
+  EXPECT_EQ(got[0].src, a_ip);
+  EXPECT_EQ(a.stats().peers_lost, 1u);
+  EXPECT_EQ(a.stats().peers_found, 2u);
+  for (int fd : {ready[0], ready[1], go[0], go[1]}) ::close(fd);
+}
+
 TEST_F(ShmPortTest, DeadProducerRingIsReleased) {
   cfg.ring_count = 1;  // one ring: a new producer can only get the dead one's
   const uint32_t a_ip = ip_of(5, 1), b_ip = ip_of(5, 2), c_ip = ip_of(5, 3);

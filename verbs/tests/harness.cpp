@@ -703,7 +703,7 @@ struct RoleProcess {
         EXPECT_EQ(0, ibv_dereg_mr(r.mr_));
       }
       r.mr_ = nullptr;
-      close_device(r.dev_);
+      if (r.dev_.ctx) close_device(r.dev_);
     }
     fflush(stdout);
     fflush(stderr);
@@ -712,13 +712,17 @@ struct RoleProcess {
 
   static void setup(const Spec& spec, Role& r) {
     const RoleSpec& rs = spec.roles[r.index_];
-    if (!open_device(r.dev_)) fail_fatal("cannot open " + std::string(kDeviceName));
-    r.buf_ = Buffer(std::max<size_t>(rs.buf_size, 4096));
-    r.mr_ = ibv_reg_mr(r.dev_.pd, r.buf_.data(), r.buf_.size(), rs.mr_access);
-    if (!r.mr_) fail_fatal(std::string("ibv_reg_mr: ") + strerror(errno));
+    if (rs.open_device) {
+      if (!open_device(r.dev_)) fail_fatal("cannot open " + std::string(kDeviceName));
+      r.buf_ = Buffer(std::max<size_t>(rs.buf_size, 4096));
+      r.mr_ = ibv_reg_mr(r.dev_.pd, r.buf_.data(), r.buf_.size(), rs.mr_access);
+      if (!r.mr_) fail_fatal(std::string("ibv_reg_mr: ") + strerror(errno));
+    }
 
     for (const auto& [a, b] : spec.links) {
       if (a != r.index_ && b != r.index_) continue;
+      if (!rs.open_device || !spec.roles[a == r.index_ ? b : a].open_device)
+        fail_fatal("a link to or from a role without a device");
       Link l;
       l.peer = a == r.index_ ? b : a;
       if (!create_endpoint(r.dev_, r.conn_, l.ep)) fail_fatal("cannot create a QP");
@@ -732,7 +736,7 @@ struct RoleProcess {
       mine.ipv4 = r.dev_.ipv4;
       mine.addr = r.buf_.addr();
       mine.size = r.buf_.size();
-      mine.rkey = r.mr_->rkey;
+      mine.rkey = r.mr_ ? r.mr_->rkey : 0;
       mine.pid = getpid();
       for (auto& l : r.links_) {
         if (l.peer == j) {

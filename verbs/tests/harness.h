@@ -265,6 +265,11 @@ struct RoleSpec {
   std::optional<ConnOptions> conn;
   /// The role may end by SIGKILL (Role::die) without failing the test.
   bool may_be_killed = false;
+  /// false: the harness opens no device (nor buffer, MR or QPs; the role may have no
+  /// links) and the role's function opens one itself when it is ready — e.g. a process
+  /// that must take over an address only after another role gave it up. Its PeerInfo
+  /// carries only the pid.
+  bool open_device = true;
 };
 
 struct Spec {
