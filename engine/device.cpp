@@ -573,7 +573,10 @@ size_t Device::receive_shm_locked() {
         handle_packet(d, bytes.data(), bytes.size(), 0);
       },
       kRxBudget);
-  if (n) flush();
+  if (n) {
+    last_rx_ns_.store(now_ns(), std::memory_order_relaxed);
+    flush();
+  }
   return n;
 }
 
@@ -583,6 +586,7 @@ size_t Device::receive_locked() {
     const size_t n = port_.recv_batch(rx_slots_);
     if (n == 0) break;
     last_udp_traffic_ns_ = now_ns();
+    last_rx_ns_.store(last_udp_traffic_ns_, std::memory_order_relaxed);
     for (size_t i = 0; i < n; ++i) handle_datagram(rx_slots_[i]);
     total += n;
     // Responses (READ data, atomic ACKs) and requests the completer released go out now.
@@ -622,9 +626,23 @@ void Device::progress_locked(uint64_t now) {
   flush();
 }
 
+bool Device::crowded(uint64_t now) {
+  // A /proc read at most once a millisecond, shared by the progress thread and pollers.
+  uint64_t checked = crowded_checked_ns_.load(std::memory_order_relaxed);
+  if (now - checked > 1'000'000 && crowded_checked_ns_.compare_exchange_strong(checked, now))
+    crowded_.store(cpus_oversubscribed(), std::memory_order_relaxed);
+  return crowded_.load(std::memory_order_relaxed);
+}
+
 void Device::try_progress() {
   const uint64_t now = now_ns();
   last_inline_poll_ns_.store(now, std::memory_order_relaxed);
+  // Ranks outnumber cores: a poller that has found nothing for kYieldAfterNs offers its
+  // core to the threads that have work (often the peer's progress thread), as Open MPI's
+  // yield_when_idle does; an application that waits on a completion channel sleeps instead.
+  constexpr uint64_t kYieldAfterNs = 50'000;
+  if (now - last_rx_ns_.load(std::memory_order_relaxed) > kYieldAfterNs && crowded(now))
+    sched_yield();
   std::unique_lock lk(mu_, std::try_to_lock);
   if (!lk) return;
   if (shm_.is_open()) shm_.note_polling(now);
@@ -679,16 +697,9 @@ void Device::progress_thread() {
   // wakeup on ours), and a stream of messages never waits for a wakeup.
   epoll_event events[4];
   uint64_t spin_until = 0;
-  // Spin only where it costs nobody a core; the check (a /proc read) runs at most once a ms.
-  uint64_t crowded_checked = 0;
-  bool crowded = false;
+  // Spin only where it costs nobody a core.
   auto spin_from = [&](uint64_t t) {
-    if (!spin_ns_) return;
-    if (t - crowded_checked > 1'000'000) {
-      crowded = cpus_oversubscribed();
-      crowded_checked = t;
-    }
-    spin_until = crowded ? 0 : t + spin_ns_;
+    if (spin_ns_) spin_until = crowded(t) ? 0 : t + spin_ns_;
   };
   while (!stop_.load()) {
     const uint64_t now = now_ns();

@@ -140,6 +140,8 @@ class Device final : public Transport {
   void run_timers_locked(uint64_t now);
   void wake();
   void watch_socket(bool on);
+  /// Whether more threads are runnable than there are CPUs (cached for 1 ms).
+  bool crowded(uint64_t now);
 
   struct TxSlot {
     uint8_t hdr[wire::kMaxTransportHeaderBytes];
@@ -158,7 +160,10 @@ class Device final : public Transport {
   std::vector<size_t> udp_slots_;     // send_queued(): slots that go by UDP
   uint64_t last_udp_check_ns_ = 0;    // try_progress(): last recvmmsg on the UDP socket
   uint64_t last_udp_traffic_ns_ = 0;  // last UDP packet sent or received
-  uint64_t spin_ns_ = 20'000;         // progress thread's ring polling after traffic
+  std::atomic<uint64_t> crowded_checked_ns_{0};
+  std::atomic<bool> crowded_{false};
+  std::atomic<uint64_t> last_rx_ns_{0};  // last packet received (any path)
+  uint64_t spin_ns_ = 20'000;            // progress thread's ring polling after traffic
   std::unique_ptr<net::Netem> netem_;
   std::unique_ptr<net::PcapTap> pcap_;
   bool pcap_dirty_ = false;
