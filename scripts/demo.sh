@@ -86,6 +86,17 @@ tcp_listening() {
                    END { exit !found }' /proc/net/tcp /proc/net/tcp6 2>/dev/null
 }
 
+# Waits (up to 20 s) until the server started as $SERVER_PID listens on TCP $PORT, or exits.
+wait_for_server() {
+  local i
+  for ((i = 0; i < 200; i++)); do
+    tcp_listening "$PORT" && return 0
+    kill -0 "$SERVER_PID" 2>/dev/null || return 1
+    sleep 0.1
+  done
+  return 1
+}
+
 ROWS=()
 # pingpong NAME ARGS...: server on SERVER_ADDR, client on CLIENT_ADDR; adds a summary row.
 pingpong() {
@@ -101,12 +112,7 @@ pingpong() {
   timeout "$TIMEOUT" "$SOFTRDMA" run --addr "$SERVER_ADDR" -- ibv_rc_pingpong "${args[@]}" \
     >"$slog" 2>&1 &
   SERVER_PID=$!
-  local i
-  for ((i = 0; i < 200; i++)); do
-    tcp_listening "$PORT" && break
-    kill -0 "$SERVER_PID" 2>/dev/null || break
-    sleep 0.1
-  done
+  wait_for_server || true  # the caller reports a server that never listened
   tcp_listening "$PORT" || { cat "$slog" >&2; die "pingpong server did not start"; }
 
   local crc=0 src=0
@@ -147,12 +153,7 @@ capture() {
   timeout "$TIMEOUT" "$SOFTRDMA" run --addr "$SERVER_ADDR" -- "$tool" "${args[@]}" \
     >"$WORK/server.log" 2>&1 &
   SERVER_PID=$!
-  local i
-  for ((i = 0; i < 200; i++)); do
-    tcp_listening "$PORT" && break
-    kill -0 "$SERVER_PID" 2>/dev/null || break
-    sleep 0.1
-  done
+  wait_for_server || true  # the caller reports a server that never listened
   local crc=0 src=0
   timeout "$TIMEOUT" "$SOFTRDMA" run --addr "$CLIENT_ADDR" --pcap "$pcap" -- "$tool" \
     "${args[@]}" 127.0.0.1 >"$WORK/client.log" 2>&1 || crc=$?
@@ -195,12 +196,7 @@ paths() {
     timeout "$TIMEOUT" "$SOFTRDMA" run --addr "$SERVER_ADDR" --transport "$transport" -- \
       "$tool" "${args[@]}" >"$WORK/server.log" 2>&1 &
     SERVER_PID=$!
-    local i
-    for ((i = 0; i < 200; i++)); do
-      tcp_listening "$PORT" && break
-      kill -0 "$SERVER_PID" 2>/dev/null || break
-      sleep 0.1
-    done
+    wait_for_server || true  # the caller reports a server that never listened
     local crc=0 src=0
     timeout "$TIMEOUT" "$SOFTRDMA" run --addr "$CLIENT_ADDR" --transport "$transport" -- \
       "$tool" "${args[@]}" 127.0.0.1 >"$WORK/client.log" 2>&1 || crc=$?
