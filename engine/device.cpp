@@ -329,21 +329,10 @@ void Device::transmit(wire::Headers h, uint32_t dst_ip, std::span<const iovec> p
   if (hlen == 0) return;  // unknown opcode: a bug in the caller, never sent
   const size_t udp_len = hlen + payload_len + pad + wire::kIcrcBytes;
 
-  // The ICRC for IPv4 id 0, what the kernel sends from this unconnected DF socket; a
-  // packet that leaves as segment k of a GSO batch gets its ICRC moved to id k in
-  // send_queued().
-  wire::Ipv4UdpTuple tuple;
-  tuple.src_ip = ip();
-  tuple.dst_ip = dst_ip;
-  tuple.src_port = wire::kRoceV2Port;
-  tuple.dst_port = wire::kRoceV2Port;
-  wire::IcrcAccumulator crc(tuple, udp_len, std::span<const uint8_t>(s.hdr, wire::kBthBytes));
-  crc.update(std::span<const uint8_t>(s.hdr + wire::kBthBytes, hlen - wire::kBthBytes));
-  for (const iovec& v : payload)
-    crc.update(std::span<const uint8_t>(static_cast<const uint8_t*>(v.iov_base), v.iov_len));
+  // The ICRC is computed in send_queued(), once the path is known: the same-host path
+  // carries none (see compute_icrc()).
   std::memset(s.trailer, 0, sizeof s.trailer);
-  if (pad) crc.update(std::span<const uint8_t>(s.trailer, pad));
-  s.icrc = crc.finish();
+  s.icrc_done = false;
   s.pad = pad;
   s.iov.clear();
   s.iov.push_back({s.hdr, hlen});
@@ -355,6 +344,27 @@ void Device::transmit(wire::Headers h, uint32_t dst_ip, std::span<const iovec> p
   ++tx_count_;
   bump(counters_->sent_pkts);
   bump(counters_->sent_bytes, udp_len);
+}
+
+void Device::compute_icrc(TxSlot& s) {
+  if (s.icrc_done) return;
+  // The ICRC for IPv4 id 0, what the kernel sends from this unconnected DF socket; a
+  // packet that leaves as segment k of a GSO batch gets its ICRC moved to id k.
+  wire::Ipv4UdpTuple tuple;
+  tuple.src_ip = ip();
+  tuple.dst_ip = s.dst_ip;
+  tuple.src_port = wire::kRoceV2Port;
+  tuple.dst_port = wire::kRoceV2Port;
+  const iovec& h = s.iov.front();
+  const auto* hdr = static_cast<const uint8_t*>(h.iov_base);
+  wire::IcrcAccumulator crc(tuple, s.udp_len, std::span<const uint8_t>(hdr, wire::kBthBytes));
+  crc.update(std::span<const uint8_t>(hdr + wire::kBthBytes, h.iov_len - wire::kBthBytes));
+  for (size_t i = 1; i + 1 < s.iov.size(); ++i)
+    crc.update(
+        std::span<const uint8_t>(static_cast<const uint8_t*>(s.iov[i].iov_base), s.iov[i].iov_len));
+  if (s.pad) crc.update(std::span<const uint8_t>(s.trailer, s.pad));
+  s.icrc = crc.finish();
+  s.icrc_done = true;
 }
 
 void Device::flush() {
@@ -396,7 +406,12 @@ void Device::send_queued() {
       udp_slots_.push_back(k);
       continue;
     }
-    for (int b = 0; b < 4; ++b) s.trailer[s.pad + b] = static_cast<uint8_t>(s.icrc >> (8 * b));
+    // No ICRC on the same-host path: shared memory has no bit errors, and a peer that could
+    // forge a record could compute an ICRC as well; the engine's other checks all apply. It
+    // is computed only for the capture file, which must decode as on the wire.
+    if (pcap_) compute_icrc(s);
+    const uint32_t icrc = pcap_ ? s.icrc : 0;
+    for (int b = 0; b < 4; ++b) s.trailer[s.pad + b] = static_cast<uint8_t>(icrc >> (8 * b));
     const net::ShmSendResult r = shm_.send(s.dst_ip, s.iov.data(), s.iov.size());
     if (r == net::ShmSendResult::kNoPeer && path_ != PacketPath::kShm) {
       udp_slots_.push_back(k);
@@ -442,6 +457,7 @@ void Device::send_queued() {
     const size_t first_iov = tx_iov_.size();
     for (size_t k = i; k < j; ++k) {
       TxSlot& s = tx_[udp_slots_[k]];
+      compute_icrc(s);
       const uint16_t id = static_cast<uint16_t>(k - i);
       const uint32_t icrc = id ? wire::icrc_with_ip_id(s.icrc, 0, id, s.udp_len) : s.icrc;
       for (int b = 0; b < 4; ++b) s.trailer[s.pad + b] = static_cast<uint8_t>(icrc >> (8 * b));
@@ -478,18 +494,18 @@ void Device::send_queued() {
 }
 
 void Device::handle_datagram(const net::RxDatagram& d) {
-  if (d.segment_size == 0) return handle_packet(d, d.data, d.length, 0);
+  if (d.segment_size == 0) return handle_packet(d, d.data, d.length, 0, false);
   // UDP GRO: back-to-back packets of segment_size bytes, the last possibly shorter. A
   // softrdma sender's GSO batch arrives whole on loopback, so segment k carries IPv4 id k:
   // check that first (exact), else icrc_verify solves for the id.
   bump(counters_->rcvd_gro_batches);
   uint16_t k = 0;
   for (size_t off = 0; off < d.length; off += d.segment_size, ++k)
-    handle_packet(d, d.data + off, std::min<size_t>(d.segment_size, d.length - off), k);
+    handle_packet(d, d.data + off, std::min<size_t>(d.segment_size, d.length - off), k, false);
 }
 
 void Device::handle_packet(const net::RxDatagram& d, const uint8_t* data, size_t length,
-                           uint16_t ip_id_hint) {
+                           uint16_t ip_id_hint, bool from_shm) {
   const std::span<const uint8_t> bytes(data, length);
   wire::Packet pkt;
   wire::ParseError perr = wire::ParseError::kTruncated;
@@ -502,10 +518,23 @@ void Device::handle_packet(const net::RxDatagram& d, const uint8_t* data, size_t
   tuple.dst_port = wire::kRoceV2Port;
   tuple.ip_id = ip_id_hint;
   wire::IcrcVerdict v;
-  if (perr == wire::ParseError::kOk) v = wire::icrc_verify(tuple, bytes);
+  if (from_shm) {
+    v.ok = v.exact = true;  // records carry no ICRC (see send_queued())
+  } else if (perr == wire::ParseError::kOk) {
+    v = wire::icrc_verify(tuple, bytes);
+  }
   if (pcap_) {
     // The IPv4 id and DF a UDP socket never sees come from the ICRC (see wire/icrc.h);
-    // TTL and TOS from IP_RECVTTL / IP_RECVTOS.
+    // TTL and TOS from IP_RECVTTL / IP_RECVTOS. A same-host record gets the ICRC it would
+    // have carried on the wire.
+    if (from_shm && length >= wire::kBthBytes + wire::kIcrcBytes) {
+      shm_capture_.assign(data, data + length);
+      const uint32_t icrc = wire::icrc_compute(
+          tuple, std::span<const uint8_t>(shm_capture_).first(length - wire::kIcrcBytes));
+      for (int b = 0; b < 4; ++b)
+        shm_capture_[length - wire::kIcrcBytes + b] = static_cast<uint8_t>(icrc >> (8 * b));
+      data = shm_capture_.data();
+    }
     const iovec whole{const_cast<uint8_t*>(data), length};
     pcap_->record({d.src_ip, ip(), d.src_port, wire::kRoceV2Port, v.ok ? v.ip_id : uint16_t{0},
                    v.ok ? v.dont_fragment : true, d.ttl, d.tos},
@@ -570,7 +599,7 @@ size_t Device::receive_shm_locked() {
         d.data = const_cast<uint8_t*>(bytes.data());
         d.length = bytes.size();
         bump(counters_->rcvd_shm_pkts);
-        handle_packet(d, bytes.data(), bytes.size(), 0);
+        handle_packet(d, bytes.data(), bytes.size(), 0, /*from_shm=*/true);
       },
       kRxBudget);
   if (n) {

@@ -134,7 +134,7 @@ class Device final : public Transport {
   size_t receive_locked();
   void handle_datagram(const net::RxDatagram& d);
   void handle_packet(const net::RxDatagram& d, const uint8_t* data, size_t length,
-                     uint16_t ip_id_hint);
+                     uint16_t ip_id_hint, bool from_shm);
   void send_queued();  // sends tx_ (shared memory or GSO runs per peer), ACKs excluded
   size_t receive_shm_locked();
   void run_timers_locked(uint64_t now);
@@ -149,9 +149,12 @@ class Device final : public Transport {
     std::vector<iovec> iov;
     uint32_t dst_ip;
     uint32_t udp_len;  // BTH … ICRC, bytes
-    uint32_t icrc;     // for IPv4 id 0
+    uint32_t icrc;     // for IPv4 id 0, once icrc_done
+    bool icrc_done;
     uint8_t pad;
   };
+  void compute_icrc(TxSlot& s);       // over the slot's gather list, for IPv4 id 0
+  std::vector<uint8_t> shm_capture_;  // a same-host packet as recorded, with its ICRC
 
   std::mutex mu_;
   net::UdpPort port_;

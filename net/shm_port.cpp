@@ -47,7 +47,9 @@ namespace softrdma::net {
 namespace {
 
 constexpr uint64_t kMagic = 0x314d48534d445253ull;  // "SRDMSHM1"
-constexpr uint32_t kVersion = 1;
+// 2: records carry no ICRC (the engine computes it only for packets that cross a wire or a
+// capture file), so a version-1 peer must not be talked to over shared memory.
+constexpr uint32_t kVersion = 2;
 constexpr uint64_t kPage = 4096;
 constexpr uint64_t kAlign = 64;  // record alignment, bytes
 constexpr uint64_t kRecordHeader = 8;
