@@ -161,6 +161,16 @@ size_t UdpPort::send_batch(std::span<const TxDatagram> batch, size_t& errors) {
     int r = ::sendmmsg(fd_, msgs.data(), static_cast<unsigned>(n), MSG_DONTWAIT);
     if (r < 0) {
       if (errno == EINTR) continue;
+      if ((errno == EIO || errno == EINVAL) && gso_ && batch[done].segment_size) {
+        // The route's device cannot segment (no checksum offload: EIO), or the kernel
+        // refuses this batch's shape: stop using GSO on this socket and send the rest
+        // segment by segment. Without this, every retransmission would fail the same way.
+        gso_ = false;
+        size_t more = 0;
+        send_batch(batch.subspan(done), more);
+        errors += more;
+        return batch.size();
+      }
       // The first datagram failed (buffer full, unreachable, …): count it lost and go on;
       // the transport's retransmission timer owns recovery.
       ++errors;

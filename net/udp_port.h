@@ -71,9 +71,11 @@ class UdpPort {
   int fd() const { return fd_; }
   uint32_t ip() const { return ip_; }
 
-  /// Sends up to `batch.size()` datagrams with one sendmmsg. Returns how many were handed
-  /// to the kernel (datagrams the kernel refuses with a transient error count as sent and
-  /// lost: RoCE recovers them by retransmission); `errors` gets the number refused.
+  /// Sends `batch` with sendmmsg (64 entries per call). Returns batch.size(): datagrams the
+  /// kernel refuses with a transient error count as sent and lost (RoCE recovers them by
+  /// retransmission); `errors` gets the number refused. A GSO entry the kernel rejects with
+  /// EIO or EINVAL (a device without checksum offload) turns GSO off for this socket and is
+  /// sent again segment by segment.
   size_t send_batch(std::span<const TxDatagram> batch, size_t& errors);
 
   /// Turns on UDP_SEGMENT (GSO) sends if the kernel supports it; returns whether it
