@@ -67,6 +67,12 @@ std::string shm_mailbox_path(const ShmConfig& cfg, uint32_t ip);
 /// Abstract-namespace doorbell socket name of `ip`, without the leading NUL:
 /// "<prefix>bell-<a.b.c.d>".
 std::string shm_doorbell_name(const ShmConfig& cfg, uint32_t ip);
+/// Removes the mailbox files in cfg.dir (cfg.name_prefix + "shm-<a.b.c.d>") that no live
+/// device owns — what a killed device leaves behind (one that closes removes its own, and
+/// the next device on the address replaces a stale one anyway). Each address is taken with
+/// the same lock ShmPort::open takes, so a device opening meanwhile is never disturbed, and a
+/// sender still mapping the stale mailbox is told it closed. Returns the paths removed.
+std::vector<std::string> shm_remove_stale_mailboxes(const ShmConfig& cfg);
 /// CLOCK_MONOTONIC in ns (the clock of note_polling() and ring_doorbells()).
 uint64_t shm_monotonic_ns();
 

@@ -36,6 +36,7 @@
 
 #include "engine/counters.h"
 #include "net/netem.h"
+#include "net/shm_port.h"
 #include "net/udp_port.h"
 
 namespace {
@@ -205,6 +206,13 @@ int cmd_stat_clean(const StatOptions& o) {
       ++failed;
     }
   }
+  // Same-host mailboxes (softrdma-shm-<addr>, in the same directory) of killed devices.
+  softrdma::net::ShmConfig shm;
+  shm.dir = o.dir;
+  for (const std::string& p : softrdma::net::shm_remove_stale_mailboxes(shm)) {
+    fmt::print("removed {} (same-host mailbox, owner exited)\n", p);
+    ++removed;
+  }
   if (removed == 0 && failed == 0) fmt::print("no files of exited processes to remove\n");
   return failed ? 1 : 0;
 }
@@ -342,13 +350,15 @@ int main(int argc, char** argv) {
       "`name value` line each as Linux rxe's hw_counters; counters that are zero are left\n"
       "out unless --all is given. A process that exited without closing its device (killed)\n"
       "leaves its file behind, shown as dead until --clean removes it or a new device binds\n"
-      "the same address. Counter meanings: engine/counters.h.");
+      "the same address; --clean also removes the same-host mailboxes (softrdma-shm-<ip>)\n"
+      "such processes left. Counter meanings: engine/counters.h.");
   auto* all = stat->add_flag("--all,-a", so.all, "list every counter, zero or not");
   auto* json = stat->add_flag("--json", so.json,
                               "print JSON instead: {\"devices\": [{device, address, pid, alive, "
                               "path, counters: {name: value}}]}, always with every counter");
   stat->add_flag("--clean", so.clean,
-                 "remove the counter files of processes that have exited, list them, and exit")
+                 "remove the counter files and same-host mailboxes of processes that have "
+                 "exited, list them, and exit")
       ->excludes(all)
       ->excludes(json);
   stat->add_option("--dir", so.dir,

@@ -289,6 +289,27 @@ TEST_F(ShmPortTest, StaleSegmentOfDeadOwnerIsReplaced) {
   EXPECT_EQ(b2.open(b_ip, cfg), 0);
 }
 
+// `softrdma stat --clean`: the mailbox a killed device left is removed, a live one is not.
+TEST_F(ShmPortTest, RemoveStaleMailboxesSparesLiveOwners) {
+  const uint32_t dead_ip = ip_of(2, 3), live_ip = ip_of(2, 4);
+  pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    ShmPort p;
+    _exit(p.open(dead_ip, cfg) == 0 ? 0 : 1);  // dies without close(): the file stays
+  }
+  ASSERT_EQ(wait_child(child), 0);
+  ShmPort live;
+  ASSERT_EQ(live.open(live_ip, cfg), 0);
+  struct stat st;
+  ASSERT_EQ(::stat(shm_mailbox_path(cfg, dead_ip).c_str(), &st), 0);
+  const std::vector<std::string> removed = shm_remove_stale_mailboxes(cfg);
+  ASSERT_EQ(removed.size(), 1u);
+  EXPECT_EQ(removed[0], shm_mailbox_path(cfg, dead_ip));
+  EXPECT_NE(::stat(shm_mailbox_path(cfg, dead_ip).c_str(), &st), 0);
+  EXPECT_EQ(::stat(shm_mailbox_path(cfg, live_ip).c_str(), &st), 0);
+}
+
 // Receiver child goes away (closed or crashed): the sender sees kNoPeer within bounded time.
 void receiver_goes_away(const ShmConfig& cfg, uint32_t a_ip, uint32_t b_ip, bool graceful) {
   int ready[2], go[2];
