@@ -942,4 +942,12 @@ void run_pair(const ConnOptions& conn, std::function<void(Role&)> role0,
   run_roles(s);
 }
 
+void run_in_one_process(std::function<void(Role&)> fn, seconds deadline) {
+  Spec s;
+  s.roles.resize(1);
+  s.roles[0].fn = std::move(fn);
+  s.deadline = deadline;
+  run_roles(s);
+}
+
 }  // namespace softrdma::verbs_test

@@ -283,6 +283,9 @@ struct Spec {
 
 /// Runs a multi-process test from a TEST body. Fails the test when any role fails.
 void run_roles(const Spec& spec);
+/// One role (its own device, no link), run in a child process within `deadline`: for tests
+/// whose other side is a raw socket in the same process (rawpkt's FakePeer).
+void run_in_one_process(std::function<void(Role&)> fn, seconds deadline);
 /// Two roles, one link between them.
 void run_pair(const ConnOptions& conn, std::function<void(Role&)> role0,
               std::function<void(Role&)> role1, size_t buf_size = 1 << 20);

@@ -798,11 +798,7 @@ struct FakeRig {
 };
 
 void in_one_process(std::function<void(Role&)> fn) {
-  Spec s;
-  s.roles.resize(1);
-  s.roles[0].fn = std::move(fn);
-  s.deadline = 60s;
-  run_roles(s);
+  run_in_one_process(std::move(fn), 60s);
 }
 
 // IBTA 9.7.5.2.2: one sequence NAK per gap. 20 copies of one far-ahead PSN (what a forger

@@ -185,11 +185,7 @@ struct Rig {
 };
 
 void in_one_process(std::function<void(Role&)> fn) {
-  Spec s;
-  s.roles.resize(1);
-  s.roles[0].fn = std::move(fn);
-  s.deadline = 90s;
-  run_roles(s);
+  run_in_one_process(std::move(fn), 90s);
 }
 
 // Device → peer: SEND, a 3-packet WRITE, a 3-packet READ answered by the peer, and a
