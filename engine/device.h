@@ -130,8 +130,9 @@ class Device final : public Transport {
  private:
   Device() = default;
   void progress_thread();
-  void progress_locked(uint64_t now);  // receive, timers, flush
-  size_t receive_locked();
+  /// Receives (the rings, and the UDP socket unless !check_udp), runs due timers, flushes.
+  void progress_locked(uint64_t now, bool check_udp = true);
+  size_t receive_locked(bool check_udp = true);
   void handle_datagram(const net::RxDatagram& d);
   void handle_packet(const net::RxDatagram& d, const uint8_t* data, size_t length,
                      uint16_t ip_id_hint, bool from_shm);
