@@ -486,6 +486,8 @@ constexpr uint32_t kStreamLen = 4096;
 constexpr int kRestartMsgs = 300;
 constexpr uint32_t kRestartMaxLen = 9000;  // up to 9 packets at MTU 1024
 constexpr uint64_t kRestartWrite = 1 << 20;
+// Where the WRITE lands in B''s buffer: past its 64 × 16 KiB receive buffers, odd.
+constexpr uint64_t kRestartWriteAt = (1 << 20) + 7;
 constexpr uint64_t kRestartWriteSeed = 4242;
 
 uint32_t restart_len(int i) {
@@ -605,11 +607,13 @@ TEST(ShmPeer, KilledMidStreamThenRestartedOnSameAddress) {
       ASSERT_EQ(uint64_t(done), wc.wr_id);
       ++done;
     }
-    // And one WRITE of 1 MiB + 5 into B'.
+    // And one WRITE of 1 MiB + 5 into B', above its receive buffers: B' may still be
+    // checking the last SENDs (their completions here say they arrived, not that B' has
+    // looked at them).
     fill_pattern(r.buf() + 3, kRestartWrite + 5, kRestartWriteSeed);
     ASSERT_EQ(0, post_send(ep.qp, IBV_WR_RDMA_WRITE_WITH_IMM, 9999, r.buf() + 3,
-                           static_cast<uint32_t>(kRestartWrite + 5), r.lkey(), theirs.addr + 7,
-                           theirs.rkey, htonl(9999)));
+                           static_cast<uint32_t>(kRestartWrite + 5), r.lkey(),
+                           theirs.addr + kRestartWriteAt, theirs.rkey, htonl(9999)));
     const ibv_wc wc = poll_one(ep.scq, 20s);
     ASSERT_EQ(IBV_WC_SUCCESS, wc.status) << "WRITE to B': " << describe(wc);
     r.send_value(2, uint32_t{2});
@@ -642,7 +646,7 @@ TEST(ShmPeer, KilledMidStreamThenRestartedOnSameAddress) {
     Device dev;
     ASSERT_TRUE(open_device(dev)) << "B' cannot open B's address";
     ASSERT_EQ(addr_of(slot, 1), dev.addr);
-    Buffer buf(2 << 20);
+    Buffer buf(3 << 20);  // receive buffers, then the WRITE at kRestartWriteAt
     ibv_mr* mr = ibv_reg_mr(dev.pd, buf.data(), buf.size(), kAllAccess);
     ASSERT_NE(nullptr, mr);
     Endpoint ep;
@@ -676,7 +680,7 @@ TEST(ShmPeer, KilledMidStreamThenRestartedOnSameAddress) {
     EXPECT_EQ(IBV_WC_RECV_RDMA_WITH_IMM, wc.opcode);
     EXPECT_EQ(htonl(9999), wc.imm_data);
     r.recv_value<uint32_t>(0, 30s);
-    EXPECT_TRUE(HasPattern(buf.data() + 7, kRestartWrite + 5, kRestartWriteSeed));
+    EXPECT_TRUE(HasPattern(buf.data() + kRestartWriteAt, kRestartWrite + 5, kRestartWriteSeed));
     EXPECT_TRUE(no_completion(ep.rcq, 10ms));
     const Growth g{c0, read_counters(dev.addr, getpid())};
     printf("[ B'       ]%s\n", growth_str(g, kPathCounters).c_str());
