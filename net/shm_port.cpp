@@ -11,8 +11,9 @@
 //   free → Active          producer, CAS (the only thing a producer does to a foreign ring)
 //   Active → Released      producer (close, or acknowledging a quarantine)
 //   Active → Quarantined   receiver, malformed records
-//   any → free             receiver only, after head = tail, once no producer can write
-//                          (Released, or producer pid dead)
+//   any → free             receiver only, once no producer can write (Released, or producer
+//                          pid dead) and what it wrote is delivered (head = tail; a
+//                          quarantined ring's records are discarded instead)
 // Because only the receiver frees a ring and only when its producer is gone, head and tail
 // never have two writers, and a new producer starts at the tail the receiver left.
 //
@@ -693,8 +694,15 @@ void ShmPort::housekeeping() {
             c->head.load(std::memory_order_relaxed) == c->tail.load(std::memory_order_acquire))
           free_ring(i);
         break;
-      default:  // Active or Quarantined: free once the producer is dead (its data too)
-        if (!pid_alive(owner_pid(o))) free_ring(i);
+      default:
+        // Active or Quarantined, and the producer is dead. Its records below tail are whole
+        // (tail is published after the copy): deliver them first, as a socket buffer keeps a
+        // dead sender's datagrams — an ACK written just before a SIGKILL still counts. A
+        // quarantined ring's contents are garbage: free it now.
+        if (!pid_alive(owner_pid(o)) &&
+            (owner_state(o) == kQuarantined || !(bits >> i & 1) ||
+             c->head.load(std::memory_order_relaxed) == c->tail.load(std::memory_order_acquire)))
+          free_ring(i);
         break;
     }
   }

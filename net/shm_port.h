@@ -160,7 +160,9 @@ class ShmPort {
   /// in place in shared memory (valid only during the call; the ring slot is released right
   /// after it returns). Returns the number delivered. With nothing there it costs a few
   /// atomic loads. Also (at most every liveness_check_ns) frees rings whose producer died or
-  /// released them; a malformed ring is counted in stats().broken_rings and quarantined.
+  /// released them, once what it wrote has been delivered (a dead producer's whole records
+  /// still arrive, as datagrams of a dead sender do); a malformed ring is counted in
+  /// stats().broken_rings, quarantined and its records discarded.
   /// `on_packet` may call send() (e.g. to answer with an ACK) but not poll() or close().
   template <class F>
   size_t poll(F&& on_packet, size_t budget) {
