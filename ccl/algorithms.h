@@ -28,6 +28,13 @@ void all_reduce_ring(Context& ctx, const void* send, void* recv, size_t count, D
 void all_reduce_recursive_doubling(Context& ctx, const void* send, void* recv, size_t count,
                                    DataType type, RedOp op);
 
+/// Rabenseifner's AllReduce (allreduce_rabenseifner.cpp): reduce-scatter by recursive
+/// halving, then allgather by recursive doubling, after the same non-power-of-two fold as
+/// recursive doubling (Thakur, Rabenseifner, Gropp 2005, §4.4). 2·log2(p) messages carrying
+/// 2(p−1)/p of the buffer per rank: the medium-size algorithm.
+void all_reduce_rabenseifner(Context& ctx, const void* send, void* recv, size_t count,
+                             DataType type, RedOp op);
+
 /// Pipelined chain Broadcast root → root+1 → … → root−1 (broadcast.cpp): every link
 /// carries the buffer once, chunked, so time ≈ size/bandwidth + (n−2)·chunk latency.
 void broadcast_chain(Context& ctx, const void* send, void* recv, size_t count, DataType type,

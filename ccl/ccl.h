@@ -23,7 +23,16 @@ namespace softrdma::ccl {
 
 /// Element types (NCCL's ncclDataType_t names). float16 / bfloat16 reduce in float32.
 enum class DataType : uint8_t {
-  kInt8, kUint8, kInt32, kUint32, kInt64, kUint64, kFloat16, kBfloat16, kFloat32, kFloat64
+  kInt8,
+  kUint8,
+  kInt32,
+  kUint32,
+  kInt64,
+  kUint64,
+  kFloat16,
+  kBfloat16,
+  kFloat32,
+  kFloat64
 };
 /// Reduction operators (ncclRedOp_t). kAvg divides the sum by size() (integers truncate).
 enum class RedOp : uint8_t { kSum, kProd, kMax, kMin, kAvg };
@@ -40,11 +49,16 @@ const char* op_name(RedOp op);
 bool parse_type(const std::string& s, DataType& out);
 bool parse_op(const std::string& s, RedOp& out);
 
-/// Algorithm choice (NCCL_ALGO-like; environment SOFTRDMA_CCL_ALGO=ring|rd|auto).
+/// Algorithm choice (NCCL_ALGO-like; environment
+/// SOFTRDMA_CCL_ALGO=ring|rd|rabenseifner|auto).
 enum class Algorithm : uint8_t {
-  kAuto,  ///< by message size and rank count
-  kRing,  ///< pipelined ring (bandwidth)
+  kAuto,               ///< by message size and rank count
+  kRing,               ///< pipelined ring (bandwidth)
   kRecursiveDoubling,  ///< recursive doubling / halving-doubling (latency), any rank count
+  /// AllReduce as reduce-scatter (recursive halving) + allgather (recursive doubling), any
+  /// rank count (Thakur, Rabenseifner, Gropp 2005); collectives without such a variant take
+  /// their kAuto choice.
+  kRabenseifner,
 };
 
 /// Tunables (environment SOFTRDMA_CCL_CHUNK_BYTES, SOFTRDMA_CCL_DEPTH, SOFTRDMA_CCL_ALGO,
@@ -54,6 +68,8 @@ struct Config {
   size_t chunk_bytes = 512 * 1024;  ///< pipeline chunk of the ring, bytes
   int depth = 4;                    ///< chunks in flight per peer
   size_t small_bytes = 64 * 1024;   ///< auto: at or below this, the latency algorithm
+  /// auto, AllReduce: above small_bytes and at or below this, Rabenseifner; above, the ring.
+  size_t medium_bytes = 1024 * 1024;
   /// Reads the SOFTRDMA_CCL_* variables over the defaults; throws std::invalid_argument on
   /// malformed values.
   static Config from_environment();

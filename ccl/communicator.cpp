@@ -138,13 +138,19 @@ struct Communicator::Impl {
     }
   }
 
-  Algorithm pick(size_t bytes, size_t count) const {
-    if (config.algorithm != Algorithm::kAuto) return config.algorithm;
+  /// The algorithm for a collective of `bytes` (`count` elements per rank's block);
+  /// `rabenseifner`: the collective has a Rabenseifner variant (AllReduce).
+  Algorithm pick(size_t bytes, size_t count, bool rabenseifner = false) const {
+    if (config.algorithm != Algorithm::kAuto &&
+        (config.algorithm != Algorithm::kRabenseifner || rabenseifner))
+      return config.algorithm;
     // A ring moves data in ~2n messages per rank: below small_bytes, or when some ranks
-    // would own no element, the log2(n)-message algorithms win.
-    return bytes <= config.small_bytes || count < static_cast<size_t>(size)
-               ? Algorithm::kRecursiveDoubling
-               : Algorithm::kRing;
+    // would own no element, the log2(n)-message algorithms win. Between small_bytes and
+    // medium_bytes Rabenseifner moves the ring's bytes in 2·log2(n) messages.
+    if (bytes <= config.small_bytes || count < static_cast<size_t>(size))
+      return Algorithm::kRecursiveDoubling;
+    if (rabenseifner && bytes <= config.medium_bytes) return Algorithm::kRabenseifner;
+    return Algorithm::kRing;
   }
 };
 
@@ -187,10 +193,17 @@ void Communicator::all_reduce(const void* send, void* recv, size_t count, DataTy
       if (send != recv) std::memcpy(recv, send, bytes);
       return;
     }
-    if (m.pick(bytes, count) == Algorithm::kRing)
-      detail::all_reduce_ring(ctx, send, recv, count, type, op);
-    else
-      detail::all_reduce_recursive_doubling(ctx, send, recv, count, type, op);
+    switch (m.pick(bytes, count, /*rabenseifner=*/true)) {
+      case Algorithm::kRing:
+        detail::all_reduce_ring(ctx, send, recv, count, type, op);
+        break;
+      case Algorithm::kRabenseifner:
+        detail::all_reduce_rabenseifner(ctx, send, recv, count, type, op);
+        break;
+      default:
+        detail::all_reduce_recursive_doubling(ctx, send, recv, count, type, op);
+        break;
+    }
   });
 }
 

@@ -12,6 +12,7 @@ void validate_config(const Config& c) {
     case Algorithm::kAuto:
     case Algorithm::kRing:
     case Algorithm::kRecursiveDoubling:
+    case Algorithm::kRabenseifner:
       break;
     default:
       throw std::invalid_argument("Config: unknown algorithm value " +

@@ -132,11 +132,13 @@ Config Config::from_environment() {
       c.algorithm = Algorithm::kRing;
     } else if (a == "rd" || a == "recursive_doubling") {
       c.algorithm = Algorithm::kRecursiveDoubling;
+    } else if (a == "rabenseifner") {
+      c.algorithm = Algorithm::kRabenseifner;
     } else if (a == "auto" || a.empty()) {
       c.algorithm = Algorithm::kAuto;
     } else {
       throw std::invalid_argument(std::string("SOFTRDMA_CCL_ALGO=\"") + v +
-                                  "\": expected ring, rd or auto");
+                                  "\": expected ring, rd, rabenseifner or auto");
     }
   }
   if (const char* v = std::getenv("SOFTRDMA_CCL_CHUNK_BYTES"); v != nullptr) {

@@ -1,12 +1,14 @@
 // Correctness of every collective against a locally computed reference, over
 // LoopbackTransport with one thread per rank.
 //
-// Matrix (CollectiveTest): collective × ranks {1, 2, 3, 4, 8} × algorithm {ring, rd, auto};
+// Matrix (CollectiveTest): collective × ranks {1, 2, 3, 4, 8} × algorithm {ring, rd,
+// rabenseifner, auto};
 // inside each case every data type × every op (where the collective reduces) × in place /
 // out of place × count {0, 1, 1001} runs as consecutive calls on the same communicators,
 // which also checks that consecutive operations never cross-match. The ring configuration
 // uses 256-byte chunks and depth 3 so that 1001 elements make multi-chunk segments; auto
-// uses 1 KiB chunks and a 2 KiB small_bytes threshold so both of its choices occur.
+// uses 1 KiB chunks, a 2 KiB small_bytes and a 4 KiB medium_bytes threshold so all three of
+// its AllReduce choices occur (1001 elements of 1–2 / 4 / 8 bytes).
 // LargeTest: ≥ 16M elements for a few collectives and types (memory bounded: 2–4 ranks,
 // int8/float32).
 //
@@ -82,17 +84,32 @@ Config config_for(Algorithm a) {
       c.chunk_bytes = 512;
       c.depth = 2;
       break;
+    case Algorithm::kRabenseifner:
+      c.chunk_bytes = 512;
+      c.depth = 2;
+      break;
     case Algorithm::kAuto:
       c.chunk_bytes = 1024;
       c.depth = 2;
       c.small_bytes = 2048;
+      c.medium_bytes = 4096;
       break;
   }
   return c;
 }
 
 const char* algo_name(Algorithm a) {
-  return a == Algorithm::kRing ? "ring" : a == Algorithm::kRecursiveDoubling ? "rd" : "auto";
+  switch (a) {
+    case Algorithm::kRing:
+      return "ring";
+    case Algorithm::kRecursiveDoubling:
+      return "rd";
+    case Algorithm::kRabenseifner:
+      return "rabenseifner";
+    case Algorithm::kAuto:
+      break;
+  }
+  return "auto";
 }
 
 /// Buffers of one rank, typed as bytes.
@@ -373,6 +390,12 @@ std::vector<Case> all_cases() {
     for (int n : {1, 2, 3, 4, 8})
       for (Algorithm a : {Algorithm::kRing, Algorithm::kRecursiveDoubling, Algorithm::kAuto})
         v.push_back({c, n, a});
+  // Rabenseifner is an AllReduce algorithm: every folding shape (rem = n − 2^k from 0 to
+  // 3); for the other collectives, forcing it falls back to their auto choice (one case).
+  for (int n : {1, 2, 3, 4, 5, 6, 7, 8})
+    v.push_back({Coll::kAllReduce, n, Algorithm::kRabenseifner});
+  for (int n : {5, 6, 7}) v.push_back({Coll::kAllReduce, n, Algorithm::kRecursiveDoubling});
+  v.push_back({Coll::kBroadcast, 3, Algorithm::kRabenseifner});
   return v;
 }
 
@@ -513,16 +536,17 @@ TEST_P(LargeTest, MatchesReference) {
 
 INSTANTIATE_TEST_SUITE_P(
     Large, LargeTest,
-    ::testing::Values(LargeCase{Coll::kAllReduce, 4, Algorithm::kRing, DataType::kFloat32, false},
-                      LargeCase{Coll::kAllReduce, 3, Algorithm::kAuto, DataType::kInt8, true},
-                      LargeCase{Coll::kAllReduce, 3, Algorithm::kRecursiveDoubling, DataType::kInt8,
-                                false},
-                      LargeCase{Coll::kBroadcast, 4, Algorithm::kAuto, DataType::kFloat32, true},
-                      LargeCase{Coll::kReduce, 3, Algorithm::kAuto, DataType::kInt8, false},
-                      LargeCase{Coll::kAllGather, 2, Algorithm::kAuto, DataType::kInt8, true},
-                      LargeCase{Coll::kReduceScatter, 2, Algorithm::kAuto, DataType::kInt8, false},
-                      LargeCase{Coll::kAllToAll, 2, Algorithm::kAuto, DataType::kInt8, false},
-                      LargeCase{Coll::kSendRecv, 2, Algorithm::kAuto, DataType::kFloat32, false}),
+    ::testing::Values(
+        LargeCase{Coll::kAllReduce, 4, Algorithm::kRing, DataType::kFloat32, false},
+        LargeCase{Coll::kAllReduce, 3, Algorithm::kAuto, DataType::kInt8, true},
+        LargeCase{Coll::kAllReduce, 3, Algorithm::kRecursiveDoubling, DataType::kInt8, false},
+        LargeCase{Coll::kAllReduce, 3, Algorithm::kRabenseifner, DataType::kFloat32, true},
+        LargeCase{Coll::kBroadcast, 4, Algorithm::kAuto, DataType::kFloat32, true},
+        LargeCase{Coll::kReduce, 3, Algorithm::kAuto, DataType::kInt8, false},
+        LargeCase{Coll::kAllGather, 2, Algorithm::kAuto, DataType::kInt8, true},
+        LargeCase{Coll::kReduceScatter, 2, Algorithm::kAuto, DataType::kInt8, false},
+        LargeCase{Coll::kAllToAll, 2, Algorithm::kAuto, DataType::kInt8, false},
+        LargeCase{Coll::kSendRecv, 2, Algorithm::kAuto, DataType::kFloat32, false}),
     [](const ::testing::TestParamInfo<LargeCase>& i) {
       return std::string(coll_name(i.param.coll)) + "_" + std::to_string(i.param.ranks) + "ranks_" +
              algo_name(i.param.algo) + "_" + type_name(i.param.type) +

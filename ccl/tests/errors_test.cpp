@@ -206,6 +206,7 @@ INSTANTIATE_TEST_SUITE_P(
         DeadRankCase{"AllReduce", 4, Algorithm::kRing, true, all_reduce},
         DeadRankCase{"AllReduce", 3, Algorithm::kRecursiveDoubling, true, all_reduce},
         DeadRankCase{"AllReduce", 8, Algorithm::kRecursiveDoubling, true, all_reduce},
+        DeadRankCase{"AllReduce", 5, Algorithm::kRabenseifner, true, all_reduce},
         DeadRankCase{"Broadcast", 4, Algorithm::kRing, false,
                      [](Communicator& c, std::vector<float>& x, std::vector<float>&) {
                        c.broadcast(x.data(), x.data(), x.size(), DataType::kFloat32, 0);
