@@ -55,11 +55,23 @@ void reduce_binomial(Context& ctx, const void* send, void* recv, size_t count, D
 /// received in the previous one.
 void all_gather_ring(Context& ctx, const void* send, void* recv, size_t count, DataType type);
 
+/// Bruck's AllGather (allgather_bruck.cpp; Bruck et al. 1997): ⌈log2 n⌉ steps for any rank
+/// count, through a scratch array of n blocks rotated into the output at the end. The
+/// small-message AllGather.
+void all_gather_bruck(Context& ctx, const void* send, void* recv, size_t count, DataType type);
+
 /// Pipelined ring ReduceScatter (reduce_scatter_ring.cpp): n−1 steps; partial results are
 /// reduced into scratch slots and forwarded from there (the user's send buffer is never
 /// written, also in place), the last step reduces into the caller's block.
 void reduce_scatter_ring(Context& ctx, const void* send, void* recv, size_t count, DataType type,
                          RedOp op);
+
+/// Recursive-halving ReduceScatter (reduce_scatter_recursive_halving.cpp; Thakur et al.
+/// 2005, §4.2) with the non-power-of-two fold: log2(p) + 2 messages, the input reduced in
+/// scratch (2·n·count elements) so the send buffer is never written. The small-message
+/// ReduceScatter.
+void reduce_scatter_recursive_halving(Context& ctx, const void* send, void* recv, size_t count,
+                                      DataType type, RedOp op);
 
 /// Pairwise-exchange AllToAll (alltoall_pairwise.cpp): in step k = 1..n−1 rank r sends
 /// block r+k and receives block r−k, depth steps in flight. In place, the send buffer is

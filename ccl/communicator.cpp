@@ -281,7 +281,10 @@ void Communicator::all_gather(const void* send, void* recv, size_t count, DataTy
       if (send != recv) std::memcpy(recv, send, bytes);
       return;
     }
-    detail::all_gather_ring(ctx, send, recv, count, type);
+    if (m.pick(total, count) == Algorithm::kRing)
+      detail::all_gather_ring(ctx, send, recv, count, type);
+    else
+      detail::all_gather_bruck(ctx, send, recv, count, type);
   });
 }
 
@@ -305,7 +308,10 @@ void Communicator::reduce_scatter(const void* send, void* recv, size_t count, Da
       if (send != recv) std::memcpy(recv, send, bytes);
       return;
     }
-    detail::reduce_scatter_ring(ctx, send, recv, count, type, op);
+    if (m.pick(total, count) == Algorithm::kRing)
+      detail::reduce_scatter_ring(ctx, send, recv, count, type, op);
+    else
+      detail::reduce_scatter_recursive_halving(ctx, send, recv, count, type, op);
   });
 }
 

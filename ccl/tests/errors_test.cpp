@@ -225,6 +225,16 @@ INSTANTIATE_TEST_SUITE_P(
                        c.reduce_scatter(y.data(), out.data(), out.size(), DataType::kFloat32,
                                         RedOp::kSum);
                      }},
+        DeadRankCase{"AllGather", 3, Algorithm::kRecursiveDoubling, true,
+                     [](Communicator& c, std::vector<float>& x, std::vector<float>& y) {
+                       c.all_gather(x.data(), y.data(), x.size(), DataType::kFloat32);
+                     }},
+        DeadRankCase{"ReduceScatter", 5, Algorithm::kRecursiveDoubling, true,
+                     [](Communicator& c, std::vector<float>&, std::vector<float>& y) {
+                       std::vector<float> out(y.size() / 5);
+                       c.reduce_scatter(y.data(), out.data(), out.size(), DataType::kFloat32,
+                                        RedOp::kSum);
+                     }},
         DeadRankCase{"AllToAll", 4, Algorithm::kAuto, true,
                      [](Communicator& c, std::vector<float>&, std::vector<float>& y) {
                        std::vector<float> out(y.size());
