@@ -309,6 +309,7 @@ LinkDecision LinkEmulator::submit(uint64_t now_ns, size_t bytes) {
   }
   if (p_.reorder > 0 && uniform() < p_.reorder) {
     ++c_.reordered;  // overtakes what is in flight; later packets are not held behind it
+    d.reordered = true;
   } else if (p_.delay_ns || p_.jitter_ns) {
     const int64_t j = jitter();
     const int64_t delay = std::max<int64_t>(0, static_cast<int64_t>(p_.delay_ns) + j);

@@ -97,6 +97,7 @@ struct LinkDecision {
   uint64_t depart_ns = 0;    ///< when it leaves the link (kSend), caller's clock, ns
   uint32_t copies = 1;       ///< 2 when duplicated
   bool ecn_ce = false;       ///< mark the packet Congestion Experienced
+  bool reordered = false;    ///< skipped the delay (overtakes packets in flight)
   int64_t corrupt_bit = -1;  ///< bit index in the packet to flip (< 8·bytes), or −1
 };
 
