@@ -18,6 +18,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "ccl/ccl.h"
+
 namespace softrdma::ccl::verbs {
 
 /// Credited receive slots per peer.
@@ -32,6 +34,25 @@ inline constexpr int kRing = kCredits + kReserved;
 inline constexpr int kSqDepth = 128;
 /// Bytes per control descriptor.
 inline constexpr size_t kCtlBytes = 128;
+
+/// Send and recv requests in flight per peer (posted, not yet complete). Each request
+/// spends exactly one credit (a recv its advert, a send its write with immediate), so more
+/// than kCredits of them only wait in the peer's outbound queue; four ring-fulls keep the
+/// ring busy while the queue drains, and equal 2 × Config's largest depth (a ring of two
+/// ranks has depth sends and depth recvs in flight to the same peer), so no collective is
+/// ever throttled by it. A send() or recv() that finds the limit reached, or the peer's
+/// outbound queue holding this many entries, progresses the transport until a request of
+/// that peer completes or the queue drains (back-pressure, like a full send queue) instead
+/// of growing them; a barrier message waits for queue room the same way. So per peer: at
+/// most this many requests in flight; an outbound queue of at most twice this many entries
+/// (posters stop at this many; completions add at most one write per pending send); and at
+/// most this many entries in the peer's advert, waiting-send and receive tables. Transfers
+/// to self are matched when posted and need no bound. Like a QP's max_send_wr this is part
+/// of the contract: a program that posts more than this many recvs from a peer before the
+/// peer can post its matching sends waits (and reports a stall after the timeout).
+inline constexpr int kMaxRequestsPerPeer = 4 * kCredits;
+static_assert(kMaxRequestsPerPeer >= 2 * Config::kMaxDepth,
+              "a collective at the deepest Config must never wait for request slots");
 
 /// Control message types.
 enum class Ctl : uint32_t { kAdvert = 1, kCredit = 2, kBarrier = 3, kAbort = 4, kBye = 5 };

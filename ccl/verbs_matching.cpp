@@ -71,6 +71,7 @@ RequestId VerbsTransport::Impl::send(int peer, const Buffer& buf, size_t offset,
                                      uint64_t tag) {
   check_peer(peer, "send");
   const VerbsBuffer& vb = check_buffer(buf, offset, bytes, "send");
+  if (peer != rank) wait_for_room(peers[peer], true);
   RequestId id = new_request(true, peer, vb, offset, bytes, tag);
   if (peer == rank) {
     self_sends[tag].push_back(id);
@@ -96,6 +97,7 @@ RequestId VerbsTransport::Impl::recv(int peer, Buffer& buf, size_t offset, size_
                                      uint64_t tag) {
   check_peer(peer, "recv");
   const VerbsBuffer& vb = check_buffer(buf, offset, bytes, "recv");
+  if (peer != rank) wait_for_room(peers[peer], true);
   RequestId id = new_request(false, peer, vb, offset, bytes, tag);
   if (peer == rank) {
     self_recvs[tag].push_back(id);

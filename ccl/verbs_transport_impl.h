@@ -254,6 +254,12 @@ struct VerbsTransport::Impl {
   bool progress_until(const std::function<bool()>& done, int peer, Clock::time_point since);
   /// progress_until, raising PeerError on failure.
   void block(const char* op, const std::function<bool()>& done, int peer, Clock::time_point since);
+  /// Whether P's queues take one more entry (and, for `new_request`, one more request): see
+  /// kMaxRequestsPerPeer.
+  bool has_room(const verbs::Peer& P, bool new_request) const;
+  /// Back-pressure: progresses until has_room(P, new_request). A failure on the way is left
+  /// recorded for the caller's next check (wait()/test() report it naming the collective).
+  void wait_for_room(verbs::Peer& P, bool new_request);
   void wait(RequestId id, const char* op);
   bool test(RequestId id, const char* op);
   void barrier(const char* op);

@@ -65,6 +65,16 @@ void VerbsTransport::Impl::block(const char* op, const std::function<bool()>& do
   if (!progress_until(done, peer, since)) check_failure(op);
 }
 
+bool VerbsTransport::Impl::has_room(const Peer& P, bool new_request) const {
+  return P.outq.size() < static_cast<size_t>(kMaxRequestsPerPeer) &&
+         (!new_request || P.pending < kMaxRequestsPerPeer);
+}
+
+void VerbsTransport::Impl::wait_for_room(Peer& P, bool new_request) {
+  if (failed || has_room(P, new_request)) return;
+  progress_until([&] { return has_room(P, new_request); }, P.rank, Clock::now());
+}
+
 void VerbsTransport::Impl::wait(RequestId id, const char* op) {
   Request& r = find(id, "wait");
   if (!r.done) {
@@ -105,7 +115,10 @@ void VerbsTransport::Impl::barrier(const char* op) {
     m.type = static_cast<uint32_t>(Ctl::kBarrier);
     m.seq = seq;
     m.id = round;
-    enqueue_ctl(peers[to], m);
+    Peer& T = peers[to];
+    wait_for_room(T, false);
+    check_failure(op);
+    enqueue_ctl(T, m);
     const auto key = std::make_pair(seq, round);
     Peer& F = peers[from];
     block(
