@@ -123,7 +123,7 @@ class VerbsTransport : public Transport {
   /// The verbs device in use ("srdma0").
   std::string device_name() const;
 
-  /// The QPs, CQ, control rings and request state (verbs_transport.cpp).
+  /// The QPs, CQ, control rings and request state (verbs_transport_impl.h).
   struct Impl;
 
  private:
