@@ -149,22 +149,16 @@ struct Communicator::Impl {
     const bool ring = pick(c.block_bytes, c.count) == Algorithm::kRing;
     switch (c.op) {
       case Collective::kAllReduce:
-        if (ring)
-          detail::all_reduce_ring(ctx, c.send, c.recv, c.count, c.type, c.red);
-        else
-          detail::all_reduce_recursive_doubling(ctx, c.send, c.recv, c.count, c.type, c.red);
+        (ring ? detail::all_reduce_ring : detail::all_reduce_recursive_doubling)(
+            ctx, c.send, c.recv, c.count, c.type, c.red);
         return;
       case Collective::kBroadcast:
-        if (ring)
-          detail::broadcast_chain(ctx, c.send, c.recv, c.count, c.type, c.root);
-        else
-          detail::broadcast_binomial(ctx, c.send, c.recv, c.count, c.type, c.root);
+        (ring ? detail::broadcast_chain : detail::broadcast_binomial)(ctx, c.send, c.recv, c.count,
+                                                                      c.type, c.root);
         return;
       case Collective::kReduce:
-        if (ring)
-          detail::reduce_chain(ctx, c.send, c.recv, c.count, c.type, c.red, c.root);
-        else
-          detail::reduce_binomial(ctx, c.send, c.recv, c.count, c.type, c.red, c.root);
+        (ring ? detail::reduce_chain : detail::reduce_binomial)(ctx, c.send, c.recv, c.count,
+                                                                c.type, c.red, c.root);
         return;
       case Collective::kAllGather:
         detail::all_gather_ring(ctx, c.send, c.recv, c.count, c.type);

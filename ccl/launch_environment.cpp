@@ -52,6 +52,16 @@ uint64_t fnv1a(const std::string& s) {
   return h;
 }
 
+// The size, rank and local rank (-1 when `local_var` is unset) a launcher exports, parsed in
+// that order.
+void read_ranks(LaunchInfo& info, const char* size_var, const char* rank_var,
+                const char* local_var) {
+  info.size = static_cast<int>(parse_long(size_var, env(size_var), 1, 1 << 20));
+  info.rank = static_cast<int>(parse_long(rank_var, env(rank_var), 0, info.size - 1));
+  info.local_rank =
+      env(local_var) ? static_cast<int>(parse_long(local_var, env(local_var), 0, 1 << 20)) : -1;
+}
+
 }  // namespace
 
 LaunchInfo launch_info() {
@@ -60,12 +70,7 @@ LaunchInfo launch_info() {
   bool one_host = true;
   if (env("RANK") && env("WORLD_SIZE")) {
     info.launcher = "torchrun";
-    info.size = static_cast<int>(parse_long("WORLD_SIZE", env("WORLD_SIZE"), 1, 1 << 20));
-    info.rank = static_cast<int>(parse_long("RANK", env("RANK"), 0, info.size - 1));
-    info.local_rank =
-        env("LOCAL_RANK")
-            ? static_cast<int>(parse_long("LOCAL_RANK", env("LOCAL_RANK"), 0, 1 << 20))
-            : -1;
+    read_ranks(info, "WORLD_SIZE", "RANK", "LOCAL_RANK");
     if (!master_setting()) {
       if (!env("MASTER_ADDR") || !env("MASTER_PORT"))
         throw BootstrapError(
@@ -81,15 +86,9 @@ LaunchInfo launch_info() {
           (env("MASTER_PORT") ? env("MASTER_PORT") : "");
   } else if (env("OMPI_COMM_WORLD_SIZE") && (env("OMPI_COMM_WORLD_RANK") || env("PMIX_RANK"))) {
     info.launcher = "mpirun";
-    info.size = static_cast<int>(
-        parse_long("OMPI_COMM_WORLD_SIZE", env("OMPI_COMM_WORLD_SIZE"), 1, 1 << 20));
-    const char* rn = env("OMPI_COMM_WORLD_RANK") ? "OMPI_COMM_WORLD_RANK" : "PMIX_RANK";
-    info.rank = static_cast<int>(parse_long(rn, env(rn), 0, info.size - 1));
-    info.local_rank =
-        env("OMPI_COMM_WORLD_LOCAL_RANK")
-            ? static_cast<int>(parse_long("OMPI_COMM_WORLD_LOCAL_RANK",
-                                          env("OMPI_COMM_WORLD_LOCAL_RANK"), 0, 1 << 20))
-            : -1;
+    read_ranks(info, "OMPI_COMM_WORLD_SIZE",
+               env("OMPI_COMM_WORLD_RANK") ? "OMPI_COMM_WORLD_RANK" : "PMIX_RANK",
+               "OMPI_COMM_WORLD_LOCAL_RANK");
     if (const char* ls = env("OMPI_COMM_WORLD_LOCAL_SIZE"))
       one_host = parse_long("OMPI_COMM_WORLD_LOCAL_SIZE", ls, 1, 1 << 20) == info.size;
     for (const char* k : {"PMIX_NAMESPACE", "OMPI_MCA_ess_base_jobid", "OMPI_MCA_orte_ess_jobid"})
@@ -99,12 +98,7 @@ LaunchInfo launch_info() {
       }
   } else if (env("SLURM_PROCID") && env("SLURM_NTASKS")) {
     info.launcher = "slurm";
-    info.size = static_cast<int>(parse_long("SLURM_NTASKS", env("SLURM_NTASKS"), 1, 1 << 20));
-    info.rank = static_cast<int>(parse_long("SLURM_PROCID", env("SLURM_PROCID"), 0, info.size - 1));
-    info.local_rank =
-        env("SLURM_LOCALID")
-            ? static_cast<int>(parse_long("SLURM_LOCALID", env("SLURM_LOCALID"), 0, 1 << 20))
-            : -1;
+    read_ranks(info, "SLURM_NTASKS", "SLURM_PROCID", "SLURM_LOCALID");
     const char* nn = env("SLURM_NNODES") ? env("SLURM_NNODES") : env("SLURM_JOB_NUM_NODES");
     if (nn) one_host = parse_long("SLURM_NNODES", nn, 1, 1 << 20) == 1;
     if (env("SLURM_JOB_ID"))

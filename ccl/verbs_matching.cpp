@@ -11,6 +11,22 @@ namespace softrdma::ccl {
 
 using namespace verbs;  // NOLINT(google-build-using-namespace): the transport's own types
 
+namespace {
+
+// Takes the oldest entry of `tag` from a per-tag FIFO table (dropping the tag's queue when
+// it empties); false when there is none.
+template <class T>
+bool take_oldest(std::unordered_map<uint64_t, std::deque<T>>& fifo, uint64_t tag, T& out) {
+  auto it = fifo.find(tag);
+  if (it == fifo.end() || it->second.empty()) return false;
+  out = it->second.front();
+  it->second.pop_front();
+  if (it->second.empty()) fifo.erase(it);
+  return true;
+}
+
+}  // namespace
+
 const VerbsBuffer& VerbsTransport::Impl::check_buffer(const Buffer& buf, size_t offset,
                                                       size_t bytes, const char* what) const {
   auto* vb = dynamic_cast<const VerbsBuffer*>(&buf);
@@ -67,54 +83,52 @@ void VerbsTransport::Impl::match_self(uint64_t tag) {
   if (r != self_recvs.end() && r->second.empty()) self_recvs.erase(r);
 }
 
-RequestId VerbsTransport::Impl::send(int peer, const Buffer& buf, size_t offset, size_t bytes,
-                                     uint64_t tag) {
-  check_peer(peer, "send");
-  const VerbsBuffer& vb = check_buffer(buf, offset, bytes, "send");
+Peer* VerbsTransport::Impl::begin_request(bool is_send, int peer, const Buffer& buf, size_t offset,
+                                          size_t bytes, uint64_t tag, RequestId& id) {
+  const char* what = is_send ? "send" : "recv";
+  check_peer(peer, what);
+  const VerbsBuffer& vb = check_buffer(buf, offset, bytes, what);
   if (peer != rank) wait_for_room(peers[peer], true);
-  RequestId id = new_request(true, peer, vb, offset, bytes, tag);
+  id = new_request(is_send, peer, vb, offset, bytes, tag);
   if (peer == rank) {
-    self_sends[tag].push_back(id);
+    (is_send ? self_sends : self_recvs)[tag].push_back(id);
     match_self(tag);
-    return id;
+    return nullptr;
   }
   Peer& P = peers[peer];
   ++P.pending;
-  if (failed) return id;  // wait()/test() report the failure
-  auto a = P.adverts.find(tag);
-  if (a != P.adverts.end() && !a->second.empty()) {
-    Advert adv = a->second.front();
-    a->second.pop_front();
-    if (a->second.empty()) P.adverts.erase(a);
+  return failed ? nullptr : &P;  // after a failure, wait()/test() report it
+}
+
+RequestId VerbsTransport::Impl::send(int peer, const Buffer& buf, size_t offset, size_t bytes,
+                                     uint64_t tag) {
+  RequestId id = 0;
+  Peer* to = begin_request(true, peer, buf, offset, bytes, tag, id);
+  if (!to) return id;
+  Peer& P = *to;
+  Advert adv{};
+  if (take_oldest(P.adverts, tag, adv))
     start_write(P, id, adv);
-  } else {
+  else
     P.sends_waiting[tag].push_back(id);
-  }
   return id;
 }
 
 RequestId VerbsTransport::Impl::recv(int peer, Buffer& buf, size_t offset, size_t bytes,
                                      uint64_t tag) {
-  check_peer(peer, "recv");
-  const VerbsBuffer& vb = check_buffer(buf, offset, bytes, "recv");
-  if (peer != rank) wait_for_room(peers[peer], true);
-  RequestId id = new_request(false, peer, vb, offset, bytes, tag);
-  if (peer == rank) {
-    self_recvs[tag].push_back(id);
-    match_self(tag);
-    return id;
-  }
-  Peer& P = peers[peer];
-  ++P.pending;
-  if (failed) return id;
+  RequestId id = 0;
+  Peer* from = begin_request(false, peer, buf, offset, bytes, tag, id);
+  if (!from) return id;
+  Peer& P = *from;
   const uint32_t tid = P.next_id++;
   P.recvs[tid] = id;
   CtlMsg m{};
   m.type = static_cast<uint32_t>(Ctl::kAdvert);
   m.tag = tag;
-  m.addr = reinterpret_cast<uint64_t>(reqs.at(id).addr);
+  const Request& r = reqs.at(id);
+  m.addr = reinterpret_cast<uint64_t>(r.addr);
   m.length = bytes;
-  m.rkey = vb.rkey();
+  m.rkey = r.rkey;
   m.id = tid;
   enqueue_ctl(P, m);
   return id;
@@ -129,15 +143,11 @@ Request& VerbsTransport::Impl::find(RequestId id, const char* what) {
 }
 
 void VerbsTransport::Impl::on_advert(Peer& P, const Advert& a, uint64_t tag) {
-  auto w = P.sends_waiting.find(tag);
-  if (w != P.sends_waiting.end() && !w->second.empty()) {
-    RequestId id = w->second.front();
-    w->second.pop_front();
-    if (w->second.empty()) P.sends_waiting.erase(w);
+  RequestId id = 0;
+  if (take_oldest(P.sends_waiting, tag, id))
     start_write(P, id, a);
-  } else {
+  else
     P.adverts[tag].push_back(a);
-  }
 }
 
 void VerbsTransport::Impl::on_data(Peer& P, uint32_t id) {

@@ -209,6 +209,12 @@ struct VerbsTransport::Impl {
                         size_t bytes, uint64_t tag);
   /// Completes matched pairs of self transfers with `tag` (memmove).
   void match_self(uint64_t tag);
+  /// What send() and recv() share: checks, back-pressure, the request record (counted in
+  /// the peer's pending), and matching a transfer to self at once. Returns the peer to start
+  /// the transfer with, or null when nothing more is to do (self, or after a failure, which
+  /// wait()/test() report).
+  verbs::Peer* begin_request(bool is_send, int peer, const Buffer& buf, size_t offset, size_t bytes,
+                             uint64_t tag, RequestId& id);
   RequestId send(int peer, const Buffer& buf, size_t offset, size_t bytes, uint64_t tag);
   RequestId recv(int peer, Buffer& buf, size_t offset, size_t bytes, uint64_t tag);
   /// An advert arrived: start the oldest waiting send of its tag, or keep it.
