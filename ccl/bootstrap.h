@@ -12,6 +12,10 @@
 //    (SLURM_PROCID / SLURM_NTASKS).
 // init_from_environment() picks the launcher from the environment (launch_info()).
 //
+// Implementation: bootstrap_wire (frames), bootstrap_root (the rendezvous server),
+// bootstrap_client (TcpBootstrap), launch_environment (launch_info: torchrun / mpirun /
+// Slurm variables), communicator_init (unique id, init_rank, init_from_environment).
+//
 // Errors are std::runtime_error subclasses (BootstrapError) whose message says which rank
 // did not show up or which root could not be reached, e.g.
 //   "bootstrap root 127.0.0.1:29501: did not hear from rank 3 within 30000 ms (3 of 4 ranks
@@ -77,7 +81,7 @@ class BootstrapRoot {
   /// Lets the serving thread run on after this object is gone (make_unique_id()).
   void detach();
 
-  /// The serving thread's state (bootstrap.cpp), shared by this object and the thread.
+  /// The serving thread's state (bootstrap_root.cpp), shared by this object and the thread.
   struct State;
 
  private:

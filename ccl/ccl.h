@@ -64,6 +64,15 @@ enum class Algorithm : uint8_t {
 /// Tunables (environment SOFTRDMA_CCL_CHUNK_BYTES, SOFTRDMA_CCL_DEPTH, SOFTRDMA_CCL_ALGO,
 /// SOFTRDMA_CCL_TIMEOUT_MS override the defaults).
 struct Config {
+  /// The bounds every Config must respect (validated by the Communicator; the environment
+  /// parser refuses values outside them). A chunk is at least one byte (the algorithms round
+  /// it up to one element) and at most 1 GiB, so a single RDMA WRITE stays well under the
+  /// 2 GiB message limit; depth is the number of chunks in flight per peer, bounded by what a
+  /// QP's send queue sensibly holds (VerbsTransport lets 2 × kMaxDepth requests per peer
+  /// proceed without back-pressure).
+  static constexpr size_t kMaxChunkBytes = size_t{1} << 30;
+  static constexpr int kMaxDepth = 256;
+
   Algorithm algorithm = Algorithm::kAuto;
   size_t chunk_bytes = 512 * 1024;  ///< pipeline chunk of the ring, bytes
   int depth = 4;                    ///< chunks in flight per peer

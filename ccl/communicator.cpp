@@ -1,6 +1,7 @@
-// Communicator: argument validation (ccl.h), algorithm selection, operation sequence
-// numbers and tags, the registration cache and scratch, and error wrapping. The algorithms
-// themselves live one per file (algorithms.h).
+// Communicator: every entry point fills one CollectiveCall (collective_call.h), validated by
+// check_call() and run by Impl::call() — sequence numbers and tags, the one-rank copy,
+// algorithm selection and dispatch, error wrapping — with the registration cache and
+// scratch. The algorithms themselves live one per file (algorithms.h).
 //
 // Tags (64 bits, unique per ordered pair of ranks among transfers in flight):
 //   bit 63       0 for collectives, 1 for Send/Recv
@@ -18,11 +19,13 @@
 
 #include "ccl/algorithms.h"
 #include "ccl/ccl.h"
+#include "ccl/collective_call.h"
 #include "ccl/context.h"
 #include "ccl/reduce.h"
 
 namespace softrdma::ccl {
 
+using detail::Collective;
 using detail::Context;
 
 namespace {
@@ -30,19 +33,6 @@ namespace {
 constexpr uint64_t kSeqMask = 0x7fffffffu;
 constexpr uint64_t kPointToPoint = uint64_t{1} << 63;
 constexpr size_t kRegistrationCacheEntries = 64;
-
-bool valid(DataType t) {
-  return static_cast<unsigned>(t) <= static_cast<unsigned>(DataType::kFloat64);
-}
-bool valid(RedOp op) {
-  return static_cast<unsigned>(op) <= static_cast<unsigned>(RedOp::kAvg);
-}
-
-bool overlap(const void* a, size_t an, const void* b, size_t bn) {
-  const auto x = reinterpret_cast<uintptr_t>(a);
-  const auto y = reinterpret_cast<uintptr_t>(b);
-  return x < y + bn && y < x + an;
-}
 
 }  // namespace
 
@@ -75,30 +65,6 @@ struct Communicator::Impl {
 
   std::string prefix(const char* op) const {
     return std::string(op) + ": rank " + std::to_string(rank) + ": ";
-  }
-  [[noreturn]] void invalid(const char* op, const std::string& what) const {
-    throw std::invalid_argument(prefix(op) + what);
-  }
-  void require(bool ok, const char* op, const char* what) const {
-    if (!ok) invalid(op, what);
-  }
-  // Validates type (and op) and returns count·n·type_size bytes, refusing overflow.
-  size_t bytes(const char* op, size_t count, DataType type, size_t n = 1) const {
-    if (!valid(type))
-      invalid(op, "unknown DataType value " + std::to_string(static_cast<int>(type)));
-    const size_t ts = type_size(type);
-    if (count != 0 && (n > SIZE_MAX / count || count * n > SIZE_MAX / ts))
-      invalid(op,
-              "count " + std::to_string(count) + " of " + type_name(type) + " overflows size_t");
-    return count * n * ts;
-  }
-  void check_op(const char* op, RedOp r) const {
-    if (!valid(r)) invalid(op, "unknown RedOp value " + std::to_string(static_cast<int>(r)));
-  }
-  void check_rank(const char* op, int r, const char* what) const {
-    if (r < 0 || r >= size)
-      invalid(op, std::string(what) + " " + std::to_string(r) + " out of range [0, " +
-                      std::to_string(size) + ")");
   }
 
   Context collective(const char* op) {
@@ -138,19 +104,97 @@ struct Communicator::Impl {
     }
   }
 
-  /// The algorithm for a collective of `bytes` (`count` elements per rank's block);
-  /// `rabenseifner`: the collective has a Rabenseifner variant (AllReduce).
-  Algorithm pick(size_t bytes, size_t count, bool rabenseifner = false) const {
+  /// The algorithm family for `c` (docs/collectives.md has the decision table): the ring
+  /// (or chain) for large transfers, the log2(n)-message algorithms (recursive doubling,
+  /// binomial trees, Bruck, recursive halving) below small_bytes or when some ranks would
+  /// own no element, and for AllReduce Rabenseifner in between (up to medium_bytes). Sizes
+  /// are per rank's buffer, except AllGather / ReduceScatter: the whole n-block buffer.
+  /// A forced SOFTRDMA_CCL_ALGO applies where the collective has that algorithm;
+  /// rabenseifner elsewhere means auto.
+  Algorithm pick(const detail::CollectiveCall& c) const {
+    const bool has_rabenseifner = c.op == Collective::kAllReduce;
     if (config.algorithm != Algorithm::kAuto &&
-        (config.algorithm != Algorithm::kRabenseifner || rabenseifner))
+        (config.algorithm != Algorithm::kRabenseifner || has_rabenseifner))
       return config.algorithm;
-    // A ring moves data in ~2n messages per rank: below small_bytes, or when some ranks
-    // would own no element, the log2(n)-message algorithms win. Between small_bytes and
-    // medium_bytes Rabenseifner moves the ring's bytes in 2·log2(n) messages.
-    if (bytes <= config.small_bytes || count < static_cast<size_t>(size))
+    const bool whole = c.op == Collective::kAllGather || c.op == Collective::kReduceScatter;
+    const size_t bytes = whole ? c.total_bytes : c.block_bytes;
+    if (bytes <= config.small_bytes || c.count < static_cast<size_t>(size))
       return Algorithm::kRecursiveDoubling;
-    if (rabenseifner && bytes <= config.medium_bytes) return Algorithm::kRabenseifner;
+    if (has_rabenseifner && bytes <= config.medium_bytes) return Algorithm::kRabenseifner;
     return Algorithm::kRing;
+  }
+
+  // Validates `c`, then runs it: every collective takes the next sequence number (even
+  // with count 0, so the ranks stay in step); a single rank copies send to recv; Send/Recv
+  // of 0 elements do nothing (the peer's matching call does nothing either).
+  void call(detail::CollectiveCall c) {
+    detail::check_call(c, rank, size);
+    const detail::CollectiveTraits& t = detail::traits(c.op);
+    const char* op = t.name;
+    if (t.point_to_point) {
+      if (c.count == 0) return;
+      auto& counters = c.op == Collective::kSend ? send_seq : recv_seq;
+      run(op, [&] {
+        Context ctx = point_to_point(op, counters[static_cast<size_t>(c.root)]);
+        dispatch(ctx, c);
+      });
+      return;
+    }
+    run(op, [&] {
+      Context ctx = collective(op);
+      if (!t.moves_data) {
+        if (size > 1) dispatch(ctx, c);
+        return;
+      }
+      if (c.count == 0) return;
+      if (size == 1) {
+        if (c.send != c.recv) std::memcpy(c.recv, c.send, c.block_bytes);
+        return;
+      }
+      dispatch(ctx, c);
+    });
+  }
+
+  // The algorithm that runs `c` (size() >= 2, count >= 1 except for Barrier).
+  void dispatch(Context& ctx, const detail::CollectiveCall& c) const {
+    const Algorithm algo = pick(c);
+    const bool ring = algo == Algorithm::kRing;
+    switch (c.op) {
+      case Collective::kAllReduce:
+        (ring ? detail::all_reduce_ring
+         : algo == Algorithm::kRabenseifner
+             ? detail::all_reduce_rabenseifner
+             : detail::all_reduce_recursive_doubling)(ctx, c.send, c.recv, c.count, c.type, c.red);
+        return;
+      case Collective::kBroadcast:
+        (ring ? detail::broadcast_chain : detail::broadcast_binomial)(ctx, c.send, c.recv, c.count,
+                                                                      c.type, c.root);
+        return;
+      case Collective::kReduce:
+        (ring ? detail::reduce_chain : detail::reduce_binomial)(ctx, c.send, c.recv, c.count,
+                                                                c.type, c.red, c.root);
+        return;
+      case Collective::kAllGather:
+        (ring ? detail::all_gather_ring : detail::all_gather_bruck)(ctx, c.send, c.recv, c.count,
+                                                                    c.type);
+        return;
+      case Collective::kReduceScatter:
+        (ring ? detail::reduce_scatter_ring : detail::reduce_scatter_recursive_halving)(
+            ctx, c.send, c.recv, c.count, c.type, c.red);
+        return;
+      case Collective::kAllToAll:
+        detail::all_to_all_pairwise(ctx, c.send, c.recv, c.count, c.type);
+        return;
+      case Collective::kSend:
+        detail::send_direct(ctx, c.send, c.count, c.type, c.root);
+        return;
+      case Collective::kRecv:
+        detail::recv_direct(ctx, c.recv, c.count, c.type, c.root);
+        return;
+      case Collective::kBarrier:
+        detail::barrier_dissemination(ctx);
+        return;
+    }
   }
 };
 
@@ -177,199 +221,41 @@ Transport& Communicator::transport() {
 }
 
 void Communicator::all_reduce(const void* send, void* recv, size_t count, DataType type, RedOp op) {
-  static constexpr const char* kOp = "AllReduce";
-  Impl& m = *impl_;
-  const size_t bytes = m.bytes(kOp, count, type);
-  m.check_op(kOp, op);
-  if (count != 0) {
-    m.require(send != nullptr && recv != nullptr, kOp, "null buffer");
-    m.require(send == recv || !overlap(send, bytes, recv, bytes), kOp,
-              "send and recv buffers overlap without being the same (in place)");
-  }
-  m.run(kOp, [&] {
-    Context ctx = m.collective(kOp);
-    if (count == 0) return;
-    if (m.size == 1) {
-      if (send != recv) std::memcpy(recv, send, bytes);
-      return;
-    }
-    switch (m.pick(bytes, count, /*rabenseifner=*/true)) {
-      case Algorithm::kRing:
-        detail::all_reduce_ring(ctx, send, recv, count, type, op);
-        break;
-      case Algorithm::kRabenseifner:
-        detail::all_reduce_rabenseifner(ctx, send, recv, count, type, op);
-        break;
-      default:
-        detail::all_reduce_recursive_doubling(ctx, send, recv, count, type, op);
-        break;
-    }
-  });
+  impl_->call({Collective::kAllReduce, send, recv, count, type, op, -1});
 }
 
 void Communicator::broadcast(const void* send, void* recv, size_t count, DataType type, int root) {
-  static constexpr const char* kOp = "Broadcast";
-  Impl& m = *impl_;
-  const size_t bytes = m.bytes(kOp, count, type);
-  m.check_rank(kOp, root, "root");
-  if (count != 0) {
-    m.require(recv != nullptr, kOp, "null recv buffer");
-    if (m.rank == root) {
-      m.require(send != nullptr, kOp, "null send buffer on the root");
-      m.require(send == recv || !overlap(send, bytes, recv, bytes), kOp,
-                "send and recv buffers overlap without being the same (in place)");
-    }
-  }
-  m.run(kOp, [&] {
-    Context ctx = m.collective(kOp);
-    if (count == 0) return;
-    if (m.size == 1) {
-      if (send != recv) std::memcpy(recv, send, bytes);
-      return;
-    }
-    if (m.pick(bytes, count) == Algorithm::kRing)
-      detail::broadcast_chain(ctx, send, recv, count, type, root);
-    else
-      detail::broadcast_binomial(ctx, send, recv, count, type, root);
-  });
+  impl_->call({Collective::kBroadcast, send, recv, count, type, RedOp::kSum, root});
 }
 
 void Communicator::reduce(const void* send, void* recv, size_t count, DataType type, RedOp op,
                           int root) {
-  static constexpr const char* kOp = "Reduce";
-  Impl& m = *impl_;
-  const size_t bytes = m.bytes(kOp, count, type);
-  m.check_op(kOp, op);
-  m.check_rank(kOp, root, "root");
-  if (count != 0) {
-    m.require(send != nullptr, kOp, "null send buffer");
-    if (m.rank == root) {
-      m.require(recv != nullptr, kOp, "null recv buffer on the root");
-      m.require(send == recv || !overlap(send, bytes, recv, bytes), kOp,
-                "send and recv buffers overlap without being the same (in place)");
-    }
-  }
-  m.run(kOp, [&] {
-    Context ctx = m.collective(kOp);
-    if (count == 0) return;
-    if (m.size == 1) {
-      if (send != recv) std::memcpy(recv, send, bytes);
-      return;
-    }
-    if (m.pick(bytes, count) == Algorithm::kRing)
-      detail::reduce_chain(ctx, send, recv, count, type, op, root);
-    else
-      detail::reduce_binomial(ctx, send, recv, count, type, op, root);
-  });
+  impl_->call({Collective::kReduce, send, recv, count, type, op, root});
 }
 
 void Communicator::all_gather(const void* send, void* recv, size_t count, DataType type) {
-  static constexpr const char* kOp = "AllGather";
-  Impl& m = *impl_;
-  const size_t total = m.bytes(kOp, count, type, static_cast<size_t>(m.size));
-  const size_t bytes = count * type_size(type);
-  if (count != 0) {
-    m.require(send != nullptr && recv != nullptr, kOp, "null buffer");
-    const void* own = static_cast<const char*>(recv) + static_cast<size_t>(m.rank) * bytes;
-    m.require(send == own || !overlap(send, bytes, recv, total), kOp,
-              "send buffer overlaps recv without being recv + rank·count (in place)");
-  }
-  m.run(kOp, [&] {
-    Context ctx = m.collective(kOp);
-    if (count == 0) return;
-    if (m.size == 1) {
-      if (send != recv) std::memcpy(recv, send, bytes);
-      return;
-    }
-    if (m.pick(total, count) == Algorithm::kRing)
-      detail::all_gather_ring(ctx, send, recv, count, type);
-    else
-      detail::all_gather_bruck(ctx, send, recv, count, type);
-  });
+  impl_->call({Collective::kAllGather, send, recv, count, type, RedOp::kSum, -1});
 }
 
 void Communicator::reduce_scatter(const void* send, void* recv, size_t count, DataType type,
                                   RedOp op) {
-  static constexpr const char* kOp = "ReduceScatter";
-  Impl& m = *impl_;
-  const size_t total = m.bytes(kOp, count, type, static_cast<size_t>(m.size));
-  const size_t bytes = count * type_size(type);
-  m.check_op(kOp, op);
-  if (count != 0) {
-    m.require(send != nullptr && recv != nullptr, kOp, "null buffer");
-    const void* own = static_cast<const char*>(send) + static_cast<size_t>(m.rank) * bytes;
-    m.require(recv == own || !overlap(send, total, recv, bytes), kOp,
-              "recv buffer overlaps send without being send + rank·count (in place)");
-  }
-  m.run(kOp, [&] {
-    Context ctx = m.collective(kOp);
-    if (count == 0) return;
-    if (m.size == 1) {
-      if (send != recv) std::memcpy(recv, send, bytes);
-      return;
-    }
-    if (m.pick(total, count) == Algorithm::kRing)
-      detail::reduce_scatter_ring(ctx, send, recv, count, type, op);
-    else
-      detail::reduce_scatter_recursive_halving(ctx, send, recv, count, type, op);
-  });
+  impl_->call({Collective::kReduceScatter, send, recv, count, type, op, -1});
 }
 
 void Communicator::all_to_all(const void* send, void* recv, size_t count, DataType type) {
-  static constexpr const char* kOp = "AllToAll";
-  Impl& m = *impl_;
-  const size_t total = m.bytes(kOp, count, type, static_cast<size_t>(m.size));
-  if (count != 0) {
-    m.require(send != nullptr && recv != nullptr, kOp, "null buffer");
-    m.require(send == recv || !overlap(send, total, recv, total), kOp,
-              "send and recv buffers overlap without being the same (in place)");
-  }
-  m.run(kOp, [&] {
-    Context ctx = m.collective(kOp);
-    if (count == 0) return;
-    if (m.size == 1) {
-      if (send != recv) std::memcpy(recv, send, total);
-      return;
-    }
-    detail::all_to_all_pairwise(ctx, send, recv, count, type);
-  });
+  impl_->call({Collective::kAllToAll, send, recv, count, type, RedOp::kSum, -1});
 }
 
 void Communicator::send(const void* buf, size_t count, DataType type, int peer) {
-  static constexpr const char* kOp = "Send";
-  Impl& m = *impl_;
-  m.bytes(kOp, count, type);
-  m.check_rank(kOp, peer, "peer");
-  m.require(peer != m.rank, kOp, "peer is this rank (a blocking send to itself never completes)");
-  if (count != 0) m.require(buf != nullptr, kOp, "null buffer");
-  if (count == 0) return;  // matched by the peer's recv of 0 elements, which also does nothing
-  m.run(kOp, [&] {
-    Context ctx = m.point_to_point(kOp, m.send_seq[static_cast<size_t>(peer)]);
-    detail::send_direct(ctx, buf, count, type, peer);
-  });
+  impl_->call({Collective::kSend, buf, nullptr, count, type, RedOp::kSum, peer});
 }
 
 void Communicator::recv(void* buf, size_t count, DataType type, int peer) {
-  static constexpr const char* kOp = "Recv";
-  Impl& m = *impl_;
-  m.bytes(kOp, count, type);
-  m.check_rank(kOp, peer, "peer");
-  m.require(peer != m.rank, kOp, "peer is this rank (a blocking recv from itself never completes)");
-  if (count != 0) m.require(buf != nullptr, kOp, "null buffer");
-  if (count == 0) return;
-  m.run(kOp, [&] {
-    Context ctx = m.point_to_point(kOp, m.recv_seq[static_cast<size_t>(peer)]);
-    detail::recv_direct(ctx, buf, count, type, peer);
-  });
+  impl_->call({Collective::kRecv, nullptr, buf, count, type, RedOp::kSum, peer});
 }
 
 void Communicator::barrier() {
-  static constexpr const char* kOp = "Barrier";
-  Impl& m = *impl_;
-  m.run(kOp, [&] {
-    Context ctx = m.collective(kOp);
-    if (m.size > 1) detail::barrier_dissemination(ctx);
-  });
+  impl_->call({Collective::kBarrier});
 }
 
 }  // namespace softrdma::ccl

@@ -18,12 +18,12 @@ void validate_config(const Config& c) {
       throw std::invalid_argument("Config: unknown algorithm value " +
                                   std::to_string(static_cast<int>(c.algorithm)));
   }
-  if (c.chunk_bytes == 0 || c.chunk_bytes > kMaxChunkBytes)
+  if (c.chunk_bytes == 0 || c.chunk_bytes > Config::kMaxChunkBytes)
     throw std::invalid_argument("Config: chunk_bytes " + std::to_string(c.chunk_bytes) +
                                 " outside [1, 1 GiB]");
-  if (c.depth < 1 || c.depth > kMaxDepth)
+  if (c.depth < 1 || c.depth > Config::kMaxDepth)
     throw std::invalid_argument("Config: depth " + std::to_string(c.depth) + " outside [1, " +
-                                std::to_string(kMaxDepth) + "]");
+                                std::to_string(Config::kMaxDepth) + "]");
 }
 
 std::shared_ptr<Buffer> RegistrationCache::find_or_register(const void* p, size_t bytes,

@@ -14,11 +14,8 @@
 
 namespace softrdma::ccl::detail {
 
-/// Bounds on Config (Config::from_environment enforces the same).
-inline constexpr size_t kMaxChunkBytes = size_t{1} << 30;
-inline constexpr int kMaxDepth = 256;
-
-/// Throws std::invalid_argument naming the bad field of `c`.
+/// Throws std::invalid_argument naming the bad field of `c` (bounds: Config::kMaxChunkBytes,
+/// Config::kMaxDepth).
 void validate_config(const Config& c);
 
 /// Registered memory: `ptr` lies `offset` bytes into the registered buffer `buf`.

@@ -119,48 +119,61 @@ bool parse_op(const std::string& s, RedOp& out) {
   return false;
 }
 
+namespace {
+
+// Each SOFTRDMA_CCL_* setting of Config is read by one function of its own, so that moving
+// them onto a parameter registry touches one function each.
+
+// SOFTRDMA_CCL_ALGO=ring|rd|recursive_doubling|rabenseifner|auto (empty: auto); `def` when
+// unset.
+Algorithm algorithm_from_environment(Algorithm def) {
+  const char* v = std::getenv("SOFTRDMA_CCL_ALGO");
+  if (v == nullptr) return def;
+  const std::string a = lower(v);
+  if (a == "ring") return Algorithm::kRing;
+  if (a == "rd" || a == "recursive_doubling") return Algorithm::kRecursiveDoubling;
+  if (a == "rabenseifner") return Algorithm::kRabenseifner;
+  if (a == "auto" || a.empty()) return Algorithm::kAuto;
+  throw std::invalid_argument(std::string("SOFTRDMA_CCL_ALGO=\"") + v +
+                              "\": expected ring, rd, rabenseifner or auto");
+}
+
+// SOFTRDMA_CCL_CHUNK_BYTES: bytes with an optional k/m/g suffix, in [1, kMaxChunkBytes].
+size_t chunk_bytes_from_environment(size_t def) {
+  const char* v = std::getenv("SOFTRDMA_CCL_CHUNK_BYTES");
+  if (v == nullptr) return def;
+  uint64_t n = parse_size("SOFTRDMA_CCL_CHUNK_BYTES", v);
+  if (n == 0 || n > Config::kMaxChunkBytes)
+    throw std::invalid_argument(std::string("SOFTRDMA_CCL_CHUNK_BYTES=\"") + v +
+                                "\": must be between 1 and 1 GiB");
+  return static_cast<size_t>(n);
+}
+
+// SOFTRDMA_CCL_DEPTH: a plain integer in [1, kMaxDepth].
+int depth_from_environment(int def) {
+  const char* v = std::getenv("SOFTRDMA_CCL_DEPTH");
+  if (v == nullptr) return def;
+  uint64_t n = 0;
+  try {
+    n = parse_size("SOFTRDMA_CCL_DEPTH", v);
+  } catch (const std::invalid_argument&) {
+    n = 0;
+  }
+  if (n == 0 || n > static_cast<uint64_t>(Config::kMaxDepth) ||
+      lower(v).find_first_not_of("0123456789") != std::string::npos)
+    throw std::invalid_argument(std::string("SOFTRDMA_CCL_DEPTH=\"") + v +
+                                "\": must be an integer between 1 and " +
+                                std::to_string(Config::kMaxDepth));
+  return static_cast<int>(n);
+}
+
+}  // namespace
+
 Config Config::from_environment() {
-  // Bounds: a chunk is at least one byte (the algorithms round it up to one element) and at
-  // most 1 GiB (a single RDMA WRITE stays well under the 2 GiB message limit); depth is the
-  // number of chunks in flight per peer, bounded by what a QP's send queue sensibly holds.
-  constexpr uint64_t kMaxChunk = 1ull << 30;
-  constexpr uint64_t kMaxDepth = 256;
   Config c;
-  if (const char* v = std::getenv("SOFTRDMA_CCL_ALGO"); v != nullptr) {
-    const std::string a = lower(v);
-    if (a == "ring") {
-      c.algorithm = Algorithm::kRing;
-    } else if (a == "rd" || a == "recursive_doubling") {
-      c.algorithm = Algorithm::kRecursiveDoubling;
-    } else if (a == "rabenseifner") {
-      c.algorithm = Algorithm::kRabenseifner;
-    } else if (a == "auto" || a.empty()) {
-      c.algorithm = Algorithm::kAuto;
-    } else {
-      throw std::invalid_argument(std::string("SOFTRDMA_CCL_ALGO=\"") + v +
-                                  "\": expected ring, rd, rabenseifner or auto");
-    }
-  }
-  if (const char* v = std::getenv("SOFTRDMA_CCL_CHUNK_BYTES"); v != nullptr) {
-    uint64_t n = parse_size("SOFTRDMA_CCL_CHUNK_BYTES", v);
-    if (n == 0 || n > kMaxChunk)
-      throw std::invalid_argument(std::string("SOFTRDMA_CCL_CHUNK_BYTES=\"") + v +
-                                  "\": must be between 1 and 1 GiB");
-    c.chunk_bytes = static_cast<size_t>(n);
-  }
-  if (const char* v = std::getenv("SOFTRDMA_CCL_DEPTH"); v != nullptr) {
-    uint64_t n = 0;
-    try {
-      n = parse_size("SOFTRDMA_CCL_DEPTH", v);
-    } catch (const std::invalid_argument&) {
-      n = 0;
-    }
-    if (n == 0 || n > kMaxDepth || lower(v).find_first_not_of("0123456789") != std::string::npos)
-      throw std::invalid_argument(std::string("SOFTRDMA_CCL_DEPTH=\"") + v +
-                                  "\": must be an integer between 1 and " +
-                                  std::to_string(kMaxDepth));
-    c.depth = static_cast<int>(n);
-  }
+  c.algorithm = algorithm_from_environment(c.algorithm);
+  c.chunk_bytes = chunk_bytes_from_environment(c.chunk_bytes);
+  c.depth = depth_from_environment(c.depth);
   // SOFTRDMA_CCL_TIMEOUT_MS is read by the transports (it sets Transport::timeout()).
   return c;
 }

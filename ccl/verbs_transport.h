@@ -22,9 +22,15 @@
 //    poll the CQ: busy-polling for SOFTRDMA_CCL_SPIN_US (default 50 µs), then napping
 //    SOFTRDMA_CCL_NAP_US (20 µs) at a time on the completion channel between polls, and
 //    after 20 ms without completions sleeping on the channel in slices of at most 10 ms.
-//    (softrdma's own progress thread leaves the socket to a consumer that polled within
-//    the last 200 µs and otherwise wakes every 1 ms: long sleeps on the channel alone cost
-//    ~1 ms per message there; naps keep the latency low and the CPU free for other ranks.)
+//    Over softrdma, a rank that busy-polls receives its packets inline on its own thread;
+//    the provider's progress thread sleeps in epoll and takes the socket back (then writes
+//    the channel on each completion) once nobody has polled for 50 µs. So while a rank
+//    naps, a message that arrives waits at most about that window plus a nap rather than a
+//    full sleep, and the CPU stays free for other ranks sharing it; on a NIC the channel
+//    event comes from the device itself.
+//  - Back-pressure: at most kMaxRequestsPerPeer (512) sends and recvs in flight per peer
+//    and an outbound queue bounded accordingly; a send()/recv()/barrier() that finds them
+//    full progresses until there is room (verbs_control.h). Collectives never reach it.
 //  - Failure detection: an error completion (e.g. IBV_WC_RETRY_EXC_ERR after retry_cnt
 //    retransmissions of timeout 4.096 µs·2^SOFTRDMA_CCL_IB_TIMEOUT each, ~0.5 s with the
 //    defaults 14 / 7) marks the peer dead. While blocked, every probe interval
@@ -37,6 +43,7 @@
 //    death.
 //
 // Threading: not thread-safe; one thread per transport (the Transport contract).
+// Implementation: one concept per file, listed in verbs_transport_impl.h.
 // Environment: SOFTRDMA_CCL_TIMEOUT_MS (default 30000), SOFTRDMA_CCL_IB_DEVICE (default: the
 // first device), SOFTRDMA_CCL_IB_PORT (1), SOFTRDMA_CCL_IB_GID_INDEX (0),
 // SOFTRDMA_CCL_IB_TIMEOUT (14), SOFTRDMA_CCL_IB_RETRY_CNT (7), SOFTRDMA_CCL_SPIN_US (50),
@@ -64,7 +71,7 @@ struct VerbsOptions {
   uint8_t ib_timeout = 14;  ///< QP local ACK timeout exponent: 4.096 µs · 2^x per retry
   uint8_t retry_cnt = 7;    ///< QP retransmissions before IBV_WC_RETRY_EXC_ERR (0..7)
   std::chrono::microseconds spin{50};  ///< busy-poll before napping
-  std::chrono::microseconds nap{20};   ///< nap length while waiting (see the header comment)
+  std::chrono::microseconds nap{20};   ///< nap length while waiting (see the file comment)
   /// Bytes per RDMA WRITE; longer transfers go as several writes. 0: the port's max_msg_sz,
   /// at most 1 GiB.
   uint64_t max_write = 0;
@@ -101,7 +108,9 @@ class VerbsTransport : public Transport {
   /// Throws std::runtime_error when ibv_reg_mr fails.
   std::unique_ptr<Buffer> register_buffer(void* data, size_t bytes) override;
   /// `buf` must come from this transport's register_buffer() (std::invalid_argument
-  /// otherwise). Sends and recvs with equal (peer, tag) match in posting order.
+  /// otherwise). Sends and recvs with equal (peer, tag) match in posting order. With 512
+  /// requests (kMaxRequestsPerPeer) to and from `peer` in flight, posting first progresses
+  /// until one completes; a failure met meanwhile is reported by the next wait()/test().
   RequestId send(int peer, const Buffer& buf, size_t offset, size_t bytes, uint64_t tag) override;
   RequestId recv(int peer, Buffer& buf, size_t offset, size_t bytes, uint64_t tag) override;
   void wait(RequestId id, const char* op) override;
@@ -114,7 +123,7 @@ class VerbsTransport : public Transport {
   /// The verbs device in use ("srdma0").
   std::string device_name() const;
 
-  /// The QPs, CQ, control rings and request state (verbs_transport.cpp).
+  /// The QPs, CQ, control rings and request state (verbs_transport_impl.h).
   struct Impl;
 
  private:

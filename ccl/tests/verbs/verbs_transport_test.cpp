@@ -127,8 +127,9 @@ TEST(VerbsTransport, FullMeshFourRanks) {
   });
 }
 
-// Far more transfers in flight than control credits (128) and send-queue slots (128), with
-// tags reused: same-tag transfers match in posting order.
+// Far more transfers in flight than control credits (128), send-queue slots (128) and the
+// per-peer request bound (512, beyond which posting waits for completions), with tags
+// reused: same-tag transfers match in posting order.
 TEST(VerbsTransport, FlowControlManyOutstanding) {
   run_ok(2, [](Transport& t) {
     const int count = 1500;

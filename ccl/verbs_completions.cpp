@@ -1,0 +1,117 @@
+// VerbsTransport completions: polling the CQ and dispatching each completion by the kind in
+// its wr_id, and each received control message by its type.
+#include <arpa/inet.h>
+
+#include <cstring>
+#include <string>
+
+#include "ccl/verbs_transport_impl.h"
+
+namespace softrdma::ccl {
+
+using namespace verbs;  // NOLINT(google-build-using-namespace): the transport's own types
+
+namespace {
+// Completions taken per ibv_poll_cq call.
+constexpr int kPollBatch = 32;
+}  // namespace
+
+int VerbsTransport::Impl::poll_once() {
+  if (!cq) return 0;
+  ibv_wc wc[kPollBatch];
+  int n = ibv_poll_cq(cq, kPollBatch, wc);
+  if (n < 0) {
+    local_failure(-1, "ibv_poll_cq failed");
+    return 0;
+  }
+  for (int i = 0; i < n; ++i) handle(wc[i]);
+  if (n > 0 && !failed)
+    for (Peer& P : peers)
+      if (P.qp && (!P.outq.empty() || P.credit.return_due())) flush(P);
+  return n;
+}
+
+void VerbsTransport::Impl::handle(const ibv_wc& wc) {
+  const Kind k = wr_kind(wc.wr_id);
+  const int p = wr_peer(wc.wr_id);
+  const uint64_t idx = wr_index(wc.wr_id);
+  if (p < 0 || p >= size || p == rank) return;
+  Peer& P = peers[p];
+  const auto now = Clock::now();
+  if (k != Kind::kRecv) ++P.sq_free;
+  if (k == Kind::kCtl) P.free_slots.push_back(static_cast<uint32_t>(idx));
+  if (k == Kind::kProbe) P.probe_outstanding = false;
+  if (wc.status != IBV_WC_SUCCESS) {
+    const bool was_dead = P.dead;
+    P.dead = true;
+    if (was_dead || failed) return;          // flushes after the first error
+    if (P.closed && P.pending == 0) return;  // it left; nothing of ours was in flight
+    std::string what;
+    if (wc.status == IBV_WC_RETRY_EXC_ERR)
+      what = "unreachable (IBV_WC_RETRY_EXC_ERR: no ACK after " + std::to_string(opt.retry_cnt) +
+             " retransmissions)";
+    else
+      what = std::string("transfer failed: ") + ibv_wc_status_str(wc.status) + " (status " +
+             std::to_string(wc.status) + ")";
+    peer_failed(p, what);
+    return;
+  }
+  switch (k) {
+    case Kind::kRecv:
+      P.last_heard = now;
+      handle_recv(P, static_cast<uint32_t>(idx), wc);
+      break;
+    case Kind::kCtl:
+      P.last_heard = now;
+      break;
+    case Kind::kWrite: {
+      P.last_heard = now;
+      auto it = reqs.find(idx);
+      if (it != reqs.end() && --it->second.pieces_left == 0 && it->second.all_posted) {
+        it->second.done = true;
+        --P.pending;
+      }
+      break;
+    }
+    case Kind::kProbe:
+      break;
+  }
+}
+
+// Every received message used one slot of the ring: repost it at once, and count a credit
+// owed to the peer when the message was a credited one.
+void VerbsTransport::Impl::handle_recv(Peer& P, uint32_t slot, const ibv_wc& wc) {
+  if (wc.opcode == IBV_WC_RECV_RDMA_WITH_IMM) {
+    const uint32_t id = ntohl(wc.imm_data);
+    post_recv(P.rank, slot);
+    P.credit.reposted();
+    on_data(P, id);
+    return;
+  }
+  CtlMsg m;
+  std::memcpy(&m, &ring[static_cast<size_t>(P.rank) * kRing + slot], sizeof m);
+  post_recv(P.rank, slot);
+  P.credit.returned(m.credits);
+  switch (static_cast<Ctl>(m.type)) {
+    case Ctl::kAdvert:
+      P.credit.reposted();
+      on_advert(P, Advert{m.addr, m.length, m.rkey, m.id}, m.tag);
+      break;
+    case Ctl::kCredit:
+      break;
+    case Ctl::kBarrier:
+      P.credit.reposted();
+      P.barrier_in.insert({m.seq, m.id});
+      break;
+    case Ctl::kAbort:
+      on_abort(P, m);
+      break;
+    case Ctl::kBye:
+      on_bye(P);
+      break;
+    default:
+      peer_failed(P.rank, "protocol error: unknown control message " + std::to_string(m.type));
+  }
+}
+
+}  // namespace softrdma::ccl

@@ -1,0 +1,328 @@
+// VerbsTransport setup: the device, its CQ and completion channel, the control memory and
+// one RC QP per peer; the connection details ranks exchange through the bootstrap; the
+// INIT → RTR → RTS transitions; teardown; and the settings read from the environment.
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <stdexcept>
+
+#include "ccl/verbs_transport_impl.h"
+
+namespace softrdma::ccl {
+
+using std::chrono::microseconds;
+using std::chrono::milliseconds;
+
+namespace verbs {
+
+std::string errno_text(int e) {
+  return std::string(std::strerror(e));
+}
+
+[[noreturn]] void verbs_fail(const std::string& what, int e) {
+  throw std::runtime_error("VerbsTransport: " + what + ": " + errno_text(e));
+}
+
+}  // namespace verbs
+
+using namespace verbs;  // NOLINT(google-build-using-namespace): the transport's own types
+
+namespace {
+
+// The integer environment variable `name` in [lo, hi], `def` when unset or empty. Throws
+// std::invalid_argument on a malformed or out-of-range value. (The one getenv of the
+// transport's numeric settings.)
+long env_long(const char* name, long def, long lo, long hi) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) return def;
+  char* end = nullptr;
+  errno = 0;
+  long x = std::strtol(v, &end, 10);
+  if (errno || *end || x < lo || x > hi)
+    throw std::invalid_argument(std::string(name) + ": expected an integer in [" +
+                                std::to_string(lo) + ", " + std::to_string(hi) + "], got '" + v +
+                                "'");
+  return x;
+}
+
+// The string environment variable `name`, empty when unset.
+std::string env_string(const char* name) {
+  const char* v = std::getenv(name);
+  return v ? v : "";
+}
+
+// "127.0.0.4" for a RoCE GID of an IPv4 address, the IPv6 text of other GIDs, "lid N" on
+// InfiniBand.
+std::string gid_to_text(const uint8_t* g, uint8_t link_layer, uint16_t lid) {
+  static const uint8_t kV4Prefix[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+  char buf[INET6_ADDRSTRLEN] = {};
+  if (std::memcmp(g, kV4Prefix, 12) == 0) {
+    inet_ntop(AF_INET, g + 12, buf, sizeof buf);
+    return buf;
+  }
+  bool zero = std::all_of(g, g + 16, [](uint8_t b) { return b == 0; });
+  if (zero || link_layer == IBV_LINK_LAYER_INFINIBAND) return "lid " + std::to_string(lid);
+  inet_ntop(AF_INET6, g, buf, sizeof buf);
+  return buf;
+}
+
+// Connection details one rank publishes through the bootstrap (binary, same architecture).
+struct WireHeader {
+  uint32_t magic;  // 'SRCV'
+  uint32_t version;
+  uint8_t gid[16];
+  uint16_t lid;
+  uint8_t link_layer;  // IBV_LINK_LAYER_*
+  uint8_t mtu;         // ibv_mtu
+  uint32_t pid;
+  char host[64];
+};
+struct WireQp {
+  uint32_t qpn;
+  uint32_t psn;
+};
+constexpr uint32_t kWireMagic = 0x53524356;
+constexpr uint32_t kWireVersion = 1;
+constexpr const char* kSetupFailed = "SETUP-FAILED:";
+
+}  // namespace
+
+void VerbsTransport::Impl::open(const VerbsOptions& o, int r, int n) {
+  opt = o;
+  rank = r;
+  size = n;
+  probe_interval =
+      std::clamp(milliseconds(opt.timeout.count() / 8), milliseconds(50), milliseconds(1000));
+  dev = std::make_shared<DeviceRes>();
+  int num = 0;
+  ibv_device** list = ibv_get_device_list(&num);
+  if (!list) verbs_fail("ibv_get_device_list", errno);
+  ibv_device* chosen = nullptr;
+  for (int i = 0; i < num && !chosen; ++i)
+    if (opt.device.empty() || opt.device == ibv_get_device_name(list[i])) chosen = list[i];
+  if (!chosen) {
+    ibv_free_device_list(list);
+    throw std::runtime_error(opt.device.empty()
+                                 ? std::string("VerbsTransport: no verbs device found")
+                                 : "VerbsTransport: no verbs device named '" + opt.device + "'");
+  }
+  dev->ctx = ibv_open_device(chosen);
+  int open_errno = errno;
+  ibv_free_device_list(list);
+  if (!dev->ctx) verbs_fail("ibv_open_device", open_errno);
+
+  ibv_port_attr pa{};
+  if (int e = ibv_query_port(dev->ctx, opt.port, &pa)) verbs_fail("ibv_query_port", e);
+  if (pa.state != IBV_PORT_ACTIVE)
+    throw std::runtime_error("VerbsTransport: port " + std::to_string(opt.port) + " is not active");
+  link_layer = pa.link_layer;
+  active_mtu = pa.active_mtu;
+  lid = pa.lid;
+  if (pa.max_msg_sz) max_piece = std::min<uint64_t>(max_piece, pa.max_msg_sz);
+  if (opt.max_write) max_piece = std::min<uint64_t>(max_piece, opt.max_write);
+  if (int e = ibv_query_gid(dev->ctx, opt.port, opt.gid_index, &gid))
+    verbs_fail("ibv_query_gid(index " + std::to_string(opt.gid_index) + ")", e);
+  my_addr = gid_to_text(gid.raw, link_layer, lid);
+
+  ibv_device_attr da{};
+  if (int e = ibv_query_device(dev->ctx, &da)) verbs_fail("ibv_query_device", e);
+
+  dev->pd = ibv_alloc_pd(dev->ctx);
+  if (!dev->pd) verbs_fail("ibv_alloc_pd", errno);
+  channel = ibv_create_comp_channel(dev->ctx);
+  if (!channel) verbs_fail("ibv_create_comp_channel", errno);
+  int fl = fcntl(channel->fd, F_GETFL);
+  fcntl(channel->fd, F_SETFL, fl | O_NONBLOCK);
+  int cqe = std::max(64, (size - 1) * (kSqDepth + kRing) + 64);
+  if (da.max_cqe > 0) cqe = std::min(cqe, da.max_cqe);
+  cq = ibv_create_cq(dev->ctx, cqe, nullptr, channel, 0);
+  if (!cq) verbs_fail("ibv_create_cq(" + std::to_string(cqe) + ")", errno);
+
+  const size_t npeers = static_cast<size_t>(size);
+  ring.assign(npeers * kRing, CtlMsg{});
+  send_slots.assign(npeers * kSqDepth, CtlMsg{});
+  // An int, not the enum: rdma-core's ibv_reg_mr macro masks the access flags with an
+  // enumerator of another enum type (a deprecated enum-enum operation in C++20).
+  const int local_write = IBV_ACCESS_LOCAL_WRITE;
+  ring_mr = ibv_reg_mr(dev->pd, ring.data(), ring.size() * kCtlBytes, local_write);
+  if (!ring_mr) verbs_fail("ibv_reg_mr(control ring)", errno);
+  slots_mr = ibv_reg_mr(dev->pd, send_slots.data(), send_slots.size() * kCtlBytes, local_write);
+  if (!slots_mr) verbs_fail("ibv_reg_mr(control send slots)", errno);
+
+  std::random_device rd;
+  peers.resize(npeers);
+  my_psn.assign(npeers, 0);
+  for (int p = 0; p < size; ++p) {
+    Peer& P = peers[p];
+    P.rank = p;
+    if (p == rank) continue;
+    for (uint32_t s = 0; s < kSqDepth; ++s) P.free_slots.push_back(kSqDepth - 1 - s);
+    ibv_qp_init_attr ia{};
+    ia.send_cq = cq;
+    ia.recv_cq = cq;
+    ia.qp_type = IBV_QPT_RC;
+    ia.cap.max_send_wr = kSqDepth;
+    ia.cap.max_recv_wr = kRing;
+    ia.cap.max_send_sge = 1;
+    ia.cap.max_recv_sge = 1;
+    P.qp = ibv_create_qp(dev->pd, &ia);
+    if (!P.qp) verbs_fail("ibv_create_qp(for rank " + std::to_string(p) + ")", errno);
+    ibv_qp_attr a{};
+    a.qp_state = IBV_QPS_INIT;
+    a.pkey_index = 0;
+    a.port_num = opt.port;
+    a.qp_access_flags = IBV_ACCESS_REMOTE_WRITE;
+    if (int e = ibv_modify_qp(P.qp, &a,
+                              IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS))
+      verbs_fail("ibv_modify_qp(INIT)", e);
+    for (uint32_t s = 0; s < kRing; ++s) post_recv(p, s);
+    my_psn[p] = rd() & 0xffffff;
+  }
+}
+
+std::string VerbsTransport::Impl::local_info() const {
+  WireHeader h{};
+  h.magic = kWireMagic;
+  h.version = kWireVersion;
+  std::memcpy(h.gid, gid.raw, 16);
+  h.lid = lid;
+  h.link_layer = link_layer;
+  h.mtu = active_mtu;
+  h.pid = static_cast<uint32_t>(getpid());
+  gethostname(h.host, sizeof h.host - 1);
+  std::string out(reinterpret_cast<const char*>(&h), sizeof h);
+  for (int p = 0; p < size; ++p) {
+    WireQp q{peers[p].qp ? peers[p].qp->qp_num : 0, my_psn[p]};
+    out.append(reinterpret_cast<const char*>(&q), sizeof q);
+  }
+  return out;
+}
+
+void VerbsTransport::Impl::connect_peers(const std::vector<std::string>& all) {
+  // Validate everything first: a rank that failed its setup says so in its blob.
+  for (int p = 0; p < size; ++p) {
+    const std::string& b = all[p];
+    if (b.rfind(kSetupFailed, 0) == 0)
+      throw BootstrapError("VerbsTransport: rank " + std::to_string(p) +
+                           " failed to set up: " + b.substr(std::strlen(kSetupFailed)));
+    WireHeader h{};
+    if (b.size() != sizeof(WireHeader) + size * sizeof(WireQp))
+      throw BootstrapError("VerbsTransport: malformed connection info from rank " +
+                           std::to_string(p));
+    std::memcpy(&h, b.data(), sizeof h);
+    if (h.magic != kWireMagic || h.version != kWireVersion)
+      throw BootstrapError("VerbsTransport: rank " + std::to_string(p) +
+                           " speaks another protocol version");
+  }
+  for (int p = 0; p < size; ++p) {
+    const std::string& b = all[p];
+    WireHeader h{};
+    std::memcpy(&h, b.data(), sizeof h);
+    Peer& P = peers[p];
+    P.desc = "rank " + std::to_string(p) + " (" + gid_to_text(h.gid, h.link_layer, h.lid) + ")";
+    if (p == rank) continue;
+    WireQp q{};
+    std::memcpy(&q, b.data() + sizeof h + rank * sizeof(WireQp), sizeof q);
+
+    ibv_qp_attr a{};
+    a.qp_state = IBV_QPS_RTR;
+    a.path_mtu = static_cast<ibv_mtu>(std::min(active_mtu, h.mtu));
+    a.dest_qp_num = q.qpn;
+    a.rq_psn = q.psn;
+    a.max_dest_rd_atomic = 1;
+    a.min_rnr_timer = 12;
+    a.ah_attr.port_num = opt.port;
+    a.ah_attr.dlid = h.lid;
+    bool roce = link_layer == IBV_LINK_LAYER_ETHERNET;
+    if (roce || h.link_layer == IBV_LINK_LAYER_ETHERNET) {
+      a.ah_attr.is_global = 1;
+      std::memcpy(a.ah_attr.grh.dgid.raw, h.gid, 16);
+      a.ah_attr.grh.sgid_index = static_cast<uint8_t>(opt.gid_index);
+      a.ah_attr.grh.hop_limit = 64;
+    }
+    if (int e = ibv_modify_qp(P.qp, &a,
+                              IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
+                                  IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER))
+      verbs_fail("ibv_modify_qp(RTR, " + P.desc + ")", e);
+    ibv_qp_attr s{};
+    s.qp_state = IBV_QPS_RTS;
+    s.timeout = opt.ib_timeout;
+    s.retry_cnt = opt.retry_cnt;
+    s.rnr_retry = 7;
+    s.sq_psn = my_psn[p];
+    s.max_rd_atomic = 1;
+    if (int e = ibv_modify_qp(P.qp, &s,
+                              IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
+                                  IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC))
+      verbs_fail("ibv_modify_qp(RTS, " + P.desc + ")", e);
+    P.last_heard = P.last_probe = Clock::now();
+  }
+}
+
+// Completion events are acknowledged as they are read, so the CQ can go at once.
+void VerbsTransport::Impl::teardown() {
+  for (Peer& P : peers)
+    if (P.qp) {
+      ibv_destroy_qp(P.qp);
+      P.qp = nullptr;
+    }
+  if (cq) ibv_destroy_cq(cq);
+  cq = nullptr;
+  if (channel) ibv_destroy_comp_channel(channel);
+  channel = nullptr;
+  if (ring_mr) ibv_dereg_mr(ring_mr);
+  ring_mr = nullptr;
+  if (slots_mr) ibv_dereg_mr(slots_mr);
+  slots_mr = nullptr;
+  dev.reset();
+}
+
+// ---- VerbsOptions -------------------------------------------------------------------------
+
+VerbsOptions VerbsOptions::from_environment() {
+  VerbsOptions o;
+  if (std::string d = env_string("SOFTRDMA_CCL_IB_DEVICE"); !d.empty()) o.device = d;
+  o.port = static_cast<uint8_t>(env_long("SOFTRDMA_CCL_IB_PORT", o.port, 1, 255));
+  o.gid_index = static_cast<int>(env_long("SOFTRDMA_CCL_IB_GID_INDEX", o.gid_index, 0, 255));
+  o.timeout = milliseconds(env_long("SOFTRDMA_CCL_TIMEOUT_MS", o.timeout.count(), 1, 86400000));
+  o.ib_timeout = static_cast<uint8_t>(env_long("SOFTRDMA_CCL_IB_TIMEOUT", o.ib_timeout, 1, 31));
+  o.retry_cnt = static_cast<uint8_t>(env_long("SOFTRDMA_CCL_IB_RETRY_CNT", o.retry_cnt, 0, 7));
+  o.spin = microseconds(env_long("SOFTRDMA_CCL_SPIN_US", o.spin.count(), 0, 10000000));
+  o.nap = microseconds(env_long("SOFTRDMA_CCL_NAP_US", o.nap.count(), 1, 10000));
+  o.max_write = static_cast<uint64_t>(
+      env_long("SOFTRDMA_CCL_IB_MAX_WRITE", static_cast<long>(o.max_write), 0, 1l << 40));
+  return o;
+}
+
+// ---- VerbsTransport::connect ---------------------------------------------------------------
+
+std::unique_ptr<VerbsTransport> VerbsTransport::connect(Bootstrap& bootstrap,
+                                                        const VerbsOptions& options) {
+  auto impl = std::make_unique<Impl>();
+  std::string mine;
+  std::string setup_error;
+  try {
+    impl->open(options, bootstrap.rank(), bootstrap.size());
+    mine = impl->local_info();
+  } catch (const std::exception& e) {
+    // Tell the other ranks why this one will not connect, then fail here too.
+    setup_error = e.what();
+    mine = kSetupFailed + setup_error;
+  }
+  std::vector<std::string> all = bootstrap.all_gather(mine);
+  if (!setup_error.empty()) throw std::runtime_error(setup_error);
+  if (static_cast<int>(all.size()) != bootstrap.size())
+    throw BootstrapError("VerbsTransport: bootstrap returned " + std::to_string(all.size()) +
+                         " entries for " + std::to_string(bootstrap.size()) + " ranks");
+  impl->connect_peers(all);
+  bootstrap.barrier();
+  return std::unique_ptr<VerbsTransport>(new VerbsTransport(std::move(impl)));
+}
+
+}  // namespace softrdma::ccl

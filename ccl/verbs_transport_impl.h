@@ -1,0 +1,276 @@
+// VerbsTransport's state (internal to ccl/): the device, the per-peer QPs with their control
+// rings and queues, and the requests in flight. Its member functions live one concept per
+// file, as Gloo's ibverbs transport (device / pair / buffer) and NCCL's net_ib do:
+//
+//   verbs_setup.cpp        open the device, create CQ, control memory and QPs; exchange
+//                          connection details; INIT → RTR → RTS; teardown; environment
+//   verbs_credit_ring.cpp  posting on the control ring and send queue: receives, control
+//                          sends, RDMA WRITE pieces, the outbound queue and its credits
+//   verbs_matching.cpp     send/recv requests: adverts matched to sends by tag, transfer
+//                          ids matched to recvs, transfers to self
+//   verbs_completions.cpp  polling the CQ and dispatching each completion and control message
+//   verbs_liveness.cpp     failures, aborts, goodbyes, probes and stall detection
+//   verbs_waiting.cpp      blocking (spin, naps, channel sleeps), wait/test/barrier, close
+//   verbs_transport.cpp    the public VerbsTransport methods, forwarding here
+#pragma once
+
+#include <infiniband/verbs.h>
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <set>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "ccl/verbs_control.h"
+#include "ccl/verbs_transport.h"
+
+namespace softrdma::ccl {
+namespace verbs {
+
+using Clock = std::chrono::steady_clock;
+
+/// strerror(e) as a string.
+std::string errno_text(int e);
+/// Throws std::runtime_error("VerbsTransport: <what>: <strerror(e)>").
+[[noreturn]] void verbs_fail(const std::string& what, int e);
+
+/// The device, its PD and everything that must outlive both the transport and any Buffer
+/// registered with it.
+struct DeviceRes {
+  ibv_context* ctx = nullptr;
+  ibv_pd* pd = nullptr;
+  ~DeviceRes() {
+    if (pd) ibv_dealloc_pd(pd);
+    if (ctx) ibv_close_device(ctx);
+  }
+};
+
+/// A Buffer registered as one MR (local and remote write). Keeps the device open.
+class VerbsBuffer : public Buffer {
+ public:
+  VerbsBuffer(std::shared_ptr<DeviceRes> dev, const void* owner, void* data, size_t size,
+              ibv_mr* mr)
+      : dev_(std::move(dev)), owner_(owner), data_(data), size_(size), mr_(mr) {}
+  ~VerbsBuffer() override {
+    if (mr_) ibv_dereg_mr(mr_);
+  }
+  void* data() const override { return data_; }
+  size_t size() const override { return size_; }
+  /// The transport state that registered it.
+  const void* owner() const { return owner_; }
+  uint32_t lkey() const { return mr_ ? mr_->lkey : 0; }
+  uint32_t rkey() const { return mr_ ? mr_->rkey : 0; }
+
+ private:
+  std::shared_ptr<DeviceRes> dev_;
+  const void* owner_;
+  void* data_;
+  size_t size_;
+  ibv_mr* mr_;
+};
+
+/// Where a recv wants its bytes: the receiver's buffer and the transfer id the write's
+/// immediate must carry.
+struct Advert {
+  uint64_t addr;
+  uint64_t length;
+  uint32_t rkey;
+  uint32_t id;
+};
+
+/// Something waiting for a send WR (and usually a credit): a control message or the data
+/// write of a send request.
+struct Outbound {
+  bool is_write = false;
+  CtlMsg msg{};
+  RequestId req = 0;
+  Advert adv{};
+  uint64_t offset = 0;  ///< write: bytes already posted (pieces before the last)
+};
+
+/// One posted send or recv.
+struct Request {
+  bool is_send = false;
+  int peer = 0;
+  uint64_t tag = 0;
+  char* addr = nullptr;
+  size_t bytes = 0;
+  uint32_t lkey = 0;
+  uint32_t rkey = 0;
+  bool done = false;
+  bool all_posted = false;  ///< send: the last write piece is posted
+  int pieces_left = 0;      ///< send: posted write pieces not yet completed
+  Clock::time_point posted;
+};
+
+/// One remote rank: its QP, the control channel's credits and send slots, the outbound
+/// queue, the matching tables and what liveness knows about it.
+struct Peer {
+  int rank = 0;
+  std::string desc;
+  ibv_qp* qp = nullptr;
+  CreditRing credit;
+  int sq_free = kSqDepth;
+  std::vector<uint32_t> free_slots;  ///< control send slots not in use
+  std::deque<Outbound> outq;
+  std::unordered_map<uint64_t, std::deque<Advert>> adverts;           ///< by tag, unmatched
+  std::unordered_map<uint64_t, std::deque<RequestId>> sends_waiting;  ///< by tag, no advert yet
+  uint32_t next_id = 0;
+  std::unordered_map<uint32_t, RequestId> recvs;       ///< by transfer id (advertised)
+  std::set<std::pair<uint64_t, uint32_t>> barrier_in;  ///< (seq, round) received
+  Clock::time_point last_heard;
+  Clock::time_point last_probe;
+  bool probe_outstanding = false;
+  bool closed = false;  ///< it said goodbye
+  bool dead = false;    ///< an error completion was seen on its QP
+  int pending = 0;      ///< its send/recv requests not yet complete
+};
+
+}  // namespace verbs
+
+struct VerbsTransport::Impl {
+  using Clock = verbs::Clock;
+
+  VerbsOptions opt;
+  int rank = 0;
+  int size = 1;
+  std::shared_ptr<verbs::DeviceRes> dev;
+  ibv_comp_channel* channel = nullptr;
+  ibv_cq* cq = nullptr;
+  uint8_t link_layer = IBV_LINK_LAYER_ETHERNET;
+  uint8_t active_mtu = IBV_MTU_1024;
+  uint16_t lid = 0;
+  ibv_gid gid{};
+  uint64_t max_piece = uint64_t{1} << 30;
+  std::string my_addr;
+
+  // Control memory: kRing receive slots and kSqDepth send slots per peer.
+  std::vector<verbs::CtlMsg> ring;
+  std::vector<verbs::CtlMsg> send_slots;
+  ibv_mr* ring_mr = nullptr;
+  ibv_mr* slots_mr = nullptr;
+
+  std::vector<verbs::Peer> peers;
+  std::vector<uint32_t> my_psn;
+  std::unordered_map<RequestId, verbs::Request> reqs;
+  RequestId next_req = 1;
+  uint64_t barrier_seq = 0;
+
+  // Transfers to self: matched in this process with memcpy.
+  std::unordered_map<uint64_t, std::deque<RequestId>> self_sends, self_recvs;
+
+  // First failure seen; every later call rethrows it.
+  bool failed = false;
+  bool drain_pending = false;  // aborts posted, not yet waited for
+  int fail_peer = -1;
+  std::string fail_reason;
+  std::chrono::milliseconds probe_interval{1000};
+
+  ~Impl() { teardown(); }
+
+  // ---- setup (verbs_setup.cpp) --------------------------------------------------------
+  /// Opens the device and creates everything up to QPs in INIT with their rings posted.
+  void open(const VerbsOptions& o, int r, int n);
+  /// This rank's connection details for the bootstrap exchange (header + one QP per rank).
+  std::string local_info() const;
+  /// Validates every rank's details, then moves each QP to RTR and RTS.
+  void connect_peers(const std::vector<std::string>& all);
+  /// Destroys QPs, CQ, channel and control MRs (completion events are acknowledged as read).
+  void teardown();
+
+  // ---- posting (verbs_credit_ring.cpp) ------------------------------------------------
+  /// Posts ring slot `slot` of peer `p` as a receive.
+  void post_recv(int p, uint32_t slot);
+  /// Posts a control message now, piggybacking the owed credits; the caller checked sq_free
+  /// (and the credits when `credited`).
+  void post_ctl(verbs::Peer& P, verbs::CtlMsg m, bool credited);
+  /// Posts the next piece of a send's data; true when it was the last (with immediate).
+  bool post_write_piece(verbs::Peer& P, verbs::Outbound& o, verbs::Request& r);
+  /// Posts what the send queue and the credits allow, in order; then returns credits if
+  /// many are owed.
+  void flush(verbs::Peer& P);
+  /// Queues a credited control message and flushes.
+  void enqueue_ctl(verbs::Peer& P, const verbs::CtlMsg& m);
+  /// Queues the data write of send `id` into `adv` and flushes (a size mismatch fails).
+  void start_write(verbs::Peer& P, RequestId id, const verbs::Advert& adv);
+
+  // ---- requests and matching (verbs_matching.cpp) -------------------------------------
+  const verbs::VerbsBuffer& check_buffer(const Buffer& buf, size_t offset, size_t bytes,
+                                         const char* what) const;
+  void check_peer(int peer, const char* what) const;
+  RequestId new_request(bool is_send, int peer, const verbs::VerbsBuffer& vb, size_t offset,
+                        size_t bytes, uint64_t tag);
+  /// Completes matched pairs of self transfers with `tag` (memmove).
+  void match_self(uint64_t tag);
+  /// What send() and recv() share: checks, back-pressure, the request record (counted in
+  /// the peer's pending), and matching a transfer to self at once. Returns the peer to start
+  /// the transfer with, or null when nothing more is to do (self, or after a failure, which
+  /// wait()/test() report).
+  verbs::Peer* begin_request(bool is_send, int peer, const Buffer& buf, size_t offset, size_t bytes,
+                             uint64_t tag, RequestId& id);
+  RequestId send(int peer, const Buffer& buf, size_t offset, size_t bytes, uint64_t tag);
+  RequestId recv(int peer, Buffer& buf, size_t offset, size_t bytes, uint64_t tag);
+  /// An advert arrived: start the oldest waiting send of its tag, or keep it.
+  void on_advert(verbs::Peer& P, const verbs::Advert& a, uint64_t tag);
+  /// The write with immediate of transfer `id` landed: complete its recv.
+  void on_data(verbs::Peer& P, uint32_t id);
+  verbs::Request& find(RequestId id, const char* what);
+
+  // ---- completions (verbs_completions.cpp) --------------------------------------------
+  /// One ibv_poll_cq of up to kPollBatch completions, each handled; then flushes peers
+  /// whose queue or owed credits wait. Returns the number of completions.
+  int poll_once();
+  void handle(const ibv_wc& wc);
+  void handle_recv(verbs::Peer& P, uint32_t slot, const ibv_wc& wc);
+
+  // ---- liveness (verbs_liveness.cpp) --------------------------------------------------
+  /// A failure this rank observed itself: remember it and tell every other peer (and the
+  /// peer at fault too when it is alive: `tell_peer`, e.g. a size mismatch or a stall).
+  void local_failure(int peer, const std::string& reason, bool tell_peer = false);
+  /// Marks `p` dead and records the failure.
+  void peer_failed(int p, const std::string& reason);
+  /// A peer's abort message: adopt the failure it reports.
+  void on_abort(verbs::Peer& P, verbs::CtlMsg& m);
+  /// A peer's goodbye: fine unless transfers with it are still pending.
+  void on_bye(verbs::Peer& P);
+  std::string describe_failure(const char* op) const;
+  /// Throws the recorded failure (after a bounded drain of the aborts, the first time).
+  void check_failure(const char* op);
+  bool all_sends_done() const;
+  /// Posts a zero-length RDMA WRITE to learn whether the peer is still there.
+  void post_probe(verbs::Peer& P, Clock::time_point now);
+  /// Probes every live peer silent for probe_interval.
+  void maybe_probe(Clock::time_point now);
+  /// Fails `peer` when nothing was heard from it since max(since, last message) for the
+  /// timeout.
+  void check_stall(int peer, Clock::time_point since, Clock::time_point now);
+
+  // ---- waiting (verbs_waiting.cpp) ----------------------------------------------------
+  /// Sleeps until a completion event or `max_wait`.
+  void sleep_on_channel(std::chrono::microseconds max_wait);
+  /// Progresses until done() holds (true) or a failure is recorded (false); a stall of
+  /// `peer` (see check_stall) is a failure.
+  bool progress_until(const std::function<bool()>& done, int peer, Clock::time_point since);
+  /// progress_until, raising PeerError on failure.
+  void block(const char* op, const std::function<bool()>& done, int peer, Clock::time_point since);
+  /// Whether P's queues take one more entry (and, for `new_request`, one more request): see
+  /// kMaxRequestsPerPeer.
+  bool has_room(const verbs::Peer& P, bool new_request) const;
+  /// Back-pressure: progresses until has_room(P, new_request). A failure on the way is left
+  /// recorded for the caller's next check (wait()/test() report it naming the collective).
+  void wait_for_room(verbs::Peer& P, bool new_request);
+  void wait(RequestId id, const char* op);
+  bool test(RequestId id, const char* op);
+  void barrier(const char* op);
+  /// Goodbye to every peer still there, then wait (bounded) for everything posted.
+  void close();
+};
+
+}  // namespace softrdma::ccl
