@@ -89,9 +89,22 @@ void VerbsTransport::Impl::handle_recv(Peer& P, uint32_t slot, const ibv_wc& wc)
     return;
   }
   CtlMsg m;
-  std::memcpy(&m, &ring[static_cast<size_t>(P.rank) * kRing + slot], sizeof m);
-  post_recv(P.rank, slot);
+  const char* msg = ring_slot(P.rank, slot);
+  std::memcpy(&m, msg, sizeof m);
   P.credit.returned(m.credits);
+  if (static_cast<Ctl>(m.type) == Ctl::kEager) {
+    // The payload is read from the slot before it is reposted.
+    if (m.length > P.eager_max || wc.byte_len != kCtlBytes + m.length) {
+      post_recv(P.rank, slot);
+      peer_failed(P.rank, "protocol error: eager transfer of " + std::to_string(m.length) +
+                              " bytes in a " + std::to_string(wc.byte_len) + "-byte message");
+      return;
+    }
+    on_eager(P, m.tag, msg + kCtlBytes, m.length);
+    post_recv(P.rank, slot);
+    return;
+  }
+  post_recv(P.rank, slot);
   switch (static_cast<Ctl>(m.type)) {
     case Ctl::kAdvert:
       P.credit.reposted();

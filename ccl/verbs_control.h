@@ -5,10 +5,13 @@
 //
 // Ring arithmetic, per QP (= per peer):
 //  - kRing = kCredits + kReserved receive slots are posted, each holding one CtlMsg.
-//  - Credited messages (adverts, barrier messages and the last write of a send, whose
-//    immediate uses a slot too) spend one of the sender's kCredits credits. The receiver
-//    returns a credit each time it reposts such a slot: piggybacked on its next control
-//    message, or in a credit-only message once kCreditThreshold are owed.
+//  - Credited messages (adverts, eager transfers, barrier messages and the last write of a
+//    send, whose immediate uses a slot too) spend one of the sender's kCredits credits. The
+//    receiver returns a credit each time it reposts such a slot: piggybacked on its next
+//    control message, or in a credit-only message once kCreditThreshold are owed. An eager
+//    transfer that arrives before its recv is posted is copied out of the ring (the slot is
+//    reposted at once) but its credit is returned only when a recv takes it, so a sender
+//    can run at most kCredits unexpected eager transfers ahead of its receiver.
 //  - Uncredited messages (credit, abort, goodbye) use the kReserved slots: a peer has at
 //    most kCredits / kCreditThreshold unprocessed credit messages in flight (each returns at
 //    least kCreditThreshold credits, and only kCredits exist), plus one abort and one goodbye
@@ -34,6 +37,10 @@ inline constexpr int kRing = kCredits + kReserved;
 inline constexpr int kSqDepth = 128;
 /// Bytes per control descriptor.
 inline constexpr size_t kCtlBytes = 128;
+/// Largest eager payload (VerbsOptions::eager_bytes), bytes: every ring and send slot holds
+/// a descriptor plus this much, so the bound keeps the control memory per peer at
+/// (kRing + kSqDepth) · (kCtlBytes + eager_bytes) ≤ 19 MiB.
+inline constexpr size_t kMaxEagerBytes = 64 * 1024;
 
 /// Send and recv requests in flight per peer (posted, not yet complete). Each request
 /// spends exactly one credit (a recv its advert, a send its write with immediate), so more
@@ -55,15 +62,22 @@ static_assert(kMaxRequestsPerPeer >= 2 * Config::kMaxDepth,
               "a collective at the deepest Config must never wait for request slots");
 
 /// Control message types.
-enum class Ctl : uint32_t { kAdvert = 1, kCredit = 2, kBarrier = 3, kAbort = 4, kBye = 5 };
+enum class Ctl : uint32_t {
+  kAdvert = 1,
+  kCredit = 2,
+  kBarrier = 3,
+  kAbort = 4,
+  kBye = 5,
+  kEager = 6,  ///< a whole small transfer: the payload follows the descriptor in the SEND
+};
 
 /// One control descriptor (SEND payload). Same-architecture peers: host byte order.
 struct CtlMsg {
   uint32_t type;
   uint32_t credits;  ///< credited slots the sender reposted since its last report
-  uint64_t tag;      ///< advert: tag
+  uint64_t tag;      ///< advert, eager: tag
   uint64_t addr;     ///< advert: target address
-  uint64_t length;   ///< advert: bytes
+  uint64_t length;   ///< advert, eager: bytes
   uint32_t rkey;     ///< advert: target rkey
   uint32_t id;       ///< advert: transfer id (the immediate); barrier: round; abort: dead rank
   uint64_t seq;      ///< barrier: sequence number

@@ -2,6 +2,7 @@
 // the pieces of a send's RDMA WRITE, and the per-peer outbound queue that holds what the
 // send queue or the credits do not allow yet (verbs_control.h explains the credits).
 #include <arpa/inet.h>
+#include <cstring>
 
 #include <string>
 
@@ -12,8 +13,8 @@ namespace softrdma::ccl {
 using namespace verbs;  // NOLINT(google-build-using-namespace): the transport's own types
 
 void VerbsTransport::Impl::post_recv(int p, uint32_t slot) {
-  ibv_sge sge{reinterpret_cast<uint64_t>(&ring[static_cast<size_t>(p) * kRing + slot]),
-              static_cast<uint32_t>(kCtlBytes), ring_mr->lkey};
+  ibv_sge sge{reinterpret_cast<uint64_t>(ring_slot(p, slot)), static_cast<uint32_t>(slot_bytes),
+              ring_mr->lkey};
   ibv_recv_wr wr{};
   wr.wr_id = make_wr_id(Kind::kRecv, p, slot);
   wr.sg_list = &sge;
@@ -29,9 +30,9 @@ void VerbsTransport::Impl::post_ctl(Peer& P, CtlMsg m, bool credited) {
   uint32_t slot = P.free_slots.back();
   P.free_slots.pop_back();
   m.credits = P.credit.take_owed();
-  CtlMsg& buf = send_slots[static_cast<size_t>(P.rank) * kSqDepth + slot];
-  buf = m;
-  ibv_sge sge{reinterpret_cast<uint64_t>(&buf), static_cast<uint32_t>(kCtlBytes), slots_mr->lkey};
+  char* buf = send_slot(P.rank, slot);
+  std::memcpy(buf, &m, sizeof m);
+  ibv_sge sge{reinterpret_cast<uint64_t>(buf), static_cast<uint32_t>(kCtlBytes), slots_mr->lkey};
   ibv_send_wr wr{};
   wr.wr_id = make_wr_id(Kind::kCtl, P.rank, slot);
   wr.sg_list = &sge;
@@ -83,7 +84,12 @@ void VerbsTransport::Impl::flush(Peer& P) {
   if (!P.qp || P.dead || failed) return;
   while (!P.outq.empty()) {
     Outbound& o = P.outq.front();
-    if (o.is_write) {
+    if (o.is_eager) {
+      if (P.sq_free < 1 || !P.credit.can_spend()) break;
+      auto it = reqs.find(o.req);
+      if (it != reqs.end()) post_eager(P, it->second);
+      P.outq.pop_front();
+    } else if (o.is_write) {
       auto it = reqs.find(o.req);
       if (it == reqs.end()) {  // cannot happen: sends are not erased before completion
         P.outq.pop_front();
@@ -118,6 +124,39 @@ void VerbsTransport::Impl::enqueue_ctl(Peer& P, const CtlMsg& m) {
   o.msg = m;
   P.outq.push_back(o);
   flush(P);
+}
+
+void VerbsTransport::Impl::post_eager(Peer& P, Request& r) {
+  uint32_t slot = P.free_slots.back();
+  P.free_slots.pop_back();
+  CtlMsg m{};
+  m.type = static_cast<uint32_t>(Ctl::kEager);
+  m.credits = P.credit.take_owed();
+  m.tag = r.tag;
+  m.length = r.bytes;
+  char* buf = send_slot(P.rank, slot);
+  std::memcpy(buf, &m, sizeof m);
+  if (r.bytes) std::memcpy(buf + kCtlBytes, r.addr, r.bytes);
+  ibv_sge sge{reinterpret_cast<uint64_t>(buf), static_cast<uint32_t>(kCtlBytes + r.bytes),
+              slots_mr->lkey};
+  ibv_send_wr wr{};
+  wr.wr_id = make_wr_id(Kind::kCtl, P.rank, slot);
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  wr.opcode = IBV_WR_SEND;
+  wr.send_flags = IBV_SEND_SIGNALED;
+  ibv_send_wr* bad = nullptr;
+  if (int e = ibv_post_send(P.qp, &wr, &bad)) {
+    P.free_slots.push_back(slot);
+    P.credit.untake_owed(m.credits);
+    peer_failed(P.rank, "ibv_post_send(eager) failed: " + errno_text(e));
+    return;
+  }
+  --P.sq_free;
+  P.credit.spend();
+  // The payload is in the send slot: the user's buffer is free again (MPI's eager send).
+  r.done = true;
+  --P.pending;
 }
 
 void VerbsTransport::Impl::start_write(Peer& P, RequestId id, const Advert& adv) {

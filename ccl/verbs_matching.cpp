@@ -106,6 +106,25 @@ RequestId VerbsTransport::Impl::send(int peer, const Buffer& buf, size_t offset,
   Peer* to = begin_request(true, peer, buf, offset, bytes, tag, id);
   if (!to) return id;
   Peer& P = *to;
+  if (bytes <= P.eager_max) {
+    auto a = P.adverts.find(tag);
+    if (a != P.adverts.end() && !a->second.empty()) {
+      // The receiver advertised, so it wants more than the eager limit.
+      size_mismatch(P, tag, bytes, a->second.front().length);
+      return id;
+    }
+    Request& r = reqs.at(id);
+    if (P.outq.empty() && P.sq_free > 0 && P.credit.can_spend() && !P.dead) {
+      post_eager(P, r);
+    } else {
+      Outbound o;
+      o.is_eager = true;
+      o.req = id;
+      P.outq.push_back(o);
+      flush(P);
+    }
+    return id;
+  }
   Advert adv{};
   if (take_oldest(P.adverts, tag, adv))
     start_write(P, id, adv);
@@ -120,6 +139,26 @@ RequestId VerbsTransport::Impl::recv(int peer, Buffer& buf, size_t offset, size_
   Peer* from = begin_request(false, peer, buf, offset, bytes, tag, id);
   if (!from) return id;
   Peer& P = *from;
+  if (bytes <= P.eager_max) {
+    auto u = P.unexpected.find(tag);
+    if (u != P.unexpected.end() && !u->second.empty()) {
+      std::vector<char> data = std::move(u->second.front());
+      u->second.pop_front();
+      if (u->second.empty()) P.unexpected.erase(u);
+      P.credit.reposted();  // the slot it came in was reposted long ago: return its credit
+      if (data.size() != bytes) {
+        size_mismatch(P, tag, data.size(), bytes);
+        return id;
+      }
+      Request& r = reqs.at(id);
+      if (bytes) std::memcpy(r.addr, data.data(), bytes);
+      r.done = true;
+      --P.pending;
+    } else {
+      P.eager_recvs[tag].push_back(id);
+    }
+    return id;
+  }
   const uint32_t tid = P.next_id++;
   P.recvs[tid] = id;
   CtlMsg m{};
@@ -148,6 +187,40 @@ void VerbsTransport::Impl::on_advert(Peer& P, const Advert& a, uint64_t tag) {
     start_write(P, id, a);
   else
     P.adverts[tag].push_back(a);
+}
+
+void VerbsTransport::Impl::size_mismatch(Peer& P, uint64_t tag, size_t sent, size_t wanted) {
+  local_failure(P.rank,
+                "send of " + std::to_string(sent) + " bytes (tag " + std::to_string(tag) +
+                    ") matched a recv of " + std::to_string(wanted) + " bytes",
+                true);
+}
+
+void VerbsTransport::Impl::on_eager(Peer& P, uint64_t tag, const char* data, size_t bytes) {
+  RequestId id = 0;
+  if (take_oldest(P.eager_recvs, tag, id)) {
+    P.credit.reposted();
+    auto r = reqs.find(id);
+    if (r == reqs.end()) return;
+    if (r->second.bytes != bytes) {
+      size_mismatch(P, tag, bytes, r->second.bytes);
+      return;
+    }
+    if (bytes) std::memcpy(r->second.addr, data, bytes);
+    r->second.done = true;
+    --P.pending;
+    return;
+  }
+  // A rendezvous recv of this tag waits: it wants more than the eager limit.
+  for (const auto& [tid, rid] : P.recvs) {
+    auto r = reqs.find(rid);
+    if (r != reqs.end() && r->second.tag == tag) {
+      P.credit.reposted();
+      size_mismatch(P, tag, bytes, r->second.bytes);
+      return;
+    }
+  }
+  P.unexpected[tag].emplace_back(data, data + bytes);  // credit returned when taken
 }
 
 void VerbsTransport::Impl::on_data(Peer& P, uint32_t id) {

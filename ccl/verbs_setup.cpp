@@ -81,6 +81,7 @@ struct WireHeader {
   uint8_t link_layer;  // IBV_LINK_LAYER_*
   uint8_t mtu;         // ibv_mtu
   uint32_t pid;
+  uint32_t eager_bytes;  // VerbsOptions::eager_bytes: the most this rank takes eagerly
   char host[64];
 };
 struct WireQp {
@@ -88,7 +89,7 @@ struct WireQp {
   uint32_t psn;
 };
 constexpr uint32_t kWireMagic = 0x53524356;
-constexpr uint32_t kWireVersion = 1;
+constexpr uint32_t kWireVersion = 2;  // 2: eager_bytes
 constexpr const char* kSetupFailed = "SETUP-FAILED:";
 
 }  // namespace
@@ -145,14 +146,19 @@ void VerbsTransport::Impl::open(const VerbsOptions& o, int r, int n) {
   if (!cq) verbs_fail("ibv_create_cq(" + std::to_string(cqe) + ")", errno);
 
   const size_t npeers = static_cast<size_t>(size);
-  ring.assign(npeers * kRing, CtlMsg{});
-  send_slots.assign(npeers * kSqDepth, CtlMsg{});
+  if (opt.eager_bytes > kMaxEagerBytes)
+    throw std::invalid_argument("VerbsTransport: eager_bytes " + std::to_string(opt.eager_bytes) +
+                                " above " + std::to_string(kMaxEagerBytes));
+  slot_bytes = (kCtlBytes + opt.eager_bytes + 63) / 64 * 64;
+  ring.assign(npeers * kRing * slot_bytes / sizeof(uint64_t), 0);
+  send_slots.assign(npeers * kSqDepth * slot_bytes / sizeof(uint64_t), 0);
   // An int, not the enum: rdma-core's ibv_reg_mr macro masks the access flags with an
   // enumerator of another enum type (a deprecated enum-enum operation in C++20).
   const int local_write = IBV_ACCESS_LOCAL_WRITE;
-  ring_mr = ibv_reg_mr(dev->pd, ring.data(), ring.size() * kCtlBytes, local_write);
+  ring_mr = ibv_reg_mr(dev->pd, ring.data(), ring.size() * sizeof(uint64_t), local_write);
   if (!ring_mr) verbs_fail("ibv_reg_mr(control ring)", errno);
-  slots_mr = ibv_reg_mr(dev->pd, send_slots.data(), send_slots.size() * kCtlBytes, local_write);
+  slots_mr =
+      ibv_reg_mr(dev->pd, send_slots.data(), send_slots.size() * sizeof(uint64_t), local_write);
   if (!slots_mr) verbs_fail("ibv_reg_mr(control send slots)", errno);
 
   std::random_device rd;
@@ -195,6 +201,7 @@ std::string VerbsTransport::Impl::local_info() const {
   h.link_layer = link_layer;
   h.mtu = active_mtu;
   h.pid = static_cast<uint32_t>(getpid());
+  h.eager_bytes = static_cast<uint32_t>(opt.eager_bytes);
   gethostname(h.host, sizeof h.host - 1);
   std::string out(reinterpret_cast<const char*>(&h), sizeof h);
   for (int p = 0; p < size; ++p) {
@@ -227,6 +234,7 @@ void VerbsTransport::Impl::connect_peers(const std::vector<std::string>& all) {
     Peer& P = peers[p];
     P.desc = "rank " + std::to_string(p) + " (" + gid_to_text(h.gid, h.link_layer, h.lid) + ")";
     if (p == rank) continue;
+    P.eager_max = std::min<size_t>(opt.eager_bytes, h.eager_bytes);
     WireQp q{};
     std::memcpy(&q, b.data() + sizeof h + rank * sizeof(WireQp), sizeof q);
 
@@ -297,6 +305,9 @@ VerbsOptions VerbsOptions::from_environment() {
   o.nap = microseconds(env_long("SOFTRDMA_CCL_NAP_US", o.nap.count(), 1, 10000));
   o.max_write = static_cast<uint64_t>(
       env_long("SOFTRDMA_CCL_IB_MAX_WRITE", static_cast<long>(o.max_write), 0, 1l << 40));
+  o.eager_bytes =
+      static_cast<size_t>(env_long("SOFTRDMA_CCL_EAGER_BYTES", static_cast<long>(o.eager_bytes), 0,
+                                   static_cast<long>(kMaxEagerBytes)));
   return o;
 }
 

@@ -4,14 +4,24 @@
 //
 // Shape
 //  - Full mesh: one RC QP per peer, all on one CQ (with a completion channel for blocking).
-//  - Control channel per peer: SEND/RECV of 128-byte descriptors into a ring of R receives
-//    posted per QP. Credit-based flow control keeps the ring from ever running dry, so no
-//    RNR NAK is ever needed: of the R slots, C are "credited" (adverts, barrier messages and
-//    the data writes below each use one credit; the receiver returns credits as it reposts,
+//  - Control channel per peer: SEND/RECV of 128-byte descriptors (plus, in each slot, room
+//    for an eager payload) into a ring of R receives posted per QP. Credit-based flow
+//    control keeps the ring from ever running dry, so no RNR NAK is ever needed: of the R
+//    slots, C are "credited" (adverts, eager transfers, barrier messages and the data writes
+//    below each use one credit; the receiver returns credits as it reposts,
 //    piggybacked on its own control messages or in a credit message once C/4 are owed) and
 //    the rest are reserved for the uncredited credit / abort / goodbye messages (at most
 //    C/(C/4) credit messages can be unprocessed at a time, plus one abort and one goodbye).
-//  - Data path (rendezvous, receiver-driven): recv() sends an advert {addr, rkey, length,
+//  - Eager path (transfers of at most eager_bytes, default 8 KiB, SOFTRDMA_CCL_EAGER_BYTES;
+//    each pair uses the smaller of its two ranks' values): send() copies the payload behind
+//    a descriptor {tag, length} into a send slot and SENDs it — one one-way trip, and the
+//    send is complete once posted. The receiver copies it into the matching recv (same tag,
+//    FIFO) or, when none is posted yet, keeps a copy and returns that slot's credit only
+//    when a recv takes it, so at most C transfers run ahead of the receiver (MPI's eager
+//    protocol with credit-based flow control). A size mismatch is found by the receiver
+//    (or by a sender that already holds the receiver's advert) and fails both ranks.
+//  - Data path above the eager limit (rendezvous, receiver-driven): recv() sends an advert {addr,
+//  rkey, length,
 //    tag, id} to the sender; send() waits for the matching advert (same tag, FIFO per tag)
 //    and RDMA WRITEs WITH IMMEDIATE straight into the receiver's buffer, the immediate
 //    carrying the advert's id; the receiver's recv completes on the
@@ -48,7 +58,8 @@
 // first device), SOFTRDMA_CCL_IB_PORT (1), SOFTRDMA_CCL_IB_GID_INDEX (0),
 // SOFTRDMA_CCL_IB_TIMEOUT (14), SOFTRDMA_CCL_IB_RETRY_CNT (7), SOFTRDMA_CCL_SPIN_US (50),
 // SOFTRDMA_CCL_NAP_US (20),
-// SOFTRDMA_CCL_IB_MAX_WRITE (bytes per RDMA WRITE; default the port's max_msg_sz ≤ 1 GiB).
+// SOFTRDMA_CCL_IB_MAX_WRITE (bytes per RDMA WRITE; default the port's max_msg_sz ≤ 1 GiB),
+// SOFTRDMA_CCL_EAGER_BYTES (8192; 0 turns the eager path off, at most 65536).
 #pragma once
 
 #include <chrono>
@@ -75,10 +86,15 @@ struct VerbsOptions {
   /// Bytes per RDMA WRITE; longer transfers go as several writes. 0: the port's max_msg_sz,
   /// at most 1 GiB.
   uint64_t max_write = 0;
+  /// Transfers of at most this many bytes go eagerly: the payload travels in the control
+  /// SEND into a receive slot posted in advance — one one-way trip instead of the
+  /// rendezvous round (advert, then RDMA WRITE). Each pair of ranks uses the smaller of
+  /// their two values; 0 turns eager off. At most verbs::kMaxEagerBytes (64 KiB).
+  size_t eager_bytes = 8192;
   /// The defaults overridden by SOFTRDMA_CCL_IB_DEVICE, SOFTRDMA_CCL_IB_PORT,
   /// SOFTRDMA_CCL_IB_GID_INDEX, SOFTRDMA_CCL_TIMEOUT_MS, SOFTRDMA_CCL_IB_TIMEOUT,
   /// SOFTRDMA_CCL_IB_RETRY_CNT, SOFTRDMA_CCL_SPIN_US, SOFTRDMA_CCL_NAP_US,
-  /// SOFTRDMA_CCL_IB_MAX_WRITE. Throws std::invalid_argument on a
+  /// SOFTRDMA_CCL_IB_MAX_WRITE, SOFTRDMA_CCL_EAGER_BYTES. Throws std::invalid_argument on a
   /// malformed or out-of-range value.
   static VerbsOptions from_environment();
 };

@@ -89,6 +89,7 @@ struct Advert {
 /// write of a send request.
 struct Outbound {
   bool is_write = false;
+  bool is_eager = false;  ///< the eager transfer of send `req` (payload copied when posted)
   CtlMsg msg{};
   RequestId req = 0;
   Advert adv{};
@@ -123,7 +124,13 @@ struct Peer {
   std::unordered_map<uint64_t, std::deque<Advert>> adverts;           ///< by tag, unmatched
   std::unordered_map<uint64_t, std::deque<RequestId>> sends_waiting;  ///< by tag, no advert yet
   uint32_t next_id = 0;
-  std::unordered_map<uint32_t, RequestId> recvs;       ///< by transfer id (advertised)
+  std::unordered_map<uint32_t, RequestId> recvs;  ///< by transfer id (advertised)
+  /// Largest transfer sent eagerly to / expected eagerly from this peer: the smaller of
+  /// both ranks' VerbsOptions::eager_bytes (exchanged at connect), bytes.
+  size_t eager_max = 0;
+  std::unordered_map<uint64_t, std::deque<RequestId>> eager_recvs;  ///< by tag, posted
+  /// Eager transfers that arrived before their recv, by tag (their credits not returned).
+  std::unordered_map<uint64_t, std::deque<std::vector<char>>> unexpected;
   std::set<std::pair<uint64_t, uint32_t>> barrier_in;  ///< (seq, round) received
   Clock::time_point last_heard;
   Clock::time_point last_probe;
@@ -151,9 +158,20 @@ struct VerbsTransport::Impl {
   uint64_t max_piece = uint64_t{1} << 30;
   std::string my_addr;
 
-  // Control memory: kRing receive slots and kSqDepth send slots per peer.
-  std::vector<verbs::CtlMsg> ring;
-  std::vector<verbs::CtlMsg> send_slots;
+  // Control memory: kRing receive slots and kSqDepth send slots per peer, each slot_bytes
+  // (a descriptor plus the eager payload).
+  size_t slot_bytes = verbs::kCtlBytes;
+  std::vector<uint64_t> ring;  // uint64_t: slots stay 8-byte aligned for CtlMsg
+  std::vector<uint64_t> send_slots;
+  /// Ring slot `slot` of peer `p` / send slot `slot` of peer `p`.
+  char* ring_slot(int p, uint32_t slot) {
+    return reinterpret_cast<char*>(ring.data()) +
+           (static_cast<size_t>(p) * verbs::kRing + slot) * slot_bytes;
+  }
+  char* send_slot(int p, uint32_t slot) {
+    return reinterpret_cast<char*>(send_slots.data()) +
+           (static_cast<size_t>(p) * verbs::kSqDepth + slot) * slot_bytes;
+  }
   ibv_mr* ring_mr = nullptr;
   ibv_mr* slots_mr = nullptr;
 
@@ -200,6 +218,9 @@ struct VerbsTransport::Impl {
   void enqueue_ctl(verbs::Peer& P, const verbs::CtlMsg& m);
   /// Queues the data write of send `id` into `adv` and flushes (a size mismatch fails).
   void start_write(verbs::Peer& P, RequestId id, const verbs::Advert& adv);
+  /// Posts the eager transfer of send `r` (descriptor + payload copied into a send slot;
+  /// the send is complete once posted); the caller checked sq_free and the credits.
+  void post_eager(verbs::Peer& P, verbs::Request& r);
 
   // ---- requests and matching (verbs_matching.cpp) -------------------------------------
   const verbs::VerbsBuffer& check_buffer(const Buffer& buf, size_t offset, size_t bytes,
@@ -221,6 +242,11 @@ struct VerbsTransport::Impl {
   void on_advert(verbs::Peer& P, const verbs::Advert& a, uint64_t tag);
   /// The write with immediate of transfer `id` landed: complete its recv.
   void on_data(verbs::Peer& P, uint32_t id);
+  /// An eager transfer of `bytes` at `data` arrived with `tag`: complete the oldest eager
+  /// recv of that tag, or keep a copy until one is posted.
+  void on_eager(verbs::Peer& P, uint64_t tag, const char* data, size_t bytes);
+  /// Fails the transfer pair (send of `sent` bytes, recv of `wanted`, same tag).
+  void size_mismatch(verbs::Peer& P, uint64_t tag, size_t sent, size_t wanted);
   verbs::Request& find(RequestId id, const char* what);
 
   // ---- completions (verbs_completions.cpp) --------------------------------------------

@@ -85,6 +85,71 @@ TEST(VerbsTransport, PingPongSizes) {
   });
 }
 
+// Sizes at and around the eager limit (SOFTRDMA_CCL_EAGER_BYTES=4096 here), both ways, at
+// odd offsets, with the recv posted before and after the send: the first two go eagerly
+// (into the posted recv, or kept until the late recv takes them), the rest by rendezvous.
+// With the limit 0 everything goes by rendezvous and still arrives.
+TEST(VerbsTransport, EagerAndRendezvousAroundTheLimit) {
+  for (const char* limit : {"4096", "0"}) {
+    SCOPED_TRACE(std::string("SOFTRDMA_CCL_EAGER_BYTES=") + limit);
+    run_ok(2,
+           [](Transport& t) {
+             const std::vector<size_t> sizes = {0, 1, 4095, 4096, 4097, 8192, 65536};
+             std::vector<uint8_t> a(70000), b(70000);
+             auto A = t.register_buffer(a.data(), a.size());
+             auto B = t.register_buffer(b.data(), b.size());
+             const int me = t.rank(), other = 1 - me;
+             uint64_t tag = 1;
+             for (bool late_recv : {false, true}) {
+               for (size_t s : sizes) {
+                 ++tag;
+                 if (me == 0) {
+                   fill(a, 3, s, 0, static_cast<int>(tag));
+                   const RequestId id = t.send(other, *A, 3, s, tag);
+                   if (late_recv) t.barrier("late");  // posted before the recv
+                   t.wait(id, "eager");
+                 } else {
+                   std::memset(b.data(), 0, b.size());
+                   if (late_recv) t.barrier("late");  // the send is posted first
+                   t.wait(t.recv(other, *B, 5, s, tag), "eager");
+                   verify(b, 5, s, 0, static_cast<int>(tag), "size " + std::to_string(s));
+                   require(b[4] == 0 && b[5 + s] == 0, "wrote outside the recv");
+                 }
+               }
+             }
+             t.barrier("end");
+           },
+           {{"SOFTRDMA_CCL_EAGER_BYTES", limit}});
+  }
+}
+
+// More unexpected eager transfers than the receiver has credits for (kCredits = 128): the
+// sender runs ahead by at most that many, the rest wait in its queue until the receiver's
+// recvs take the early ones and return their credits. Nothing is lost or reordered.
+TEST(VerbsTransport, UnexpectedEagerTransfersWaitForCredits) {
+  run_ok(2, [](Transport& t) {
+    constexpr int kN = 400;
+    constexpr size_t kLen = 1000;
+    std::vector<uint8_t> buf(kN * kLen);
+    auto B = t.register_buffer(buf.data(), buf.size());
+    std::vector<RequestId> ids;
+    if (t.rank() == 0) {
+      for (int i = 0; i < kN; ++i) {
+        fill(buf, i * kLen, kLen, 0, i);
+        ids.push_back(t.send(1, *B, i * kLen, kLen, 7));  // one tag: FIFO order
+      }
+      for (RequestId id : ids) t.wait(id, "unexpected");
+    } else {
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));  // all arrive first
+      for (int i = 0; i < kN; ++i) ids.push_back(t.recv(0, *B, i * kLen, kLen, 7));
+      for (RequestId id : ids) t.wait(id, "unexpected");
+      for (int i = 0; i < kN; ++i)
+        verify(buf, i * kLen, kLen, 0, i, "message " + std::to_string(i));
+    }
+    t.barrier("end");
+  });
+}
+
 // Transfers longer than one RDMA WRITE go as several writes (SOFTRDMA_CCL_IB_MAX_WRITE).
 TEST(VerbsTransport, SplitWrites) {
   run_ok(2,
@@ -210,19 +275,21 @@ TEST(VerbsTransport, SelfTransfersAndBadArguments) {
   });
 }
 
+// A send and a recv of one tag with different sizes fail both sides, naming each other.
+// Rendezvous sizes (above the eager limit): the sender learns it from the advert.
 TEST(VerbsTransport, SizeMismatchFailsBothSides) {
   test::RootProcess root;
   const UniqueId id = root.id();
   auto res = run_ranks(2,
                        [&](int r) {
                          auto t = connect_transport(id, 2, r);
-                         std::vector<uint8_t> buf(4096);
+                         std::vector<uint8_t> buf(1 << 20);
                          auto B = t->register_buffer(buf.data(), buf.size());
                          try {
                            if (r == 0)
-                             t->wait(t->send(1, *B, 0, 100, 3), "Mismatch");
+                             t->wait(t->send(1, *B, 0, 100000, 3), "Mismatch");
                            else
-                             t->wait(t->recv(0, *B, 0, 200, 3), "Mismatch");
+                             t->wait(t->recv(0, *B, 0, 200000, 3), "Mismatch");
                          } catch (const PeerError& e) {
                            require(e.peer() == 1 - r, std::string("wrong peer in: ") + e.what());
                            std::printf("ok: %s\n", e.what());
@@ -234,8 +301,49 @@ TEST(VerbsTransport, SizeMismatchFailsBothSides) {
   std::printf("%s", test::describe(res).c_str());
   for (const auto& r : res) ASSERT_EQ(0, r.exit_code) << test::describe(res);
   for (const auto& r : res)
-    EXPECT_NE(std::string::npos, r.output.find("matched a recv of 200 bytes"))
+    EXPECT_NE(std::string::npos, r.output.find("matched a recv of 200000 bytes"))
         << test::describe(res);
+}
+
+// Eager sizes: the send completes when posted (its payload travels with the message), so
+// the receiver finds the mismatch and the sender learns it at its next call. Every
+// combination of eager and rendezvous sizes ends in an error naming the other rank, never a
+// hang: eager into eager and eager into a rendezvous recv say "matched a recv"; a
+// rendezvous send into an eager recv waits for an advert that never comes, and both sides
+// report the stall after the timeout.
+TEST(VerbsTransport, EagerSizeMismatchFailsBothSides) {
+  struct Sizes {
+    size_t send, recv;
+  };
+  for (const Sizes s : {Sizes{100, 200}, Sizes{100, 100000}, Sizes{100000, 100}}) {
+    test::RootProcess root;
+    const UniqueId id = root.id();
+    auto res = run_ranks(2,
+                         [&](int r) {
+                           auto t = connect_transport(id, 2, r);
+                           std::vector<uint8_t> buf(1 << 20);
+                           auto B = t->register_buffer(buf.data(), buf.size());
+                           try {
+                             if (r == 0)
+                               t->wait(t->send(1, *B, 0, s.send, 3), "Mismatch");
+                             else
+                               t->wait(t->recv(0, *B, 0, s.recv, 3), "Mismatch");
+                             t->barrier("after");
+                           } catch (const PeerError& e) {
+                             require(e.peer() == 1 - r, std::string("wrong peer in: ") + e.what());
+                             std::printf("ok: %s\n", e.what());
+                             return;
+                           }
+                           throw std::runtime_error("no PeerError");
+                         },
+                         60s, {{"SOFTRDMA_CCL_TIMEOUT_MS", "3000"}});
+    SCOPED_TRACE("send " + std::to_string(s.send) + " recv " + std::to_string(s.recv));
+    std::printf("%s", test::describe(res).c_str());
+    for (const auto& r : res) ASSERT_EQ(0, r.exit_code) << test::describe(res);
+    const char* expect = s.send <= 8192 ? "matched a recv" : "no progress within 3000 ms";
+    for (const auto& r : res)
+      EXPECT_NE(std::string::npos, r.output.find(expect)) << test::describe(res);
+  }
 }
 
 // A rank dies (SIGKILL) in the middle of a ring exchange: every other rank raises PeerError
