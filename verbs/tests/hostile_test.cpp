@@ -730,24 +730,14 @@ constexpr uint32_t kPeerFirstPsn = 0x7ffff0;
 constexpr uint32_t kDeviceFirstPsn = 0x123456;
 
 /// srdma0 with one RC QP connected to a FakePeer on 127.0.3.x.
-struct FakeRig {
+struct FakeRig : FakePeerQp {
   Role& r;
-  Endpoint ep;
-  FakePeer peer;
-  ConnOptions o;
   uint32_t expect_psn = kPeerFirstPsn;  // next PSN the device's responder expects
   uint32_t dev_psn = kDeviceFirstPsn;   // next PSN the device's requester uses
   uint32_t msn = 0;
 
-  explicit FakeRig(Role& role) : r(role) {
-    o.path_mtu = IBV_MTU_1024;
-    o.timeout = 18;  // ~1 s: no retransmission while the test answers
-    o.psn = kDeviceFirstPsn;
-    if (!peer.open()) fail_fatal("no free 127.0.3.x:4791 for the fake peer");
-    if (!create_endpoint(r.dev(), o, ep)) fail_fatal("create_endpoint");
-    if (!connect_endpoint(ep, o, peer.gid(), kFakeQpn, kPeerFirstPsn)) fail_fatal("connect");
-  }
-  ~FakeRig() { destroy_endpoint(ep); }
+  explicit FakeRig(Role& role)
+      : FakePeerQp(role.dev(), kFakeQpn, kPeerFirstPsn, kDeviceFirstPsn), r(role) {}
 
   uint32_t dev_ip() const { return r.dev().ipv4; }
   std::vector<uint8_t> send_only(uint32_t psn, uint32_t n = 32) const {
