@@ -116,6 +116,30 @@ int pingpong(size_t size, int iters) {
   return 0;
 }
 
+// Adds up what `receive()` returns (bytes or datagrams; < 0 with errno EAGAIN when nothing
+// is there) over `seconds` from the first arrival on (the first arrival only starts the
+// clock), then kills and reaps `sender`. Returns the amount per second.
+template <class Receive>
+double receive_rate(pid_t sender, double seconds, const char* what, Receive&& receive) {
+  uint64_t got = 0;
+  double t0 = 0, t = 0;
+  for (;;) {
+    const ssize_t n = receive();
+    t = now_s();
+    if (n > 0) {
+      if (t0 == 0)
+        t0 = t;
+      else
+        got += uint64_t(n);
+    }
+    if (t0 != 0 && t - t0 >= seconds) break;
+    if (n < 0 && errno != EAGAIN && errno != EINTR) die(what);
+  }
+  kill(sender, SIGKILL);
+  waitpid(sender, nullptr, 0);
+  return double(got) / (t - t0);
+}
+
 int stream(size_t seg, double seconds, bool gso) {
   int srv = bound_socket("127.0.20.1", 0, 8 << 20);
   int cli = bound_socket("127.0.20.2", 0, 8 << 20);
@@ -135,25 +159,11 @@ int stream(size_t seg, double seconds, bool gso) {
     for (;;) (void)send(cli, buf.data(), burst, 0);
   }
   std::vector<char> buf(1 << 20);
-  size_t got = 0;
-  double t0 = 0, t = 0;
   // Bytes that arrive within the window; the receiver's drops are the floor's own.
-  for (;;) {
-    ssize_t n = recv(srv, buf.data(), buf.size(), MSG_DONTWAIT);
-    t = now_s();
-    if (n > 0) {
-      if (t0 == 0)
-        t0 = t;  // start at the first datagram
-      else
-        got += size_t(n);
-    }
-    if (t0 != 0 && t - t0 >= seconds) break;
-    if (t0 == 0 && n < 0 && errno != EAGAIN) die("recv");
-  }
-  kill(child, SIGKILL);
-  waitpid(child, nullptr, 0);
+  const double bytes_per_s = receive_rate(
+      child, seconds, "recv", [&] { return recv(srv, buf.data(), buf.size(), MSG_DONTWAIT); });
   std::printf("floor udp_stream_%s_%zuB_GBps %.3f\n", gso ? "gso" : "nogso", seg,
-              double(got) / (t - t0) / 1e9);
+              bytes_per_s / 1e9);
   return 0;
 }
 
@@ -175,23 +185,10 @@ int rate(size_t size, double seconds) {
   if (child == 0) {  // sender: runs until killed
     for (;;) (void)sendmmsg(cli, msgs.data(), kBatch, 0);
   }
-  uint64_t got = 0;
-  double t0 = 0, t = 0;
-  for (;;) {
-    int n = recvmmsg(srv, msgs.data(), kBatch, MSG_DONTWAIT, nullptr);
-    t = now_s();
-    if (n > 0) {
-      if (t0 == 0)
-        t0 = t;  // start at the first batch
-      else
-        got += unsigned(n);
-    }
-    if (t0 != 0 && t - t0 >= seconds) break;
-    if (n < 0 && errno != EAGAIN && errno != EINTR) die("recvmmsg");
-  }
-  kill(child, SIGKILL);
-  waitpid(child, nullptr, 0);
-  std::printf("floor udp_rate_%zuB_Mpps %.3f\n", size, double(got) / (t - t0) / 1e6);
+  const double datagrams_per_s = receive_rate(child, seconds, "recvmmsg", [&] {
+    return ssize_t(recvmmsg(srv, msgs.data(), kBatch, MSG_DONTWAIT, nullptr));
+  });
+  std::printf("floor udp_rate_%zuB_Mpps %.3f\n", size, datagrams_per_s / 1e6);
   return 0;
 }
 

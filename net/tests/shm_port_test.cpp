@@ -13,6 +13,7 @@
 
 #include <chrono>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -95,6 +96,55 @@ int wait_child(pid_t pid) {
   ::kill(pid, SIGKILL);
   ::waitpid(pid, &status, 0);
   return -1;
+}
+
+// Forks a process that opens a ShmPort on `ip`, runs `then` on it (its result is the exit
+// status; none: 0) and dies without close(), as a crash would: its mailbox file stays, its
+// owner pid is dead. Returns the child's exit status as wait_child does (1: open failed,
+// -1: no fork).
+int die_after_open(const ShmConfig& cfg, uint32_t ip,
+                   const std::function<int(ShmPort&)>& then = {}) {
+  const pid_t child = ::fork();
+  if (child < 0) return -1;
+  if (child == 0) {
+    ShmPort p;
+    if (p.open(ip, cfg) != 0) _exit(1);
+    _exit(then ? then(p) : 0);
+  }
+  return wait_child(child);
+}
+
+// Opens `a` on a_ip and a receiver process on b_ip; `a` sends it one `len`-byte packet,
+// then the receiver closes its port (graceful) or exits without close() (a crash) and is
+// reaped. Fatal failure if a step fails.
+void receiver_leaves_after_one_packet(const ShmConfig& cfg, ShmPort& a, uint32_t a_ip,
+                                      uint32_t b_ip, bool graceful, size_t len) {
+  int ready[2], go[2];
+  ASSERT_EQ(::pipe(ready), 0);
+  ASSERT_EQ(::pipe(go), 0);
+  struct Pipes {
+    int* fds[2];
+    ~Pipes() {
+      for (int* p : fds) ::close(p[0]), ::close(p[1]);
+    }
+  } pipes{{ready, go}};
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    ShmPort b;
+    if (b.open(b_ip, cfg) != 0) _exit(1);
+    put_byte(ready[1]);
+    wait_byte(go[0]);
+    if (graceful) b.close();
+    _exit(0);
+  }
+  const bool ready_seen = wait_byte(ready[0]);
+  if (!ready_seen) put_byte(go[1]);  // let it go (wait_child kills it after 5 s anyway)
+  ASSERT_TRUE(ready_seen) << "the receiver process did not open " << b_ip;
+  ASSERT_EQ(a.open(a_ip, cfg), 0);
+  EXPECT_EQ(send_bytes(a, b_ip, make_packet(1, len)), ShmSendResult::kSent);
+  put_byte(go[1]);
+  ASSERT_EQ(wait_child(child), 0);
 }
 
 class ShmPortTest : public ::testing::Test {
@@ -260,13 +310,7 @@ TEST_F(ShmPortTest, SecondOpenOfLiveAddressFails) {
 TEST_F(ShmPortTest, StaleSegmentOfDeadOwnerIsReplaced) {
   const uint32_t a_ip = ip_of(2, 1), b_ip = ip_of(2, 2);
   const std::string path = shm_mailbox_path(cfg, b_ip);
-  pid_t child = ::fork();
-  ASSERT_GE(child, 0);
-  if (child == 0) {
-    ShmPort p;
-    _exit(p.open(b_ip, cfg) == 0 ? 0 : 1);  // dies without close(): the file stays
-  }
-  ASSERT_EQ(wait_child(child), 0);
+  ASSERT_EQ(die_after_open(cfg, b_ip), 0);
   struct stat st;
   ASSERT_EQ(::stat(path.c_str(), &st), 0);  // left behind, owner pid now dead
 
@@ -292,13 +336,7 @@ TEST_F(ShmPortTest, StaleSegmentOfDeadOwnerIsReplaced) {
 // `softrdma stat --clean`: the mailbox a killed device left is removed, a live one is not.
 TEST_F(ShmPortTest, RemoveStaleMailboxesSparesLiveOwners) {
   const uint32_t dead_ip = ip_of(2, 3), live_ip = ip_of(2, 4);
-  pid_t child = ::fork();
-  ASSERT_GE(child, 0);
-  if (child == 0) {
-    ShmPort p;
-    _exit(p.open(dead_ip, cfg) == 0 ? 0 : 1);  // dies without close(): the file stays
-  }
-  ASSERT_EQ(wait_child(child), 0);
+  ASSERT_EQ(die_after_open(cfg, dead_ip), 0);
   ShmPort live;
   ASSERT_EQ(live.open(live_ip, cfg), 0);
   struct stat st;
@@ -312,25 +350,8 @@ TEST_F(ShmPortTest, RemoveStaleMailboxesSparesLiveOwners) {
 
 // Receiver child goes away (closed or crashed): the sender sees kNoPeer within bounded time.
 void receiver_goes_away(const ShmConfig& cfg, uint32_t a_ip, uint32_t b_ip, bool graceful) {
-  int ready[2], go[2];
-  ASSERT_EQ(::pipe(ready), 0);
-  ASSERT_EQ(::pipe(go), 0);
-  pid_t child = ::fork();
-  ASSERT_GE(child, 0);
-  if (child == 0) {
-    ShmPort b;
-    if (b.open(b_ip, cfg) != 0) _exit(1);
-    put_byte(ready[1]);
-    wait_byte(go[0]);
-    if (graceful) b.close();
-    _exit(0);
-  }
-  ASSERT_TRUE(wait_byte(ready[0]));
   ShmPort a;
-  ASSERT_EQ(a.open(a_ip, cfg), 0);
-  EXPECT_EQ(send_bytes(a, b_ip, make_packet(1, 1000)), ShmSendResult::kSent);
-  put_byte(go[1]);
-  EXPECT_EQ(wait_child(child), 0);
+  ASSERT_NO_FATAL_FAILURE(receiver_leaves_after_one_packet(cfg, a, a_ip, b_ip, graceful, 1000));
   int sends = 0;
   EXPECT_TRUE(eventually([&] {
     ++sends;
@@ -341,7 +362,6 @@ void receiver_goes_away(const ShmConfig& cfg, uint32_t a_ip, uint32_t b_ip, bool
   }
   EXPECT_EQ(a.stats().peers_lost, 1u);
   EXPECT_EQ(send_bytes(a, b_ip, make_packet(3, 1000)), ShmSendResult::kNoPeer);
-  for (int fd : {ready[0], ready[1], go[0], go[1]}) ::close(fd);
 }
 
 TEST_F(ShmPortTest, ReceiverClosesSenderSeesNoPeer) {
@@ -354,24 +374,8 @@ TEST_F(ShmPortTest, ReceiverCrashesSenderSeesNoPeer) {
 
 TEST_F(ShmPortTest, ReceiverRestartOnSameAddressIsFoundAgain) {
   const uint32_t a_ip = ip_of(4, 1), b_ip = ip_of(4, 2);
-  int ready[2], go[2];
-  ASSERT_EQ(::pipe(ready), 0);
-  ASSERT_EQ(::pipe(go), 0);
-  pid_t child = ::fork();
-  ASSERT_GE(child, 0);
-  if (child == 0) {
-    ShmPort b;
-    if (b.open(b_ip, cfg) != 0) _exit(1);
-    put_byte(ready[1]);
-    wait_byte(go[0]);
-    _exit(0);  // crash: no close()
-  }
-  ASSERT_TRUE(wait_byte(ready[0]));
   ShmPort a;
-  ASSERT_EQ(a.open(a_ip, cfg), 0);
-  EXPECT_EQ(send_bytes(a, b_ip, make_packet(1, 500)), ShmSendResult::kSent);
-  put_byte(go[1]);
-  ASSERT_EQ(wait_child(child), 0);
+  ASSERT_NO_FATAL_FAILURE(receiver_leaves_after_one_packet(cfg, a, a_ip, b_ip, false, 500));
 
   // New incarnation on the same address (this process), new epoch.
   ShmPort b;
@@ -398,7 +402,6 @@ TEST_F(ShmPortTest, ReceiverRestartOnSameAddressIsFoundAgain) {
   }));
   ASSERT_FALSE(got.empty());
   EXPECT_EQ(got[0].bytes, make_packet(8, 300));
-  for (int fd : {ready[0], ready[1], go[0], go[1]}) ::close(fd);
 }
 
 // A receiver that crashed and was restarted on the same address gets the sender's very
@@ -407,24 +410,8 @@ TEST_F(ShmPortTest, ReceiverRestartOnSameAddressIsFoundAgain) {
 TEST_F(ShmPortTest, RestartedReceiverGetsTheVeryNextSend) {
   cfg.liveness_check_ns = 60'000'000'000;
   const uint32_t a_ip = ip_of(4, 3), b_ip = ip_of(4, 4);
-  int ready[2], go[2];
-  ASSERT_EQ(::pipe(ready), 0);
-  ASSERT_EQ(::pipe(go), 0);
-  pid_t child = ::fork();
-  ASSERT_GE(child, 0);
-  if (child == 0) {
-    ShmPort b;
-    if (b.open(b_ip, cfg) != 0) _exit(1);
-    put_byte(ready[1]);
-    wait_byte(go[0]);
-    _exit(0);  // crash: no close()
-  }
-  ASSERT_TRUE(wait_byte(ready[0]));
   ShmPort a;
-  ASSERT_EQ(a.open(a_ip, cfg), 0);
-  EXPECT_EQ(send_bytes(a, b_ip, make_packet(1, 500)), ShmSendResult::kSent);
-  put_byte(go[1]);
-  ASSERT_EQ(wait_child(child), 0);
+  ASSERT_NO_FATAL_FAILURE(receiver_leaves_after_one_packet(cfg, a, a_ip, b_ip, false, 500));
 
   ShmPort b;
   ASSERT_EQ(b.open(b_ip, cfg), 0);
@@ -436,7 +423,6 @@ TEST_F(ShmPortTest, RestartedReceiverGetsTheVeryNextSend) {
   EXPECT_EQ(got[0].src, a_ip);
   EXPECT_EQ(a.stats().peers_lost, 1u);
   EXPECT_EQ(a.stats().peers_found, 2u);
-  for (int fd : {ready[0], ready[1], go[0], go[1]}) ::close(fd);
 }
 
 TEST_F(ShmPortTest, DeadProducerRingIsReleased) {
@@ -444,14 +430,12 @@ TEST_F(ShmPortTest, DeadProducerRingIsReleased) {
   const uint32_t a_ip = ip_of(5, 1), b_ip = ip_of(5, 2), c_ip = ip_of(5, 3);
   ShmPort b;
   ASSERT_EQ(b.open(b_ip, cfg), 0);
-  pid_t child = ::fork();
-  ASSERT_GE(child, 0);
-  if (child == 0) {
-    ShmPort c;
-    if (c.open(c_ip, cfg) != 0) _exit(1);
-    _exit(send_bytes(c, b_ip, make_packet(1, 100)) == ShmSendResult::kSent ? 0 : 2);
-  }
-  ASSERT_EQ(wait_child(child), 0);
+  ASSERT_EQ(die_after_open(cfg, c_ip,
+                           [&](ShmPort& c) {
+                             const auto r = send_bytes(c, b_ip, make_packet(1, 100));
+                             return r == ShmSendResult::kSent ? 0 : 2;
+                           }),
+            0);
 
   ShmPort a;
   ASSERT_EQ(a.open(a_ip, cfg), 0);

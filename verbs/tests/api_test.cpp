@@ -650,86 +650,99 @@ bool readable(int fd, int ms) {
   return poll(&p, 1, ms) == 1 && (p.revents & POLLIN);
 }
 
-TEST_F(Api, CompletionChannelSignalsArmedCq) {
-  ibv_comp_channel* ch = ibv_create_comp_channel(d.ctx);
-  ASSERT_NE(nullptr, ch);
+// Two QPs on one device connected to each other, all four CQs on one completion channel,
+// and a registered 64 KiB buffer.
+struct ChannelPair {
+  ibv_comp_channel* ch = nullptr;
   Endpoint a, b;
-  ASSERT_TRUE(create_endpoint(d, ConnOptions{}, a, ch));
-  ASSERT_TRUE(create_endpoint(d, ConnOptions{}, b, ch));
-  ASSERT_TRUE(connect_endpoint(a, ConnOptions{}, d.gid, b.qpn, b.psn));
-  ASSERT_TRUE(connect_endpoint(b, ConnOptions{}, d.gid, a.qpn, a.psn));
-  Buffer buf(65536);
-  ibv_mr* mr = ibv_reg_mr(d.pd, buf.data(), buf.size(), kAllAccess);
-  ASSERT_NE(nullptr, mr);
+  Buffer buf{65536};
+  ibv_mr* mr = nullptr;
 
-  ASSERT_EQ(0, ibv_req_notify_cq(b.rcq, 0));
-  EXPECT_FALSE(readable(ch->fd, 50)) << "no completion yet";
-  ASSERT_EQ(0, post_recv(b.qp, 1, buf.data(), 1024, mr->lkey));
-  ASSERT_EQ(0, post_send(a.qp, IBV_WR_SEND, 2, buf.data() + 4096, 100, mr->lkey, 0, 0, 0, 0));
-  ASSERT_TRUE(readable(ch->fd, 5000)) << "armed CQ got a completion but the channel is silent";
+  // Fatal failure if a step fails.
+  void open(Device& d) {
+    ch = ibv_create_comp_channel(d.ctx);
+    ASSERT_NE(nullptr, ch);
+    ASSERT_TRUE(create_endpoint(d, ConnOptions{}, a, ch));
+    ASSERT_TRUE(create_endpoint(d, ConnOptions{}, b, ch));
+    ASSERT_TRUE(connect_endpoint(a, ConnOptions{}, d.gid, b.qpn, b.psn));
+    ASSERT_TRUE(connect_endpoint(b, ConnOptions{}, d.gid, a.qpn, a.psn));
+    mr = ibv_reg_mr(d.pd, buf.data(), buf.size(), kAllAccess);
+    ASSERT_NE(nullptr, mr);
+  }
+  // Destroys everything, checking that each call succeeds.
+  void close() {
+    destroy_endpoint(a);
+    destroy_endpoint(b);
+    if (mr) {
+      EXPECT_EQ(0, ibv_dereg_mr(mr));
+    }
+    if (ch) {
+      EXPECT_EQ(0, ibv_destroy_comp_channel(ch));
+    }
+    mr = nullptr;
+    ch = nullptr;
+  }
+  ~ChannelPair() { close(); }
+};
+
+TEST_F(Api, CompletionChannelSignalsArmedCq) {
+  ChannelPair p;
+  ASSERT_NO_FATAL_FAILURE(p.open(d));
+
+  ASSERT_EQ(0, ibv_req_notify_cq(p.b.rcq, 0));
+  EXPECT_FALSE(readable(p.ch->fd, 50)) << "no completion yet";
+  ASSERT_EQ(0, post_recv(p.b.qp, 1, p.buf.data(), 1024, p.mr->lkey));
+  ASSERT_EQ(0, post_send(p.a.qp, IBV_WR_SEND, 2, p.buf.data() + 4096, 100, p.mr->lkey, 0, 0, 0, 0));
+  ASSERT_TRUE(readable(p.ch->fd, 5000)) << "armed CQ got a completion but the channel is silent";
   ibv_cq* ev_cq = nullptr;
   void* ev_ctx = reinterpret_cast<void*>(1);
-  ASSERT_EQ(0, ibv_get_cq_event(ch, &ev_cq, &ev_ctx));
-  EXPECT_EQ(b.rcq, ev_cq);
-  EXPECT_EQ(b.rcq->cq_context, ev_ctx);
+  ASSERT_EQ(0, ibv_get_cq_event(p.ch, &ev_cq, &ev_ctx));
+  EXPECT_EQ(p.b.rcq, ev_cq);
+  EXPECT_EQ(p.b.rcq->cq_context, ev_ctx);
   ibv_ack_cq_events(ev_cq, 1);
-  ibv_wc wc = poll_one(b.rcq);
+  ibv_wc wc = poll_one(p.b.rcq);
   EXPECT_EQ(1u, wc.wr_id);
   EXPECT_EQ(IBV_WC_SUCCESS, wc.status);
 
   // Not re-armed: the next completion raises no event. a.scq was never armed either.
-  ASSERT_EQ(0, post_recv(b.qp, 3, buf.data(), 1024, mr->lkey));
-  ASSERT_EQ(0, post_send(a.qp, IBV_WR_SEND, 4, buf.data() + 4096, 100, mr->lkey));
-  EXPECT_EQ(4u, poll_one(a.scq).wr_id);
-  EXPECT_EQ(3u, poll_one(b.rcq).wr_id);
-  EXPECT_FALSE(readable(ch->fd, 50)) << "event on a CQ that was not armed";
-  const int fl = fcntl(ch->fd, F_GETFL);
-  ASSERT_EQ(0, fcntl(ch->fd, F_SETFL, fl | O_NONBLOCK));
+  ASSERT_EQ(0, post_recv(p.b.qp, 3, p.buf.data(), 1024, p.mr->lkey));
+  ASSERT_EQ(0, post_send(p.a.qp, IBV_WR_SEND, 4, p.buf.data() + 4096, 100, p.mr->lkey));
+  EXPECT_EQ(4u, poll_one(p.a.scq).wr_id);
+  EXPECT_EQ(3u, poll_one(p.b.rcq).wr_id);
+  EXPECT_FALSE(readable(p.ch->fd, 50)) << "event on a CQ that was not armed";
+  const int fl = fcntl(p.ch->fd, F_GETFL);
+  ASSERT_EQ(0, fcntl(p.ch->fd, F_SETFL, fl | O_NONBLOCK));
   errno = 0;
-  EXPECT_EQ(-1, ibv_get_cq_event(ch, &ev_cq, &ev_ctx));
+  EXPECT_EQ(-1, ibv_get_cq_event(p.ch, &ev_cq, &ev_ctx));
   EXPECT_EQ(EAGAIN, errno);
 
-  destroy_endpoint(a);
-  destroy_endpoint(b);
-  EXPECT_EQ(0, ibv_dereg_mr(mr));
-  EXPECT_EQ(0, ibv_destroy_comp_channel(ch));
+  p.close();
 }
 
 TEST_F(Api, SolicitedOnlyArming) {
-  ibv_comp_channel* ch = ibv_create_comp_channel(d.ctx);
-  ASSERT_NE(nullptr, ch);
-  Endpoint a, b;
-  ASSERT_TRUE(create_endpoint(d, ConnOptions{}, a, ch));
-  ASSERT_TRUE(create_endpoint(d, ConnOptions{}, b, ch));
-  ASSERT_TRUE(connect_endpoint(a, ConnOptions{}, d.gid, b.qpn, b.psn));
-  ASSERT_TRUE(connect_endpoint(b, ConnOptions{}, d.gid, a.qpn, a.psn));
-  Buffer buf(65536);
-  ibv_mr* mr = ibv_reg_mr(d.pd, buf.data(), buf.size(), kAllAccess);
-  ASSERT_NE(nullptr, mr);
+  ChannelPair p;
+  ASSERT_NO_FATAL_FAILURE(p.open(d));
   for (int i = 0; i < 3; ++i)
-    ASSERT_EQ(0, post_recv(b.qp, i, buf.data() + i * 1024, 1024, mr->lkey));
+    ASSERT_EQ(0, post_recv(p.b.qp, i, p.buf.data() + i * 1024, 1024, p.mr->lkey));
 
-  ASSERT_EQ(0, ibv_req_notify_cq(b.rcq, 1));
-  ASSERT_EQ(0, post_send(a.qp, IBV_WR_SEND, 10, buf.data() + 8192, 10, mr->lkey));
-  EXPECT_EQ(IBV_WC_SUCCESS, poll_one(a.scq).status);
-  EXPECT_EQ(0u, poll_one(b.rcq).wr_id);
-  EXPECT_FALSE(readable(ch->fd, 50)) << "unsolicited completion fired a solicited-only arm";
+  ASSERT_EQ(0, ibv_req_notify_cq(p.b.rcq, 1));
+  ASSERT_EQ(0, post_send(p.a.qp, IBV_WR_SEND, 10, p.buf.data() + 8192, 10, p.mr->lkey));
+  EXPECT_EQ(IBV_WC_SUCCESS, poll_one(p.a.scq).status);
+  EXPECT_EQ(0u, poll_one(p.b.rcq).wr_id);
+  EXPECT_FALSE(readable(p.ch->fd, 50)) << "unsolicited completion fired a solicited-only arm";
 
-  ASSERT_EQ(0, post_send(a.qp, IBV_WR_SEND, 11, buf.data() + 8192, 10, mr->lkey, 0, 0, 0,
+  ASSERT_EQ(0, post_send(p.a.qp, IBV_WR_SEND, 11, p.buf.data() + 8192, 10, p.mr->lkey, 0, 0, 0,
                          IBV_SEND_SIGNALED | IBV_SEND_SOLICITED));
-  ASSERT_TRUE(readable(ch->fd, 5000)) << "solicited completion raised no event";
+  ASSERT_TRUE(readable(p.ch->fd, 5000)) << "solicited completion raised no event";
   ibv_cq* ev_cq = nullptr;
   void* ev_ctx = nullptr;
-  ASSERT_EQ(0, ibv_get_cq_event(ch, &ev_cq, &ev_ctx));
-  EXPECT_EQ(b.rcq, ev_cq);
+  ASSERT_EQ(0, ibv_get_cq_event(p.ch, &ev_cq, &ev_ctx));
+  EXPECT_EQ(p.b.rcq, ev_cq);
   ibv_ack_cq_events(ev_cq, 1);
-  EXPECT_EQ(1u, poll_one(b.rcq).wr_id);
-  EXPECT_EQ(IBV_WC_SUCCESS, poll_one(a.scq).status);
+  EXPECT_EQ(1u, poll_one(p.b.rcq).wr_id);
+  EXPECT_EQ(IBV_WC_SUCCESS, poll_one(p.a.scq).status);
 
-  destroy_endpoint(a);
-  destroy_endpoint(b);
-  EXPECT_EQ(0, ibv_dereg_mr(mr));
-  EXPECT_EQ(0, ibv_destroy_comp_channel(ch));
+  p.close();
 }
 
 // ---- ERR state, flush, reuse -------------------------------------------------------------

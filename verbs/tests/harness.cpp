@@ -30,6 +30,14 @@ void fail_fatal(const std::string& msg, const char* file, int line) {
 
 namespace {
 
+// "0x…" (an AssertionResult streams each piece into a fresh Message, so std::hex set on it
+// does not reach the next value).
+std::string hex(uint64_t v) {
+  char b[24];
+  snprintf(b, sizeof b, "0x%llx", static_cast<unsigned long long>(v));
+  return b;
+}
+
 uint64_t mix64(uint64_t x) {  // splitmix64 finaliser
   x += 0x9e3779b97f4a7c15ull;
   x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
@@ -75,8 +83,8 @@ size_t pattern_mismatch(const void* p, size_t n, uint64_t seed, uint64_t start) 
   for (size_t k = i; k < n; ++k) bad += b[k] != pattern_byte(seed, start + k);
   return ::testing::AssertionFailure()
          << "pattern " << seed << " mismatch in a " << n << "-byte region: first at offset " << i
-         << " (got 0x" << std::hex << int(b[i]) << ", want 0x" << int(pattern_byte(seed, start + i))
-         << std::dec << "), " << bad << " bytes differ in all";
+         << " (got " << hex(b[i]) << ", want " << hex(pattern_byte(seed, start + i)) << "), " << bad
+         << " bytes differ in all";
 }
 
 ::testing::AssertionResult AllBytesAre(const void* p, size_t n, uint8_t v) {
@@ -86,8 +94,8 @@ size_t pattern_mismatch(const void* p, size_t n, uint64_t seed, uint64_t start) 
       size_t bad = 0;
       for (size_t k = i; k < n; ++k) bad += b[k] != v;
       return ::testing::AssertionFailure()
-             << "byte " << i << " of a " << n << "-byte region is 0x" << std::hex << int(b[i])
-             << ", want 0x" << int(v) << std::dec << "; " << bad << " bytes differ in all";
+             << "byte " << i << " of a " << n << "-byte region is " << hex(b[i]) << ", want "
+             << hex(v) << "; " << bad << " bytes differ in all";
     }
   }
   return ::testing::AssertionSuccess();
@@ -98,11 +106,29 @@ size_t pattern_mismatch(const void* p, size_t n, uint64_t seed, uint64_t start) 
   const auto* y = static_cast<const uint8_t*>(b);
   for (size_t i = 0; i < n; ++i) {
     if (x[i] != y[i]) {
-      return ::testing::AssertionFailure() << "byte " << i << " of " << n << " differs: 0x"
-                                           << std::hex << int(x[i]) << " vs 0x" << int(y[i]);
+      return ::testing::AssertionFailure()
+             << "byte " << i << " of " << n << " differs: " << hex(x[i]) << " vs " << hex(y[i]);
     }
   }
   return ::testing::AssertionSuccess();
+}
+
+::testing::AssertionResult PatternBetweenGuards(const void* region, size_t size, size_t off,
+                                                size_t len, uint64_t seed, uint64_t start) {
+  const auto* b = static_cast<const uint8_t*>(region);
+  if (off + len > size) {
+    return ::testing::AssertionFailure()
+           << "[" << off << ", " << off + len << ") is not inside a " << size << "-byte region";
+  }
+  const auto before = AllBytesAre(b, off, kGuard);
+  const auto data = HasPattern(b + off, len, seed, start);
+  const auto after = AllBytesAre(b + off + len, size - off - len, kGuard);
+  if (before && data && after) return ::testing::AssertionSuccess();
+  auto r = ::testing::AssertionFailure();
+  if (!before) r << "before byte " << off << ": " << before.message() << "; ";
+  if (!data) r << "at [" << off << ", " << off + len << "): " << data.message() << "; ";
+  if (!after) r << "from byte " << off + len << ": " << after.message();
+  return r;
 }
 
 // ---- memory ---------------------------------------------------------------------------
@@ -495,6 +521,34 @@ std::vector<ibv_wc> poll_n(ibv_cq* cq, size_t n, milliseconds timeout, const cha
   return out;
 }
 
+ibv_wc poll_success(ibv_cq* cq, uint64_t wr_id, ibv_wc_opcode opcode, milliseconds timeout,
+                    const char* file, int line) {
+  ibv_wc wc{};
+  if (!try_poll_one(cq, wc, timeout)) {
+    wc = ibv_wc{};
+    wc.status = IBV_WC_GENERAL_ERR;
+    wc.wr_id = UINT64_MAX;
+    fail_fatal("no completion of wr_id " + std::to_string(wr_id) + " within " +
+                   std::to_string(timeout.count()) + " ms",
+               file, line);
+  } else if (wc.status != IBV_WC_SUCCESS || wc.wr_id != wr_id || wc.opcode != opcode) {
+    fail_fatal("want a success of wr_id " + std::to_string(wr_id) + " opcode " +
+                   std::to_string(opcode) + ", got " + describe(wc),
+               file, line);
+  }
+  return wc;
+}
+
+::testing::AssertionResult CarriesImm(const ibv_wc& wc, uint32_t imm_be) {
+  if (!(wc.wc_flags & IBV_WC_WITH_IMM))
+    return ::testing::AssertionFailure() << "no IBV_WC_WITH_IMM: " << describe(wc);
+  if (wc.imm_data != imm_be) {
+    return ::testing::AssertionFailure()
+           << "imm " << hex(ntohl(wc.imm_data)) << ", want " << hex(ntohl(imm_be));
+  }
+  return ::testing::AssertionSuccess();
+}
+
 bool no_completion(ibv_cq* cq, milliseconds window, ibv_wc* got) {
   ibv_wc wc{};
   if (try_poll_one(cq, wc, window)) {
@@ -518,6 +572,19 @@ std::string describe(const ibv_wc& wc) {
 uint64_t Counters::operator[](const std::string& name) const {
   auto it = values.find(name);
   return it == values.end() ? 0 : it->second;
+}
+
+std::string Growth::str() const {
+  std::string s;
+  for (const auto& [name, v] : after.values)
+    if (v != before[name]) s += " " + name + "=+" + std::to_string(v - before[name]);
+  return s;
+}
+
+std::string Growth::str(const std::vector<std::string>& names) const {
+  std::string s;
+  for (const auto& n : names) s += " " + n + "=+" + std::to_string((*this)[n]);
+  return s;
 }
 
 Counters read_counters(const std::string& addr, int pid) {

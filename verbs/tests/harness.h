@@ -65,6 +65,11 @@ size_t pattern_mismatch(const void* p, size_t n, uint64_t seed, uint64_t start =
 ::testing::AssertionResult AllBytesAre(const void* p, size_t n, uint8_t v);
 /// gtest predicate: a[0, n) == b[0, n), reporting the first difference.
 ::testing::AssertionResult SameBytes(const void* a, const void* b, size_t n);
+/// gtest predicate over a `size`-byte region: [off, off + len) holds pattern bytes
+/// [start, start + len) of `seed` and every byte around it is kGuard (each part that fails
+/// is reported).
+::testing::AssertionResult PatternBetweenGuards(const void* region, size_t size, size_t off,
+                                                size_t len, uint64_t seed, uint64_t start = 0);
 
 /// Guard byte written around regions a test expects to stay untouched.
 inline constexpr uint8_t kGuard = 0xEE;
@@ -208,6 +213,15 @@ ibv_wc poll_one(ibv_cq* cq, milliseconds timeout = kPollTimeout,
 /// Polls `n` completions within `timeout` in total (fatal failure on timeout).
 std::vector<ibv_wc> poll_n(ibv_cq* cq, size_t n, milliseconds timeout = kPollTimeout,
                            const char* file = __builtin_FILE(), int line = __builtin_LINE());
+/// Polls one completion and checks that it is a success of WR `wr_id` with `opcode`: a
+/// timeout or any other status, wr_id or opcode is a fatal failure. Returns it for further
+/// checks (after a timeout: status IBV_WC_GENERAL_ERR, wr_id UINT64_MAX).
+ibv_wc poll_success(ibv_cq* cq, uint64_t wr_id, ibv_wc_opcode opcode,
+                    milliseconds timeout = kPollTimeout, const char* file = __builtin_FILE(),
+                    int line = __builtin_LINE());
+/// gtest predicate: `wc` has IBV_WC_WITH_IMM set and carries `imm_be` (network order, as
+/// posted).
+::testing::AssertionResult CarriesImm(const ibv_wc& wc, uint32_t imm_be);
 /// True when no completion arrives within `window`; otherwise stores it in *got.
 bool no_completion(ibv_cq* cq, milliseconds window, ibv_wc* got = nullptr);
 
@@ -221,6 +235,15 @@ struct Counters {
   std::map<std::string, uint64_t> values;
   bool valid = false;
   uint64_t operator[](const std::string& name) const;
+};
+/// How much counters grew between two snapshots.
+struct Growth {
+  Counters before, after;
+  uint64_t operator[](const std::string& name) const { return after[name] - before[name]; }
+  /// " name=+N" for every counter that grew.
+  std::string str() const;
+  /// " name=+N" for each of `names`, grown or not.
+  std::string str(const std::vector<std::string>& names) const;
 };
 /// Counters of the device bound to `addr` owned by `pid`. Records a failure if none.
 Counters read_counters(const std::string& addr, int pid);

@@ -31,6 +31,7 @@
 #include <atomic>
 #include <cstring>
 #include <functional>
+#include <memory>
 #include <new>
 #include <random>
 #include <string>
@@ -132,13 +133,6 @@ struct Ctx {
   Outcome outcome;
 };
 
-std::string growth(const Counters& before, const Counters& after) {
-  std::string s;
-  for (const auto& [name, v] : after.values)
-    if (v != before[name]) s += " " + name + "=+" + std::to_string(v - before[name]);
-  return s;
-}
-
 void requester(Role& r, const Ctx& c) {
   Link& l = r.link(1);
   r.send_value(2, Learned{l.ep.qpn, l.ep.psn});
@@ -182,7 +176,7 @@ void requester(Role& r, const Ctx& c) {
       ibv_wc wc{};
       ASSERT_TRUE(try_poll_one(l.ep.scq, wc, 20s))
           << "round " << round << " WR " << k
-          << ": no completion in 20 s\n  requester counters:" << growth(before, r.counters());
+          << ": no completion in 20 s\n  requester counters:" << Growth{before, r.counters()}.str();
       if (c.outcome == Outcome::kRequesterFails && wc.status != IBV_WC_SUCCESS) {
         // The first error is the WQE the forged NAK named (or an earlier one it
         // acknowledged past); everything after it is flushed.
@@ -197,7 +191,7 @@ void requester(Role& r, const Ctx& c) {
       }
       ASSERT_EQ(IBV_WC_SUCCESS, wc.status)
           << "round " << round << ": " << describe(wc)
-          << "\n  requester counters:" << growth(before, r.counters());
+          << "\n  requester counters:" << Growth{before, r.counters()}.str();
       ASSERT_EQ(id + k, wc.wr_id);
     }
     if (failed) break;
@@ -219,7 +213,7 @@ void requester(Role& r, const Ctx& c) {
   printf("[ requester] %d rounds, %.1f MiB moved in %.2f s;%s\n", round + (failed ? 0 : 1),
          (round + 1) * (2.0 * kSlot + 48 * 1024 + kSendLen) / (1 << 20),
          std::chrono::duration<double>(Clock::now() - start).count(),
-         growth(before, after).c_str());
+         Growth{before, after}.str().c_str());
   EXPECT_TRUE(AllBytesAre(r.buffer().guard_before(), Buffer::page_size(), kGuard));
   EXPECT_TRUE(AllBytesAre(r.buffer().guard_after(), Buffer::page_size(), kGuard));
   if (c.outcome == Outcome::kSurvives) {
@@ -290,7 +284,7 @@ void responder(Role& r, const Ctx& c) {
       << "written below the MR";
   EXPECT_TRUE(AllBytesAre(r.buffer().guard_after(), Buffer::page_size(), kGuard))
       << "written above the MR";
-  printf("[ responder] %u SENDs;%s\n", seq, growth(before, r.counters()).c_str());
+  printf("[ responder] %u SENDs;%s\n", seq, Growth{before, r.counters()}.str().c_str());
 }
 
 // ---- the attacker ----------------------------------------------------------------------
@@ -400,10 +394,14 @@ struct Sender {
   }
 };
 
-Sender forged_from(Forger& f, uint32_t dst_ip, uint32_t qpn) {
+// A Sender to (dst_ip, qpn) forging packets from `from_ip`, over a Forger it owns. A
+// Forger that cannot bind `from_ip` is a fatal failure.
+Sender forged_from(uint32_t from_ip, uint32_t dst_ip, uint32_t qpn, const char* from_name) {
+  auto f = std::make_shared<Forger>();
+  if (!f->open(from_ip)) fail_fatal(std::string("cannot bind the ") + from_name + "'s address");
   Sender s;
-  s.tuple = [&f](uint32_t d) { return f.tuple_to(d); };
-  s.send = [&f](uint32_t d, const std::vector<uint8_t>& p) { return f.send_to(d, p); };
+  s.tuple = [f](uint32_t d) { return f->tuple_to(d); };
+  s.send = [f](uint32_t d, const std::vector<uint8_t>& p) { return f->send_to(d, p); };
   s.dst_ip = dst_ip;
   s.qpn = qpn;
   return s;
@@ -429,6 +427,17 @@ struct Attack {
     const uint32_t done = sh->psns_done.load();
     if (done > 1 && rng() % 2) return psn_add(a.init_psn, rand_below(done));
     return psn_add(a.init_psn, 0x1000000 - 1 - rand_below(1 << 22));
+  }
+  /// Forged requests to B from A's address.
+  Sender requests_as_requester() const { return forged_from(a_ip(), b_ip(), b.qpn, "requester"); }
+  /// Forged responses to A from B's address.
+  Sender responses_as_responder() const { return forged_from(b_ip(), a_ip(), a.qpn, "responder"); }
+  /// Waits until the named counters of role `peer` (0: A, 1: B) grew by `delta` over
+  /// `before`; returns the growth seen last.
+  uint64_t wait_growth(int peer, const std::vector<std::string>& names, const Counters& before,
+                       uint64_t delta) const {
+    return wait_counter_growth(r.peer_info(peer).addr_str(), r.peer_info(peer).pid, names, before,
+                               delta, 10s);
   }
   /// A PSN far ahead of B's expected one and of anything A may have sent.
   uint32_t ahead_psn() { return psn_add(done_psn(), 8192 + rand_below(1 << 22)); }
@@ -511,9 +520,7 @@ void run_hostile(Outcome outcome, AttackFn attack) {
 // served, none errors a QP; each is counted as duplicate_dropped.
 TEST(HostilePackets, ForgedReadsBehindTheExpectedPsnAreDroppedAndTheTransferCompletes) {
   run_hostile(Outcome::kSurvives, [](Attack& at) {
-    Forger f;
-    ASSERT_TRUE(f.open(at.a_ip())) << "cannot bind the requester's address";
-    Sender s = forged_from(f, at.b_ip(), at.b.qpn);
+    Sender s = at.requests_as_requester();
     const Counters before = at.r.peer_counters(1);
     constexpr int kReads = 1000;
     for (int i = 0; i < kReads; ++i) {
@@ -533,12 +540,11 @@ TEST(HostilePackets, ForgedReadsBehindTheExpectedPsnAreDroppedAndTheTransferComp
       }
       s.read(at.behind_psn(), at.target_va(), at.guessed_rkey(), len);
     }
-    const uint64_t dropped =
-        wait_counter_growth(at.r.peer_info(1).addr_str(), at.r.peer_info(1).pid,
-                            {"duplicate_dropped"}, before, kReads, 10s);
+    const uint64_t dropped = at.wait_growth(1, {"duplicate_dropped"}, before, kReads);
     EXPECT_GE(dropped, uint64_t(kReads)) << "forged READs not all dropped as duplicates";
     const Counters after = at.r.peer_counters(1);
-    printf("[ attacker ] %d forged READs; responder:%s\n", kReads, growth(before, after).c_str());
+    printf("[ attacker ] %d forged READs; responder:%s\n", kReads,
+           Growth{before, after}.str().c_str());
   });
 }
 
@@ -550,9 +556,7 @@ TEST(HostilePackets, ForgedReadsBehindTheExpectedPsnAreDroppedAndTheTransferComp
 // one per round, the sentinel, the pattern region and the guard pages are unchanged.
 TEST(HostilePackets, ForgedWritesSendsAndAtomicsOutsideTheWindowAreNeverExecuted) {
   run_hostile(Outcome::kSurvives, [](Attack& at) {
-    Forger f;
-    ASSERT_TRUE(f.open(at.a_ip())) << "cannot bind the requester's address";
-    Sender s = forged_from(f, at.b_ip(), at.b.qpn);
+    Sender s = at.requests_as_requester();
     const Counters before = at.r.peer_counters(1);
     int replays = 0;
     for (int i = 0; i < 800; ++i) {
@@ -586,11 +590,10 @@ TEST(HostilePackets, ForgedWritesSendsAndAtomicsOutsideTheWindowAreNeverExecuted
       }
     }
     const uint64_t seen =
-        wait_counter_growth(at.r.peer_info(1).addr_str(), at.r.peer_info(1).pid,
-                            {"duplicate_request", "out_of_seq_request"}, before, s.sent, 10s);
+        at.wait_growth(1, {"duplicate_request", "out_of_seq_request"}, before, s.sent);
     EXPECT_GE(seen, s.sent) << "forged requests not all seen as duplicate / out of sequence";
     printf("[ attacker ] %lu forged requests (%d replays of executed atomics); responder:%s\n",
-           (unsigned long)s.sent, replays, growth(before, at.r.peer_counters(1)).c_str());
+           (unsigned long)s.sent, replays, Growth{before, at.r.peer_counters(1)}.str().c_str());
   });
 }
 
@@ -600,9 +603,7 @@ TEST(HostilePackets, ForgedWritesSendsAndAtomicsOutsideTheWindowAreNeverExecuted
 // rcvd_stale_response, the transfer completes.
 TEST(HostilePackets, ForgedAcksAndNaksWithStaleOrUnsentPsnsAreIgnored) {
   run_hostile(Outcome::kSurvives, [](Attack& at) {
-    Forger f;
-    ASSERT_TRUE(f.open(at.b_ip())) << "cannot bind the responder's address";
-    Sender s = forged_from(f, at.a_ip(), at.a.qpn);
+    Sender s = at.responses_as_responder();
     const Counters before = at.r.peer_counters(0);
     const uint8_t syndromes[] = {
         kSyndromeAck,         kNakSeq, kRnrNak, kNakRemoteAccess, kNakInvalidRequest,
@@ -621,11 +622,10 @@ TEST(HostilePackets, ForgedAcksAndNaksWithStaleOrUnsentPsnsAreIgnored) {
           s.ack(psn, syndromes[i % 6], at.rand_below(1 << 24));
       }
     }
-    const uint64_t stale = wait_counter_growth(at.r.peer_info(0).addr_str(), at.r.peer_info(0).pid,
-                                               {"rcvd_stale_response"}, before, s.sent, 10s);
+    const uint64_t stale = at.wait_growth(0, {"rcvd_stale_response"}, before, s.sent);
     EXPECT_GE(stale, s.sent) << "forged responses not all dropped as stale";
     printf("[ attacker ] %lu forged responses; requester:%s\n", (unsigned long)s.sent,
-           growth(before, at.r.peer_counters(0)).c_str());
+           Growth{before, at.r.peer_counters(0)}.str().c_str());
   });
 }
 
@@ -638,15 +638,13 @@ TEST(HostilePackets, ForgedAcksAndNaksWithStaleOrUnsentPsnsAreIgnored) {
 // which no RoCE endpoint can prevent without authentication. Not asserted here.)
 TEST(HostilePackets, ForgedSequenceNaksRnrNaksAndAcksInsideTheWindowCostOnlyRetransmissions) {
   run_hostile(Outcome::kSurvives, [](Attack& at) {
-    Forger f;
-    ASSERT_TRUE(f.open(at.b_ip())) << "cannot bind the responder's address";
-    Sender s = forged_from(f, at.a_ip(), at.a.qpn);
+    Sender s = at.responses_as_responder();
     const Counters before = at.r.peer_counters(0);
     const uint8_t syndromes[] = {kNakSeq, kRnrNak, kSyndromeAck};
     for (int i = 0; i < 1500; ++i)
       s.ack(psn_add(at.done_psn(), at.rand_below(256)), syndromes[i % 3], at.rand_below(1 << 24));
     printf("[ attacker ] %lu forged in-window ACK/NAKs; requester:%s\n", (unsigned long)s.sent,
-           growth(before, at.r.peer_counters(0)).c_str());
+           Growth{before, at.r.peer_counters(0)}.str().c_str());
   });
 }
 
@@ -659,9 +657,7 @@ TEST(HostilePackets, ForgedSequenceNaksRnrNaksAndAcksInsideTheWindowCostOnlyRetr
 // promptly, its other WQEs are flushed, and the responder's QP is unaffected.
 TEST(HostilePackets, AForgedRemoteAccessNakForAnOutstandingPsnFailsTheRequesterPromptly) {
   run_hostile(Outcome::kRequesterFails, [](Attack& at) {
-    Forger f;
-    ASSERT_TRUE(f.open(at.b_ip())) << "cannot bind the responder's address";
-    Sender s = forged_from(f, at.a_ip(), at.a.qpn);
+    Sender s = at.responses_as_responder();
     const auto start = Clock::now();
     while (!at.sh->requester_failed.load()) {
       ASSERT_LT(Clock::now() - start, 20s) << "the requester neither failed nor finished";
@@ -720,12 +716,8 @@ TEST(HostilePackets, ForgedPacketsFromANonPeerAddressAreAllDroppedAsAddressError
       to_a.ack(psn_add(at.done_psn(), at.rand_below(256)), i % 2 ? kNakRemoteAccess : kSyndromeAck,
                0);
     }
-    EXPECT_GE(wait_counter_growth(at.r.peer_info(1).addr_str(), at.r.peer_info(1).pid,
-                                  {"rcvd_addr_err"}, b0, to_b.sent, 10s),
-              to_b.sent);
-    EXPECT_GE(wait_counter_growth(at.r.peer_info(0).addr_str(), at.r.peer_info(0).pid,
-                                  {"rcvd_addr_err"}, a0, to_a.sent, 10s),
-              to_a.sent);
+    EXPECT_GE(at.wait_growth(1, {"rcvd_addr_err"}, b0, to_b.sent), to_b.sent);
+    EXPECT_GE(at.wait_growth(0, {"rcvd_addr_err"}, a0, to_a.sent), to_a.sent);
     printf("[ attacker ] %lu requests to the responder, %lu responses to the requester\n",
            (unsigned long)to_b.sent, (unsigned long)to_a.sent);
   });
@@ -738,24 +730,14 @@ constexpr uint32_t kPeerFirstPsn = 0x7ffff0;
 constexpr uint32_t kDeviceFirstPsn = 0x123456;
 
 /// srdma0 with one RC QP connected to a FakePeer on 127.0.3.x.
-struct FakeRig {
+struct FakeRig : FakePeerQp {
   Role& r;
-  Endpoint ep;
-  FakePeer peer;
-  ConnOptions o;
   uint32_t expect_psn = kPeerFirstPsn;  // next PSN the device's responder expects
   uint32_t dev_psn = kDeviceFirstPsn;   // next PSN the device's requester uses
   uint32_t msn = 0;
 
-  explicit FakeRig(Role& role) : r(role) {
-    o.path_mtu = IBV_MTU_1024;
-    o.timeout = 18;  // ~1 s: no retransmission while the test answers
-    o.psn = kDeviceFirstPsn;
-    if (!peer.open()) fail_fatal("no free 127.0.3.x:4791 for the fake peer");
-    if (!create_endpoint(r.dev(), o, ep)) fail_fatal("create_endpoint");
-    if (!connect_endpoint(ep, o, peer.gid(), kFakeQpn, kPeerFirstPsn)) fail_fatal("connect");
-  }
-  ~FakeRig() { destroy_endpoint(ep); }
+  explicit FakeRig(Role& role)
+      : FakePeerQp(role.dev(), kFakeQpn, kPeerFirstPsn, kDeviceFirstPsn), r(role) {}
 
   uint32_t dev_ip() const { return r.dev().ipv4; }
   std::vector<uint8_t> send_only(uint32_t psn, uint32_t n = 32) const {

@@ -5,6 +5,8 @@
 #include <arpa/inet.h>
 
 #include <cstring>
+#include <functional>
+#include <utility>
 #include <vector>
 
 #include "verbs/tests/harness.h"
@@ -14,20 +16,28 @@ namespace {
 
 constexpr uint64_t kSeed = 0x5eed;
 
-TEST(Opcodes, Send) {
-  static constexpr uint32_t kLen = 3000;  // three packets at MTU 1024
+// run_pair whose role 0 first fills its first `len` bytes with pattern kSeed, then waits
+// at a barrier until role 1 has posted its receives or prepared its memory (role 1 calls
+// r.barrier() when it has), then runs `send` with its link.
+void run_pair_from_pattern(uint32_t len, std::function<void(Role&, Link&)> send,
+                           std::function<void(Role&)> target) {
   run_pair(
       ConnOptions{},
-      [](Role& r) {
-        auto& l = r.link();
-        fill_pattern(r.buf(), kLen, kSeed);
-        r.barrier();  // the receive is posted
+      [len, send](Role& r) {
+        fill_pattern(r.buf(), len, kSeed);
+        r.barrier();
+        send(r, r.link());
+      },
+      std::move(target));
+}
+
+TEST(Opcodes, Send) {
+  static constexpr uint32_t kLen = 3000;  // three packets at MTU 1024
+  run_pair_from_pattern(
+      kLen,
+      [](Role& r, Link& l) {
         ASSERT_EQ(0, post_send(l.ep.qp, IBV_WR_SEND, 7, r.buf(), kLen, r.lkey()));
-        const ibv_wc wc = poll_one(l.ep.scq);
-        EXPECT_EQ(IBV_WC_SUCCESS, wc.status) << describe(wc);
-        EXPECT_EQ(7u, wc.wr_id);
-        EXPECT_EQ(IBV_WC_SEND, wc.opcode);
-        EXPECT_EQ(l.ep.qpn, wc.qp_num);
+        EXPECT_EQ(l.ep.qpn, poll_success(l.ep.scq, 7, IBV_WC_SEND).qp_num);
         EXPECT_TRUE(no_completion(l.ep.scq, 20ms));
       },
       [](Role& r) {
@@ -35,16 +45,11 @@ TEST(Opcodes, Send) {
         memset(r.buf(), kGuard, 8192);
         ASSERT_EQ(0, post_recv(l.ep.qp, 42, r.buf() + 100, 4096, r.lkey()));
         r.barrier();
-        const ibv_wc wc = poll_one(l.ep.rcq);
-        ASSERT_EQ(IBV_WC_SUCCESS, wc.status) << describe(wc);
-        EXPECT_EQ(42u, wc.wr_id);
-        EXPECT_EQ(IBV_WC_RECV, wc.opcode);
+        const ibv_wc wc = poll_success(l.ep.rcq, 42, IBV_WC_RECV);
         EXPECT_EQ(kLen, wc.byte_len);
         EXPECT_EQ(0u, wc.wc_flags & IBV_WC_WITH_IMM);
         EXPECT_EQ(l.ep.qpn, wc.qp_num);
-        EXPECT_TRUE(AllBytesAre(r.buf(), 100, kGuard));
-        EXPECT_TRUE(HasPattern(r.buf() + 100, kLen, kSeed));
-        EXPECT_TRUE(AllBytesAre(r.buf() + 100 + kLen, 8192 - 100 - kLen, kGuard));
+        EXPECT_TRUE(PatternBetweenGuards(r.buf(), 8192, 100, kLen, kSeed));
         EXPECT_TRUE(no_completion(l.ep.rcq, 20ms));
       });
 }
@@ -53,22 +58,14 @@ TEST(Opcodes, Send) {
 // (both are network order by convention), including on a zero-length message.
 TEST(Opcodes, SendWithImmediate) {
   static constexpr uint32_t kLen = 500;
-  run_pair(
-      ConnOptions{},
-      [](Role& r) {
-        auto& l = r.link();
-        fill_pattern(r.buf(), kLen, kSeed);
-        r.barrier();
+  run_pair_from_pattern(
+      kLen,
+      [](Role& r, Link& l) {
         ASSERT_EQ(0, post_send(l.ep.qp, IBV_WR_SEND_WITH_IMM, 1, r.buf(), kLen, r.lkey(), 0, 0,
                                htonl(0xdeadbeef)));
         ASSERT_EQ(
             0, post_send(l.ep.qp, IBV_WR_SEND_WITH_IMM, 2, nullptr, 0, 0, 0, 0, htonl(0x01020304)));
-        for (uint64_t id : {1u, 2u}) {
-          const ibv_wc wc = poll_one(l.ep.scq);
-          EXPECT_EQ(IBV_WC_SUCCESS, wc.status) << describe(wc);
-          EXPECT_EQ(id, wc.wr_id);
-          EXPECT_EQ(IBV_WC_SEND, wc.opcode);
-        }
+        for (uint64_t id : {1u, 2u}) poll_success(l.ep.scq, id, IBV_WC_SEND);
       },
       [](Role& r) {
         auto& l = r.link();
@@ -76,21 +73,13 @@ TEST(Opcodes, SendWithImmediate) {
         ASSERT_EQ(0, post_recv(l.ep.qp, 10, r.buf(), 1024, r.lkey()));
         ASSERT_EQ(0, post_recv(l.ep.qp, 11, r.buf() + 4096, 1024, r.lkey()));
         r.barrier();
-        ibv_wc wc = poll_one(l.ep.rcq);
-        ASSERT_EQ(IBV_WC_SUCCESS, wc.status) << describe(wc);
-        EXPECT_EQ(10u, wc.wr_id);
-        EXPECT_EQ(IBV_WC_RECV, wc.opcode);
-        EXPECT_TRUE(wc.wc_flags & IBV_WC_WITH_IMM);
-        EXPECT_EQ(htonl(0xdeadbeef), wc.imm_data);
+        ibv_wc wc = poll_success(l.ep.rcq, 10, IBV_WC_RECV);
+        EXPECT_TRUE(CarriesImm(wc, htonl(0xdeadbeef)));
         EXPECT_EQ(kLen, wc.byte_len);
-        EXPECT_TRUE(HasPattern(r.buf(), kLen, kSeed));
-        EXPECT_TRUE(AllBytesAre(r.buf() + kLen, 4096 - kLen, kGuard));
+        EXPECT_TRUE(PatternBetweenGuards(r.buf(), 4096, 0, kLen, kSeed));
 
-        wc = poll_one(l.ep.rcq);
-        ASSERT_EQ(IBV_WC_SUCCESS, wc.status) << describe(wc);
-        EXPECT_EQ(11u, wc.wr_id);
-        EXPECT_TRUE(wc.wc_flags & IBV_WC_WITH_IMM);
-        EXPECT_EQ(htonl(0x01020304), wc.imm_data);
+        wc = poll_success(l.ep.rcq, 11, IBV_WC_RECV);
+        EXPECT_TRUE(CarriesImm(wc, htonl(0x01020304)));
         EXPECT_EQ(0u, wc.byte_len);
         EXPECT_TRUE(AllBytesAre(r.buf() + 4096, 4096, kGuard));
       });
@@ -101,18 +90,12 @@ TEST(Opcodes, SendWithImmediate) {
 TEST(Opcodes, RdmaWrite) {
   static constexpr uint32_t kLen = 5000;
   static constexpr uint32_t kOff = 77;
-  run_pair(
-      ConnOptions{},
-      [](Role& r) {
-        auto& l = r.link();
-        fill_pattern(r.buf(), kLen, kSeed);
-        r.barrier();
+  run_pair_from_pattern(
+      kLen,
+      [](Role& r, Link& l) {
         ASSERT_EQ(0, post_send(l.ep.qp, IBV_WR_RDMA_WRITE, 3, r.buf(), kLen, r.lkey(),
                                l.remote.addr + kOff, l.remote.rkey));
-        const ibv_wc wc = poll_one(l.ep.scq);
-        EXPECT_EQ(IBV_WC_SUCCESS, wc.status) << describe(wc);
-        EXPECT_EQ(3u, wc.wr_id);
-        EXPECT_EQ(IBV_WC_RDMA_WRITE, wc.opcode);
+        poll_success(l.ep.scq, 3, IBV_WC_RDMA_WRITE);
         r.send_value(1, uint32_t{1});
         r.barrier();  // the target has checked that the WRITE consumed no receive
         ASSERT_EQ(0, post_send(l.ep.qp, IBV_WR_SEND, 4, r.buf(), 16, r.lkey()));
@@ -124,15 +107,10 @@ TEST(Opcodes, RdmaWrite) {
         ASSERT_EQ(0, post_recv(l.ep.qp, 99, r.buf() + 32768, 64, r.lkey()));
         r.barrier();
         r.recv_value<uint32_t>(0);
-        EXPECT_TRUE(AllBytesAre(r.buf(), kOff, kGuard));
-        EXPECT_TRUE(HasPattern(r.buf() + kOff, kLen, kSeed));
-        EXPECT_TRUE(AllBytesAre(r.buf() + kOff + kLen, 32768 - kOff - kLen, kGuard));
+        EXPECT_TRUE(PatternBetweenGuards(r.buf(), 32768, kOff, kLen, kSeed));
         EXPECT_TRUE(no_completion(l.ep.rcq, 50ms)) << "a WRITE must not consume a receive";
         r.barrier();
-        const ibv_wc wc = poll_one(l.ep.rcq);
-        EXPECT_EQ(IBV_WC_SUCCESS, wc.status) << describe(wc);
-        EXPECT_EQ(99u, wc.wr_id);
-        EXPECT_EQ(16u, wc.byte_len);
+        EXPECT_EQ(16u, poll_success(l.ep.rcq, 99, IBV_WC_RECV).byte_len);
         EXPECT_TRUE(HasPattern(r.buf() + 32768, 16, kSeed));
       });
 }
@@ -143,22 +121,14 @@ TEST(Opcodes, RdmaWrite) {
 TEST(Opcodes, RdmaWriteWithImmediate) {
   static constexpr uint32_t kLen = 3000;
   static constexpr uint32_t kOff = 5;
-  run_pair(
-      ConnOptions{},
-      [](Role& r) {
-        auto& l = r.link();
-        fill_pattern(r.buf(), kLen, kSeed);
-        r.barrier();
+  run_pair_from_pattern(
+      kLen,
+      [](Role& r, Link& l) {
         ASSERT_EQ(0, post_send(l.ep.qp, IBV_WR_RDMA_WRITE_WITH_IMM, 5, r.buf(), kLen, r.lkey(),
                                l.remote.addr + kOff, l.remote.rkey, htonl(0xcafef00d)));
         ASSERT_EQ(0, post_send(l.ep.qp, IBV_WR_RDMA_WRITE_WITH_IMM, 6, nullptr, 0, 0,
                                l.remote.addr + 20000, l.remote.rkey, htonl(7)));
-        for (uint64_t id : {5u, 6u}) {
-          const ibv_wc wc = poll_one(l.ep.scq);
-          EXPECT_EQ(IBV_WC_SUCCESS, wc.status) << describe(wc);
-          EXPECT_EQ(id, wc.wr_id);
-          EXPECT_EQ(IBV_WC_RDMA_WRITE, wc.opcode);
-        }
+        for (uint64_t id : {5u, 6u}) poll_success(l.ep.scq, id, IBV_WC_RDMA_WRITE);
       },
       [](Role& r) {
         auto& l = r.link();
@@ -166,23 +136,14 @@ TEST(Opcodes, RdmaWriteWithImmediate) {
         ASSERT_EQ(0, post_recv(l.ep.qp, 50, r.buf() + 40000, 4096, r.lkey()));
         ASSERT_EQ(0, post_recv(l.ep.qp, 51, nullptr, 0, 0));  // a receive without SGEs
         r.barrier();
-        ibv_wc wc = poll_one(l.ep.rcq);
-        ASSERT_EQ(IBV_WC_SUCCESS, wc.status) << describe(wc);
-        EXPECT_EQ(50u, wc.wr_id);
-        EXPECT_EQ(IBV_WC_RECV_RDMA_WITH_IMM, wc.opcode);
-        EXPECT_TRUE(wc.wc_flags & IBV_WC_WITH_IMM);
-        EXPECT_EQ(htonl(0xcafef00d), wc.imm_data);
+        ibv_wc wc = poll_success(l.ep.rcq, 50, IBV_WC_RECV_RDMA_WITH_IMM);
+        EXPECT_TRUE(CarriesImm(wc, htonl(0xcafef00d)));
         EXPECT_EQ(kLen, wc.byte_len);
-        EXPECT_TRUE(AllBytesAre(r.buf(), kOff, kGuard));
-        EXPECT_TRUE(HasPattern(r.buf() + kOff, kLen, kSeed));
-        EXPECT_TRUE(AllBytesAre(r.buf() + kOff + kLen, 65536 - kOff - kLen, kGuard))
+        EXPECT_TRUE(PatternBetweenGuards(r.buf(), 65536, kOff, kLen, kSeed))
             << "the receive buffer of a WRITE with immediate must stay untouched";
 
-        wc = poll_one(l.ep.rcq);
-        ASSERT_EQ(IBV_WC_SUCCESS, wc.status) << describe(wc);
-        EXPECT_EQ(51u, wc.wr_id);
-        EXPECT_EQ(IBV_WC_RECV_RDMA_WITH_IMM, wc.opcode);
-        EXPECT_EQ(htonl(7), wc.imm_data);
+        wc = poll_success(l.ep.rcq, 51, IBV_WC_RECV_RDMA_WITH_IMM);
+        EXPECT_TRUE(CarriesImm(wc, htonl(7)));
         EXPECT_EQ(0u, wc.byte_len);
       });
 }
@@ -199,14 +160,8 @@ TEST(Opcodes, RdmaRead) {
         r.barrier();  // the target has filled its buffer
         ASSERT_EQ(0, post_send(l.ep.qp, IBV_WR_RDMA_READ, 8, r.buf() + kLocalOff, kLen, r.lkey(),
                                l.remote.addr + kRemoteOff, l.remote.rkey));
-        const ibv_wc wc = poll_one(l.ep.scq);
-        ASSERT_EQ(IBV_WC_SUCCESS, wc.status) << describe(wc);
-        EXPECT_EQ(8u, wc.wr_id);
-        EXPECT_EQ(IBV_WC_RDMA_READ, wc.opcode);
-        EXPECT_EQ(kLen, wc.byte_len);
-        EXPECT_TRUE(AllBytesAre(r.buf(), kLocalOff, kGuard));
-        EXPECT_TRUE(HasPattern(r.buf() + kLocalOff, kLen, kSeed, kRemoteOff));
-        EXPECT_TRUE(AllBytesAre(r.buf() + kLocalOff + kLen, 16384 - kLocalOff - kLen, kGuard));
+        EXPECT_EQ(kLen, poll_success(l.ep.scq, 8, IBV_WC_RDMA_READ).byte_len);
+        EXPECT_TRUE(PatternBetweenGuards(r.buf(), 16384, kLocalOff, kLen, kSeed, kRemoteOff));
       },
       [](Role& r) {
         fill_pattern(r.buf(), 16384, kSeed);
@@ -216,6 +171,18 @@ TEST(Opcodes, RdmaRead) {
 
 constexpr uint32_t kAtomicOff = 64;  // 8-byte aligned target word
 
+// Posts one atomic WR whose 8-byte result lands in res[id] (poisoned first) and checks
+// that it completes as `wc_opcode` with byte_len 8.
+void atomic_and_poll(Role& r, ibv_wr_opcode op, ibv_wc_opcode wc_opcode, uint64_t id, uint64_t* res,
+                     uint64_t raddr, uint64_t compare_add, uint64_t swap = 0) {
+  auto& l = r.link();
+  res[id] = 0x5555;
+  SendWr w(op, id);
+  w.add_sge(&res[id], 8, r.lkey()).atomic(raddr, l.remote.rkey, compare_add, swap);
+  ASSERT_EQ(0, w.post(l.ep.qp));
+  EXPECT_EQ(8u, poll_success(l.ep.scq, id, wc_opcode).byte_len);
+}
+
 // COMPARE & SWAP returns the original value whether or not it swapped.
 TEST(Opcodes, CompareAndSwap) {
   static constexpr uint64_t kInit = 0x1111222233334444ull;
@@ -223,20 +190,11 @@ TEST(Opcodes, CompareAndSwap) {
   run_pair(
       ConnOptions{},
       [](Role& r) {
-        auto& l = r.link();
         auto* res = reinterpret_cast<uint64_t*>(r.buf());
         r.barrier();
         auto cas = [&](uint64_t id, uint64_t compare, uint64_t swap) {
-          res[id] = 0x5555;
-          SendWr w(IBV_WR_ATOMIC_CMP_AND_SWP, id);
-          w.add_sge(&res[id], 8, r.lkey())
-              .atomic(l.remote.addr + kAtomicOff, l.remote.rkey, compare, swap);
-          ASSERT_EQ(0, w.post(l.ep.qp));
-          const ibv_wc wc = poll_one(l.ep.scq);
-          ASSERT_EQ(IBV_WC_SUCCESS, wc.status) << describe(wc);
-          EXPECT_EQ(id, wc.wr_id);
-          EXPECT_EQ(IBV_WC_COMP_SWAP, wc.opcode);
-          EXPECT_EQ(8u, wc.byte_len);
+          atomic_and_poll(r, IBV_WR_ATOMIC_CMP_AND_SWP, IBV_WC_COMP_SWAP, id, res,
+                          r.link().remote.addr + kAtomicOff, compare, swap);
         };
         cas(1, kInit, kA);  // matches: swaps
         EXPECT_EQ(kInit, res[1]);
@@ -263,19 +221,11 @@ TEST(Opcodes, FetchAndAdd) {
   run_pair(
       ConnOptions{},
       [](Role& r) {
-        auto& l = r.link();
         auto* res = reinterpret_cast<uint64_t*>(r.buf());
         r.barrier();
         auto faa = [&](uint64_t id, uint32_t off, uint64_t add) {
-          res[id] = 0x5555;
-          SendWr w(IBV_WR_ATOMIC_FETCH_AND_ADD, id);
-          w.add_sge(&res[id], 8, r.lkey()).atomic(l.remote.addr + off, l.remote.rkey, add);
-          ASSERT_EQ(0, w.post(l.ep.qp));
-          const ibv_wc wc = poll_one(l.ep.scq);
-          ASSERT_EQ(IBV_WC_SUCCESS, wc.status) << describe(wc);
-          EXPECT_EQ(id, wc.wr_id);
-          EXPECT_EQ(IBV_WC_FETCH_ADD, wc.opcode);
-          EXPECT_EQ(8u, wc.byte_len);
+          atomic_and_poll(r, IBV_WR_ATOMIC_FETCH_AND_ADD, IBV_WC_FETCH_ADD, id, res,
+                          r.link().remote.addr + off, add);
         };
         faa(1, kAtomicOff, 5);
         EXPECT_EQ(1000u, res[1]);
@@ -398,9 +348,7 @@ TEST(Opcodes, SgeLists) {
         std::vector<uint8_t> src(kRegion);
         fill_pattern(src.data(), kRegion, kSeed);
 
-        ibv_wc wc = poll_one(l.ep.rcq);
-        ASSERT_EQ(IBV_WC_SUCCESS, wc.status) << describe(wc);
-        EXPECT_EQ(10u, wc.wr_id);
+        ibv_wc wc = poll_success(l.ep.rcq, 10, IBV_WC_RECV);
         const auto stream = gather(src.data(), kSend);
         EXPECT_EQ(stream.size(), wc.byte_len);
         auto img = scatter_image(kRegion, kRecv, stream);
@@ -410,9 +358,7 @@ TEST(Opcodes, SgeLists) {
         EXPECT_TRUE(SameBytes(stream.data(), r.buf() + kWriteOff, stream.size()));
         EXPECT_TRUE(AllBytesAre(r.buf() + kWriteOff + stream.size(), 1000, kGuard));
 
-        wc = poll_one(l.ep.rcq);
-        ASSERT_EQ(IBV_WC_SUCCESS, wc.status) << describe(wc);
-        EXPECT_EQ(11u, wc.wr_id);
+        wc = poll_success(l.ep.rcq, 11, IBV_WC_RECV);
         const auto stream2 = gather(src.data(), kMaxSend);
         EXPECT_EQ(stream2.size(), wc.byte_len);
         img = scatter_image(kRegion, kMaxRecv, stream2);
@@ -471,17 +417,13 @@ TEST(Opcodes, InlineSends) {
           ASSERT_EQ(0, post_recv(l.ep.qp, i, r.buf() + i * 512, 512, r.lkey()));
         r.barrier();
         for (int i = 0; i < kCount; ++i) {
-          const ibv_wc wc = poll_one(l.ep.rcq);
-          ASSERT_EQ(IBV_WC_SUCCESS, wc.status) << describe(wc);
-          ASSERT_EQ(uint64_t(i), wc.wr_id);
+          const ibv_wc wc = poll_success(l.ep.rcq, i, IBV_WC_RECV);
           EXPECT_EQ(len_of(i), wc.byte_len);
           EXPECT_TRUE(HasPattern(r.buf() + i * 512, len_of(i), 1000 + i)) << "message " << i;
         }
-        const ibv_wc wc = poll_one(l.ep.rcq);
-        ASSERT_EQ(IBV_WC_SUCCESS, wc.status) << describe(wc);
-        EXPECT_EQ(uint64_t(kCount), wc.wr_id);
+        const ibv_wc wc = poll_success(l.ep.rcq, kCount, IBV_WC_RECV);
         EXPECT_EQ(130u, wc.byte_len);
-        EXPECT_EQ(htonl(100), wc.imm_data);
+        EXPECT_TRUE(CarriesImm(wc, htonl(100)));
         EXPECT_TRUE(HasPattern(r.buf() + kCount * 512, 130, 7));
         r.recv_value<uint32_t>(0);
         EXPECT_TRUE(HasPattern(r.buf() + 100000, 200, 8));
@@ -504,9 +446,7 @@ TEST(Opcodes, UnsignaledSends) {
           ASSERT_EQ(0, post_send(l.ep.qp, IBV_WR_SEND, 100 + i, r.buf() + i * 64, 64, r.lkey(), 0,
                                  0, 0, flags));
         }
-        const ibv_wc wc = poll_one(l.ep.scq);
-        EXPECT_EQ(IBV_WC_SUCCESS, wc.status) << describe(wc);
-        EXPECT_EQ(uint64_t(100 + kCount - 1), wc.wr_id);
+        poll_success(l.ep.scq, 100 + kCount - 1, IBV_WC_SEND);
         EXPECT_TRUE(no_completion(l.ep.scq, 50ms));
       },
       [&](Role& r) {
@@ -515,10 +455,7 @@ TEST(Opcodes, UnsignaledSends) {
           ASSERT_EQ(0, post_recv(l.ep.qp, i, r.buf() + i * 128, 128, r.lkey()));
         r.barrier();
         for (int i = 0; i < kCount; ++i) {
-          const ibv_wc wc = poll_one(l.ep.rcq);
-          ASSERT_EQ(IBV_WC_SUCCESS, wc.status) << describe(wc);
-          EXPECT_EQ(uint64_t(i), wc.wr_id);
-          EXPECT_EQ(64u, wc.byte_len);
+          EXPECT_EQ(64u, poll_success(l.ep.rcq, i, IBV_WC_RECV).byte_len);
           EXPECT_TRUE(HasPattern(r.buf() + i * 128, 64, 300 + i));
         }
       });
@@ -571,10 +508,7 @@ TEST(Opcodes, PsnWrapAround) {
           ASSERT_EQ(0, post_recv(l.ep.qp, i, r.buf() + i * 1024, 1024, r.lkey()));
         r.barrier();
         for (int i = 0; i < kMsgs; ++i) {
-          const ibv_wc wc = poll_one(l.ep.rcq);
-          ASSERT_EQ(IBV_WC_SUCCESS, wc.status) << describe(wc);
-          EXPECT_EQ(uint64_t(i), wc.wr_id);
-          EXPECT_EQ(kLen, wc.byte_len);
+          EXPECT_EQ(kLen, poll_success(l.ep.rcq, i, IBV_WC_RECV).byte_len);
           EXPECT_TRUE(HasPattern(r.buf() + i * 1024, kLen, 500 + i)) << "SEND " << i;
         }
         r.recv_value<uint32_t>(0);
@@ -588,17 +522,13 @@ TEST(Opcodes, PsnWrapAround) {
 // the receiver and an invalid-request NAK (IBV_WC_REM_INV_REQ_ERR) at the sender (IBTA
 // 9.7.5.2.2 / rxe).
 TEST(Opcodes, ReceiveTooSmall) {
-  run_pair(
-      ConnOptions{},
-      [](Role& r) {
-        auto& l = r.link();
-        fill_pattern(r.buf(), 200, kSeed);
-        r.barrier();
+  run_pair_from_pattern(
+      200,
+      [](Role& r, Link& l) {
         ASSERT_EQ(0, post_send(l.ep.qp, IBV_WR_SEND, 1, r.buf(), 100, r.lkey()));
-        ibv_wc wc = poll_one(l.ep.scq);
-        EXPECT_EQ(IBV_WC_SUCCESS, wc.status) << describe(wc);
+        poll_success(l.ep.scq, 1, IBV_WC_SEND);
         ASSERT_EQ(0, post_send(l.ep.qp, IBV_WR_SEND, 2, r.buf(), 101, r.lkey()));
-        wc = poll_one(l.ep.scq);
+        const ibv_wc wc = poll_one(l.ep.scq);
         EXPECT_EQ(2u, wc.wr_id);
         EXPECT_EQ(IBV_WC_REM_INV_REQ_ERR, wc.status) << describe(wc);
       },
@@ -608,12 +538,9 @@ TEST(Opcodes, ReceiveTooSmall) {
         ASSERT_EQ(0, post_recv(l.ep.qp, 1, r.buf(), 100, r.lkey()));
         ASSERT_EQ(0, post_recv(l.ep.qp, 2, r.buf() + 1024, 100, r.lkey()));
         r.barrier();
-        ibv_wc wc = poll_one(l.ep.rcq);
-        ASSERT_EQ(IBV_WC_SUCCESS, wc.status) << describe(wc);
-        EXPECT_EQ(100u, wc.byte_len);
-        EXPECT_TRUE(HasPattern(r.buf(), 100, kSeed));
-        EXPECT_TRUE(AllBytesAre(r.buf() + 100, 924, kGuard));
-        wc = poll_one(l.ep.rcq);
+        EXPECT_EQ(100u, poll_success(l.ep.rcq, 1, IBV_WC_RECV).byte_len);
+        EXPECT_TRUE(PatternBetweenGuards(r.buf(), 1024, 0, 100, kSeed));
+        const ibv_wc wc = poll_one(l.ep.rcq);
         EXPECT_EQ(2u, wc.wr_id);
         EXPECT_EQ(IBV_WC_LOC_LEN_ERR, wc.status) << describe(wc);
         EXPECT_TRUE(AllBytesAre(r.buf() + 1124, 4096 - 1124, kGuard)) << "nothing past the SGE";

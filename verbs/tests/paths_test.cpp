@@ -27,12 +27,14 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <thread>
 #include <tuple>
 #include <vector>
 
 #include "verbs/tests/harness.h"
+#include "verbs/tests/traffic.h"
 
 namespace softrdma::verbs_test {
 namespace {
@@ -96,18 +98,6 @@ void expect_clean_dev_shm(int slot) {
   }
 }
 
-// Growth of the named counters between two snapshots.
-struct Growth {
-  Counters before, after;
-  uint64_t operator[](const std::string& n) const { return after[n] - before[n]; }
-};
-
-std::string growth_str(const Growth& g, const std::vector<std::string>& names) {
-  std::string s;
-  for (const auto& n : names) s += " " + n + "=+" + std::to_string(g[n]);
-  return s;
-}
-
 // clang-format off
 const std::vector<std::string> kPathCounters = {
     "sent_pkts", "rcvd_pkts", "sent_gso_batches", "rcvd_gro_batches", "sent_shm_pkts",
@@ -142,13 +132,71 @@ using XferParam = std::tuple<Transport, ibv_mtu>;
 
 class PathTransfers : public ::testing::TestWithParam<XferParam> {};
 
+// One transfer of PathTransfers: op, its index k among the sizes, its size and seed.
+struct Transfer {
+  Op op;
+  size_t k;
+  uint64_t size;
+  uint64_t seed;
+};
+
+// Runs `step` for every transfer (each op over every size, in order) and snapshots the
+// role's counters around each op's transfers into per_op. Returns at a fatal failure.
+void each_transfer(Role& r, const std::vector<uint64_t>& sizes, Growth (&per_op)[3],
+                   const std::function<void(const Transfer&)>& step) {
+  for (int o = 0; o < 3; ++o) {
+    per_op[o].before = r.counters();
+    for (size_t k = 0; k < sizes.size(); ++k) {
+      SCOPED_TRACE(std::string(name_of(kOps[o])) + " of " + std::to_string(sizes[k]) + " B");
+      step(Transfer{kOps[o], k, sizes[k], seed_of(o, static_cast<int>(k))});
+      if (::testing::Test::HasFatalFailure()) return;
+    }
+    per_op[o].after = r.counters();
+  }
+}
+
+// The end of a PathTransfers role: once both devices are quiescent, the packets of each op
+// took the path under test. The requester's SEND and WRITE data leave and its READ
+// responses arrive; the target's go the other way.
+void expect_path_taken(Role& r, const char* who, Transport t, uint32_t mtu, const Counters& start,
+                       const Growth (&per_op)[3], bool requester) {
+  r.barrier();
+  std::this_thread::sleep_for(30ms);  // both devices quiescent
+  const Growth all{start, r.counters()};
+  printf("[ %s] %s MTU %u:%s\n", who, name_of(t), mtu, all.str(kPathCounters).c_str());
+  EXPECT_EQ(0u, all["rcvd_icrc_err"]);
+  EXPECT_EQ(0u, all["rcvd_malformed"]);
+  const std::string data_batches = requester ? "sent_gso_batches" : "rcvd_gro_batches";
+  const std::string resp_batches = requester ? "rcvd_gro_batches" : "sent_gso_batches";
+  const std::string data_shm = requester ? "sent_shm_pkts" : "rcvd_shm_pkts";
+  const std::string resp_shm = requester ? "rcvd_shm_pkts" : "sent_shm_pkts";
+  if (t == Transport::kUdp) {
+    const std::string data_how = requester ? "left without GSO" : "arrived without GRO";
+    const std::string resp_how = requester ? "arrived without GRO" : "left without GSO";
+    EXPECT_GT(per_op[0][data_batches], 0u) << "SEND data " << data_how;
+    EXPECT_GT(per_op[1][data_batches], 0u) << "WRITE data " << data_how;
+    EXPECT_GT(per_op[2][resp_batches], 0u) << "READ responses " << resp_how;
+    EXPECT_EQ(0u, all["sent_shm_pkts"]);
+    EXPECT_EQ(0u, all["rcvd_shm_pkts"]);
+  } else {
+    for (int o = 0; o < 2; ++o) {
+      EXPECT_GT(per_op[o][data_shm], 0u) << name_of(kOps[o]) << " data not over shm";
+    }
+    EXPECT_GT(per_op[2][resp_shm], 0u) << "READ responses not over shm";
+    EXPECT_EQ(0u, all["sent_gso_batches"]);
+    EXPECT_EQ(0u, all["rcvd_gro_batches"]);
+    EXPECT_EQ(all["sent_pkts"], all["sent_shm_pkts"] + all["shm_drops"])
+        << "packets left by UDP under SOFTRDMA_TRANSPORT=shm";
+    EXPECT_LE(all["rcvd_pkts"], all["rcvd_shm_pkts"]) << "packets arrived by UDP";
+  }
+}
+
 TEST_P(PathTransfers, SendWriteReadDataAndCounters) {
   const auto [transport, mtu_enum] = GetParam();
   const uint32_t mtu = mtu_bytes(mtu_enum);
   const int mtu_index = mtu_enum == IBV_MTU_256 ? 0 : mtu_enum == IBV_MTU_1024 ? 1 : 2;
   const int slot = kTransferSlot + 3 * (transport == Transport::kShm) + mtu_index;
   const std::vector<uint64_t> sizes = sizes_for(mtu);
-  const bool udp = transport == Transport::kUdp;
 
   Spec s;
   s.conn.path_mtu = mtu_enum;
@@ -165,127 +213,65 @@ TEST_P(PathTransfers, SendWriteReadDataAndCounters) {
     auto& l = r.link();
     const Counters start = r.counters();
     Growth per_op[3];
-    for (int o = 0; o < 3; ++o) {
-      const Op op = kOps[o];
-      per_op[o].before = r.counters();
-      for (size_t k = 0; k < sizes.size(); ++k) {
-        SCOPED_TRACE(std::string(name_of(op)) + " of " + std::to_string(sizes[k]) + " B");
-        const uint64_t size = sizes[k];
-        const auto len = static_cast<uint32_t>(size);
-        const uint64_t seed = seed_of(o, static_cast<int>(k));
-        if (op == Op::kRead)
-          memset(r.buf(), kGuard, kXferBuf);
-        else
-          fill_pattern(r.buf() + kSrcOff, size, seed);
-        r.barrier();  // the target is ready
-        if (op == Op::kSend) {
-          ASSERT_EQ(0, post_send(l.ep.qp, IBV_WR_SEND, k, r.buf() + kSrcOff, len, r.lkey()));
-        } else if (op == Op::kWrite) {
-          ASSERT_EQ(0, post_send(l.ep.qp, IBV_WR_RDMA_WRITE, k, r.buf() + kSrcOff, len, r.lkey(),
-                                 l.remote.addr + kDstOff, l.remote.rkey));
-        } else {
-          ASSERT_EQ(0, post_send(l.ep.qp, IBV_WR_RDMA_READ, k, r.buf() + kDstOff, len, r.lkey(),
-                                 l.remote.addr + kSrcOff, l.remote.rkey));
-        }
-        const ibv_wc wc = poll_one(l.ep.scq, 20s);
-        ASSERT_EQ(IBV_WC_SUCCESS, wc.status) << describe(wc);
-        EXPECT_EQ(uint64_t(k), wc.wr_id);
-        if (op == Op::kRead) {
-          EXPECT_EQ(size, wc.byte_len);
-          EXPECT_TRUE(AllBytesAre(r.buf(), kDstOff, kGuard));
-          EXPECT_TRUE(HasPattern(r.buf() + kDstOff, size, seed));
-          EXPECT_TRUE(AllBytesAre(r.buf() + kDstOff + size, kXferBuf - kDstOff - size, kGuard));
-        }
-        r.send_value(1, uint32_t{1});
-        r.barrier();  // the target checked
+    each_transfer(r, sizes, per_op, [&](const Transfer& x) {
+      const auto len = static_cast<uint32_t>(x.size);
+      if (x.op == Op::kRead)
+        memset(r.buf(), kGuard, kXferBuf);
+      else
+        fill_pattern(r.buf() + kSrcOff, x.size, x.seed);
+      r.barrier();  // the target is ready
+      if (x.op == Op::kSend) {
+        ASSERT_EQ(0, post_send(l.ep.qp, IBV_WR_SEND, x.k, r.buf() + kSrcOff, len, r.lkey()));
+      } else if (x.op == Op::kWrite) {
+        ASSERT_EQ(0, post_send(l.ep.qp, IBV_WR_RDMA_WRITE, x.k, r.buf() + kSrcOff, len, r.lkey(),
+                               l.remote.addr + kDstOff, l.remote.rkey));
+      } else {
+        ASSERT_EQ(0, post_send(l.ep.qp, IBV_WR_RDMA_READ, x.k, r.buf() + kDstOff, len, r.lkey(),
+                               l.remote.addr + kSrcOff, l.remote.rkey));
       }
-      per_op[o].after = r.counters();
-    }
-    r.barrier();
-    std::this_thread::sleep_for(30ms);  // both devices quiescent
-    const Growth all{start, r.counters()};
-    printf("[ requester] %s MTU %u:%s\n", name_of(transport), mtu,
-           growth_str(all, kPathCounters).c_str());
-    EXPECT_EQ(0u, all["rcvd_icrc_err"]);
-    EXPECT_EQ(0u, all["rcvd_malformed"]);
-    if (udp) {
-      EXPECT_GT(per_op[0]["sent_gso_batches"], 0u) << "SEND data left without GSO";
-      EXPECT_GT(per_op[1]["sent_gso_batches"], 0u) << "WRITE data left without GSO";
-      EXPECT_GT(per_op[2]["rcvd_gro_batches"], 0u) << "READ responses arrived without GRO";
-      EXPECT_EQ(0u, all["sent_shm_pkts"]);
-      EXPECT_EQ(0u, all["rcvd_shm_pkts"]);
-    } else {
-      for (int o = 0; o < 2; ++o)
-        EXPECT_GT(per_op[o]["sent_shm_pkts"], 0u) << name_of(kOps[o]) << " data not over shm";
-      EXPECT_GT(per_op[2]["rcvd_shm_pkts"], 0u) << "READ responses not over shm";
-      EXPECT_EQ(0u, all["sent_gso_batches"]);
-      EXPECT_EQ(0u, all["rcvd_gro_batches"]);
-      EXPECT_EQ(all["sent_pkts"], all["sent_shm_pkts"] + all["shm_drops"])
-          << "packets left by UDP under SOFTRDMA_TRANSPORT=shm";
-      EXPECT_LE(all["rcvd_pkts"], all["rcvd_shm_pkts"]) << "packets arrived by UDP";
-    }
+      const ibv_wc wc = poll_one(l.ep.scq, 20s);
+      ASSERT_EQ(IBV_WC_SUCCESS, wc.status) << describe(wc);
+      EXPECT_EQ(uint64_t(x.k), wc.wr_id);
+      if (x.op == Op::kRead) {
+        EXPECT_EQ(x.size, wc.byte_len);
+        EXPECT_TRUE(PatternBetweenGuards(r.buf(), kXferBuf, kDstOff, x.size, x.seed));
+      }
+      r.send_value(1, uint32_t{1});
+      r.barrier();  // the target checked
+    });
+    ASSERT_FALSE(HasFatalFailure());
+    expect_path_taken(r, "requester", transport, mtu, start, per_op, true);
   };
 
   s.roles[1].fn = [&](Role& r) {
     auto& l = r.link();
     const Counters start = r.counters();
     Growth per_op[3];
-    for (int o = 0; o < 3; ++o) {
-      const Op op = kOps[o];
-      per_op[o].before = r.counters();
-      for (size_t k = 0; k < sizes.size(); ++k) {
-        SCOPED_TRACE(std::string(name_of(op)) + " of " + std::to_string(sizes[k]) + " B");
-        const uint64_t size = sizes[k];
-        const uint64_t seed = seed_of(o, static_cast<int>(k));
-        if (op == Op::kRead)
-          fill_pattern(r.buf() + kSrcOff, size, seed);
-        else
-          memset(r.buf(), kGuard, kXferBuf);
-        if (op == Op::kSend) {
-          ASSERT_EQ(0, post_recv(l.ep.qp, 100 + k, r.buf() + kDstOff,
-                                 static_cast<uint32_t>(size + 64), r.lkey()));
-        }
-        r.barrier();
-        if (op == Op::kSend) {
-          const ibv_wc wc = poll_one(l.ep.rcq, 20s);
-          ASSERT_EQ(IBV_WC_SUCCESS, wc.status) << describe(wc);
-          EXPECT_EQ(100 + k, wc.wr_id);
-          EXPECT_EQ(size, wc.byte_len);
-        }
-        r.recv_value<uint32_t>(0, 30s);
-        if (op != Op::kRead) {
-          EXPECT_TRUE(AllBytesAre(r.buf(), kDstOff, kGuard));
-          EXPECT_TRUE(HasPattern(r.buf() + kDstOff, size, seed));
-          EXPECT_TRUE(AllBytesAre(r.buf() + kDstOff + size, kXferBuf - kDstOff - size, kGuard));
-        }
-        r.barrier();
+    each_transfer(r, sizes, per_op, [&](const Transfer& x) {
+      if (x.op == Op::kRead)
+        fill_pattern(r.buf() + kSrcOff, x.size, x.seed);
+      else
+        memset(r.buf(), kGuard, kXferBuf);
+      if (x.op == Op::kSend) {
+        ASSERT_EQ(0, post_recv(l.ep.qp, 100 + x.k, r.buf() + kDstOff,
+                               static_cast<uint32_t>(x.size + 64), r.lkey()));
       }
-      per_op[o].after = r.counters();
-    }
+      r.barrier();
+      if (x.op == Op::kSend) {
+        const ibv_wc wc = poll_one(l.ep.rcq, 20s);
+        ASSERT_EQ(IBV_WC_SUCCESS, wc.status) << describe(wc);
+        EXPECT_EQ(100 + x.k, wc.wr_id);
+        EXPECT_EQ(x.size, wc.byte_len);
+      }
+      r.recv_value<uint32_t>(0, 30s);
+      if (x.op != Op::kRead) {
+        EXPECT_TRUE(PatternBetweenGuards(r.buf(), kXferBuf, kDstOff, x.size, x.seed));
+      }
+      r.barrier();
+    });
+    ASSERT_FALSE(HasFatalFailure());
     EXPECT_TRUE(no_completion(l.ep.rcq, 5ms));
-    r.barrier();
-    std::this_thread::sleep_for(30ms);
-    const Growth all{start, r.counters()};
-    printf("[ target   ] %s MTU %u:%s\n", name_of(transport), mtu,
-           growth_str(all, kPathCounters).c_str());
-    EXPECT_EQ(0u, all["rcvd_icrc_err"]);
-    EXPECT_EQ(0u, all["rcvd_malformed"]);
-    if (udp) {
-      EXPECT_GT(per_op[0]["rcvd_gro_batches"], 0u) << "SEND data arrived without GRO";
-      EXPECT_GT(per_op[1]["rcvd_gro_batches"], 0u) << "WRITE data arrived without GRO";
-      EXPECT_GT(per_op[2]["sent_gso_batches"], 0u) << "READ responses left without GSO";
-      EXPECT_EQ(0u, all["sent_shm_pkts"]);
-      EXPECT_EQ(0u, all["rcvd_shm_pkts"]);
-    } else {
-      for (int o = 0; o < 2; ++o)
-        EXPECT_GT(per_op[o]["rcvd_shm_pkts"], 0u) << name_of(kOps[o]) << " data not over shm";
-      EXPECT_GT(per_op[2]["sent_shm_pkts"], 0u) << "READ responses not over shm";
-      EXPECT_EQ(0u, all["sent_gso_batches"]);
-      EXPECT_EQ(0u, all["rcvd_gro_batches"]);
-      EXPECT_EQ(all["sent_pkts"], all["sent_shm_pkts"] + all["shm_drops"])
-          << "packets left by UDP under SOFTRDMA_TRANSPORT=shm";
-      EXPECT_LE(all["rcvd_pkts"], all["rcvd_shm_pkts"]) << "packets arrived by UDP";
-    }
+    expect_path_taken(r, "target   ", transport, mtu, start, per_op, false);
   };
   run_roles(s);
   expect_clean_dev_shm(slot);
@@ -303,32 +289,13 @@ INSTANTIATE_TEST_SUITE_P(Paths, PathTransfers,
 
 // ---- c.: loss on either path -----------------------------------------------------------
 
-constexpr int kLossSends = 600;
-constexpr int kLossWrites = 100;
-constexpr int kLossReads = 100;
-constexpr int kLossWindow = 64;
-constexpr uint32_t kLossSlotBytes = 8192;
-constexpr int kLossRecvDepth = 256;
-constexpr uint32_t kLossRecvSize = 4096;
-constexpr uint64_t kLossWriteBase = 1 << 20;
-constexpr uint64_t kLossWriteStride = 6144;
-constexpr uint64_t kLossReadBase = 2 << 20;
-constexpr uint64_t kLossReadSpan = 1 << 20;
-constexpr uint64_t kLossReadSeed = 91;
+const OrderedTraffic kLossTraffic{.sends = 600,
+                                  .writes = 100,
+                                  .reads = 100,
+                                  .write_seed0 = 5000,
+                                  .read_base = 2 << 20,
+                                  .read_seed = 91};
 constexpr char kNetem[] = "loss=5%,seed=7";
-
-uint32_t loss_send_len(int i) {
-  return 8 + static_cast<uint32_t>(i * 7919u % 3100u);  // up to 4 packets at MTU 1024
-}
-uint32_t loss_write_len(int j) {
-  return 1 + static_cast<uint32_t>(j * 4099u % 6000u);
-}
-uint32_t loss_read_len(int j) {
-  return 1 + static_cast<uint32_t>(j * 5003u % 7000u);
-}
-uint64_t loss_read_off(int j) {
-  return static_cast<uint64_t>(j) * 3331u % (kLossReadSpan - 8192);
-}
 
 class PathLoss : public ::testing::TestWithParam<Transport> {};
 
@@ -340,11 +307,11 @@ TEST_P(PathLoss, EveryMessageOnceInOrder) {
   s.conn.timeout = 12;  // 16.8 ms
   s.conn.retry_cnt = 7;
   s.conn.max_send_wr = 512;
-  s.conn.max_recv_wr = kLossRecvDepth;
+  s.conn.max_recv_wr = kLossTraffic.recv_depth;
   s.roles.resize(2);
   s.links = {{0, 1}};
-  s.roles[0].buf_size = kLossWindow * kLossSlotBytes;
-  s.roles[1].buf_size = kLossReadBase + kLossReadSpan;
+  s.roles[0].buf_size = kLossTraffic.window * kLossTraffic.slot;
+  s.roles[1].buf_size = kLossTraffic.read_base + kLossTraffic.read_span;
   for (int i = 0; i < 2; ++i) s.roles[i].env = env_for(transport, slot, i, kNetem);
   s.deadline = 120s;
 
@@ -352,65 +319,13 @@ TEST_P(PathLoss, EveryMessageOnceInOrder) {
     auto& l = r.link();
     const Counters start = r.counters();
     r.barrier();
-    auto run = [&](const char* what, int count, int window, auto&& post, auto&& check) {
-      int posted = 0, done = 0;
-      while (done < count) {
-        while (posted < count && posted - done < window) {
-          post(posted);
-          if (::testing::Test::HasFatalFailure()) return;
-          ++posted;
-        }
-        const ibv_wc wc = poll_one(l.ep.scq, 30s);
-        ASSERT_EQ(IBV_WC_SUCCESS, wc.status) << what << " " << done << ": " << describe(wc);
-        ASSERT_EQ(uint64_t(done), wc.wr_id) << what << " completions out of order";
-        check(done);
-        ++done;
-      }
-    };
-    run(
-        "SEND", kLossSends, kLossWindow,
-        [&](int i) {
-          uint8_t* p = r.buf() + (i % kLossWindow) * kLossSlotBytes;
-          fill_pattern(p, loss_send_len(i), i);
-          const uint32_t seq = static_cast<uint32_t>(i);
-          memcpy(p, &seq, 4);
-          ASSERT_EQ(0, post_send(l.ep.qp, IBV_WR_SEND, i, p, loss_send_len(i), r.lkey()));
-        },
-        [](int) {});
-    ASSERT_FALSE(HasFatalFailure());
-    run(
-        "WRITE", kLossWrites, kLossWindow,
-        [&](int j) {
-          uint8_t* p = r.buf() + (j % kLossWindow) * kLossSlotBytes;
-          fill_pattern(p, loss_write_len(j), 5000 + j);
-          ASSERT_EQ(0, post_send(l.ep.qp, IBV_WR_RDMA_WRITE_WITH_IMM, j, p, loss_write_len(j),
-                                 r.lkey(), l.remote.addr + kLossWriteBase + j * kLossWriteStride,
-                                 l.remote.rkey, htonl(static_cast<uint32_t>(j))));
-        },
-        [](int) {});
-    ASSERT_FALSE(HasFatalFailure());
-    constexpr int kReadWindow = 32;
-    run(
-        "READ", kLossReads, kReadWindow,
-        [&](int j) {
-          uint8_t* p = r.buf() + (j % kReadWindow) * kLossSlotBytes;
-          memset(p, kGuard, kLossSlotBytes);
-          ASSERT_EQ(0, post_send(l.ep.qp, IBV_WR_RDMA_READ, j, p, loss_read_len(j), r.lkey(),
-                                 l.remote.addr + kLossReadBase + loss_read_off(j), l.remote.rkey));
-        },
-        [&](int j) {
-          const uint8_t* p = r.buf() + (j % kReadWindow) * kLossSlotBytes;
-          ASSERT_TRUE(HasPattern(p, loss_read_len(j), kLossReadSeed, loss_read_off(j)))
-              << "READ " << j;
-          ASSERT_TRUE(AllBytesAre(p + loss_read_len(j), kLossSlotBytes - loss_read_len(j), kGuard))
-              << "READ " << j;
-        });
+    kLossTraffic.request(r);
     ASSERT_FALSE(HasFatalFailure());
     EXPECT_TRUE(no_completion(l.ep.scq, 20ms));
     r.send_value(1, uint32_t{1});
     const Growth g{start, r.counters()};
     printf("[ requester] %s %s:%s emulated_drops=+%lu\n", name_of(transport), kNetem,
-           growth_str(g, kPathCounters).c_str(), (unsigned long)g["emulated_drops"]);
+           g.str(kPathCounters).c_str(), (unsigned long)g["emulated_drops"]);
     EXPECT_GT(g["emulated_drops"], 0u);
     EXPECT_GT(g["retransmitted_pkts"], 0u);
     EXPECT_EQ(0u, g["rcvd_icrc_err"]);
@@ -425,41 +340,19 @@ TEST_P(PathLoss, EveryMessageOnceInOrder) {
   s.roles[1].fn = [&](Role& r) {
     auto& l = r.link();
     const Counters start = r.counters();
-    fill_pattern(r.buf() + kLossReadBase, kLossReadSpan, kLossReadSeed);
-    for (int k = 0; k < kLossRecvDepth; ++k)
-      ASSERT_EQ(0, post_recv(l.ep.qp, k, r.buf() + k * kLossRecvSize, kLossRecvSize, r.lkey()));
+    kLossTraffic.prepare_target(r);
+    ASSERT_FALSE(HasFatalFailure());
     r.barrier();
-    for (int m = 0; m < kLossSends + kLossWrites; ++m) {
-      ibv_wc wc{};
-      ASSERT_TRUE(try_poll_one(l.ep.rcq, wc, 30s)) << "message " << m << " never arrived";
-      ASSERT_EQ(IBV_WC_SUCCESS, wc.status) << "message " << m << ": " << describe(wc);
-      ASSERT_EQ(uint64_t(m % kLossRecvDepth), wc.wr_id) << "receives complete in posting order";
-      uint8_t* p = r.buf() + wc.wr_id * kLossRecvSize;
-      if (m < kLossSends) {
-        ASSERT_EQ(IBV_WC_RECV, wc.opcode) << "message " << m;
-        ASSERT_EQ(loss_send_len(m), wc.byte_len) << "message " << m;
-        uint32_t seq = 0;
-        memcpy(&seq, p, 4);
-        ASSERT_EQ(uint32_t(m), seq) << "SEND delivered out of order or twice";
-        ASSERT_TRUE(HasPattern(p + 4, loss_send_len(m) - 4, m, 4)) << "SEND " << m;
-      } else {
-        const int j = m - kLossSends;
-        ASSERT_EQ(IBV_WC_RECV_RDMA_WITH_IMM, wc.opcode) << "message " << m;
-        ASSERT_EQ(htonl(uint32_t(j)), wc.imm_data) << "WRITE with immediate out of order or twice";
-        EXPECT_EQ(loss_write_len(j), wc.byte_len);
-        ASSERT_TRUE(HasPattern(r.buf() + kLossWriteBase + j * kLossWriteStride, loss_write_len(j),
-                               5000 + j))
-            << "WRITE " << j;
-      }
-      ASSERT_EQ(0, post_recv(l.ep.qp, wc.wr_id, p, kLossRecvSize, r.lkey()));
-    }
+    kLossTraffic.receive_all(r);
+    ASSERT_FALSE(HasFatalFailure());
     r.recv_value<uint32_t>(0, 90s);
     ibv_wc extra{};
     EXPECT_TRUE(no_completion(l.ep.rcq, 20ms, &extra)) << "extra delivery: " << describe(extra);
-    EXPECT_TRUE(HasPattern(r.buf() + kLossReadBase, kLossReadSpan, kLossReadSeed));
+    EXPECT_TRUE(HasPattern(r.buf() + kLossTraffic.read_base, kLossTraffic.read_span,
+                           kLossTraffic.read_seed));
     const Growth g{start, r.counters()};
     printf("[ responder] %s %s:%s emulated_drops=+%lu\n", name_of(transport), kNetem,
-           growth_str(g, kPathCounters).c_str(), (unsigned long)g["emulated_drops"]);
+           g.str(kPathCounters).c_str(), (unsigned long)g["emulated_drops"]);
     EXPECT_GT(g["emulated_drops"], 0u);
     EXPECT_EQ(0u, g["rcvd_icrc_err"]);
     if (transport == Transport::kShm) {
@@ -530,7 +423,7 @@ TEST(ShmPeer, KilledMidStreamThenRestartedOnSameAddress) {
     const Counters c0 = r.counters();
     for (int i = 0; i < 10; ++i) ASSERT_EQ(IBV_WC_SUCCESS, poll_one(l.ep.rcq).status);
     const Growth g{c0, r.counters()};
-    printf("[ B        ] before its death:%s\n", growth_str(g, kPathCounters).c_str());
+    printf("[ B        ] before its death:%s\n", g.str(kPathCounters).c_str());
     r.die();
   };
 
@@ -577,7 +470,7 @@ TEST(ShmPeer, KilledMidStreamThenRestartedOnSameAddress) {
     EXPECT_LE(ms(error_at - last_success), 3000.0) << "the dead peer was noticed too late";
     EXPECT_EQ(IBV_QPS_ERR, qp_state(l.ep.qp));
     const Counters c1 = r.counters();
-    printf("[ A        ] to B:%s\n", growth_str(Growth{c0, c1}, kPathCounters).c_str());
+    printf("[ A        ] to B:%s\n", Growth{c0, c1}.str(kPathCounters).c_str());
     EXPECT_GT(c1["sent_shm_pkts"], c0["sent_shm_pkts"]);
     EXPECT_GE(c1["retry_exceeded_err"], c0["retry_exceeded_err"] + 1);
     ASSERT_TRUE(r.wait_peer_exit(1, 10s)) << "B did not die";
@@ -592,22 +485,13 @@ TEST(ShmPeer, KilledMidStreamThenRestartedOnSameAddress) {
     ASSERT_TRUE(connect_endpoint(ep, fresh, theirs.gid, theirs.qpn, theirs.psn));
     r.recv_value<uint32_t>(2, 30s);  // B' is connected, its receives are posted
     const Counters c2 = r.counters();
-    int sent = 0, done = 0;
     constexpr int kWindow = 32;
-    while (done < kRestartMsgs) {
-      while (sent < kRestartMsgs && sent - done < kWindow) {
-        uint8_t* p = r.buf() + (sent % kWindow) * 16384;
-        fill_pattern(p, restart_len(sent), 7000 + sent);
-        const uint32_t seq = static_cast<uint32_t>(sent);
-        memcpy(p, &seq, 4);
-        ASSERT_EQ(0, post_send(ep.qp, IBV_WR_SEND, sent, p, restart_len(sent), r.lkey()));
-        ++sent;
-      }
-      const ibv_wc wc = poll_one(ep.scq, 20s);
-      ASSERT_EQ(IBV_WC_SUCCESS, wc.status) << "SEND " << done << " to B': " << describe(wc);
-      ASSERT_EQ(uint64_t(done), wc.wr_id);
-      ++done;
-    }
+    run_window(ep.scq, "SEND to B'", kRestartMsgs, kWindow, 20s, [&](int i) {
+      uint8_t* p = r.buf() + (i % kWindow) * 16384;
+      fill_sequenced(p, restart_len(i), static_cast<uint32_t>(i), 7000 + i);
+      ASSERT_EQ(0, post_send(ep.qp, IBV_WR_SEND, i, p, restart_len(i), r.lkey()));
+    });
+    ASSERT_FALSE(HasFatalFailure());
     // And one WRITE of 1 MiB + 5 into B', above its receive buffers: B' may still be
     // checking the last SENDs (their completions here say they arrived, not that B' has
     // looked at them).
@@ -620,7 +504,7 @@ TEST(ShmPeer, KilledMidStreamThenRestartedOnSameAddress) {
     r.send_value(2, uint32_t{2});
     const Counters c3 = r.counters();
     const Growth g{c2, c3};
-    printf("[ A        ] to B':%s\n", growth_str(g, kPathCounters).c_str());
+    printf("[ A        ] to B':%s\n", g.str(kPathCounters).c_str());
     EXPECT_GT(g["sent_shm_pkts"], 0u) << "B' is not reached over shared memory";
     EXPECT_EQ(0u, g["sent_gso_batches"]);
     // B' has checked everything; every packet A put into a ring for B' reached B' (none
@@ -667,10 +551,8 @@ TEST(ShmPeer, KilledMidStreamThenRestartedOnSameAddress) {
       ASSERT_EQ(uint64_t(m % kDepth), wc.wr_id);
       ASSERT_EQ(restart_len(m), wc.byte_len) << "message " << m;
       uint8_t* p = buf.data() + wc.wr_id * 16384;
-      uint32_t seq = 0;
-      memcpy(&seq, p, 4);
-      ASSERT_EQ(uint32_t(m), seq) << "SEND lost, duplicated or reordered";
-      ASSERT_TRUE(HasPattern(p + 4, restart_len(m) - 4, 7000 + m, 4)) << "message " << m;
+      ASSERT_TRUE(IsSequenced(p, restart_len(m), static_cast<uint32_t>(m), 7000 + m))
+          << "message " << m << ": SEND lost, duplicated or reordered";
       if (m + kDepth < kRestartMsgs) {
         ASSERT_EQ(0, post_recv(ep.qp, wc.wr_id, p, 16384, mr->lkey));
       }
@@ -684,7 +566,7 @@ TEST(ShmPeer, KilledMidStreamThenRestartedOnSameAddress) {
     EXPECT_TRUE(HasPattern(buf.data() + kRestartWriteAt, kRestartWrite + 5, kRestartWriteSeed));
     EXPECT_TRUE(no_completion(ep.rcq, 10ms));
     const Growth g{c0, read_counters(dev.addr, getpid())};
-    printf("[ B'       ]%s\n", growth_str(g, kPathCounters).c_str());
+    printf("[ B'       ]%s\n", g.str(kPathCounters).c_str());
     EXPECT_GT(g["rcvd_shm_pkts"], 0u);
     EXPECT_EQ(0u, g["rcvd_gro_batches"]);
     EXPECT_EQ(0u, g["rcvd_icrc_err"]);
@@ -744,7 +626,7 @@ TEST(ShmPeer, FullRingBurstCompletes) {
     EXPECT_TRUE(no_completion(l.ep.scq, 5ms));
     r.send_value(1, uint32_t{1});
     const Growth g{c0, r.counters()};
-    printf("[ writer   ] 64 MiB in %.0f ms:%s\n", took, growth_str(g, kPathCounters).c_str());
+    printf("[ writer   ] 64 MiB in %.0f ms:%s\n", took, g.str(kPathCounters).c_str());
     EXPECT_GT(g["sent_shm_pkts"], 0u);
     EXPECT_EQ(0u, g["sent_gso_batches"]);
   };
@@ -763,7 +645,7 @@ TEST(ShmPeer, FullRingBurstCompletes) {
     r.recv_value<uint32_t>(0, 40s);
     EXPECT_TRUE(HasPattern(r.buf(), kBurstBytes, kBurstSeed));
     const Growth g{c0, r.counters()};
-    printf("[ target   ]%s\n", growth_str(g, kPathCounters).c_str());
+    printf("[ target   ]%s\n", g.str(kPathCounters).c_str());
     EXPECT_GT(g["rcvd_shm_pkts"], 0u);
     EXPECT_EQ(0u, g["rcvd_gro_batches"]);
     EXPECT_EQ(0u, g["rcvd_icrc_err"]);

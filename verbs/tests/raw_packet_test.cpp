@@ -35,25 +35,15 @@ const std::vector<std::string> kDropCounters = {
     "rcvd_malformed", "rcvd_icrc_err",       "rcvd_unknown_qpn",   "rcvd_bad_state",
     "rcvd_addr_err",  "rcvd_stale_response", "out_of_seq_request", "duplicate_request"};
 
-struct Rig {
+struct Rig : FakePeerQp {
   Role& r;
-  Endpoint ep;
-  FakePeer peer;
-  ConnOptions o;
   uint32_t expect_psn = kPeerFirstPsn;  // next PSN the device's responder expects
   uint32_t dev_psn = kDeviceFirstPsn;   // next PSN the device's requester uses
   uint32_t peer_msn = 0;                // MSN the fake peer reports to the device
   uint64_t next_recv = 0;
 
-  explicit Rig(Role& role) : r(role) {
-    o.path_mtu = IBV_MTU_1024;
-    o.timeout = 18;  // ~1 s: the device does not retransmit while the test answers
-    o.psn = kDeviceFirstPsn;
-    if (!peer.open()) fail_fatal("no free 127.0.3.x:4791 for the fake peer");
-    if (!create_endpoint(r.dev(), o, ep)) fail_fatal("create_endpoint");
-    if (!connect_endpoint(ep, o, peer.gid(), kFakeQpn, kPeerFirstPsn)) fail_fatal("connect");
-  }
-  ~Rig() { destroy_endpoint(ep); }
+  explicit Rig(Role& role)
+      : FakePeerQp(role.dev(), kFakeQpn, kPeerFirstPsn, kDeviceFirstPsn), r(role) {}
 
   uint32_t dev_ip() const { return r.dev().ipv4; }
   Tuple to_dev() const { return peer.tuple_to(dev_ip()); }

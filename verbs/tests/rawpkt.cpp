@@ -300,4 +300,17 @@ size_t FakePeer::drain() {
   return n;
 }
 
+FakePeerQp::FakePeerQp(Device& dev, uint32_t peer_qpn, uint32_t peer_psn, uint32_t device_psn) {
+  o.path_mtu = IBV_MTU_1024;
+  o.timeout = 18;  // ~1 s
+  o.psn = device_psn;
+  if (!peer.open()) fail_fatal("no free 127.0.3.x:4791 for the fake peer");
+  if (!create_endpoint(dev, o, ep)) fail_fatal("create_endpoint");
+  if (!connect_endpoint(ep, o, peer.gid(), peer_qpn, peer_psn)) fail_fatal("connect");
+}
+
+FakePeerQp::~FakePeerQp() {
+  destroy_endpoint(ep);
+}
+
 }  // namespace softrdma::verbs_test::raw

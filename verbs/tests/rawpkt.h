@@ -16,6 +16,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "verbs/tests/harness.h"
+
 namespace softrdma::verbs_test::raw {
 
 inline constexpr uint16_t kRocePort = 4791;
@@ -163,6 +165,21 @@ class FakePeer {
  private:
   int fd_ = -1;
   uint32_t ip_ = 0;
+};
+
+/// An RC QP on `dev` connected to a FakePeer on 127.0.3.x whose QP is `peer_qpn` and whose
+/// first PSN is `peer_psn`; the device sends from `device_psn`, at MTU 1024, with a local ACK
+/// timeout of ~1 s so that it does not retransmit while a test answers. A step that fails
+/// is a fatal failure.
+struct FakePeerQp {
+  Endpoint ep;
+  FakePeer peer;
+  ConnOptions o;
+
+  FakePeerQp(Device& dev, uint32_t peer_qpn, uint32_t peer_psn, uint32_t device_psn);
+  ~FakePeerQp();
+  FakePeerQp(const FakePeerQp&) = delete;
+  FakePeerQp& operator=(const FakePeerQp&) = delete;
 };
 
 }  // namespace softrdma::verbs_test::raw
