@@ -6,6 +6,11 @@
 # Used by tools/tests/cli_test.sh, tools/tests/pingpong_test.sh,
 # tools/ccl_perf/tests/ccl_perf_test.sh, verbs/interop/perftest_test.sh and scripts/demo.sh.
 #
+#   case_test_args PREFIX "CASES" "$@"
+#                                  a script run as `SCRIPT BUILD_DIR CASE` (one ctest per
+#                                  case): sets CASE, TEST_NAME=PREFIX.CASE, BUILD_DIR and
+#                                  SOFTRDMA; exit 2 with a usage line unless there are two
+#                                  arguments and CASE is one of CASES (space-separated)
 #   TEST_NAME=pingpong.default     the name `fail` puts in its message
 #   fail MSG...                    "FAIL [TEST_NAME]: MSG" on stderr, exit 1
 #   resolve_build_dir DIR          BUILD_DIR=absolute DIR (exit 1 if it does not exist) and
@@ -31,6 +36,22 @@ fail() {
 resolve_build_dir() {
   BUILD_DIR=$(cd "$1" && pwd) || { echo "FAIL: no build directory '$1'" >&2; exit 1; }
   SOFTRDMA="$BUILD_DIR/bin/softrdma"
+}
+
+case_test_args() {
+  local prefix=$1 cases=$2
+  shift 2
+  if [[ $# -ne 2 ]]; then
+    echo "usage: $0 BUILD_DIR CASE   (CASE: ${cases// /|})" >&2
+    exit 2
+  fi
+  CASE=$2
+  if [[ " $cases " != *" $CASE "* ]]; then
+    echo "unknown case '$CASE' (${cases// /|})" >&2
+    exit 2
+  fi
+  TEST_NAME=$prefix.$CASE
+  resolve_build_dir "$1"
 }
 
 require_softrdma_built() {

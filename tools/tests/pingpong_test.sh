@@ -19,16 +19,9 @@
 # printed. A missing ibv_rc_pingpong is a failure (install ibverbs-utils), never a skip.
 set -uo pipefail
 
-if [[ $# -ne 2 ]]; then
-  echo "usage: $0 BUILD_DIR default|large|events|devinfo" >&2
-  exit 2
-fi
-CASE=$2
-# shellcheck disable=SC2034  # read by fail (test_lib.sh)
-TEST_NAME=pingpong.$CASE
 # shellcheck source=scripts/lib/test_lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib/test_lib.sh"
-resolve_build_dir "$1"
+case_test_args pingpong "default large events devinfo" "$@"
 # Seconds per process. 2 GB through `large` takes ~10 s on an idle 2-core machine, ~50 s
 # under ASan next to other tests.
 if [[ $CASE == large ]]; then STEP_TIMEOUT=${PINGPONG_TIMEOUT:-200}; else STEP_TIMEOUT=${PINGPONG_TIMEOUT:-60}; fi

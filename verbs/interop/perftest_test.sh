@@ -41,16 +41,9 @@ CASES="send_lat send_bw write_lat write_bw read_lat read_bw atomic_lat atomic_bw
 CASES+=" write_bw_all write_bw_q4 send_bw_bidir read_bw_bidir write_lat_old_post send_bw_gbits"
 CASES+=" write_bw_8m"
 
-if [[ $# -ne 2 ]]; then
-  echo "usage: $0 BUILD_DIR CASE   (CASE: ${CASES// /|})" >&2
-  exit 2
-fi
-CASE=$2
-# shellcheck disable=SC2034  # read by fail (test_lib.sh)
-TEST_NAME=perftest.$CASE
 # shellcheck source=scripts/lib/test_lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib/test_lib.sh"
-resolve_build_dir "$1"
+case_test_args perftest "$CASES" "$@"
 
 # Case table: number (address / port), program, kind, expected #bytes ("all" for -a),
 # expected #iterations (perftest reports -n times the number of QPs), extra arguments.

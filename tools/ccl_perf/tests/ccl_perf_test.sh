@@ -20,16 +20,9 @@
 # tools link build/lib/libibverbs.so.1 through their RUNPATH, so no `softrdma run` is needed.
 set -uo pipefail
 
-if [[ $# -ne 2 ]]; then
-  echo "usage: $0 BUILD_DIR mpirun|torchrun|single|kill" >&2
-  exit 2
-fi
-CASE=$2
-# shellcheck disable=SC2034  # read by fail (test_lib.sh)
-TEST_NAME=ccl_perf.$CASE
 # shellcheck source=scripts/lib/test_lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/../../../scripts/lib/test_lib.sh"
-resolve_build_dir "$1"
+case_test_args ccl_perf "mpirun torchrun single kill" "$@"
 BIN="$BUILD_DIR/bin"
 STEP_TIMEOUT=${CCL_PERF_TIMEOUT:-120}
 unset SOFTRDMA_ADDR RANK WORLD_SIZE LOCAL_RANK MASTER_ADDR MASTER_PORT SOFTRDMA_CCL_MASTER
