@@ -13,7 +13,7 @@
 // Only rank 0 prints. --rank/--nranks default to $RANK and $WORLD_SIZE; --host (default
 // 127.0.0.1) is the address the TCP device binds. Other flags as nccl-tests: -b minbytes
 // -e maxbytes (K/M/G suffixes, ×1024) -f stepfactor | -i stepbytes, -n iters (timed, default
-// 20), -w warmup_iters (default 5), -c check (0/1, default 1), -d float and -o sum (the only
+// 20), -w warmup_iters (default 5), -c check (0: none; default 1), -d float and -o sum (the only
 // type and op), -a average (0 rank 0's time, 1 mean, 2 min, 3 max over ranks; default 1).
 //
 // The operation is gloo::allreduce() (gloo/allreduce.h) with AllreduceOptions::RING — the
@@ -23,30 +23,13 @@
 // buffer, in-place the output only. The options (and their buffers) are made once per size
 // and reused by every timed call.
 //
-// Method, as nccl-tests (github.com/NVIDIA/nccl-tests, src/common.cu): buffers for the
-// largest size; -w untimed operations at the largest then at the smallest size; then for
-// every size, out-of-place then in-place: gloo::barrier, -n back-to-back allreduce calls
-// timed together (steady_clock), time = elapsed / n (µs per operation), averaged over ranks
-// (-a); then, with -c, fresh inputs, a barrier and one more untimed call whose result is
-// checked.
-//
-// Output columns (as all_reduce_perf): size (B) = count·4, count (elements), type, redop,
-// root (-1), then for out-of-place and in-place: time (µs), algbw = size/time and
-// busbw = algbw·2(n−1)/n (GB/s, 1 GB = 1e9 B), #wrong = result elements, summed over ranks,
-// that differ from the exact sum. busbw is nccl-tests' bus bandwidth (doc/PERFORMANCE.md
-// there): an AllReduce of S bytes must move 2(n−1)/n·S bytes in and out of each rank.
-//
-// Inputs are small integers ((7i + 13r + k) mod 61 for element i of rank r, k a per-run
-// counter) so every float sum is exact and checked with ==.
+// Method, output columns and inputs: bench/allreduce_sweep.h (shared with mpi_allreduce);
+// barriers are gloo::barrier, times combine over ranks with gloo::allreduce/broadcast.
 //
 // Exit status: 0, 1 when a result was wrong, 2 for bad arguments, 3 when Gloo failed
 // (rendezvous or transport error, timeout; the message goes to stderr).
-#include <errno.h>
-#include <getopt.h>
 #include <sys/socket.h>
-#include <unistd.h>
 
-#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -57,6 +40,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/allreduce_sweep.h"
 #include "gloo/allgather.h"
 #include "gloo/allreduce.h"
 #include "gloo/barrier.h"
@@ -65,6 +49,7 @@
 #include "gloo/rendezvous/context.h"
 #include "gloo/rendezvous/file_store.h"
 #include "gloo/transport/tcp/device.h"
+#include "tools/ccl_perf/nccl_tests_args.h"
 #include "tools/ccl_perf/nccl_tests_format.h"
 
 namespace nccl_tests = softrdma::nccl_tests;
@@ -75,120 +60,55 @@ constexpr auto kTimeout = std::chrono::seconds(60);
 // Tags keep the benchmark's own bookkeeping apart from the measured operations.
 constexpr uint32_t kTagBench = 1, kTagStats = 2, kTagBarrier = 3, kTagInfo = 4;
 
+using ReduceFn = void (*)(void*, const void*, const void*, size_t);
+
 [[noreturn]] void usage_error(const std::string& msg) {
   std::fprintf(stderr, "gloo_allreduce: %s (see -h)\n", msg.c_str());
   std::exit(2);
 }
 
-// Flag values, parsed as nccl-tests parses them (nccl_tests_format.h).
-size_t parse_size(const char* name, const char* v) {
-  size_t out = 0;
-  if (!nccl_tests::parse_size(v, out))
-    usage_error(std::string("invalid size for ") + name + ": " + (v ? v : "(unset)"));
-  return out;
-}
-
-long parse_int(const char* name, const char* v, long lo, long hi) {
-  long out = 0;
-  if (!nccl_tests::parse_long(v, lo, hi, out))
-    usage_error(std::string("invalid value for ") + name + ": " + (v ? v : "(unset)"));
-  return out;
-}
-
 struct Args {
-  size_t min_bytes = 32 << 20, max_bytes = 32 << 20, step_bytes = 1 << 20, step_factor = 1;
-  int iters = 20, warmup = 5, check = 1, average = 1;
+  nccl_tests::Options o;
   int rank = -1, nranks = -1;
   std::string store, host = "127.0.0.1";
 };
 
 Args parse_args(int argc, char** argv) {
-  static const option kLong[] = {
-      {"minbytes", required_argument, nullptr, 'b'},
-      {"maxbytes", required_argument, nullptr, 'e'},
-      {"stepbytes", required_argument, nullptr, 'i'},
-      {"stepfactor", required_argument, nullptr, 'f'},
-      {"iters", required_argument, nullptr, 'n'},
-      {"warmup_iters", required_argument, nullptr, 'w'},
-      {"check", required_argument, nullptr, 'c'},
-      {"datatype", required_argument, nullptr, 'd'},
-      {"op", required_argument, nullptr, 'o'},
-      {"average", required_argument, nullptr, 'a'},
-      {"rank", required_argument, nullptr, 'R'},
-      {"nranks", required_argument, nullptr, 'N'},
-      {"store", required_argument, nullptr, 's'},
-      {"host", required_argument, nullptr, 'H'},
-      {"help", no_argument, nullptr, 'h'},
-      {nullptr, 0, nullptr, 0},
-  };
   Args a;
-  int c;
-  while ((c = getopt_long(argc, argv, "b:e:i:f:n:w:c:d:o:a:R:N:s:H:h", kLong, nullptr)) != -1) {
-    switch (c) {
-      case 'b':
-        a.min_bytes = parse_size("minbytes", optarg);
-        break;
-      case 'e':
-        a.max_bytes = parse_size("maxbytes", optarg);
-        break;
-      case 'i':
-        a.step_bytes = parse_size("stepbytes", optarg);
-        break;
-      case 'f':
-        a.step_factor = static_cast<size_t>(parse_int("stepfactor", optarg, 1, 1 << 20));
-        break;
-      case 'n':
-        a.iters = static_cast<int>(parse_int("iters", optarg, 1, 1 << 30));
-        break;
-      case 'w':
-        a.warmup = static_cast<int>(parse_int("warmup_iters", optarg, 0, 1 << 30));
-        break;
-      case 'c':
-        a.check = static_cast<int>(parse_int("check", optarg, 0, 1));
-        break;
-      case 'd':
-        if (std::strcmp(optarg, "float") != 0) usage_error("only -d float is supported");
-        break;
-      case 'o':
-        if (std::strcmp(optarg, "sum") != 0) usage_error("only -o sum is supported");
-        break;
-      case 'a':
-        a.average = static_cast<int>(parse_int("average", optarg, 0, 3));
-        break;
-      case 'R':
-        a.rank = static_cast<int>(parse_int("rank", optarg, 0, 1 << 20));
-        break;
-      case 'N':
-        a.nranks = static_cast<int>(parse_int("nranks", optarg, 1, 1 << 20));
-        break;
-      case 's':
-        a.store = optarg;
-        break;
-      case 'H':
-        a.host = optarg;
-        break;
-      case 'h':
-        std::printf(
-            "USAGE: gloo_allreduce --rank R --nranks N --store DIR [--host ADDR] [-b minbytes] "
-            "[-e maxbytes]\n  [-f stepfactor | -i stepbytes] [-n iters] [-w warmup_iters] "
-            "[-c 0|1] [-d float] [-o sum] [-a 0..3]\n");
-        std::exit(0);
-      default:
-        usage_error("bad arguments");
-    }
+  std::string rank, nranks;
+  const nccl_tests::ExtraOption extra[] = {
+      {"rank", &rank}, {"nranks", &nranks}, {"store", &a.store}, {"host", &a.host}};
+  std::string error;
+  switch (nccl_tests::parse_options(argc, argv, a.o, error, extra)) {
+    case nccl_tests::ParseResult::kHelp:
+      std::printf("%s", nccl_tests::usage("gloo_allreduce", "float", "sum",
+                                          "\t[--rank R (default $RANK)] [--nranks N (default "
+                                          "$WORLD_SIZE)]\n\t[--store DIR] [--host ADDR (default "
+                                          "127.0.0.1)]\n",
+                                          "\n")
+                            .c_str());
+      std::exit(0);
+    case nccl_tests::ParseResult::kError:
+      usage_error(error);
+    case nccl_tests::ParseResult::kOk:
+      break;
   }
-  if (optind < argc) usage_error(std::string("unexpected argument: ") + argv[optind]);
-  if (a.rank < 0) a.rank = static_cast<int>(parse_int("RANK", std::getenv("RANK"), 0, 1 << 20));
-  if (a.nranks < 0)
-    a.nranks = static_cast<int>(parse_int("WORLD_SIZE", std::getenv("WORLD_SIZE"), 1, 1 << 20));
+  if (a.o.datatype != "float") usage_error("only -d float is supported");
+  if (a.o.op != "sum") usage_error("only -o sum is supported");
+  // --rank / --nranks, else $RANK / $WORLD_SIZE.
+  auto rank_number = [](const char* name, const std::string& flag, const char* env, long lo) {
+    const char* v = flag.empty() ? std::getenv(env) : flag.c_str();
+    long out = 0;
+    if (!nccl_tests::parse_long(v, lo, 1 << 20, out))
+      usage_error(std::string("invalid value for ") + (flag.empty() ? env : name) + ": " +
+                  (v ? v : "(unset)"));
+    return static_cast<int>(out);
+  };
+  a.rank = rank_number("rank", rank, "RANK", 0);
+  a.nranks = rank_number("nranks", nranks, "WORLD_SIZE", 1);
   if (a.rank >= a.nranks) usage_error("rank must be below nranks");
   if (a.store.empty()) usage_error("--store DIR is required");
-  if (a.max_bytes < a.min_bytes) usage_error("maxbytes < minbytes");
   return a;
-}
-
-float input(int rank, size_t i, uint64_t k) {
-  return static_cast<float>((i * 7 + static_cast<uint64_t>(rank) * 13 + k) % 61);
 }
 
 void barrier(const std::shared_ptr<gloo::Context>& ctx) {
@@ -198,7 +118,7 @@ void barrier(const std::shared_ptr<gloo::Context>& ctx) {
 }
 
 template <typename T>
-T reduce_scalar(const std::shared_ptr<gloo::Context>& ctx, T v, gloo::AllreduceOptions::Func fn) {
+T reduce_scalar(const std::shared_ptr<gloo::Context>& ctx, T v, ReduceFn fn) {
   gloo::AllreduceOptions opts(ctx);
   opts.setAlgorithm(gloo::AllreduceOptions::Algorithm::RING);
   opts.setOutput(&v, 1);
@@ -207,6 +127,46 @@ T reduce_scalar(const std::shared_ptr<gloo::Context>& ctx, T v, gloo::AllreduceO
   gloo::allreduce(opts);
   return v;
 }
+
+/// gloo::allreduce with AllreduceOptions::RING; one set of options per (count, placement),
+/// reused by every call at that size.
+class GlooAllReduce final : public softrdma::bench::FloatSumAllReduce {
+ public:
+  explicit GlooAllReduce(std::shared_ptr<gloo::Context> ctx) : ctx_(std::move(ctx)) {}
+
+  void prepare(size_t count, bool in_place) override {
+    opts_ = std::make_unique<gloo::AllreduceOptions>(ctx_);
+    opts_->setAlgorithm(gloo::AllreduceOptions::Algorithm::RING);
+    if (!in_place) opts_->setInput(send.data(), count);
+    opts_->setOutput(recv.data(), count);
+    opts_->setReduceFunction(static_cast<ReduceFn>(&gloo::sum<float>));
+    opts_->setTag(kTagBench);
+  }
+  void run() override { gloo::allreduce(*opts_); }
+  void barrier() override { ::barrier(ctx_); }
+  double combine_time(double sec, int average) override {
+    if (average == 0) {
+      gloo::BroadcastOptions b(ctx_);
+      b.setOutput(&sec, 1);
+      b.setRoot(0);
+      b.setTag(kTagStats);
+      gloo::broadcast(b);
+      return sec;
+    }
+    const ReduceFn fn = average == 2   ? static_cast<ReduceFn>(&gloo::min<double>)
+                        : average == 3 ? static_cast<ReduceFn>(&gloo::max<double>)
+                                       : static_cast<ReduceFn>(&gloo::sum<double>);
+    sec = reduce_scalar<double>(ctx_, sec, fn);
+    return average == 1 ? sec / ctx_->size : sec;
+  }
+  int64_t sum_over_ranks(int64_t v) override {
+    return reduce_scalar<int64_t>(ctx_, v, static_cast<ReduceFn>(&gloo::sum<int64_t>));
+  }
+
+ private:
+  std::shared_ptr<gloo::Context> ctx_;
+  std::unique_ptr<gloo::AllreduceOptions> opts_;
+};
 
 int run(const Args& args) {
   gloo::transport::tcp::attr attr(args.host.c_str());
@@ -222,10 +182,8 @@ int run(const Args& args) {
   constexpr size_t kLine = 256;
   std::vector<char> line(kLine), lines(kLine * static_cast<size_t>(n));
   {
-    char host[64] = {};
-    gethostname(host, sizeof host - 1);
-    std::snprintf(line.data(), kLine, "#  Rank %2d Group %2d Pid %6d on %10s device %s", rank, 0,
-                  static_cast<int>(getpid()), host, dev->str().c_str());
+    const std::string text = nccl_tests::rank_line(rank, dev->str());
+    std::snprintf(line.data(), kLine, "%s", text.c_str());
     gloo::AllgatherOptions opts(ctx);
     opts.setInput(line.data(), kLine);
     opts.setOutput(lines.data(), lines.size());
@@ -233,128 +191,15 @@ int run(const Args& args) {
     gloo::allgather(opts);
   }
   if (rank == 0) {
-    std::printf(
-        "# nThread 1 nGpus 1 minBytes %zu maxBytes %zu step: %zu(%s) warmup iters: %d iters: %d "
-        "agg iters: 1 validation: %d graph: 0\n",
-        args.min_bytes, args.max_bytes, args.step_factor > 1 ? args.step_factor : args.step_bytes,
-        args.step_factor > 1 ? "factor" : "bytes", args.warmup, args.iters, args.check);
+    nccl_tests::print_parameters_line(args.o);
     std::printf("#\n# AllReduce: gloo::allreduce (RING) over gloo::transport::tcp, %d ranks\n#\n",
                 n);
     for (int r = 0; r < n; ++r) std::printf("%s\n", &lines[static_cast<size_t>(r) * kLine]);
     std::printf("#\n");
-    char b[512];
-    std::snprintf(b, sizeof b,
-                  "# %10s  %12s  %8s  %6s  %6s           out-of-place                       "
-                  "in-place          ",
-                  "", "", "", "", "");
-    nccl_tests::print_trimmed_line(b);
-    std::snprintf(b, sizeof b, "# %10s  %12s  %8s  %6s  %6s  %7s  %6s  %6s %6s  %7s  %6s  %6s %6s",
-                  "size", "count", "type", "redop", "root", "time", "algbw", "busbw", "#wrong",
-                  "time", "algbw", "busbw", "#wrong");
-    nccl_tests::print_trimmed_line(b);
-    std::snprintf(
-        b, sizeof b, "# %10s  %12s  %8s  %6s  %6s  %7s  %6s  %6s  %5s  %7s  %6s  %6s  %5s", "(B)",
-        "(elements)", "", "", "", "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)", "(GB/s)", "");
-    nccl_tests::print_trimmed_line(b);
+    nccl_tests::print_column_headers();
   }
-
-  const size_t max_count = std::max<size_t>(args.max_bytes / sizeof(float), 1);
-  std::vector<float> send(max_count), recv(max_count);
-  // One set of options per (count, placement), reused for every call at that size.
-  auto make_options = [&](size_t count, bool in_place) {
-    auto opts = std::make_unique<gloo::AllreduceOptions>(ctx);
-    opts->setAlgorithm(gloo::AllreduceOptions::Algorithm::RING);
-    if (!in_place) opts->setInput(send.data(), count);
-    opts->setOutput(recv.data(), count);
-    opts->setReduceFunction(
-        static_cast<void (*)(void*, const void*, const void*, size_t)>(&gloo::sum<float>));
-    opts->setTag(kTagBench);
-    return opts;
-  };
-  uint64_t k = 0;
-  auto init = [&](size_t count, bool in_place) {
-    float* in = in_place ? recv.data() : send.data();
-    for (size_t i = 0; i < count; ++i) in[i] = input(rank, i, k);
-    if (!in_place) std::fill(recv.begin(), recv.begin() + static_cast<ptrdiff_t>(count), -1.0f);
-  };
-
-  // Warm-up at the largest and the smallest size, as nccl-tests.
-  for (size_t bytes : {args.max_bytes, args.min_bytes}) {
-    auto opts = make_options(bytes / sizeof(float), false);
-    for (int i = 0; i < args.warmup; ++i) gloo::allreduce(*opts);
-  }
-
-  int errors = 0;
-  double bw_sum = 0;
-  int bw_count = 0;
-  for (size_t size = args.min_bytes; size <= args.max_bytes;) {
-    const size_t count = size / sizeof(float);
-    if (rank == 0)
-      std::printf("%12zu  %12zu  %8s  %6s  %6i", count * sizeof(float), count, "float", "sum", -1);
-    for (bool in_place : {false, true}) {
-      ++k;
-      auto opts = make_options(count, in_place);
-      if (args.check) init(count, in_place);
-      barrier(ctx);
-      const auto t0 = std::chrono::steady_clock::now();
-      for (int i = 0; i < args.iters; ++i) gloo::allreduce(*opts);
-      double sec =
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / args.iters;
-      if (args.average == 0) {
-        gloo::BroadcastOptions b(ctx);
-        b.setOutput(&sec, 1);
-        b.setRoot(0);
-        b.setTag(kTagStats);
-        gloo::broadcast(b);
-      } else {
-        using F = void (*)(void*, const void*, const void*, size_t);
-        const F fn = args.average == 2   ? static_cast<F>(&gloo::min<double>)
-                     : args.average == 3 ? static_cast<F>(&gloo::max<double>)
-                                         : static_cast<F>(&gloo::sum<double>);
-        sec = reduce_scalar<double>(ctx, sec, fn);
-        if (args.average == 1) sec /= n;
-      }
-      const double algbw = static_cast<double>(count * sizeof(float)) / sec / 1e9;
-      const double busbw = algbw * 2.0 * (n - 1) / n;
-      int64_t wrong = 0;
-      if (args.check) {
-        init(count, in_place);
-        barrier(ctx);
-        gloo::allreduce(*opts);
-        for (size_t i = 0; i < count; ++i) {
-          float expect = 0;
-          for (int r = 0; r < n; ++r) expect += input(r, i, k);
-          if (recv[i] != expect) ++wrong;
-        }
-        wrong = reduce_scalar<int64_t>(
-            ctx, wrong,
-            static_cast<void (*)(void*, const void*, const void*, size_t)>(&gloo::sum<int64_t>));
-        if (wrong) ++errors;
-      }
-      if (rank == 0) {
-        char wrong_text[32];
-        if (args.check)
-          std::snprintf(wrong_text, sizeof wrong_text, "%5lld", static_cast<long long>(wrong));
-        else
-          std::snprintf(wrong_text, sizeof wrong_text, "%5s", "N/A");
-        std::printf("  %7s  %6.2f  %6.2f  %s", nccl_tests::time_text(sec * 1e6).c_str(), algbw,
-                    busbw, wrong_text);
-      }
-      bw_sum += busbw;
-      ++bw_count;
-    }
-    if (rank == 0) std::printf("\n");
-    const size_t next = args.step_factor > 1 ? size * args.step_factor : size + args.step_bytes;
-    if (next <= size) break;  // -b 0 with a factor, or overflow
-    size = next;
-  }
-  barrier(ctx);
-  if (rank == 0) {
-    std::printf("# Out of bounds values : %d %s\n", errors, errors ? "FAILED" : "OK");
-    std::printf("# Avg bus bandwidth    : %g \n", bw_count ? bw_sum / bw_count : 0.0);
-    std::printf("#\n");
-  }
-  return errors ? 1 : 0;
+  GlooAllReduce lib(ctx);
+  return softrdma::bench::run_sweep(lib, args.o, rank, n) ? 1 : 0;
 }
 
 }  // namespace

@@ -15,6 +15,7 @@
 #include <cstring>
 #include <random>
 
+#include "base/params.h"
 #include "engine/counter_publisher.h"
 #include "engine/cq.h"
 #include "engine/log.h"
@@ -88,51 +89,27 @@ uint8_t ib_mtu_for(uint32_t netdev_mtu) {
 }  // namespace
 
 bool DeviceConfig::from_environment(DeviceConfig& out, std::string& error) {
+  // Each variable, its default and its range live in the registry (base/params.h).
   DeviceConfig c = out;
-  if (const char* a = std::getenv("SOFTRDMA_ADDR"); a && *a) {
-    if (!net::ipv4_from_string(a, c.ip) || c.ip == 0) {
-      error = std::string("SOFTRDMA_ADDR: not an IPv4 address: '") + a + "'";
-      return false;
-    }
-  }
-  if (const char* p = std::getenv("SOFTRDMA_PCAP"); p && *p) c.pcap_path = p;
-  if (const char* t = std::getenv("SOFTRDMA_TRANSPORT"); t && *t) {
-    const std::string v = t;
-    if (v == "auto")
-      c.path = PacketPath::kAuto;
-    else if (v == "udp")
-      c.path = PacketPath::kUdp;
-    else if (v == "shm")
-      c.path = PacketPath::kShm;
-    else {
-      error = "SOFTRDMA_TRANSPORT: expected auto, udp or shm, got '" + v + "'";
-      return false;
-    }
-  }
-  if (const char* sp = std::getenv("SOFTRDMA_SPIN_US"); sp && *sp) {
-    char* end = nullptr;
-    const unsigned long long us = std::strtoull(sp, &end, 10);
-    if (*end != 0 || us > 1'000'000) {
-      error = std::string("SOFTRDMA_SPIN_US: expected 0..1000000 (µs), got '") + sp + "'";
-      return false;
-    }
-    c.spin_ns = us * 1000;
-  }
-  if (const char* g = std::getenv("SOFTRDMA_GSO"); g && *g) {
-    const std::string v = g;
-    if (v == "1" || v == "on")
-      c.udp_offload = true;
-    else if (v == "0" || v == "off")
-      c.udp_offload = false;
-    else {
-      error = "SOFTRDMA_GSO: expected 1/on or 0/off, got '" + v + "'";
-      return false;
-    }
-  }
-  if (const char* n = std::getenv("SOFTRDMA_NETEM"); n && *n) {
+  std::string transport;
+  int64_t spin_us = -1;
+  if (!params::read_ipv4(params::kAddr, c.ip, error) ||
+      !params::read_text(params::kPcap, c.pcap_path, error) ||
+      !params::read_text(params::kTransport, transport, error) ||
+      !params::read_integer(params::kSpinUs, spin_us, error) ||
+      !params::read_flag(params::kGso, c.udp_offload, error))
+    return false;
+  if (transport == "auto")
+    c.path = PacketPath::kAuto;
+  else if (transport == "udp")
+    c.path = PacketPath::kUdp;
+  else if (transport == "shm")
+    c.path = PacketPath::kShm;
+  if (spin_us >= 0) c.spin_ns = static_cast<uint64_t>(spin_us) * 1000;
+  if (const char* n = params::raw(params::kNetem)) {
     std::string e;
     if (!net::parse_netem(n, c.netem, e)) {
-      error = "SOFTRDMA_NETEM: " + e;
+      error = params::malformed(params::kNetem, n) + ": " + e;
       return false;
     }
   }

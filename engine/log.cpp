@@ -2,7 +2,10 @@
 
 #include <spdlog/sinks/stdout_sinks.h>
 
-#include <cstdlib>
+#include <cstdio>
+#include <string_view>
+
+#include "base/params.h"
 
 namespace softrdma::engine {
 
@@ -11,8 +14,14 @@ spdlog::logger& log() {
     auto l = std::make_shared<spdlog::logger>("softrdma",
                                               std::make_shared<spdlog::sinks::stderr_sink_mt>());
     l->set_pattern("softrdma %L %H:%M:%S.%f [%t] %v");
-    const char* lvl = std::getenv("SOFTRDMA_LOG");
-    l->set_level(lvl ? spdlog::level::from_str(lvl) : spdlog::level::warn);
+    // spdlog's level names (and its aliases "warning", "err"); anything else turns logging
+    // off, as spdlog does, and says so once.
+    const char* lvl = params::raw(params::kLog);
+    const auto level = lvl ? spdlog::level::from_str(lvl) : spdlog::level::warn;
+    if (level == spdlog::level::off && std::string_view(lvl) != "off")
+      std::fprintf(stderr, "softrdma: %s; logging is off\n",
+                   params::malformed(params::kLog, lvl).c_str());
+    l->set_level(level);
     return l;
   }();
   return *logger;

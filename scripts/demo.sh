@@ -24,6 +24,8 @@ set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 ROOT=$(pwd)
+# shellcheck source=scripts/lib/test_lib.sh
+source "$ROOT/scripts/lib/test_lib.sh"  # make_work_dir, tcp_listening
 SOFTRDMA="$ROOT/build/bin/softrdma"
 TIMEOUT=${DEMO_TIMEOUT:-60}
 PORT=${DEMO_PORT:-18555}
@@ -63,28 +65,18 @@ for a in "$SERVER_ADDR" "$CLIENT_ADDR"; do
   fi
 done
 
-WORK=$(mktemp -d "${TMPDIR:-/tmp}/softrdma-demo.XXXXXX")
+make_work_dir softrdma-demo
 SERVER_PID=""
-cleanup() {
+# shellcheck disable=SC2317  # called at exit by test_lib.sh
+on_exit() {
   [[ -n $SERVER_PID ]] && kill "$SERVER_PID" 2>/dev/null
-  rm -rf "$WORK"
 }
-trap cleanup EXIT
 
 say "softrdma run -- ibv_devinfo   (Debian's /usr/bin/ibv_devinfo, unmodified)"
 echo "softrdma run puts $ROOT/build/lib first in LD_LIBRARY_PATH, so the program loads"
 echo "softrdma's libibverbs.so.1 instead of the system's; the device binds 127.0.0.x:4791/udp."
 echo
 timeout "$TIMEOUT" "$SOFTRDMA" run -- ibv_devinfo || die "ibv_devinfo"
-
-# True if something listens on TCP port $1; reads /proc instead of connecting, because
-# ibv_rc_pingpong's server accepts exactly one connection.
-tcp_listening() {
-  local hex
-  hex=$(printf ':%04X' "$1")
-  awk -v p="$hex" '$4 == "0A" && substr($2, length($2) - 4) == p { found = 1 }
-                   END { exit !found }' /proc/net/tcp /proc/net/tcp6 2>/dev/null
-}
 
 # Waits (up to 20 s) until the server started as $SERVER_PID listens on TCP $PORT, or exits.
 wait_for_server() {

@@ -15,6 +15,10 @@
 //   softrdma stat --clean
 //       Removes the counter files left behind by processes that have exited.
 //
+//   softrdma params [--markdown] [device|ccl]
+//       Lists every SOFTRDMA_* environment variable from the registry (base/params.h): name,
+//       default, accepted values, meaning; --markdown prints the docs' tables.
+//
 // Exit status: 0 on success; 2 for a usage error (bad option, malformed --addr, --netem or
 // --log); 1 when the drop-in library cannot be found or a file cannot be removed; 127 when
 // PROGRAM cannot be executed. After a successful exec the status is PROGRAM's own.
@@ -34,6 +38,7 @@
 #include <tuple>
 #include <vector>
 
+#include "base/params.h"
 #include "engine/counters.h"
 #include "net/netem.h"
 #include "net/shm_port.h"
@@ -42,6 +47,7 @@
 namespace {
 
 namespace fs = std::filesystem;
+namespace params = softrdma::params;
 using softrdma::engine::DeviceStats;
 
 /// Exit status of usage errors (bad option or option value), as in most Unix tools.
@@ -51,10 +57,6 @@ constexpr int kExitCannotExec = 127;
 
 /// The verbs device name every softrdma process exposes (one device per process).
 constexpr const char* kDeviceName = "srdma0";
-
-/// Levels SOFTRDMA_LOG accepts (spdlog level names; anything else would turn logging off).
-const std::vector<std::string> kLogLevels = {"trace", "debug",    "info", "warn",
-                                             "error", "critical", "off"};
 
 void error(const std::string& msg) {
   fmt::print(stderr, "softrdma: {}\n", msg);
@@ -263,26 +265,38 @@ int cmd_stat(const StatOptions& o) {
   return 0;
 }
 
+/// Options of `softrdma params`.
+struct ParamsOptions {
+  bool markdown = false;
+  std::vector<std::string> groups;  // empty: all
+};
+
+/// `softrdma params`: the registry, one group after the other.
+int cmd_params(const ParamsOptions& o) {
+  bool first = true;
+  for (params::Group g : {params::Group::kDevice, params::Group::kCcl}) {
+    const std::string name(params::group_name(g));
+    if (!o.groups.empty() && std::find(o.groups.begin(), o.groups.end(), name) == o.groups.end())
+      continue;
+    // One group in Markdown is exactly the docs' table (no heading), so it can be pasted.
+    if (!o.markdown || o.groups.size() != 1)
+      fmt::print("{}{}\n", first ? "" : "\n",
+                 g == params::Group::kDevice
+                     ? "device (libibverbs.so.1, read when srdma0 opens):"
+                     : "ccl (collectives, read when a communicator starts):");
+    fmt::print("{}", o.markdown ? params::markdown_table(g) : params::help_text(g));
+    first = false;
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   const std::string env_help =
-      "Environment read by the library (`softrdma run` sets it from its options):\n"
-      "  SOFTRDMA_ADDR   IPv4 address the device srdma0 binds (UDP 4791); default: the\n"
-      "                  first free address in 127.0.0.1-254. GID index 0 is ::ffff:<addr>\n"
-      "                  (RoCE v2): give verbs programs `-g 0` (pingpong) or `-x 0` (perftest).\n"
-      "  SOFTRDMA_NETEM  transmit-side packet loss, e.g. \"loss=5%,every=13,seed=42\".\n"
-      "  SOFTRDMA_PCAP   write every RoCEv2 packet sent and received to this pcap file\n"
-      "                  (%p: pid, %a: device address); tshark/Wireshark decode it.\n"
-      "  SOFTRDMA_LOG    trace|debug|info|warn|error|critical|off (default warn).\n"
-      "  SOFTRDMA_TRANSPORT  auto (default): shared memory to peers that are softrdma\n"
-      "                  devices on this host, UDP to the rest; udp: UDP only (the wire,\n"
-      "                  e.g. for tcpdump); shm: shared memory only.\n"
-      "  SOFTRDMA_GSO    1 (default) / 0: UDP GSO on send and GRO on receive. With GSO, lo\n"
-      "                  carries each batch as one datagram: use 0 for per-packet tcpdump.\n"
-      "  SOFTRDMA_SPIN_US  µs the progress thread keeps polling shared-memory rings after\n"
-      "                  traffic before it sleeps (default 20; never while CPUs are\n"
-      "                  oversubscribed).\n"
+      "Environment read by the library (`softrdma run` sets it from its options):\n" +
+      params::help_text(params::Group::kDevice) +
+      "\n`softrdma params` lists every SOFTRDMA_* variable, the collectives' (ccl) too.\n"
       "\n"
       "Example (two shells; pingpong's TCP exchange goes to 127.0.0.1):\n"
       "  softrdma run --addr 127.0.0.2 -- ibv_rc_pingpong -g 0\n"
@@ -291,8 +305,8 @@ int main(int argc, char** argv) {
 
   CLI::App app{
       "softrdma: user-space RoCEv2 behind the libibverbs API/ABI. Unmodified verbs programs\n"
-      "run over it through the drop-in libibverbs.so.1; this tool starts them (run) and\n"
-      "shows the devices' counters (stat)."};
+      "run over it through the drop-in libibverbs.so.1; this tool starts them (run), shows\n"
+      "the devices' counters (stat) and lists the SOFTRDMA_* parameters (params)."};
   app.name("softrdma");
   app.set_version_flag("--version", std::string(SOFTRDMA_VERSION));
   app.require_subcommand(1, 1);
@@ -322,7 +336,7 @@ int main(int argc, char** argv) {
                   "peers on this host, UDP otherwise; udp = UDP port 4791 only; shm = shared "
                   "memory only")
       ->type_name("PATH")
-      ->check(CLI::IsMember({"auto", "udp", "shm"}));
+      ->check(CLI::IsMember(params::choices(params::kTransport)));
   run->add_option("--netem", ro.netem,
                   "emulate a lossy link on transmit (sets SOFTRDMA_NETEM): comma-separated "
                   "loss=P% (or a fraction 0..1), every=N (drop every Nth packet), seed=S")
@@ -333,7 +347,7 @@ int main(int argc, char** argv) {
       ->type_name("FILE");
   run->add_option("--log", ro.log, "library log level (sets SOFTRDMA_LOG); default warn")
       ->type_name("LEVEL")
-      ->check(CLI::IsMember(kLogLevels));
+      ->check(CLI::IsMember(params::choices(params::kLog)));
   run->add_option("PROGRAM", ro.command,
                   "the program to run (searched in PATH) and its arguments; put them after "
                   "`--` so that their options are not taken for softrdma's")
@@ -367,6 +381,18 @@ int main(int argc, char** argv) {
       ->type_name("DIR")
       ->capture_default_str();
 
+  // ---- params -------------------------------------------------------------------------
+  ParamsOptions po;
+  CLI::App* prm = app.add_subcommand(
+      "params", "list every SOFTRDMA_* environment variable: default, accepted values, meaning");
+  prm->footer(
+      "One registry (base/params.h) defines each variable; the library and the collectives\n"
+      "read them through it, and README.md / docs/collectives.md hold its --markdown tables\n"
+      "(base_tests fails when they differ).");
+  prm->add_flag("--markdown", po.markdown, "print Markdown tables (the docs' format)");
+  prm->add_option("GROUP", po.groups, "only these groups: device (the library), ccl (collectives)")
+      ->check(CLI::IsMember({"device", "ccl"}));
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -376,5 +402,6 @@ int main(int argc, char** argv) {
 
   if (run->parsed()) return cmd_run(ro);
   if (stat->parsed()) return cmd_stat(so);
+  if (prm->parsed()) return cmd_params(po);
   return kExitUsage;  // unreachable: require_subcommand(1)
 }

@@ -17,6 +17,7 @@
 #include <unordered_set>
 #include <vector>
 
+#include "base/params.h"
 #include "engine/log.h"
 #include "net/udp_port.h"
 #include "verbs/objects.h"
@@ -80,9 +81,12 @@ __be64 guid_for(uint32_t ip) {
   return g;
 }
 
+/// SOFTRDMA_ADDR, for the GUID of a device not yet opened; 127.0.0.1 when unset or malformed
+/// (a malformed address makes ibv_open_device refuse, through DeviceConfig).
 uint32_t configured_ip() {
   uint32_t ip = (127u << 24) | 1;
-  if (const char* a = std::getenv("SOFTRDMA_ADDR")) net::ipv4_from_string(a, ip);
+  std::string malformed;
+  params::read_ipv4(params::kAddr, ip, malformed);
   return ip;
 }
 

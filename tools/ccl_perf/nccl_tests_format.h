@@ -1,78 +1,51 @@
-// Argument parsing and number formatting shared by the nccl-tests–style programs: the
-// tools/ccl_perf/*_perf tools and the reference benchmarks bench/mpi_allreduce and
-// bench/gloo_allreduce, so all of them read the same flags and print the same columns
-// (nccl-tests, src/common.cu: parsesize, the "%7.2f"-style time column).
+// nccl-tests' output (github.com/NVIDIA/nccl-tests, src/common.cu), printed the same way by
+// every nccl-tests–style program here (tools/ccl_perf/*_perf, bench/mpi_allreduce,
+// bench/gloo_allreduce), so their lines compare column for column:
+//
+//   # nThread 1 nGpus 1 minBytes … graph: 0             print_parameters_line
+//   #  Rank  0 Group  0 Pid …                           rank_line (one per rank)
+//   #       size  count  type  redop  root  time …      print_column_headers
+//        1048576  262144  float  sum  -1  …             print_row_start + print_placement ×2
+//   # Out of bounds values : 0 OK / # Avg bus bandwidth   print_summary
+//
+// time is µs per operation; algbw = S/t and busbw = algbw × factor in GB/s (1e9 B/s).
 #pragma once
 
-#include <cerrno>
 #include <cstddef>
-#include <cstdio>
-#include <cstdlib>
+#include <cstdint>
 #include <string>
+
+#include "tools/ccl_perf/nccl_tests_args.h"
 
 namespace softrdma::nccl_tests {
 
-/// nccl-tests' parsesize: a non-negative number with an optional K, M or G suffix (×1024,
-/// either case). Returns false for anything else.
-inline bool parse_size(const char* v, size_t& out) {
-  if (!v) return false;
-  char* end = nullptr;
-  errno = 0;
-  const double x = std::strtod(v, &end);
-  if (errno || end == v || x < 0) return false;
-  double unit = 1;
-  if (*end) {
-    switch (*end) {
-      case 'G':
-      case 'g':
-        unit = 1024.0 * 1024 * 1024;
-        break;
-      case 'M':
-      case 'm':
-        unit = 1024.0 * 1024;
-        break;
-      case 'K':
-      case 'k':
-        unit = 1024.0;
-        break;
-      default:
-        return false;
-    }
-    if (end[1]) return false;
-  }
-  out = static_cast<size_t>(x * unit);
-  return true;
-}
-
-/// An integer in [lo, hi] (strtol with base 0, as nccl-tests). Returns false for anything
-/// else.
-inline bool parse_long(const char* v, long lo, long hi, long& out) {
-  if (!v) return false;
-  char* end = nullptr;
-  errno = 0;
-  const long x = std::strtol(v, &end, 0);
-  if (errno || end == v || *end || x < lo || x > hi) return false;
-  out = x;
-  return true;
-}
-
 /// The time column, µs: "%7.0f" from 10 ms, "%7.1f" from 100 µs, else "%7.2f".
-inline std::string time_text(double us) {
-  char b[32];
-  if (us >= 10000.0)
-    std::snprintf(b, sizeof b, "%7.0f", us);
-  else if (us >= 100.0)
-    std::snprintf(b, sizeof b, "%7.1f", us);
-  else
-    std::snprintf(b, sizeof b, "%7.2f", us);
-  return b;
-}
+std::string time_text(double us);
 
 /// Prints `s` without its trailing spaces, then a newline.
-inline void print_trimmed_line(const std::string& s) {
-  size_t n = s.size();
-  while (n > 0 && s[n - 1] == ' ') --n;
-  std::printf("%.*s\n", static_cast<int>(n), s.c_str());
-}
+void print_trimmed_line(const std::string& s);
+
+/// "# nThread 1 nGpus 1 minBytes … validation: C graph: 0".
+void print_parameters_line(const Options& o);
+
+/// "#  Rank  R Group  0 Pid  P on  HOST" followed by `device` (if not empty): one rank's line,
+/// gathered to rank 0 by the program.
+std::string rank_line(int rank, const std::string& device);
+
+/// The three column-header lines (placement, names, units).
+void print_column_headers();
+
+/// The start of one size's line: size (B), count (elements), type, redop, root.
+void print_row_start(size_t bytes, size_t count, const char* type, const char* redop, int root);
+
+/// One placement's columns: time, algbw, busbw, #wrong ("N/A" when not `checked`).
+void print_placement(double seconds, double algbw, double busbw, bool checked, int64_t wrong);
+
+/// "# Out of bounds values : E OK|FAILED", "# Avg bus bandwidth    : B", "#".
+void print_summary(int errors, double busbw_sum, int busbw_count);
+
+/// The size after `size` in the sweep (× step_factor, or + step_bytes). False when the sweep
+/// is over: past max_bytes, or no progress (-b 0 with a factor, overflow).
+bool next_size(const Options& o, size_t& size);
 
 }  // namespace softrdma::nccl_tests

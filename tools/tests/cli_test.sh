@@ -7,6 +7,8 @@
 #       message); `run -- true` works; `run -- /nonexistent` exits 127 naming the program;
 #       the options reach the program's environment and LD_LIBRARY_PATH starts with the
 #       drop-in's directory; PROGRAM's own options after `--` are left alone.
+# params: lists the registry (all groups, one group, Markdown); an unknown group is a usage
+#       error.
 # stat: with nothing published it says so and exits 0; a live device (an ibv_rc_pingpong
 #       server waiting for its client) is listed with its counters (nonzero by default,
 #       all with --all, JSON with --json); after the process is killed its file is shown as
@@ -18,13 +20,15 @@ if [[ $# -ne 1 ]]; then
   echo "usage: $0 BUILD_DIR" >&2
   exit 2
 fi
-BUILD_DIR=$(cd "$1" && pwd) || { echo "FAIL: no build directory '$1'" >&2; exit 1; }
-SOFTRDMA="$BUILD_DIR/bin/softrdma"
-[[ -x "$SOFTRDMA" ]] || { echo "FAIL: $SOFTRDMA not built" >&2; exit 1; }
+# shellcheck source=scripts/lib/test_lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib/test_lib.sh"
+resolve_build_dir "$1"
+[[ -x "$SOFTRDMA" ]] || fail "$SOFTRDMA not built"
 
-WORK=$(mktemp -d "${TMPDIR:-/tmp}/softrdma-cli.XXXXXX")
+make_work_dir softrdma-cli
 SERVER_PID="" DEV_PID=""
-cleanup() {
+# shellcheck disable=SC2317  # called at exit by test_lib.sh
+on_exit() {
   if [[ -n "$DEV_PID" ]]; then
     kill -KILL "$DEV_PID" 2>/dev/null
     rm -f "/dev/shm/softrdma.127.0.0.120.$DEV_PID"
@@ -33,9 +37,7 @@ cleanup() {
     kill -TERM "$SERVER_PID" 2>/dev/null  # timeout passes it on to its child
     wait "$SERVER_PID" 2>/dev/null
   fi
-  rm -rf "$WORK"
 }
-trap cleanup EXIT
 
 FAILURES=0
 OUT="" ERR="" RC=0
@@ -133,7 +135,21 @@ done
 sr run --help
 grep -q -- "--addr" <<<"$OUT" && grep -q -- "--netem" <<<"$OUT" && grep -q -- "--log" <<<"$OUT" ||
   bad "run --help does not document --addr/--netem/--log"
+sr --help
+grep -q "SOFTRDMA_SPIN_US" <<<"$OUT" || bad "--help does not list the device's variables"
 ok "help"
+
+# ---- params: the registry (base/params.h) -------------------------------------------------
+sr params
+[[ $RC -eq 0 ]] && grep -q "^  SOFTRDMA_ADDR  " <<<"$OUT" && grep -q "^  SOFTRDMA_CCL_DEPTH  " <<<"$OUT" ||
+  bad "params does not list the device's and the collectives' variables"
+sr params --markdown ccl
+[[ $RC -eq 0 && $OUT == "| variable | default | accepted | meaning |"* ]] ||
+  bad "params --markdown ccl is not the docs' table"
+grep -q "SOFTRDMA_ADDR" <<<"$OUT" && bad "params ccl lists a device variable"
+sr params tcp
+expect_status 2 "params tcp" "GROUP"
+ok "params"
 
 # ---- stat with nothing published ----------------------------------------------------------
 mkdir -p "$WORK/empty"

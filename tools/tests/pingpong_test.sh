@@ -19,24 +19,14 @@
 # printed. A missing ibv_rc_pingpong is a failure (install ibverbs-utils), never a skip.
 set -uo pipefail
 
-if [[ $# -ne 2 ]]; then
-  echo "usage: $0 BUILD_DIR default|large|events|devinfo" >&2
-  exit 2
-fi
-BUILD_DIR=$(cd "$1" && pwd) || { echo "FAIL: no build directory '$1'" >&2; exit 1; }
-CASE=$2
-SOFTRDMA="$BUILD_DIR/bin/softrdma"
+# shellcheck source=scripts/lib/test_lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib/test_lib.sh"
+case_test_args pingpong "default large events devinfo" "$@"
 # Seconds per process. 2 GB through `large` takes ~10 s on an idle 2-core machine, ~50 s
 # under ASan next to other tests.
 if [[ $CASE == large ]]; then STEP_TIMEOUT=${PINGPONG_TIMEOUT:-200}; else STEP_TIMEOUT=${PINGPONG_TIMEOUT:-60}; fi
 
-fail() {
-  echo "FAIL [pingpong.$CASE]: $*" >&2
-  exit 1
-}
-
-[[ -x "$SOFTRDMA" ]] || fail "$SOFTRDMA not built (build the 'softrdma' target)"
-[[ -e "$BUILD_DIR/lib/libibverbs.so.1" ]] || fail "$BUILD_DIR/lib/libibverbs.so.1 not built"
+require_softrdma_built
 
 # The programs under test are Debian's own binaries, not anything built here.
 need_tool() {
@@ -45,30 +35,11 @@ need_tool() {
       "(apt-get install ibverbs-utils, or run: bash scripts/deps.sh)"
 }
 
-WORK=$(mktemp -d "${TMPDIR:-/tmp}/softrdma-pingpong-$CASE.XXXXXX")
+make_work_dir "softrdma-pingpong-$CASE"
 SERVER_PID=""
-cleanup() {
+# shellcheck disable=SC2317  # called at exit by test_lib.sh
+on_exit() {
   [[ -n "$SERVER_PID" ]] && kill "$SERVER_PID" 2>/dev/null
-  rm -rf "$WORK"
-}
-trap cleanup EXIT
-
-show_logs() {
-  local f
-  for f in "$@"; do
-    echo "----- $(basename "$f") -----" >&2
-    cat "$f" >&2
-  done
-  echo "-----" >&2
-}
-
-# True if something listens on TCP port $1 (any address, IPv4 or IPv6). Reads /proc so
-# that it does not connect: ibv_rc_pingpong's server accepts exactly one connection.
-tcp_listening() {
-  local hex
-  hex=$(printf ':%04X' "$1")
-  awk -v p="$hex" '$4 == "0A" && substr($2, length($2) - 4) == p { found = 1 }
-                   END { exit !found }' /proc/net/tcp /proc/net/tcp6 2>/dev/null
 }
 
 # Checks one side's log: both result lines, byte count, positive finite figures.
@@ -113,22 +84,7 @@ run_pingpong() {
   SERVER_PID=$!
 
   # Wait for the server's TCP listener (it opens the device and creates its QP first).
-  local waited=0
-  until tcp_listening "$port"; do
-    if ! kill -0 "$SERVER_PID" 2>/dev/null; then
-      wait "$SERVER_PID"
-      local rc=$?
-      SERVER_PID=""
-      show_logs "$slog"
-      fail "server exited (status $rc) before listening on TCP port $port"
-    fi
-    if ((waited >= 200)); then
-      show_logs "$slog"
-      fail "server not listening on TCP port $port after 20 s"
-    fi
-    sleep 0.1
-    waited=$((waited + 1))
-  done
+  wait_for_listener "$port" "$SERVER_PID" 20 "$slog"
 
   local crc=0 src=0
   timeout -k 5 "$STEP_TIMEOUT" "$SOFTRDMA" run --addr "$client_addr" -- \
@@ -137,14 +93,8 @@ run_pingpong() {
   SERVER_PID=""
 
   local ok=1
-  if ((src != 0)); then
-    echo "server exited with status $src$( ((src == 124)) && echo " (timed out after ${STEP_TIMEOUT}s)")" >&2
-    ok=0
-  fi
-  if ((crc != 0)); then
-    echo "client exited with status $crc$( ((crc == 124)) && echo " (timed out after ${STEP_TIMEOUT}s)")" >&2
-    ok=0
-  fi
+  ((src == 0)) || { echo "server exited with $(status_text $src)" >&2; ok=0; }
+  ((crc == 0)) || { echo "client exited with $(status_text $crc)" >&2; ok=0; }
   if ((ok)); then
     check_output "$slog" server "$size" "$iters" || ok=0
     check_output "$clog" client "$size" "$iters" || ok=0

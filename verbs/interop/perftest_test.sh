@@ -41,18 +41,9 @@ CASES="send_lat send_bw write_lat write_bw read_lat read_bw atomic_lat atomic_bw
 CASES+=" write_bw_all write_bw_q4 send_bw_bidir read_bw_bidir write_lat_old_post send_bw_gbits"
 CASES+=" write_bw_8m"
 
-if [[ $# -ne 2 ]]; then
-  echo "usage: $0 BUILD_DIR CASE   (CASE: ${CASES// /|})" >&2
-  exit 2
-fi
-BUILD_DIR=$(cd "$1" && pwd) || { echo "FAIL: no build directory '$1'" >&2; exit 1; }
-CASE=$2
-SOFTRDMA="$BUILD_DIR/bin/softrdma"
-
-fail() {
-  echo "FAIL [perftest.$CASE]: $*" >&2
-  exit 1
-}
+# shellcheck source=scripts/lib/test_lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib/test_lib.sh"
+case_test_args perftest "$CASES" "$@"
 
 # Case table: number (address / port), program, kind, expected #bytes ("all" for -a),
 # expected #iterations (perftest reports -n times the number of QPs), extra arguments.
@@ -96,21 +87,18 @@ SERVER_SIZE=$SIZE
 if [[ $SIZE == all ]]; then STEP_TIMEOUT=${PERFTEST_TIMEOUT:-240}; else STEP_TIMEOUT=${PERFTEST_TIMEOUT:-120}; fi
 LISTEN_WAIT=60 # seconds for the server to open the device and listen
 
-[[ -x "$SOFTRDMA" ]] || fail "$SOFTRDMA not built (build the 'softrdma' target)"
-[[ -e "$BUILD_DIR/lib/libibverbs.so.1" ]] || fail "$BUILD_DIR/lib/libibverbs.so.1 not built"
+require_softrdma_built
 # The programs under test are Debian's own binaries, not anything built here.
 [[ -x "/usr/bin/$TOOL" ]] ||
   fail "/usr/bin/$TOOL is missing: install Debian's perftest" \
     "(apt-get install perftest, or run: bash scripts/deps.sh)"
 
-WORK=$(mktemp -d "${TMPDIR:-/tmp}/softrdma-perftest-$CASE.XXXXXX")
+make_work_dir "softrdma-perftest-$CASE"
 SERVER_PID=""
-# shellcheck disable=SC2317  # called through the trap
-cleanup() {
+# shellcheck disable=SC2317  # called at exit by test_lib.sh
+on_exit() {
   [[ -n "$SERVER_PID" ]] && kill "$SERVER_PID" 2>/dev/null
-  rm -rf "$WORK"
 }
-trap cleanup EXIT
 
 # Sanitizer builds (`softrdma run` preloads the ASan runtime): perftest 4.5 frees little
 # of its own memory on exit (its parameter/context buffers, asprintf'd strings, and the
@@ -123,30 +111,6 @@ leak:/usr/bin/ib_
 leak:__vasprintf_internal
 SUPP
 export LSAN_OPTIONS="${LSAN_OPTIONS:+$LSAN_OPTIONS:}suppressions=$WORK/lsan.supp:print_suppressions=0"
-
-show_logs() {
-  local f
-  for f in "$@"; do
-    echo "----- $(basename "$f") -----" >&2
-    cat "$f" >&2
-  done
-  echo "-----" >&2
-}
-
-# True if something listens on TCP port $1 (any address, IPv4 or IPv6). Reads /proc so
-# that it does not connect: perftest's server accepts exactly one connection.
-tcp_listening() {
-  local hex
-  hex=$(printf ':%04X' "$1")
-  awk -v p="$hex" '$4 == "0A" && substr($2, length($2) - 4) == p { found = 1 }
-                   END { exit !found }' /proc/net/tcp /proc/net/tcp6 2>/dev/null
-}
-
-status_text() {
-  local rc=$1
-  echo -n "status $rc"
-  ((rc == 124 || rc == 137)) && echo -n " (timed out after ${STEP_TIMEOUT}s)"
-}
 
 # Checks the result table of one side's log; prints its rows on success, the problems on
 # failure.
@@ -240,22 +204,7 @@ run_case() {
   SERVER_PID=$!
 
   # Wait for the server's TCP listener (it opens the device first).
-  local waited=0
-  until tcp_listening "$PORT"; do
-    if ! kill -0 "$SERVER_PID" 2>/dev/null; then
-      wait "$SERVER_PID"
-      local rc=$?
-      SERVER_PID=""
-      show_logs "$slog"
-      fail "server exited ($(status_text $rc)) before listening on TCP port $PORT"
-    fi
-    if ((waited >= LISTEN_WAIT * 10)); then
-      show_logs "$slog"
-      fail "server not listening on TCP port $PORT after $LISTEN_WAIT s"
-    fi
-    sleep 0.1
-    waited=$((waited + 1))
-  done
+  wait_for_listener "$PORT" "$SERVER_PID" "$LISTEN_WAIT" "$slog"
 
   local crc=0 src=0 t0=$SECONDS
   timeout -k 5 "$STEP_TIMEOUT" "$SOFTRDMA" run --addr "$CLIENT_ADDR" -- \

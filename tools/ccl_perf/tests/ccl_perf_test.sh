@@ -20,45 +20,23 @@
 # tools link build/lib/libibverbs.so.1 through their RUNPATH, so no `softrdma run` is needed.
 set -uo pipefail
 
-if [[ $# -ne 2 ]]; then
-  echo "usage: $0 BUILD_DIR mpirun|torchrun|single|kill" >&2
-  exit 2
-fi
-BUILD_DIR=$(cd "$1" && pwd) || { echo "FAIL: no build directory '$1'" >&2; exit 1; }
-CASE=$2
+# shellcheck source=scripts/lib/test_lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../../../scripts/lib/test_lib.sh"
+case_test_args ccl_perf "mpirun torchrun single kill" "$@"
 BIN="$BUILD_DIR/bin"
 STEP_TIMEOUT=${CCL_PERF_TIMEOUT:-120}
 unset SOFTRDMA_ADDR RANK WORLD_SIZE LOCAL_RANK MASTER_ADDR MASTER_PORT SOFTRDMA_CCL_MASTER
 
-WORK=$(mktemp -d "${TMPDIR:-/tmp}/ccl-perf-$CASE.XXXXXX")
+make_work_dir "ccl-perf-$CASE"
 PIDS=()
-cleanup() {
+# shellcheck disable=SC2317  # called at exit by test_lib.sh
+on_exit() {
   local p
   for p in "${PIDS[@]}"; do kill -9 "$p" 2>/dev/null; done
-  rm -rf "$WORK"
-}
-trap cleanup EXIT
-
-fail() {
-  echo "FAIL [ccl_perf.$CASE]: $*" >&2
-  exit 1
-}
-show() {
-  local f
-  for f in "$@"; do
-    echo "----- $(basename "$f") -----" >&2
-    cat "$f" >&2
-  done
 }
 
-# A TCP port in 20000..29999 that nothing listens on (reads /proc, like pingpong_test.sh),
-# with the port below it free too (torchrun's MASTER_PORT; the rendezvous uses MASTER_PORT+1).
-tcp_listening() {
-  local hex
-  hex=$(printf ':%04X' "$1")
-  awk -v p="$hex" '$4 == "0A" && substr($2, length($2) - 4) == p { found = 1 }
-                   END { exit !found }' /proc/net/tcp /proc/net/tcp6 2>/dev/null
-}
+# A TCP port in 20000..29999 that nothing listens on, with the port below it free too
+# (torchrun's MASTER_PORT; the rendezvous uses MASTER_PORT+1).
 free_port() {
   local p
   while :; do
@@ -73,14 +51,14 @@ check_output() {
   local log=$1 min_lines=$2 what=$3
   local lines bad
   lines=$(grep -cE '^ +[0-9]+ +[0-9]+ ' "$log")
-  ((lines >= min_lines)) || { show "$log"; fail "$what: $lines result lines, expected >= $min_lines"; }
+  ((lines >= min_lines)) || { show_logs "$log"; fail "$what: $lines result lines, expected >= $min_lines"; }
   # Columns: size count type redop root | time algbw busbw #wrong | time algbw busbw #wrong
   bad=$(awk '/^ +[0-9]+ +[0-9]+ / { if (NF != 13 || ($9 != "0" && $9 != "N/A") || ($13 != "0" && $13 != "N/A")) print }' "$log")
-  [[ -z "$bad" ]] || { show "$log"; fail "$what: lines with wrong elements or malformed:"$'\n'"$bad"; }
-  grep -q '^# Out of bounds values : 0 OK$' "$log" || { show "$log"; fail "$what: no '# Out of bounds values : 0 OK'"; }
-  grep -qE '^# Avg bus bandwidth    : [0-9.e+-]+' "$log" || { show "$log"; fail "$what: no '# Avg bus bandwidth' footer"; }
+  [[ -z "$bad" ]] || { show_logs "$log"; fail "$what: lines with wrong elements or malformed:"$'\n'"$bad"; }
+  grep -q '^# Out of bounds values : 0 OK$' "$log" || { show_logs "$log"; fail "$what: no '# Out of bounds values : 0 OK'"; }
+  grep -qE '^# Avg bus bandwidth    : [0-9.e+-]+' "$log" || { show_logs "$log"; fail "$what: no '# Avg bus bandwidth' footer"; }
   grep -q '^#       size         count      type   redop    root     time   algbw   busbw #wrong     time   algbw   busbw #wrong$' "$log" ||
-    { show "$log"; fail "$what: column header differs from nccl-tests'"; }
+    { show_logs "$log"; fail "$what: column header differs from nccl-tests'"; }
 }
 
 # Starts N ranks of TOOL with the torchrun variables; logs in $WORK/<tag>.<rank>.log.
@@ -123,7 +101,7 @@ wait_all_ok() {
     fi
   done
   PIDS=()
-  ((bad == 0)) || { show "$WORK/$tag".*.log; fail "$what"; }
+  ((bad == 0)) || { show_logs "$WORK/$tag".*.log; fail "$what"; }
 }
 
 case "$CASE" in
@@ -135,9 +113,9 @@ case "$CASE" in
     rc=0
     timeout -k 5 "$STEP_TIMEOUT" mpirun -np 4 --oversubscribe --allow-run-as-root \
       --mca btl self,tcp --mca pml ob1 "$BIN/all_reduce_perf" "${args[@]}" >"$log" 2>&1 || rc=$?
-    ((rc == 0)) || { show "$log"; fail "mpirun exited with status $rc"; }
+    ((rc == 0)) || { show_logs "$log"; fail "mpirun exited with status $rc"; }
     check_output "$log" 7 "all_reduce_perf under mpirun"  # 8, 32, ..., 512K: 10 sizes... at least 7
-    grep -c '^#  Rank ' "$log" | grep -qx 4 || { show "$log"; fail "expected 4 '#  Rank' lines"; }
+    grep -c '^#  Rank ' "$log" | grep -qx 4 || { show_logs "$log"; fail "expected 4 '#  Rank' lines"; }
     cat "$log"
     ;;
   torchrun)
@@ -161,7 +139,7 @@ case "$CASE" in
     log="$WORK/single.log"
     rc=0
     timeout -k 5 "$STEP_TIMEOUT" "$BIN/all_reduce_perf" -b 8 -e 64K -f 8 -n 5 -w 1 >"$log" 2>&1 || rc=$?
-    ((rc == 0)) || { show "$log"; fail "exited with status $rc"; }
+    ((rc == 0)) || { show_logs "$log"; fail "exited with status $rc"; }
     check_output "$log" 5 "single rank"
     cat "$log"
     ;;
@@ -175,7 +153,7 @@ case "$CASE" in
       grep -q '^#       size' "$WORK/kill.0.log" 2>/dev/null && break
       sleep 0.1
     done
-    grep -q '^#       size' "$WORK/kill.0.log" || { show "$WORK"/kill.*.log; fail "the ranks never started"; }
+    grep -q '^#       size' "$WORK/kill.0.log" || { show_logs "$WORK"/kill.*.log; fail "the ranks never started"; }
     sleep 1
     kill -9 "${PIDS[$victim]}"
     killed_at=$(date +%s.%N)
@@ -193,7 +171,7 @@ case "$CASE" in
     ended=$(date +%s.%N)
     total=$(awk -v a="$killed_at" -v b="$ended" 'BEGIN { printf "%.2f", b - a }')
     awk -v t="$total" 'BEGIN { exit !(t < 3.0) }' || { echo "ranks took ${total}s (> 3 s timeout) to fail" >&2; bad=1; }
-    ((bad == 0)) || { show "$WORK"/kill.*.log; fail "kill"; }
+    ((bad == 0)) || { show_logs "$WORK"/kill.*.log; fail "kill"; }
     ;;
   *)
     echo "unknown case '$CASE' (mpirun|torchrun|single|kill)" >&2

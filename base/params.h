@@ -1,0 +1,338 @@
+// The parameter registry: every SOFTRDMA_* environment variable the project reads, with its
+// type, default, accepted range and help text, in one table (kParams below).
+//
+// NCCL's NCCL_PARAM macro is the model (one line per parameter, read through one function),
+// with two differences: the table is data that `softrdma params` and the docs check read, and
+// a variable is read each time it is asked for (not cached), because a process may open its
+// device several times under different settings (tests do).
+//
+// Reading: a handle per parameter (params::kSpinUs, …) and one read_* function per kind:
+//
+//   int64_t us = 20;
+//   std::string error;
+//   if (!params::read_integer(params::kSpinUs, us, error)) return fail(error);
+//
+// An unset variable leaves the value as it was (the caller's default); so does an empty one,
+// unless the parameter says `empty_is_error`. A malformed value gives `error` =
+// "<NAME>: expected <accepted()>, got '<value>'". Callers that report with exceptions use
+// integer()/text(), which throw std::invalid_argument with the same message.
+//
+// This library is the bottom of the layer stack: it depends on nothing in the project, so
+// engine/, verbs/, ccl/ (which must build against the system libibverbs) and tools/ can link
+// it.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace softrdma::params {
+
+/// Who reads a parameter: the device (engine/ inside the drop-in libibverbs.so.1) or the
+/// collectives library (ccl/).
+enum class Group : uint8_t { kDevice, kCcl };
+
+/// How a value is written.
+enum class Kind : uint8_t {
+  kInteger,  ///< decimal integer in [min, max]
+  kSize,     ///< byte count in [min, max], optional suffix k/m/g (also kb/kib, …; ×1024ⁿ)
+  kFlag,     ///< 1/on or 0/off
+  kChoice,   ///< one of `choices` ("a|b|c")
+  kIpv4,     ///< dotted-quad IPv4 address other than 0.0.0.0
+  kText,     ///< free text (a path, a host:port, a spec parsed by its reader)
+};
+
+/// One registered parameter. Values live in kParams; refer to them by their handles.
+struct Param {
+  std::string_view name;  ///< the environment variable, e.g. "SOFTRDMA_SPIN_US"
+  Group group;
+  Kind kind;
+  /// The default as the reader applies it (kInteger, kSize: the number; kFlag: 0 or 1).
+  /// Parameters whose default is computed at run time say so in default_text.
+  int64_t default_value = 0;
+  /// Default as documented ("20", "auto", "first free 127.0.0.x").
+  std::string_view default_text;
+  int64_t min = 0;  ///< kInteger, kSize: smallest accepted value
+  int64_t max = 0;  ///< kInteger, kSize: largest accepted value
+  /// kChoice: accepted values separated by '|'; kText: a description of the form
+  /// ("host:port"), shown as the accepted range.
+  std::string_view choices;
+  std::string_view unit;        ///< kInteger, kSize: unit of the value ("µs", "ms", "bytes")
+  bool ignore_case = false;     ///< kChoice: compare case-insensitively
+  bool empty_is_error = false;  ///< a set-but-empty variable is malformed (not "unset")
+  std::string_view doc;         ///< what it does (one or two sentences, Markdown)
+};
+
+/// Every parameter, grouped by reader. Add a row here and a handle below; `softrdma params`,
+/// `softrdma --help` and the docs tables (checked by base_tests) follow.
+inline constexpr Param kParams[] = {
+    // ---- device (engine/, read when a process opens srdma0) ------------------------------
+    {.name = "SOFTRDMA_ADDR",
+     .group = Group::kDevice,
+     .kind = Kind::kIpv4,
+     .default_text = "first free 127.0.0.1–254",
+     .doc = "IPv4 address the device srdma0 binds (UDP 4791; `softrdma run --addr`). GID index "
+            "0 is `::ffff:<addr>` (RoCE v2): give verbs programs `-g 0` (pingpong) or `-x 0` "
+            "(perftest)"},
+    {.name = "SOFTRDMA_NETEM",
+     .group = Group::kDevice,
+     .kind = Kind::kText,
+     .default_text = "off",
+     .choices = "loss=P%,every=N,seed=S",
+     .doc = "drop transmitted packets (`--netem`), e.g. `loss=5%,every=13,seed=42`"},
+    {.name = "SOFTRDMA_PCAP",
+     .group = Group::kDevice,
+     .kind = Kind::kText,
+     .default_text = "off",
+     .choices = "a file path",
+     .doc = "write every RoCEv2 packet sent and received to this pcap file (`--pcap`; `%p` and "
+            "`%a` become the pid and the device address); tshark/Wireshark decode it"},
+    {.name = "SOFTRDMA_LOG",
+     .group = Group::kDevice,
+     .kind = Kind::kChoice,
+     .default_text = "warn",
+     .choices = "trace|debug|info|warn|error|critical|off",
+     .doc = "library log level (`--log`), to stderr"},
+    {.name = "SOFTRDMA_TRANSPORT",
+     .group = Group::kDevice,
+     .kind = Kind::kChoice,
+     .default_text = "auto",
+     .choices = "auto|udp|shm",
+     .doc = "packet path (`--transport`): `auto` = shared memory to peers that are softrdma "
+            "devices on this host, UDP to the rest; `udp` = UDP port 4791 only (the wire, e.g. "
+            "for tcpdump); `shm` = shared memory only"},
+    {.name = "SOFTRDMA_GSO",
+     .group = Group::kDevice,
+     .kind = Kind::kFlag,
+     .default_value = 1,
+     .default_text = "1",
+     .doc = "UDP GSO on send and GRO on receive (UDP path). With GSO, `lo` carries each batch "
+            "as one datagram: use 0 for per-packet tcpdump"},
+    {.name = "SOFTRDMA_SPIN_US",
+     .group = Group::kDevice,
+     .kind = Kind::kInteger,
+     .default_value = 20,
+     .default_text = "20",
+     .min = 0,
+     .max = 1'000'000,
+     .unit = "µs",
+     .doc = "how long the progress thread keeps polling shared-memory rings after traffic "
+            "before it sleeps (never while the CPUs are oversubscribed)"},
+
+    // ---- ccl (collectives) -------------------------------------------------------------------
+    {.name = "SOFTRDMA_CCL_ALGO",
+     .group = Group::kCcl,
+     .kind = Kind::kChoice,
+     .default_text = "auto",
+     .choices = "ring|rd|recursive_doubling|auto",
+     .ignore_case = true,
+     .doc = "AllReduce algorithm: `ring` (bandwidth), `rd` = recursive doubling (latency), "
+            "`auto` by message size and rank count"},
+    {.name = "SOFTRDMA_CCL_CHUNK_BYTES",
+     .group = Group::kCcl,
+     .kind = Kind::kSize,
+     .default_value = 512 * 1024,
+     .default_text = "512k",
+     .min = 1,
+     .max = int64_t{1} << 30,
+     .unit = "bytes",
+     .empty_is_error = true,
+     .doc = "pipeline chunk of the ring algorithms (one RDMA WRITE stays well under the 2 GiB "
+            "message limit)"},
+    {.name = "SOFTRDMA_CCL_DEPTH",
+     .group = Group::kCcl,
+     .kind = Kind::kInteger,
+     .default_value = 4,
+     .default_text = "4",
+     .min = 1,
+     .max = 256,
+     .unit = "chunks",
+     .empty_is_error = true,
+     .doc = "chunks in flight per peer"},
+    {.name = "SOFTRDMA_CCL_TIMEOUT_MS",
+     .group = Group::kCcl,
+     .kind = Kind::kInteger,
+     .default_value = 30000,
+     .default_text = "30000",
+     .min = 1,
+     .max = 86'400'000,
+     .unit = "ms",
+     .doc = "a blocking call raises `PeerError` when the peer it waits for made no progress "
+            "this long"},
+    {.name = "SOFTRDMA_CCL_BOOTSTRAP_TIMEOUT_MS",
+     .group = Group::kCcl,
+     .kind = Kind::kInteger,
+     .default_value = 30000,
+     .default_text = "30000",
+     .min = 1,
+     .max = 86'400'000,
+     .unit = "ms",
+     .doc = "how long the rendezvous waits for all ranks"},
+    {.name = "SOFTRDMA_CCL_MASTER",
+     .group = Group::kCcl,
+     .kind = Kind::kText,
+     .default_text = "—",
+     .choices = "host:port",
+     .doc = "the rendezvous (mpirun/Slurm across hosts; overrides torchrun's)"},
+    {.name = "SOFTRDMA_CCL_HOST",
+     .group = Group::kCcl,
+     .kind = Kind::kText,
+     .default_text = "—",
+     .choices = "a host name or address",
+     .doc = "the address `make_unique_id()` advertises"},
+    {.name = "SOFTRDMA_CCL_SOCKET_IFNAME",
+     .group = Group::kCcl,
+     .kind = Kind::kText,
+     .default_text = "first up non-loopback",
+     .choices = "an interface name",
+     .doc = "the interface whose IPv4 address `make_unique_id()` advertises when "
+            "SOFTRDMA_CCL_HOST is unset"},
+    {.name = "SOFTRDMA_CCL_IB_DEVICE",
+     .group = Group::kCcl,
+     .kind = Kind::kText,
+     .default_text = "first device",
+     .choices = "a verbs device name",
+     .doc = "verbs device name"},
+    {.name = "SOFTRDMA_CCL_IB_PORT",
+     .group = Group::kCcl,
+     .kind = Kind::kInteger,
+     .default_value = 1,
+     .default_text = "1",
+     .min = 1,
+     .max = 255,
+     .doc = "port"},
+    {.name = "SOFTRDMA_CCL_IB_GID_INDEX",
+     .group = Group::kCcl,
+     .kind = Kind::kInteger,
+     .default_value = 0,
+     .default_text = "0",
+     .min = 0,
+     .max = 255,
+     .doc = "GID index (RoCE)"},
+    {.name = "SOFTRDMA_CCL_IB_TIMEOUT",
+     .group = Group::kCcl,
+     .kind = Kind::kInteger,
+     .default_value = 14,
+     .default_text = "14",
+     .min = 1,
+     .max = 31,
+     .doc = "QP ACK timeout exponent: 4.096 µs·2^x per retry (14 ≈ 67 ms)"},
+    {.name = "SOFTRDMA_CCL_IB_RETRY_CNT",
+     .group = Group::kCcl,
+     .kind = Kind::kInteger,
+     .default_value = 7,
+     .default_text = "7",
+     .min = 0,
+     .max = 7,
+     .doc = "retransmissions before a peer is declared unreachable (14/7: ~0.5 s)"},
+    {.name = "SOFTRDMA_CCL_IB_MAX_WRITE",
+     .group = Group::kCcl,
+     .kind = Kind::kInteger,
+     .default_value = 0,
+     .default_text = "port max_msg_sz, ≤ 1 GiB",
+     .min = 0,
+     .max = int64_t{1} << 40,
+     .unit = "bytes",
+     .doc = "bytes per RDMA WRITE (longer transfers are split; 0: the default)"},
+    {.name = "SOFTRDMA_CCL_SPIN_US",
+     .group = Group::kCcl,
+     .kind = Kind::kInteger,
+     .default_value = 50,
+     .default_text = "50",
+     .min = 0,
+     .max = 10'000'000,
+     .unit = "µs",
+     .doc = "busy-poll time before a waiting rank starts napping"},
+    {.name = "SOFTRDMA_CCL_NAP_US",
+     .group = Group::kCcl,
+     .kind = Kind::kInteger,
+     .default_value = 20,
+     .default_text = "20",
+     .min = 1,
+     .max = 10'000,
+     .unit = "µs",
+     .doc = "nap between polls while waiting (then 10 ms sleeps after 20 ms idle)"},
+};
+
+/// The registered parameter called `name`; a name not in kParams does not compile.
+consteval const Param& by_name(std::string_view name) {
+  for (const Param& p : kParams)
+    if (p.name == name) return p;
+  throw "not a registered SOFTRDMA_* parameter";  // makes the call ill-formed at compile time
+}
+
+// Handles, one per parameter.
+inline constexpr const Param& kAddr = by_name("SOFTRDMA_ADDR");
+inline constexpr const Param& kNetem = by_name("SOFTRDMA_NETEM");
+inline constexpr const Param& kPcap = by_name("SOFTRDMA_PCAP");
+inline constexpr const Param& kLog = by_name("SOFTRDMA_LOG");
+inline constexpr const Param& kTransport = by_name("SOFTRDMA_TRANSPORT");
+inline constexpr const Param& kGso = by_name("SOFTRDMA_GSO");
+inline constexpr const Param& kSpinUs = by_name("SOFTRDMA_SPIN_US");
+inline constexpr const Param& kCclAlgo = by_name("SOFTRDMA_CCL_ALGO");
+inline constexpr const Param& kCclChunkBytes = by_name("SOFTRDMA_CCL_CHUNK_BYTES");
+inline constexpr const Param& kCclDepth = by_name("SOFTRDMA_CCL_DEPTH");
+inline constexpr const Param& kCclTimeoutMs = by_name("SOFTRDMA_CCL_TIMEOUT_MS");
+inline constexpr const Param& kCclBootstrapTimeoutMs = by_name("SOFTRDMA_CCL_BOOTSTRAP_TIMEOUT_MS");
+inline constexpr const Param& kCclMaster = by_name("SOFTRDMA_CCL_MASTER");
+inline constexpr const Param& kCclHost = by_name("SOFTRDMA_CCL_HOST");
+inline constexpr const Param& kCclSocketIfname = by_name("SOFTRDMA_CCL_SOCKET_IFNAME");
+inline constexpr const Param& kCclIbDevice = by_name("SOFTRDMA_CCL_IB_DEVICE");
+inline constexpr const Param& kCclIbPort = by_name("SOFTRDMA_CCL_IB_PORT");
+inline constexpr const Param& kCclIbGidIndex = by_name("SOFTRDMA_CCL_IB_GID_INDEX");
+inline constexpr const Param& kCclIbTimeout = by_name("SOFTRDMA_CCL_IB_TIMEOUT");
+inline constexpr const Param& kCclIbRetryCnt = by_name("SOFTRDMA_CCL_IB_RETRY_CNT");
+inline constexpr const Param& kCclIbMaxWrite = by_name("SOFTRDMA_CCL_IB_MAX_WRITE");
+inline constexpr const Param& kCclSpinUs = by_name("SOFTRDMA_CCL_SPIN_US");
+inline constexpr const Param& kCclNapUs = by_name("SOFTRDMA_CCL_NAP_US");
+
+/// Every registered parameter, in table order.
+std::span<const Param> all();
+
+/// What `p` accepts, for messages and docs: "an integer in 0..1000000 (µs)", "one of auto,
+/// udp, shm", "1/on or 0/off", "an IPv4 address", or the form of a kText parameter.
+std::string accepted(const Param& p);
+
+/// kChoice: the accepted values, in order (for command-line checks that mirror a variable).
+std::vector<std::string> choices(const Param& p);
+
+/// "<NAME>: expected <accepted(p)>, got '<value>'": the message of every malformed value.
+std::string malformed(const Param& p, std::string_view value);
+
+/// The variable's value, or nullptr when unset or (unless p.empty_is_error) empty.
+const char* raw(const Param& p);
+
+// ---- reading; each returns false with `error` = malformed(…) on a bad value and leaves
+// `out` unchanged when the variable is unset. Using the wrong kind is a programming error
+// (checked by assert).
+
+/// kInteger, kSize.
+bool read_integer(const Param& p, int64_t& out, std::string& error);
+/// kFlag: true for 1/on, false for 0/off.
+bool read_flag(const Param& p, bool& out, std::string& error);
+/// kChoice: the value as listed in p.choices (so lower case when p.ignore_case); kText: the
+/// value as set.
+bool read_text(const Param& p, std::string& out, std::string& error);
+/// kIpv4: host byte order.
+bool read_ipv4(const Param& p, uint32_t& out, std::string& error);
+
+/// read_integer over p.default_value; throws std::invalid_argument(malformed(…)).
+int64_t integer(const Param& p);
+/// read_integer over `fallback` (a default computed by the caller); throws like integer(p).
+int64_t integer(const Param& p, int64_t fallback);
+/// read_text over p.default_text for kChoice, over "" for kText; throws like integer(p).
+std::string text(const Param& p);
+
+// ---- listing (softrdma params, the docs check) ----
+
+/// A Markdown table of `group`'s parameters: | variable | default | accepted | meaning |.
+std::string markdown_table(Group group);
+/// Plain text for a terminal, `width` columns: each parameter's name, default and accepted
+/// values on one line, its doc indented below.
+std::string help_text(Group group, size_t width = 80);
+/// "device" / "ccl".
+std::string_view group_name(Group group);
+
+}  // namespace softrdma::params

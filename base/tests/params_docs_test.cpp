@@ -1,0 +1,91 @@
+// The docs list the registry: README.md's device table and docs/collectives.md's ccl table
+// are exactly params::markdown_table(), and every SOFTRDMA_* name used anywhere in the tree
+// is either registered or one of the build-time names below.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <set>
+#include <sstream>
+#include <string>
+
+#include "base/params.h"
+
+namespace softrdma::params {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string read_file(const fs::path& p) {
+  std::ifstream in(p);
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+/// The text between "<!-- params:GROUP -->\n" and "<!-- /params:GROUP -->" in `file`.
+std::string generated_block(const fs::path& file, Group g) {
+  const std::string text = read_file(file);
+  const std::string begin = "<!-- params:" + std::string(group_name(g)) + " -->\n";
+  const std::string end = "<!-- /params:" + std::string(group_name(g)) + " -->";
+  const size_t b = text.find(begin);
+  const size_t e = text.find(end);
+  if (b == std::string::npos || e == std::string::npos || e < b) return "(no " + begin + ")";
+  return text.substr(b + begin.size(), e - b - begin.size());
+}
+
+TEST(Docs, ReadmeListsTheDeviceParametersFromTheRegistry) {
+  EXPECT_EQ(markdown_table(Group::kDevice),
+            generated_block(fs::path(SOFTRDMA_SOURCE_DIR) / "README.md", Group::kDevice))
+      << "README.md is out of date: paste `build/bin/softrdma params --markdown device` "
+         "between its <!-- params:device --> markers";
+}
+
+TEST(Docs, CollectivesDocListsTheCclParametersFromTheRegistry) {
+  EXPECT_EQ(markdown_table(Group::kCcl),
+            generated_block(fs::path(SOFTRDMA_SOURCE_DIR) / "docs" / "collectives.md", Group::kCcl))
+      << "docs/collectives.md is out of date: paste `build/bin/softrdma params --markdown ccl` "
+         "between its <!-- params:ccl --> markers";
+}
+
+TEST(Docs, EverySoftrdmaVariableInTheTreeIsRegistered) {
+  // Names that are not environment variables: CMake options, compile definitions, macros.
+  const std::set<std::string> build_time = {
+      "SOFTRDMA_TESTS",      "SOFTRDMA_SANITIZE",      "SOFTRDMA_FUZZ",
+      "SOFTRDMA_FUZZ_FLAGS", "SOFTRDMA_VERSION",       "SOFTRDMA_HAVE_ISAL",
+      "SOFTRDMA_COUNTERS",   "SOFTRDMA_COUNTER_FIELD", "SOFTRDMA_COUNTER_NAME",
+      "SOFTRDMA_IVDEP",      "SOFTRDMA_AVX2",          "SOFTRDMA_CCL_X86_DISPATCH",
+      "SOFTRDMA_SOURCE_DIR"};
+  std::set<std::string> registered;
+  for (const Param& p : all()) registered.emplace(p.name);
+
+  // A name followed by "_" or "*" is a prefix ("SOFTRDMA_CCL_*"), not a variable.
+  const std::regex token("SOFTRDMA_[A-Z0-9_]*[A-Z0-9](?![_*A-Z0-9])");
+  const std::set<std::string> exts = {".cpp", ".h", ".sh", ".md", ".txt", ".py", ".json", ".cmake"};
+  const fs::path root = SOFTRDMA_SOURCE_DIR;
+  size_t files = 0;
+  for (auto it = fs::recursive_directory_iterator(root); it != fs::recursive_directory_iterator();
+       ++it) {
+    const std::string name = it->path().filename().string();
+    if (it->is_directory() && (name.rfind("build", 0) == 0 || name.front() == '.')) {
+      it.disable_recursion_pending();
+      continue;
+    }
+    if (!it->is_regular_file() ||
+        (!exts.count(it->path().extension().string()) && name != "CMakeLists.txt"))
+      continue;
+    ++files;
+    const std::string text = read_file(it->path());
+    for (std::sregex_iterator m(text.begin(), text.end(), token), e; m != e; ++m) {
+      const std::string n = m->str();
+      EXPECT_TRUE(registered.count(n) || build_time.count(n))
+          << n << " (" << fs::relative(it->path(), root).string()
+          << ") is not in the parameter registry (base/params.h)";
+    }
+  }
+  EXPECT_GT(files, 50u) << "the source tree was not found at " << root;
+}
+
+}  // namespace
+}  // namespace softrdma::params

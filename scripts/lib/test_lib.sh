@@ -1,0 +1,113 @@
+# shellcheck shell=bash
+# Helpers the shell tests share; source it, don't run it:
+#
+#   source "$(dirname "${BASH_SOURCE[0]}")/<up to the root>/scripts/lib/test_lib.sh"
+#
+# Used by tools/tests/cli_test.sh, tools/tests/pingpong_test.sh,
+# tools/ccl_perf/tests/ccl_perf_test.sh, verbs/interop/perftest_test.sh and scripts/demo.sh.
+#
+#   case_test_args PREFIX "CASES" "$@"
+#                                  a script run as `SCRIPT BUILD_DIR CASE` (one ctest per
+#                                  case): sets CASE, TEST_NAME=PREFIX.CASE, BUILD_DIR and
+#                                  SOFTRDMA; exit 2 with a usage line unless there are two
+#                                  arguments and CASE is one of CASES (space-separated)
+#   TEST_NAME=pingpong.default     the name `fail` puts in its message
+#   fail MSG...                    "FAIL [TEST_NAME]: MSG" on stderr, exit 1
+#   resolve_build_dir DIR          BUILD_DIR=absolute DIR (exit 1 if it does not exist) and
+#                                  SOFTRDMA=$BUILD_DIR/bin/softrdma
+#   require_softrdma_built         fail unless softrdma and the drop-in libibverbs.so.1 exist
+#   make_work_dir PREFIX           WORK=a fresh directory, removed at exit after the script's
+#                                  own `on_exit` function (if it defines one) has run
+#   show_logs FILE...              each file under a "----- name -----" banner, on stderr
+#   tcp_listening PORT             true if something listens on TCP PORT
+#   wait_for_listener PORT PID SECONDS LOG
+#                                  wait until PID (a server) listens on TCP PORT; fail, showing
+#                                  LOG, if it exits first or after SECONDS
+#   status_text RC                 "status RC", plus "(timed out after ${STEP_TIMEOUT}s)" for
+#                                  timeout's 124 / 137
+
+TEST_NAME=${TEST_NAME:-$(basename "$0" .sh)}
+
+fail() {
+  echo "FAIL [$TEST_NAME]: $*" >&2
+  exit 1
+}
+
+resolve_build_dir() {
+  BUILD_DIR=$(cd "$1" && pwd) || { echo "FAIL: no build directory '$1'" >&2; exit 1; }
+  SOFTRDMA="$BUILD_DIR/bin/softrdma"
+}
+
+case_test_args() {
+  local prefix=$1 cases=$2
+  shift 2
+  if [[ $# -ne 2 ]]; then
+    echo "usage: $0 BUILD_DIR CASE   (CASE: ${cases// /|})" >&2
+    exit 2
+  fi
+  CASE=$2
+  if [[ " $cases " != *" $CASE "* ]]; then
+    echo "unknown case '$CASE' (${cases// /|})" >&2
+    exit 2
+  fi
+  TEST_NAME=$prefix.$CASE
+  resolve_build_dir "$1"
+}
+
+require_softrdma_built() {
+  [[ -x "$SOFTRDMA" ]] || fail "$SOFTRDMA not built (build the 'softrdma' target)"
+  [[ -e "$BUILD_DIR/lib/libibverbs.so.1" ]] || fail "$BUILD_DIR/lib/libibverbs.so.1 not built"
+}
+
+# shellcheck disable=SC2317  # called through the trap
+_test_lib_exit() {
+  if declare -F on_exit >/dev/null; then on_exit; fi
+  [[ -n "${WORK:-}" ]] && rm -rf "$WORK"
+}
+
+make_work_dir() {
+  WORK=$(mktemp -d "${TMPDIR:-/tmp}/$1.XXXXXX") || { echo "FAIL: mktemp" >&2; exit 1; }
+  trap _test_lib_exit EXIT
+}
+
+show_logs() {
+  local f
+  for f in "$@"; do
+    echo "----- $(basename "$f") -----" >&2
+    cat "$f" >&2
+  done
+  echo "-----" >&2
+}
+
+# Reads /proc instead of connecting: ibv_rc_pingpong's and perftest's servers accept exactly
+# one connection.
+tcp_listening() {
+  local hex
+  hex=$(printf ':%04X' "$1")
+  awk -v p="$hex" '$4 == "0A" && substr($2, length($2) - 4) == p { found = 1 }
+                   END { exit !found }' /proc/net/tcp /proc/net/tcp6 2>/dev/null
+}
+
+wait_for_listener() {
+  local port=$1 pid=$2 seconds=$3 log=$4 waited=0 rc
+  until tcp_listening "$port"; do
+    if ! kill -0 "$pid" 2>/dev/null; then
+      wait "$pid"
+      rc=$?
+      show_logs "$log"
+      fail "server exited ($(status_text $rc)) before listening on TCP port $port"
+    fi
+    if ((waited >= seconds * 10)); then
+      show_logs "$log"
+      fail "server not listening on TCP port $port after $seconds s"
+    fi
+    sleep 0.1
+    waited=$((waited + 1))
+  done
+}
+
+status_text() {
+  local rc=$1
+  echo -n "status $rc"
+  if ((rc == 124 || rc == 137)); then echo -n " (timed out after ${STEP_TIMEOUT:-?}s)"; fi
+}
