@@ -126,10 +126,46 @@ inline constexpr Param kParams[] = {
      .group = Group::kCcl,
      .kind = Kind::kChoice,
      .default_text = "auto",
-     .choices = "ring|rd|recursive_doubling|auto",
+     .choices = "ring|rd|recursive_doubling|rabenseifner|auto",
      .ignore_case = true,
-     .doc = "AllReduce algorithm: `ring` (bandwidth), `rd` = recursive doubling (latency), "
-            "`auto` by message size and rank count"},
+     .doc = "algorithm family: `ring` (bandwidth; chain for Broadcast/Reduce), `rd` = the "
+            "log2(n)-message algorithms (recursive doubling, binomial trees, Bruck, recursive "
+            "halving), `rabenseifner` (AllReduce; elsewhere as auto), `auto` by size and rank "
+            "count (docs/collectives.md)"},
+    {.name = "SOFTRDMA_CCL_SMALL_BYTES",
+     .group = Group::kCcl,
+     .kind = Kind::kSize,
+     .default_value = 64 * 1024,
+     .default_text = "64k",
+     .min = 0,
+     .max = int64_t{1} << 40,
+     .unit = "bytes",
+     .empty_is_error = true,
+     .doc = "auto: at or below this the log2(n)-message algorithms run (AllGather and "
+            "ReduceScatter: the whole n-block buffer)"},
+    {.name = "SOFTRDMA_CCL_MEDIUM_BYTES",
+     .group = Group::kCcl,
+     .kind = Kind::kSize,
+     .default_value = 1024 * 1024,
+     .default_text = "1m",
+     .min = 0,
+     .max = int64_t{1} << 40,
+     .unit = "bytes",
+     .empty_is_error = true,
+     .doc = "auto, AllReduce: above SOFTRDMA_CCL_SMALL_BYTES and up to this, Rabenseifner; "
+            "above, the ring"},
+    {.name = "SOFTRDMA_CCL_EAGER_BYTES",
+     .group = Group::kCcl,
+     .kind = Kind::kSize,
+     .default_value = 8192,
+     .default_text = "8k",
+     .min = 0,
+     .max = 65536,
+     .unit = "bytes",
+     .empty_is_error = true,
+     .doc = "transfers up to this size travel in the control SEND into a pre-posted slot (one "
+            "one-way trip); larger ones by rendezvous (advert + RDMA WRITE); 0: always "
+            "rendezvous. Each pair of ranks uses the smaller of their two values"},
     {.name = "SOFTRDMA_CCL_CHUNK_BYTES",
      .group = Group::kCcl,
      .kind = Kind::kSize,
@@ -272,6 +308,9 @@ inline constexpr const Param& kTransport = by_name("SOFTRDMA_TRANSPORT");
 inline constexpr const Param& kGso = by_name("SOFTRDMA_GSO");
 inline constexpr const Param& kSpinUs = by_name("SOFTRDMA_SPIN_US");
 inline constexpr const Param& kCclAlgo = by_name("SOFTRDMA_CCL_ALGO");
+inline constexpr const Param& kCclSmallBytes = by_name("SOFTRDMA_CCL_SMALL_BYTES");
+inline constexpr const Param& kCclMediumBytes = by_name("SOFTRDMA_CCL_MEDIUM_BYTES");
+inline constexpr const Param& kCclEagerBytes = by_name("SOFTRDMA_CCL_EAGER_BYTES");
 inline constexpr const Param& kCclChunkBytes = by_name("SOFTRDMA_CCL_CHUNK_BYTES");
 inline constexpr const Param& kCclDepth = by_name("SOFTRDMA_CCL_DEPTH");
 inline constexpr const Param& kCclTimeoutMs = by_name("SOFTRDMA_CCL_TIMEOUT_MS");

@@ -14,6 +14,7 @@
 #include <cstring>
 #include <random>
 
+#include "base/params.h"
 #include "ccl/bootstrap.h"
 #include "ccl/verbs_transport.h"
 
@@ -24,15 +25,13 @@ using std::chrono::milliseconds;
 
 // SOFTRDMA_CCL_HOST: the address make_unique_id() advertises; null when unset or empty.
 const char* host_setting() {
-  const char* v = std::getenv("SOFTRDMA_CCL_HOST");
-  return v && *v ? v : nullptr;
+  return params::raw(params::kCclHost);
 }
 
 // SOFTRDMA_CCL_SOCKET_IFNAME: the interface whose address make_unique_id() advertises;
 // null when unset or empty.
 const char* socket_ifname_setting() {
-  const char* v = std::getenv("SOFTRDMA_CCL_SOCKET_IFNAME");
-  return v && *v ? v : nullptr;
+  return params::raw(params::kCclSocketIfname);
 }
 
 // The address make_unique_id() advertises.
@@ -61,17 +60,7 @@ std::string pick_host() {
 }  // namespace
 
 std::chrono::milliseconds bootstrap_timeout() {
-  const char* v = std::getenv("SOFTRDMA_CCL_BOOTSTRAP_TIMEOUT_MS");
-  if (!v || !*v) return milliseconds(30000);
-  char* end = nullptr;
-  errno = 0;
-  long x = std::strtol(v, &end, 10);
-  if (errno || end == v || *end || x < 1 || x > 86400000)
-    throw std::invalid_argument(
-        std::string("SOFTRDMA_CCL_BOOTSTRAP_TIMEOUT_MS: expected milliseconds in [1, 86400000], "
-                    "got '") +
-        v + "'");
-  return milliseconds(x);
+  return milliseconds(params::integer(params::kCclBootstrapTimeoutMs));
 }
 
 // ---- unique id ----------------------------------------------------------------------------

@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <string>
 
+#include "base/params.h"
 #include "ccl/bootstrap.h"
 
 namespace softrdma::ccl {
@@ -19,7 +20,7 @@ const char* env(const char* name) {
 // SOFTRDMA_CCL_MASTER (host:port of the bootstrap root, overriding the launcher's); null
 // when unset or empty.
 const char* master_setting() {
-  return env("SOFTRDMA_CCL_MASTER");
+  return params::raw(params::kCclMaster);
 }
 
 long parse_long(const char* name, const char* v, long lo, long hi) {

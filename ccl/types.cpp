@@ -7,6 +7,7 @@
 #include <string>
 #include <string_view>
 
+#include "base/params.h"
 #include "ccl/ccl.h"
 
 namespace softrdma::ccl {
@@ -37,31 +38,6 @@ std::string lower(std::string_view s) {
   std::string out(s);
   for (char& c : out) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   return out;
-}
-
-// A non-negative decimal integer with an optional binary suffix (k, m, g: KiB, MiB, GiB).
-uint64_t parse_size(const char* var, const std::string& value) {
-  const std::string bad = std::string(var) + "=\"" + value + "\": ";
-  if (value.empty() || !std::isdigit(static_cast<unsigned char>(value[0])))
-    throw std::invalid_argument(bad + "expected a positive integer (optionally k/m/g suffix)");
-  errno = 0;
-  char* end = nullptr;
-  unsigned long long n = std::strtoull(value.c_str(), &end, 10);
-  if (errno == ERANGE) throw std::invalid_argument(bad + "out of range");
-  std::string suffix = lower(end);
-  unsigned shift = 0;
-  if (suffix == "k" || suffix == "kib" || suffix == "kb") {
-    shift = 10;
-  } else if (suffix == "m" || suffix == "mib" || suffix == "mb") {
-    shift = 20;
-  } else if (suffix == "g" || suffix == "gib" || suffix == "gb") {
-    shift = 30;
-  } else if (!suffix.empty()) {
-    throw std::invalid_argument(bad + "unknown suffix \"" + std::string(end) +
-                                "\" (expected k, m or g)");
-  }
-  if (shift != 0 && n > (~0ull >> shift)) throw std::invalid_argument(bad + "out of range");
-  return static_cast<uint64_t>(n) << shift;
 }
 
 }  // namespace
@@ -121,50 +97,17 @@ bool parse_op(const std::string& s, RedOp& out) {
 
 namespace {
 
-// Each SOFTRDMA_CCL_* setting of Config is read by one function of its own, so that moving
-// them onto a parameter registry touches one function each.
+// Each SOFTRDMA_CCL_* setting of Config is read through the parameter registry
+// (base/params.h: defaults, ranges and docs in one place).
 
-// SOFTRDMA_CCL_ALGO=ring|rd|recursive_doubling|rabenseifner|auto (empty: auto); `def` when
-// unset.
+// SOFTRDMA_CCL_ALGO; `def` when unset.
 Algorithm algorithm_from_environment(Algorithm def) {
-  const char* v = std::getenv("SOFTRDMA_CCL_ALGO");
-  if (v == nullptr) return def;
-  const std::string a = lower(v);
+  if (params::raw(params::kCclAlgo) == nullptr) return def;
+  const std::string a = params::text(params::kCclAlgo);
   if (a == "ring") return Algorithm::kRing;
   if (a == "rd" || a == "recursive_doubling") return Algorithm::kRecursiveDoubling;
   if (a == "rabenseifner") return Algorithm::kRabenseifner;
-  if (a == "auto" || a.empty()) return Algorithm::kAuto;
-  throw std::invalid_argument(std::string("SOFTRDMA_CCL_ALGO=\"") + v +
-                              "\": expected ring, rd, rabenseifner or auto");
-}
-
-// SOFTRDMA_CCL_CHUNK_BYTES: bytes with an optional k/m/g suffix, in [1, kMaxChunkBytes].
-size_t chunk_bytes_from_environment(size_t def) {
-  const char* v = std::getenv("SOFTRDMA_CCL_CHUNK_BYTES");
-  if (v == nullptr) return def;
-  uint64_t n = parse_size("SOFTRDMA_CCL_CHUNK_BYTES", v);
-  if (n == 0 || n > Config::kMaxChunkBytes)
-    throw std::invalid_argument(std::string("SOFTRDMA_CCL_CHUNK_BYTES=\"") + v +
-                                "\": must be between 1 and 1 GiB");
-  return static_cast<size_t>(n);
-}
-
-// SOFTRDMA_CCL_DEPTH: a plain integer in [1, kMaxDepth].
-int depth_from_environment(int def) {
-  const char* v = std::getenv("SOFTRDMA_CCL_DEPTH");
-  if (v == nullptr) return def;
-  uint64_t n = 0;
-  try {
-    n = parse_size("SOFTRDMA_CCL_DEPTH", v);
-  } catch (const std::invalid_argument&) {
-    n = 0;
-  }
-  if (n == 0 || n > static_cast<uint64_t>(Config::kMaxDepth) ||
-      lower(v).find_first_not_of("0123456789") != std::string::npos)
-    throw std::invalid_argument(std::string("SOFTRDMA_CCL_DEPTH=\"") + v +
-                                "\": must be an integer between 1 and " +
-                                std::to_string(Config::kMaxDepth));
-  return static_cast<int>(n);
+  return Algorithm::kAuto;
 }
 
 }  // namespace
@@ -172,8 +115,13 @@ int depth_from_environment(int def) {
 Config Config::from_environment() {
   Config c;
   c.algorithm = algorithm_from_environment(c.algorithm);
-  c.chunk_bytes = chunk_bytes_from_environment(c.chunk_bytes);
-  c.depth = depth_from_environment(c.depth);
+  c.chunk_bytes = static_cast<size_t>(
+      params::integer(params::kCclChunkBytes, static_cast<int64_t>(c.chunk_bytes)));
+  c.depth = static_cast<int>(params::integer(params::kCclDepth, c.depth));
+  c.small_bytes = static_cast<size_t>(
+      params::integer(params::kCclSmallBytes, static_cast<int64_t>(c.small_bytes)));
+  c.medium_bytes = static_cast<size_t>(
+      params::integer(params::kCclMediumBytes, static_cast<int64_t>(c.medium_bytes)));
   // SOFTRDMA_CCL_TIMEOUT_MS is read by the transports (it sets Transport::timeout()).
   return c;
 }

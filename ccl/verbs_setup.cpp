@@ -12,6 +12,7 @@
 #include <random>
 #include <stdexcept>
 
+#include "base/params.h"
 #include "ccl/verbs_transport_impl.h"
 
 namespace softrdma::ccl {
@@ -34,28 +35,6 @@ std::string errno_text(int e) {
 using namespace verbs;  // NOLINT(google-build-using-namespace): the transport's own types
 
 namespace {
-
-// The integer environment variable `name` in [lo, hi], `def` when unset or empty. Throws
-// std::invalid_argument on a malformed or out-of-range value. (The one getenv of the
-// transport's numeric settings.)
-long env_long(const char* name, long def, long lo, long hi) {
-  const char* v = std::getenv(name);
-  if (!v || !*v) return def;
-  char* end = nullptr;
-  errno = 0;
-  long x = std::strtol(v, &end, 10);
-  if (errno || *end || x < lo || x > hi)
-    throw std::invalid_argument(std::string(name) + ": expected an integer in [" +
-                                std::to_string(lo) + ", " + std::to_string(hi) + "], got '" + v +
-                                "'");
-  return x;
-}
-
-// The string environment variable `name`, empty when unset.
-std::string env_string(const char* name) {
-  const char* v = std::getenv(name);
-  return v ? v : "";
-}
 
 // "127.0.0.4" for a RoCE GID of an IPv4 address, the IPv6 text of other GIDs, "lid N" on
 // InfiniBand.
@@ -295,19 +274,20 @@ void VerbsTransport::Impl::teardown() {
 
 VerbsOptions VerbsOptions::from_environment() {
   VerbsOptions o;
-  if (std::string d = env_string("SOFTRDMA_CCL_IB_DEVICE"); !d.empty()) o.device = d;
-  o.port = static_cast<uint8_t>(env_long("SOFTRDMA_CCL_IB_PORT", o.port, 1, 255));
-  o.gid_index = static_cast<int>(env_long("SOFTRDMA_CCL_IB_GID_INDEX", o.gid_index, 0, 255));
-  o.timeout = milliseconds(env_long("SOFTRDMA_CCL_TIMEOUT_MS", o.timeout.count(), 1, 86400000));
-  o.ib_timeout = static_cast<uint8_t>(env_long("SOFTRDMA_CCL_IB_TIMEOUT", o.ib_timeout, 1, 31));
-  o.retry_cnt = static_cast<uint8_t>(env_long("SOFTRDMA_CCL_IB_RETRY_CNT", o.retry_cnt, 0, 7));
-  o.spin = microseconds(env_long("SOFTRDMA_CCL_SPIN_US", o.spin.count(), 0, 10000000));
-  o.nap = microseconds(env_long("SOFTRDMA_CCL_NAP_US", o.nap.count(), 1, 10000));
-  o.max_write = static_cast<uint64_t>(
-      env_long("SOFTRDMA_CCL_IB_MAX_WRITE", static_cast<long>(o.max_write), 0, 1l << 40));
+  // Through the parameter registry (base/params.h): ranges, defaults and docs in one place.
+  using params::integer;
+  if (std::string d = params::text(params::kCclIbDevice); !d.empty()) o.device = d;
+  o.port = static_cast<uint8_t>(integer(params::kCclIbPort, o.port));
+  o.gid_index = static_cast<int>(integer(params::kCclIbGidIndex, o.gid_index));
+  o.timeout = milliseconds(integer(params::kCclTimeoutMs, o.timeout.count()));
+  o.ib_timeout = static_cast<uint8_t>(integer(params::kCclIbTimeout, o.ib_timeout));
+  o.retry_cnt = static_cast<uint8_t>(integer(params::kCclIbRetryCnt, o.retry_cnt));
+  o.spin = microseconds(integer(params::kCclSpinUs, o.spin.count()));
+  o.nap = microseconds(integer(params::kCclNapUs, o.nap.count()));
+  o.max_write =
+      static_cast<uint64_t>(integer(params::kCclIbMaxWrite, static_cast<int64_t>(o.max_write)));
   o.eager_bytes =
-      static_cast<size_t>(env_long("SOFTRDMA_CCL_EAGER_BYTES", static_cast<long>(o.eager_bytes), 0,
-                                   static_cast<long>(kMaxEagerBytes)));
+      static_cast<size_t>(integer(params::kCclEagerBytes, static_cast<int64_t>(o.eager_bytes)));
   return o;
 }
 
