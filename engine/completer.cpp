@@ -38,7 +38,7 @@ bool complete_acked(QueuePair& qp, Transport& t, uint32_t psn) {
   while (!qp.sq.empty()) {
     SendWqe& w = qp.sq.front();
     if (!w.started || psn_diff(psn, qp.comp.psn) < 0) break;
-    if (w.is_read_or_atomic()) {
+    if (w.info().read_or_atomic) {
       ok = false;  // psn ≥ comp.psn lies in or beyond an unanswered READ/ATOMIC
       break;
     }
@@ -165,7 +165,7 @@ void scatter(SendWqe& w, uint64_t offset, std::span<const uint8_t> data) {
 // The WQE a READ response or atomic ACK at `pkt`'s PSN answers, or nullptr when the packet
 // must be dropped. Such a response implicitly acknowledges every earlier request (IBTA
 // 9.7.5.1.2); one ahead of the expected PSN means an earlier response was lost.
-SendWqe* answered_wqe(QueuePair& qp, const wire::Packet& pkt, Transport& t, bool read) {
+SendWqe* answered_wqe(QueuePair& qp, const wire::Packet& pkt, Transport& t, WrClass cls) {
   const uint32_t psn = pkt.hdr.bth.psn;
   if (!complete_acked(qp, t, psn_add(psn, wire::kPsnMask)) || psn != qp.comp.psn) {
     fast_retry(qp, t);
@@ -173,9 +173,7 @@ SendWqe* answered_wqe(QueuePair& qp, const wire::Packet& pkt, Transport& t, bool
   }
   if (qp.sq.empty()) return nullptr;
   SendWqe& w = qp.sq.front();
-  const bool kind_ok = read ? w.wr.opcode == WrOpcode::kRdmaRead
-                            : w.is_read_or_atomic() && w.wr.opcode != WrOpcode::kRdmaRead;
-  if (!w.started || !kind_ok || psn_diff(psn, w.last_psn()) > 0) {
+  if (!w.started || w.info().cls != cls || psn_diff(psn, w.last_psn()) > 0) {
     bump(t.counters().rcvd_stale_response);
     return nullptr;
   }
@@ -183,7 +181,7 @@ SendWqe* answered_wqe(QueuePair& qp, const wire::Packet& pkt, Transport& t, bool
 }
 
 void on_read_response(QueuePair& qp, const wire::Packet& pkt, Transport& t) {
-  SendWqe* w = answered_wqe(qp, pkt, t, true);
+  SendWqe* w = answered_wqe(qp, pkt, t, WrClass::kRead);
   if (!w) return;
   const uint32_t psn = pkt.hdr.bth.psn;
   const uint64_t offset = uint64_t(psn_diff(psn, w->first_psn)) * qp.mtu;
@@ -200,7 +198,7 @@ void on_read_response(QueuePair& qp, const wire::Packet& pkt, Transport& t) {
 }
 
 void on_atomic_ack(QueuePair& qp, const wire::Packet& pkt, Transport& t) {
-  SendWqe* w = answered_wqe(qp, pkt, t, false);
+  SendWqe* w = answered_wqe(qp, pkt, t, WrClass::kAtomic);
   if (!w) return;
   const uint64_t orig = pkt.hdr.atomic_ack.orig;
   uint8_t bytes[8];
@@ -264,7 +262,7 @@ void on_timer(QueuePair& qp, Transport& t, uint64_t now) {
   bump(t.counters().retransmit_timeouts);
   qp.comp.timer_ns = 0;
   if (!retry_budget(qp, t)) return;
-  qp.comp.fast_retry_psn = 0xffffffff;
+  qp.comp.fast_retry_psn = kNoPsn;
   qp.req.cwnd = 1;
   retry_from(qp, qp.comp.psn, "timeout");
   requester::run(qp, t);

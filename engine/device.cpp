@@ -283,7 +283,7 @@ uint32_t Device::register_qp(QueuePair* qp) {
   uint32_t qpn;
   do {
     qpn = next_qpn_;
-    next_qpn_ = (next_qpn_ + 1) & wire::kPsnMask;
+    next_qpn_ = (next_qpn_ + 1) & wire::kQpnMask;
     if (next_qpn_ < 0x100) next_qpn_ = 0x100;  // QPN 0 and 1 are special (SMI/GSI)
   } while (qps_.count(qpn));
   qps_[qpn] = qp;

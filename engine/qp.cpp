@@ -54,24 +54,6 @@ const Transition* find_transition(QpState from, QpState to) {
   return nullptr;
 }
 
-WcOpcode wc_opcode_for(WrOpcode op) {
-  switch (op) {
-    case WrOpcode::kRdmaWrite:
-    case WrOpcode::kRdmaWriteImm:
-      return WcOpcode::kRdmaWrite;
-    case WrOpcode::kSend:
-    case WrOpcode::kSendImm:
-      return WcOpcode::kSend;
-    case WrOpcode::kRdmaRead:
-      return WcOpcode::kRdmaRead;
-    case WrOpcode::kCompareSwap:
-      return WcOpcode::kCompSwap;
-    case WrOpcode::kFetchAdd:
-      return WcOpcode::kFetchAdd;
-  }
-  return WcOpcode::kSend;
-}
-
 }  // namespace
 
 QueuePair::QueuePair(Device& dev, ProtectionDomain& pd, CompletionQueue& scq, CompletionQueue& rcq,
@@ -100,7 +82,7 @@ Status QueuePair::validate_cap(const QpCap& c) {
   return kOk;
 }
 
-void QueuePair::kick() {
+void QueuePair::transmit_pending_requests() {
   requester::run(*this, *transport);
   transport->flush();
 }
@@ -135,7 +117,7 @@ Status QueuePair::modify(const QpAttr& a, uint32_t mask) {
     return std::errc::invalid_argument;
   if ((mask & kAttrPathMtu) && (a.path_mtu < 1 || a.path_mtu > dev_.active_mtu()))
     return std::errc::invalid_argument;
-  if ((mask & kAttrDestQpn) && a.dest_qp_num > wire::kPsnMask) return std::errc::invalid_argument;
+  if ((mask & kAttrDestQpn) && a.dest_qp_num > wire::kQpnMask) return std::errc::invalid_argument;
   if ((mask & kAttrTimeout) && a.timeout > 31) return std::errc::invalid_argument;
   if ((mask & kAttrRetryCnt) && a.retry_cnt > 7) return std::errc::invalid_argument;
   if ((mask & kAttrRnrRetry) && a.rnr_retry > 7) return std::errc::invalid_argument;
@@ -201,7 +183,7 @@ Status QueuePair::modify(const QpAttr& a, uint32_t mask) {
       break;
     case QpState::kRts:
       if (cur == QpState::kSqd) attr.sq_draining = false;
-      kick();
+      transmit_pending_requests();
       break;
     case QpState::kSqd:
       attr.sq_draining = true;
@@ -229,14 +211,16 @@ Status QueuePair::post_send_locked(const SendWr& wr) {
     return std::errc::invalid_argument;
   if (wr.num_sge > cap.max_send_sge) return std::errc::invalid_argument;
   if (wr.num_sge && !wr.sg_list) return std::errc::invalid_argument;
-  if (static_cast<uint8_t>(wr.opcode) > static_cast<uint8_t>(WrOpcode::kFetchAdd))
-    return std::errc::invalid_argument;
+  if (!wr_opcode_supported(static_cast<uint8_t>(wr.opcode))) return std::errc::invalid_argument;
+  const WrOpcodeInfo& info = wr_info(wr.opcode);
   uint64_t length = 0;
   for (uint32_t i = 0; i < wr.num_sge; ++i) length += wr.sg_list[i].length;
   if (length > DeviceLimits::kMaxMsgSize) return std::errc::invalid_argument;
-  const bool atomic = wr.opcode == WrOpcode::kCompareSwap || wr.opcode == WrOpcode::kFetchAdd;
-  if (atomic && (length != 8 || (wr.remote_addr & 7))) return std::errc::invalid_argument;
-  const bool inl = (wr.flags & kInline) && wr.opcode != WrOpcode::kRdmaRead && !atomic;
+  // Atomics: exactly 8 bytes at an 8-byte aligned remote address (IBTA 9.4.5).
+  if (info.fixed_length &&
+      (length != info.fixed_length || (wr.remote_addr & (info.fixed_length - 1))))
+    return std::errc::invalid_argument;
+  const bool inl = (wr.flags & kInline) && info.inline_allowed;
   if (inl && length > cap.max_inline_data) return std::errc::invalid_argument;
   if (sq.size() >= cap.max_send_wr) return std::errc::not_enough_memory;
 
@@ -281,7 +265,7 @@ Status QueuePair::post_send_batch(const SendWr* wrs, size_t n, size_t& bad) {
     if (st != kOk) break;
   }
   bad = i;
-  if (i > 0) kick();
+  if (i > 0) transmit_pending_requests();
   return st;
 }
 
@@ -313,7 +297,7 @@ void QueuePair::retire_send(WcStatus status, uint32_t byte_len) {
     Cqe c;
     c.wr_id = w.wr.wr_id;
     c.status = status;
-    c.opcode = wc_opcode_for(w.wr.opcode);
+    c.opcode = w.info().wc_opcode;
     c.byte_len = byte_len;
     c.qp_num = qpn_;
     send_cq.push(c, false);

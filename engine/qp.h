@@ -18,12 +18,16 @@
 #include "engine/memory.h"
 #include "engine/transport.h"
 #include "engine/types.h"
+#include "engine/wr_table.h"
 #include "wire/roce.h"
 
 namespace softrdma::engine {
 
 class CompletionQueue;
 class Device;
+
+/// A PSN value no packet carries (PSNs are 24 bits): "none".
+inline constexpr uint32_t kNoPsn = 0xffffffff;
 
 /// A posted send work request and the requester's progress through it.
 struct SendWqe {
@@ -36,10 +40,8 @@ struct SendWqe {
   uint32_t npsn = 0;         ///< PSNs the message uses (≥ 1)
   bool started = false;
   uint32_t last_psn() const { return wire::psn_add(first_psn, npsn - 1); }
-  bool is_read_or_atomic() const {
-    return wr.opcode == WrOpcode::kRdmaRead || wr.opcode == WrOpcode::kCompareSwap ||
-           wr.opcode == WrOpcode::kFetchAdd;
-  }
+  /// The work-request table's row for this WQE's opcode.
+  const WrOpcodeInfo& info() const { return wr_info(wr.opcode); }
 };
 
 /// A posted receive work request.
@@ -72,10 +74,10 @@ struct CompleterState {
   uint32_t psn = 0;   ///< oldest PSN not yet acknowledged / responded to
   uint8_t retry_left = 0;
   uint8_t rnr_retry_left = 0;
-  uint64_t timer_ns = 0;                 ///< retransmit check time (0: not armed); lazily re-armed
-  uint64_t last_progress_ns = 0;         ///< last transmission or forward progress
-  uint32_t fast_retry_psn = 0xffffffff;  ///< PSN of the last out-of-order-triggered rewind
-  uint64_t rnr_ns = 0;                   ///< RNR back-off deadline (0: none)
+  uint64_t timer_ns = 0;             ///< retransmit check time (0: not armed); lazily re-armed
+  uint64_t last_progress_ns = 0;     ///< last transmission or forward progress
+  uint32_t fast_retry_psn = kNoPsn;  ///< PSN of the last out-of-order-triggered rewind
+  uint64_t rnr_ns = 0;               ///< RNR back-off deadline (0: none)
   /// Last PSN of each READ request / atomic sent and not yet answered, oldest first.
   std::deque<uint32_t> rd_atomic_inflight;
   /// A sequence NAK without progress started a go-back-N and nothing has been acknowledged
@@ -158,8 +160,9 @@ class QueuePair {
   CompletionQueue& recv_cq;
   /// Where this QP's packets go: its device, or a test double.
   Transport* transport;
-  /// Runs the requester and sends what it produced (device lock held).
-  void kick();
+  /// Runs the requester over the send queue and flushes the packets it produced to the
+  /// transport (device lock held): what a post or a move to RTS does to start sending.
+  void transmit_pending_requests();
   uint32_t remote_ip = 0;  ///< from attr.ah.dgid at RTR
   uint32_t mtu = 256;      ///< path MTU, bytes
 

@@ -165,7 +165,7 @@ void on_send(QueuePair& qp, const wire::Packet& pkt, Transport& t) {
       return nak_and_fail(qp, t, wire::NakCode::kRemoteOperationalError, psn);
   }
   qp.resp.recv_offset += pkt.payload.size();
-  if (m & (wire::kIsLast | wire::kIsOnly)) {
+  if (m & wire::kConsumesRecvWqe) {
     const bool imm = m & wire::kHasImmDt;
     qp.complete_recv(WcStatus::kSuccess, WcOpcode::kRecv,
                      static_cast<uint32_t>(qp.resp.recv_offset), imm ? pkt.hdr.imm_be : 0,
@@ -181,10 +181,10 @@ void on_write(QueuePair& qp, const wire::Packet& pkt, Transport& t) {
   const uint32_t m = pkt.info->mask;
   const uint32_t psn = pkt.hdr.bth.psn;
   const bool ends = m & (wire::kIsLast | wire::kIsOnly);
-  const bool imm = m & wire::kHasImmDt;
-  // WRITE with immediate consumes a receive WQE: check before touching memory, so a
-  // retried (RNR) packet is applied exactly once.
-  if (ends && imm && qp.rq.empty()) return rnr_nak(qp, t, psn);
+  const bool consumes_wqe = m & wire::kConsumesRecvWqe;  // WRITE with immediate, last/only
+  // Check for the receive WQE before touching memory, so a retried (RNR) packet is
+  // applied exactly once.
+  if (consumes_wqe && qp.rq.empty()) return rnr_nak(qp, t, psn);
   if (m & wire::kHasReth) {
     const wire::Reth& r = pkt.hdr.reth;
     uint8_t* p = nullptr;
@@ -204,7 +204,7 @@ void on_write(QueuePair& qp, const wire::Packet& pkt, Transport& t) {
   qp.resp.write_left -= n;
   if (ends) {
     qp.resp.in_write = false;
-    if (imm)
+    if (consumes_wqe)
       qp.complete_recv(WcStatus::kSuccess, WcOpcode::kRecvRdmaWithImm,
                        static_cast<uint32_t>(qp.resp.write_length), pkt.hdr.imm_be, kWcWithImm,
                        pkt.hdr.bth.solicited);
