@@ -38,6 +38,7 @@
 #include "net/netem.h"
 #include "net/shm_port.h"
 #include "net/udp_port.h"
+#include "verbs/device_name.h"
 
 namespace {
 
@@ -50,7 +51,7 @@ constexpr int kExitUsage = 2;
 constexpr int kExitCannotExec = 127;
 
 /// The verbs device name every softrdma process exposes (one device per process).
-constexpr const char* kDeviceName = "srdma0";
+using softrdma::verbs::kDeviceName;
 
 /// Levels SOFTRDMA_LOG accepts (spdlog level names; anything else would turn logging off).
 const std::vector<std::string> kLogLevels = {"trace", "debug",    "info", "warn",
