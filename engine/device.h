@@ -28,6 +28,7 @@
 #include "net/pcap_tap.h"
 #include "net/shm_port.h"
 #include "net/udp_port.h"
+#include "wire/icrc.h"
 
 namespace softrdma::engine {
 
@@ -71,6 +72,22 @@ struct DeviceConfig {
   /// variable is malformed.
   static bool from_environment(DeviceConfig& out, std::string& error);
 };
+
+/// What the receive path's checks decided about one packet before it reaches a QP, in the
+/// order they run (rxe's hdr_check: check_type_state, check_addr, check_keys). Every
+/// outcome but kAccept drops the packet and bumps the counter named beside it.
+enum class RxCheck : uint8_t {
+  kAccept,
+  kMalformed,               ///< truncated, too long or unparsable (rcvd_malformed)
+  kIcrcMismatch,            ///< ICRC wrong for every IPv4 id (rcvd_icrc_err)
+  kCongestionNotification,  ///< a CNP: no rate control yet, ignored (not counted)
+  kBadPkey,                 ///< P_Key outside the default partition (rcvd_malformed)
+  kUnknownQpn,              ///< no QP with the BTH destination QPN (rcvd_unknown_qpn)
+  kBadState,                ///< the QP's state takes no request/response now (rcvd_bad_state)
+  kWrongSource,             ///< source address is not the QP's peer (rcvd_addr_err)
+};
+/// The outcome's name, e.g. "unknown QPN".
+const char* to_string(RxCheck c);
 
 /// Kinds of object counted against the limits query_device reports (DeviceLimits).
 enum class ObjectKind : uint8_t { kPd, kCq, kQp, kMr, kCount };
@@ -134,8 +151,20 @@ class Device final : public Transport {
   void progress_locked(uint64_t now, bool check_udp = true);
   size_t receive_locked(bool check_udp = true);
   void handle_datagram(const net::RxDatagram& d);
+  /// One received packet through the checks below, in order, then to its QP's responder
+  /// (requests) or completer (responses).
   void handle_packet(const net::RxDatagram& d, const uint8_t* data, size_t length,
                      uint16_t ip_id_hint, bool from_shm);
+  RxCheck check_parse(const net::RxDatagram& d, std::span<const uint8_t> bytes, wire::Packet& pkt);
+  RxCheck check_icrc(const net::RxDatagram& d, std::span<const uint8_t> bytes, uint16_t ip_id_hint,
+                     bool from_shm, const wire::Packet& pkt, wire::IcrcVerdict& v);
+  RxCheck check_header(const wire::Packet& pkt) const;  // CNP, P_Key
+  RxCheck check_qp_state(const wire::Packet& pkt, QueuePair*& qp) const;
+  RxCheck check_addr(const QueuePair& qp, const net::RxDatagram& d) const;
+  /// Records a received packet in the capture file (pcap_ set).
+  void capture_received(const net::RxDatagram& d, const uint8_t* data, size_t length,
+                        uint16_t ip_id_hint, bool from_shm, const wire::IcrcVerdict& v);
+  wire::Ipv4UdpTuple rx_tuple(const net::RxDatagram& d, uint16_t ip_id_hint) const;
   void send_queued();  // sends tx_ (shared memory or GSO runs per peer), ACKs excluded
   size_t receive_shm_locked();
   void run_timers_locked(uint64_t now);

@@ -1,10 +1,12 @@
 #include "engine/qp.h"
 
 #include <algorithm>
+#include <iterator>
 #include <mutex>
 
 #include "engine/cq.h"
 #include "engine/device.h"
+#include "engine/log.h"
 
 namespace softrdma::engine {
 
@@ -43,6 +45,12 @@ constexpr Transition kRcTransitions[] = {
          kAttrMinRnrTimer | kAttrPathMigState},
     // SQE → RTS exists for UC/UD only; an RC QP never enters SQE (errors go to ERR).
 };
+
+const char* state_name(QpState s) {
+  static constexpr const char* kNames[] = {"RESET", "INIT", "RTR", "RTS", "SQD", "SQE", "ERR"};
+  const auto i = static_cast<size_t>(s);
+  return i < std::size(kNames) ? kNames[i] : "?";
+}
 
 const Transition* find_transition(QpState from, QpState to) {
   if (to == QpState::kReset || to == QpState::kErr) {
@@ -101,41 +109,74 @@ uint64_t QueuePair::next_deadline() const {
 
 Status QueuePair::modify(const QpAttr& a, uint32_t mask) {
   std::lock_guard lk(dev_.mutex());
+  ModifyPlan plan;
+  if (Status st = validate_modify(a, mask, plan); st != kOk) return st;
+  apply_modify(a, mask, plan);
+  return kOk;
+}
+
+Status QueuePair::validate_modify(const QpAttr& a, uint32_t mask, ModifyPlan& plan) const {
+  // Each refusal names the attribute (its ibv_qp_attr_mask bit) and why (rxe logs the
+  // same in rxe_qp_chk_attr); the caller sees only EINVAL.
+  auto refuse = [&](const char* attribute, const char* why) {
+    log().debug("qp {:#x}: modify_qp refused: {} {}", qpn_, attribute, why);
+    return std::errc::invalid_argument;
+  };
   const QpState cur = attr.state;
-  if ((mask & kAttrCurState) && a.cur_state != cur) return std::errc::invalid_argument;
-  const QpState next = (mask & kAttrState) ? a.state : cur;
-  const Transition* t = find_transition(cur, next);
-  if (!t) return std::errc::invalid_argument;
+  if ((mask & kAttrCurState) && a.cur_state != cur)
+    return refuse("IBV_QP_CUR_STATE", "is not the QP's current state");
+  plan.next = (mask & kAttrState) ? a.state : cur;
+  const Transition* t = find_transition(cur, plan.next);
+  if (!t) {
+    log().debug("qp {:#x}: modify_qp refused: IBV_QP_STATE {} → {} is not an RC transition", qpn_,
+                state_name(cur), state_name(plan.next));
+    return std::errc::invalid_argument;
+  }
   const uint32_t given = mask & ~(kAttrState | kAttrCurState);
-  if ((given & t->required) != t->required) return std::errc::invalid_argument;
-  if (given & ~(t->required | t->optional | kAttrCurState)) return std::errc::invalid_argument;
+  if ((given & t->required) != t->required) {
+    log().debug("qp {:#x}: modify_qp refused: mask {:#x} lacks required attributes {:#x}", qpn_,
+                mask, t->required & ~given);
+    return std::errc::invalid_argument;
+  }
+  if (given & ~(t->required | t->optional | kAttrCurState)) {
+    log().debug("qp {:#x}: modify_qp refused: attributes {:#x} not allowed in this transition",
+                qpn_, given & ~(t->required | t->optional | kAttrCurState));
+    return std::errc::invalid_argument;
+  }
 
   // Field ranges (ibv_modify_qp(3), IBTA 10.3.1 / 9.7).
-  if ((mask & kAttrPort) && a.port_num != 1) return std::errc::invalid_argument;
-  if ((mask & kAttrPkeyIndex) && a.pkey_index != 0) return std::errc::invalid_argument;
+  if ((mask & kAttrPort) && a.port_num != 1) return refuse("IBV_QP_PORT", "is not 1");
+  if ((mask & kAttrPkeyIndex) && a.pkey_index != 0) return refuse("IBV_QP_PKEY_INDEX", "is not 0");
   if ((mask & kAttrAccessFlags) && (a.access_flags & ~kAccessAllowedOnQp))
-    return std::errc::invalid_argument;
+    return refuse("IBV_QP_ACCESS_FLAGS", "has bits other than local/remote write, read, atomic");
   if ((mask & kAttrPathMtu) && (a.path_mtu < 1 || a.path_mtu > dev_.active_mtu()))
-    return std::errc::invalid_argument;
-  if ((mask & kAttrDestQpn) && a.dest_qp_num > wire::kQpnMask) return std::errc::invalid_argument;
-  if ((mask & kAttrTimeout) && a.timeout > 31) return std::errc::invalid_argument;
-  if ((mask & kAttrRetryCnt) && a.retry_cnt > 7) return std::errc::invalid_argument;
-  if ((mask & kAttrRnrRetry) && a.rnr_retry > 7) return std::errc::invalid_argument;
-  if ((mask & kAttrMinRnrTimer) && a.min_rnr_timer > 31) return std::errc::invalid_argument;
+    return refuse("IBV_QP_PATH_MTU", "is outside 1 … the port's active MTU");
+  if ((mask & kAttrDestQpn) && a.dest_qp_num > wire::kQpnMask)
+    return refuse("IBV_QP_DEST_QPN", "does not fit 24 bits");
+  if ((mask & kAttrTimeout) && a.timeout > 31) return refuse("IBV_QP_TIMEOUT", "is over 31");
+  if ((mask & kAttrRetryCnt) && a.retry_cnt > 7) return refuse("IBV_QP_RETRY_CNT", "is over 7");
+  if ((mask & kAttrRnrRetry) && a.rnr_retry > 7) return refuse("IBV_QP_RNR_RETRY", "is over 7");
+  if ((mask & kAttrMinRnrTimer) && a.min_rnr_timer > 31)
+    return refuse("IBV_QP_MIN_RNR_TIMER", "is over 31");
   if ((mask & kAttrMaxQpRdAtomic) && a.max_rd_atomic > DeviceLimits::kMaxQpRdAtom)
-    return std::errc::invalid_argument;
+    return refuse("IBV_QP_MAX_QP_RD_ATOMIC", "is over the device's max_qp_rd_atom");
   if ((mask & kAttrMaxDestRdAtomic) && a.max_dest_rd_atomic > DeviceLimits::kMaxQpRdAtom)
-    return std::errc::invalid_argument;
-  uint32_t peer_ip = 0;
+    return refuse("IBV_QP_MAX_DEST_RD_ATOMIC", "is over the device's max_qp_rd_atom");
+  plan.peer_ip = 0;
   if (mask & kAttrAv) {
     // RoCE carries every packet in IP/UDP: the address vector must hold a GRH with an
     // IPv4-mapped destination GID, from our only source GID (index 0).
-    if (!a.ah.is_global || a.ah.sgid_index != 0) return std::errc::invalid_argument;
-    if (a.ah.port_num > 1) return std::errc::invalid_argument;
-    if (!a.ah.dgid.to_ipv4(peer_ip) || peer_ip == 0) return std::errc::invalid_argument;
+    if (!a.ah.is_global) return refuse("IBV_QP_AV", "has no GRH (RoCE needs one)");
+    if (a.ah.sgid_index != 0) return refuse("IBV_QP_AV", "sgid_index is not 0");
+    if (a.ah.port_num > 1) return refuse("IBV_QP_AV", "port_num is over 1");
+    if (!a.ah.dgid.to_ipv4(plan.peer_ip) || plan.peer_ip == 0)
+      return refuse("IBV_QP_AV", "dgid is not an IPv4-mapped address");
   }
+  return kOk;
+}
 
-  // Apply.
+void QueuePair::apply_modify(const QpAttr& a, uint32_t mask, const ModifyPlan& plan) {
+  const QpState cur = attr.state, next = plan.next;
   if (mask & kAttrPort) attr.port_num = a.port_num;
   if (mask & kAttrPkeyIndex) attr.pkey_index = a.pkey_index;
   if (mask & kAttrAccessFlags) attr.access_flags = a.access_flags;
@@ -155,7 +196,7 @@ Status QueuePair::modify(const QpAttr& a, uint32_t mask) {
   if (mask & kAttrEnSqdAsyncNotify) attr.en_sqd_async_notify = a.en_sqd_async_notify;
   if (mask & kAttrAv) {
     attr.ah = a.ah;
-    remote_ip = peer_ip;
+    remote_ip = plan.peer_ip;
   }
   if (mask & kAttrRqPsn) resp.epsn = attr.rq_psn;
   if (mask & kAttrSqPsn) {
@@ -164,7 +205,7 @@ Status QueuePair::modify(const QpAttr& a, uint32_t mask) {
   if (mask & kAttrRetryCnt) comp.retry_left = attr.retry_cnt;
   if (mask & kAttrRnrRetry) comp.rnr_retry_left = attr.rnr_retry;
 
-  if (next == cur) return kOk;
+  if (next == cur) return;
   attr.state = next;
   switch (next) {
     case QpState::kReset:
@@ -191,7 +232,6 @@ Status QueuePair::modify(const QpAttr& a, uint32_t mask) {
     default:
       break;
   }
-  return kOk;
 }
 
 QpAttr QueuePair::query() const {

@@ -203,6 +203,17 @@ class QueuePair {
   uint64_t retransmit_timeout_ns() const;
 
  private:
+  /// What a validated modify will do: the state to move to and the peer of a new AV.
+  struct ModifyPlan {
+    QpState next = QpState::kReset;
+    uint32_t peer_ip = 0;  ///< host order; set when the mask holds IBV_QP_AV
+  };
+  /// The checks of modify (transition and required/optional masks of IBTA table 91, each
+  /// field's range); changes nothing. EINVAL, with a debug log naming the attribute
+  /// refused and why (rxe_qp_chk_attr).
+  Status validate_modify(const QpAttr& a, uint32_t mask, ModifyPlan& plan) const;
+  /// Applies a validated modify (rxe_qp_from_attr): attributes, then the state change.
+  void apply_modify(const QpAttr& a, uint32_t mask, const ModifyPlan& plan);
   Status post_send_locked(const SendWr& wr);
   void flush_queues();
 
@@ -239,6 +250,21 @@ void on_timer(QueuePair& qp, Transport& t, uint64_t now_ns);
 
 /// Responder: executes incoming requests against the QP's receive queue and MRs.
 namespace responder {
+/// What the responder's checks say about a request before it is executed (rxe's
+/// check_psn, check_op_seq and check_length). Anything but kNew, kDuplicate and
+/// kOutOfSequence is an invalid request: NAK, then the QP goes to ERR (IBTA 9.9.3).
+enum class RequestCheck : uint8_t {
+  kNew,            ///< the expected PSN in a valid opcode sequence: execute it
+  kDuplicate,      ///< behind the expected PSN: re-acknowledge or replay (9.7.5.1.3)
+  kOutOfSequence,  ///< ahead of the expected PSN: a gap, NAKed once (9.7.5.1.2)
+  kMissingFirst,   ///< middle/last packet with no message of its kind in progress
+  kMissingLast,    ///< a new message (or READ/ATOMIC) inside an unfinished SEND/WRITE
+  kBadLength,      ///< payload over the path MTU, or a first/middle not exactly one MTU
+};
+/// The outcome's name, e.g. "missing first packet".
+const char* to_string(RequestCheck c);
+/// Runs the checks, in order, on a request for this QP; changes nothing.
+RequestCheck check_request(const QueuePair& qp, const wire::Packet& pkt);
 /// Handles one request packet addressed to this QP.
 void on_request(QueuePair& qp, const wire::Packet& pkt, Transport& t);
 /// Sends the coalesced ACK, if one is pending (end of a receive batch).
