@@ -15,8 +15,7 @@ using wire::psn_add;
 using wire::psn_diff;
 
 void note_progress(QueuePair& qp, Transport& t, uint32_t old_psn) {
-  qp.req.cwnd = std::min<uint32_t>(requester::kWindowPsns,
-                                   qp.req.cwnd + uint32_t(psn_diff(qp.comp.psn, old_psn)));
+  qp.req.window.on_acked(uint32_t(psn_diff(qp.comp.psn, old_psn)));
   qp.comp.retry_left = qp.attr.retry_cnt;
   qp.comp.rnr_retry_left = qp.attr.rnr_retry;
   qp.comp.nak_retry_started = false;
@@ -58,7 +57,7 @@ bool complete_acked(QueuePair& qp, Transport& t, uint32_t psn) {
 // Go-back-N from `psn`.
 void retry_from(QueuePair& qp, uint32_t psn, const char* why) {
   log().debug("qp {:#x}: go back to psn {:#x} ({}; comp.psn {:#x} req.psn {:#x} cwnd {})", qp.qpn(),
-              psn, why, qp.comp.psn, qp.req.psn, qp.req.cwnd);
+              psn, why, qp.comp.psn, qp.req.psn, qp.req.window.psns());
   requester::rewind(qp, psn);
 }
 
@@ -124,7 +123,7 @@ void on_ack(QueuePair& qp, const wire::Packet& pkt, Transport& t) {
             if (!retry_budget(qp, t)) return;
             qp.comp.nak_retry_started = true;
           }
-          qp.req.cwnd = std::max<uint32_t>(1, qp.req.cwnd / 2);
+          qp.req.window.on_sequence_nak();
           retry_from(qp, psn, "sequence NAK");
           return;
         case wire::NakCode::kRemoteAccessError:
@@ -263,7 +262,7 @@ void on_timer(QueuePair& qp, Transport& t, uint64_t now) {
   qp.comp.timer_ns = 0;
   if (!retry_budget(qp, t)) return;
   qp.comp.fast_retry_psn = kNoPsn;
-  qp.req.cwnd = 1;
+  qp.req.window.on_timeout();
   retry_from(qp, qp.comp.psn, "timeout");
   requester::run(qp, t);
 }

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "engine/counters.h"
+#include "engine/object_registry.h"
 #include "engine/transport.h"
 #include "engine/types.h"
 #include "net/netem.h"
@@ -94,7 +95,7 @@ enum class ObjectKind : uint8_t { kPd, kCq, kQp, kMr, kCount };
 
 /// One device. Created by open(); objects (PD, MR, CQ, QP) reference it and must be
 /// destroyed before it.
-class Device final : public Transport {
+class Device final : public Transport, public ObjectRegistry {
  public:
   /// Binds the address and starts the progress thread. On failure returns nullptr and sets
   /// `err`: EADDRINUSE (the address is taken / no free loopback address), EADDRNOTAVAIL
@@ -107,12 +108,12 @@ class Device final : public Transport {
   /// The RoCEv2 GID (IPv4-mapped) of GID index 0.
   Gid gid() const { return Gid::from_ipv4(ip()); }
   /// Active MTU enum (IB MTU that fits the interface MTU minus RoCEv2 headers).
-  uint8_t active_mtu() const { return active_mtu_; }
+  uint8_t active_mtu() const override { return active_mtu_; }
   /// Interface MTU, bytes.
   uint32_t netdev_mtu() const { return netdev_mtu_; }
   Counters& counters() override { return *counters_; }
 
-  std::mutex& mutex() { return mu_; }
+  std::mutex& mutex() override { return mu_; }
 
   /// Reserves one object of `kind` against its DeviceLimits maximum (max_pd, max_cq,
   /// max_qp, max_mr). Returns false at the limit — the verbs call then fails with ENOMEM,
@@ -123,13 +124,14 @@ class Device final : public Transport {
 
   /// Processes pending packets and timers on the calling thread if the device lock is
   /// free; returns without waiting otherwise.
-  void try_progress();
+  void try_progress() override;
 
-  // ---- tables (device lock held) ------------------------------------------------------
-  uint32_t register_qp(QueuePair* qp);  ///< returns the new QPN
-  void unregister_qp(uint32_t qpn);
-  uint32_t register_mr(MemoryRegion* mr);  ///< returns the new key
-  void unregister_mr(uint32_t key);
+  // ---- ObjectRegistry: tables (device lock held) ---------------------------------------
+  uint32_t register_qp(QueuePair* qp) override;  ///< returns the new QPN
+  void unregister_qp(uint32_t qpn) override;
+  uint32_t register_mr(MemoryRegion* mr) override;  ///< returns the new key
+  void unregister_mr(uint32_t key) override;
+  Transport& transport() override { return *this; }
 
   // ---- Transport ----------------------------------------------------------------------
   void transmit(wire::Headers h, uint32_t dst_ip, std::span<const iovec> payload,

@@ -5,7 +5,6 @@
 #include <mutex>
 
 #include "engine/cq.h"
-#include "engine/device.h"
 #include "engine/log.h"
 
 namespace softrdma::engine {
@@ -64,9 +63,15 @@ const Transition* find_transition(QpState from, QpState to) {
 
 }  // namespace
 
-QueuePair::QueuePair(Device& dev, ProtectionDomain& pd, CompletionQueue& scq, CompletionQueue& rcq,
-                     const QpCap& c, bool sig_all)
-    : cap(c), sq_sig_all(sig_all), send_cq(scq), recv_cq(rcq), transport(&dev), dev_(dev), pd_(pd) {
+QueuePair::QueuePair(ObjectRegistry& dev, ProtectionDomain& pd, CompletionQueue& scq,
+                     CompletionQueue& rcq, const QpCap& c, bool sig_all)
+    : cap(c),
+      sq_sig_all(sig_all),
+      send_cq(scq),
+      recv_cq(rcq),
+      transport(&dev.transport()),
+      dev_(dev),
+      pd_(pd) {
   std::lock_guard lk(dev_.mutex());
   qpn_ = dev_.register_qp(this);
   pd_.users++;

@@ -15,7 +15,9 @@
 #include <deque>
 #include <vector>
 
+#include "engine/congestion_window.h"
 #include "engine/memory.h"
+#include "engine/object_registry.h"
 #include "engine/transport.h"
 #include "engine/types.h"
 #include "engine/wr_table.h"
@@ -24,7 +26,6 @@
 namespace softrdma::engine {
 
 class CompletionQueue;
-class Device;
 
 /// A PSN value no packet carries (PSNs are 24 bits): "none".
 inline constexpr uint32_t kNoPsn = 0xffffffff;
@@ -59,13 +60,8 @@ struct RequesterState {
   uint32_t max_psn = 0;  ///< one past the highest PSN ever sent (for late ACKs)
   uint32_t noack_pkts = 0;
   bool rnr_wait = false;  ///< paused until the completer's RNR deadline
-  /// Congestion window, PSNs in flight (1 … kWindowPsns), as TCP's: halved by a sequence
-  /// NAK, 1 after a retransmit timeout, grown by every newly acknowledged PSN. Besides
-  /// pacing, a window that changes between go-back-N rounds cannot keep losing the same
-  /// packet under periodic loss, which a fixed window did (the round length was a multiple
-  /// of the loss period).
-  uint32_t cwnd = kInitialCwnd;
-  static constexpr uint32_t kInitialCwnd = 128;
+  /// Congestion window (the completer reports ACKs, NAKs and timeouts to it).
+  CongestionWindow window;
 };
 
 /// Completer progress (rxe's qp->comp).
@@ -121,10 +117,10 @@ struct ResponderState {
 /// An RC queue pair.
 class QueuePair {
  public:
-  /// Creates a QP in RESET and publishes it in the device's QPN table. `cap` was validated
-  /// by validate_cap().
-  QueuePair(Device& dev, ProtectionDomain& pd, CompletionQueue& send_cq, CompletionQueue& recv_cq,
-            const QpCap& cap, bool sq_sig_all);
+  /// Creates a QP in RESET and publishes it in the device's QPN table; its packets go to
+  /// `dev.transport()`. `cap` was validated by validate_cap().
+  QueuePair(ObjectRegistry& dev, ProtectionDomain& pd, CompletionQueue& send_cq,
+            CompletionQueue& recv_cq, const QpCap& cap, bool sq_sig_all);
   ~QueuePair();
   QueuePair(const QueuePair&) = delete;
   QueuePair& operator=(const QueuePair&) = delete;
@@ -133,7 +129,7 @@ class QueuePair {
   static Status validate_cap(const QpCap& cap);
 
   uint32_t qpn() const { return qpn_; }
-  Device& device() const { return dev_; }
+  ObjectRegistry& registry() const { return dev_; }
   ProtectionDomain& pd() const { return pd_; }
 
   /// ibv_modify_qp: validates the transition and attributes (required/optional masks of
@@ -217,7 +213,7 @@ class QueuePair {
   Status post_send_locked(const SendWr& wr);
   void flush_queues();
 
-  Device& dev_;
+  ObjectRegistry& dev_;
   ProtectionDomain& pd_;
   uint32_t qpn_;
 };
@@ -230,8 +226,8 @@ void run(QueuePair& qp, Transport& t);
 /// Positions the requester at `psn` (go-back-N): the WQE holding it and the byte offset
 /// of that PSN become the next to transmit; READ/ATOMIC credits after it are returned.
 void rewind(QueuePair& qp, uint32_t psn);
-/// Request packets in flight before the requester waits for ACKs.
-inline constexpr uint32_t kWindowPsns = 128;
+/// Request packets in flight before the requester waits for ACKs, at most.
+inline constexpr uint32_t kWindowPsns = CongestionWindow::kMaxPsns;
 /// Packets between AckReq bits inside a long message.
 inline constexpr uint32_t kAckEvery = 32;
 /// A READ WQE is requested in chunks of at most this many response packets, so that

@@ -89,7 +89,7 @@ bool send_data_packet(QueuePair& qp, SendWqe& w, Transport& t, std::vector<iovec
   }
   // AckReq on the last packet, every kAckEvery packets, and on the packet that fills the
   // window (the ACK for it is what opens the window again).
-  const bool fills = wire::psn_diff(qp.req.psn, qp.comp.psn) + 1 >= int32_t(qp.req.cwnd);
+  const bool fills = wire::psn_diff(qp.req.psn, qp.comp.psn) + 1 >= int32_t(qp.req.window.psns());
   h.bth.ack_req = last || fills || ++qp.req.noack_pkts >= kAckEvery;
   if (h.bth.ack_req) qp.req.noack_pkts = 0;
   gather(w.local, off, pay, iov);
@@ -160,7 +160,7 @@ void run(QueuePair& qp, Transport& t) {
       log().error("qp {:#x}: requester at psn {:#x} but WQE {} starts at {:#x}", qp.qpn(),
                   qp.req.psn, qp.req.next, w.first_psn);
     }
-    const int32_t window = static_cast<int32_t>(std::min(qp.req.cwnd, kWindowPsns));
+    const int32_t window = static_cast<int32_t>(std::min(qp.req.window.psns(), kWindowPsns));
     if (wire::psn_diff(qp.req.psn, qp.comp.psn) >= window) break;
     bool done = false;
     const WrOpcodeInfo& info = w.info();
