@@ -631,6 +631,11 @@ void Device::handle_packet(const net::RxDatagram& d, const uint8_t* data, size_t
   if (check == RxCheck::kAccept) check = check_addr(*qp, d);
   if (check != RxCheck::kAccept) {
     if (auto counter = kRxCheckCounter[static_cast<size_t>(check)]) bump((*counters_).*counter);
+    // check_parse and check_icrc log their own details.
+    if (check > RxCheck::kIcrcMismatch && log().should_log(spdlog::level::debug))
+      log().debug("drop from {}: {} (opcode {:#x} qpn {:#x} psn {:#x})",
+                  net::ipv4_to_string(d.src_ip), to_string(check), pkt.hdr.bth.opcode,
+                  pkt.hdr.bth.dest_qpn, pkt.hdr.bth.psn);
     return;
   }
   bump(counters_->rcvd_pkts);

@@ -386,17 +386,10 @@ RequestCheck check_request(const QueuePair& qp, const wire::Packet& pkt) {
 
 void on_request(QueuePair& qp, const wire::Packet& pkt, Transport& t) {
   const uint32_t psn = pkt.hdr.bth.psn;
-  switch (check_psn(qp, pkt)) {
-    case RequestCheck::kOutOfSequence:
-      return on_out_of_sequence(qp, psn, t);
-    case RequestCheck::kDuplicate:
-      return on_duplicate(qp, pkt, t);
-    default:
-      break;
-  }
-  qp.resp.nak_sent = false;
-  RequestCheck c = check_op_sequence(qp, pkt);
-  if (c == RequestCheck::kNew) c = check_length(qp, pkt);
+  const RequestCheck c = check_request(qp, pkt);
+  if (c == RequestCheck::kOutOfSequence) return on_out_of_sequence(qp, psn, t);
+  if (c == RequestCheck::kDuplicate) return on_duplicate(qp, pkt, t);
+  qp.resp.nak_sent = false;  // the expected PSN has arrived
   if (c != RequestCheck::kNew) {
     log().debug("qp {:#x}: {} psn {:#x} refused: {}", qp.qpn(), pkt.info->name, psn, to_string(c));
     return nak_and_fail(qp, t, wire::NakCode::kInvalidRequest, psn);
