@@ -15,8 +15,7 @@ using wire::psn_add;
 using wire::psn_diff;
 
 void note_progress(QueuePair& qp, Transport& t, uint32_t old_psn) {
-  qp.req.cwnd = std::min<uint32_t>(requester::kWindowPsns,
-                                   qp.req.cwnd + uint32_t(psn_diff(qp.comp.psn, old_psn)));
+  qp.req.window.on_acked(uint32_t(psn_diff(qp.comp.psn, old_psn)));
   qp.comp.retry_left = qp.attr.retry_cnt;
   qp.comp.rnr_retry_left = qp.attr.rnr_retry;
   qp.comp.nak_retry_started = false;
@@ -38,7 +37,7 @@ bool complete_acked(QueuePair& qp, Transport& t, uint32_t psn) {
   while (!qp.sq.empty()) {
     SendWqe& w = qp.sq.front();
     if (!w.started || psn_diff(psn, qp.comp.psn) < 0) break;
-    if (w.is_read_or_atomic()) {
+    if (w.info().read_or_atomic) {
       ok = false;  // psn ≥ comp.psn lies in or beyond an unanswered READ/ATOMIC
       break;
     }
@@ -58,7 +57,7 @@ bool complete_acked(QueuePair& qp, Transport& t, uint32_t psn) {
 // Go-back-N from `psn`.
 void retry_from(QueuePair& qp, uint32_t psn, const char* why) {
   log().debug("qp {:#x}: go back to psn {:#x} ({}; comp.psn {:#x} req.psn {:#x} cwnd {})", qp.qpn(),
-              psn, why, qp.comp.psn, qp.req.psn, qp.req.cwnd);
+              psn, why, qp.comp.psn, qp.req.psn, qp.req.window.psns());
   requester::rewind(qp, psn);
 }
 
@@ -124,7 +123,7 @@ void on_ack(QueuePair& qp, const wire::Packet& pkt, Transport& t) {
             if (!retry_budget(qp, t)) return;
             qp.comp.nak_retry_started = true;
           }
-          qp.req.cwnd = std::max<uint32_t>(1, qp.req.cwnd / 2);
+          qp.req.window.on_sequence_nak();
           retry_from(qp, psn, "sequence NAK");
           return;
         case wire::NakCode::kRemoteAccessError:
@@ -165,7 +164,7 @@ void scatter(SendWqe& w, uint64_t offset, std::span<const uint8_t> data) {
 // The WQE a READ response or atomic ACK at `pkt`'s PSN answers, or nullptr when the packet
 // must be dropped. Such a response implicitly acknowledges every earlier request (IBTA
 // 9.7.5.1.2); one ahead of the expected PSN means an earlier response was lost.
-SendWqe* answered_wqe(QueuePair& qp, const wire::Packet& pkt, Transport& t, bool read) {
+SendWqe* answered_wqe(QueuePair& qp, const wire::Packet& pkt, Transport& t, WrClass cls) {
   const uint32_t psn = pkt.hdr.bth.psn;
   if (!complete_acked(qp, t, psn_add(psn, wire::kPsnMask)) || psn != qp.comp.psn) {
     fast_retry(qp, t);
@@ -173,9 +172,7 @@ SendWqe* answered_wqe(QueuePair& qp, const wire::Packet& pkt, Transport& t, bool
   }
   if (qp.sq.empty()) return nullptr;
   SendWqe& w = qp.sq.front();
-  const bool kind_ok = read ? w.wr.opcode == WrOpcode::kRdmaRead
-                            : w.is_read_or_atomic() && w.wr.opcode != WrOpcode::kRdmaRead;
-  if (!w.started || !kind_ok || psn_diff(psn, w.last_psn()) > 0) {
+  if (!w.started || w.info().cls != cls || psn_diff(psn, w.last_psn()) > 0) {
     bump(t.counters().rcvd_stale_response);
     return nullptr;
   }
@@ -183,7 +180,7 @@ SendWqe* answered_wqe(QueuePair& qp, const wire::Packet& pkt, Transport& t, bool
 }
 
 void on_read_response(QueuePair& qp, const wire::Packet& pkt, Transport& t) {
-  SendWqe* w = answered_wqe(qp, pkt, t, true);
+  SendWqe* w = answered_wqe(qp, pkt, t, WrClass::kRead);
   if (!w) return;
   const uint32_t psn = pkt.hdr.bth.psn;
   const uint64_t offset = uint64_t(psn_diff(psn, w->first_psn)) * qp.mtu;
@@ -200,7 +197,7 @@ void on_read_response(QueuePair& qp, const wire::Packet& pkt, Transport& t) {
 }
 
 void on_atomic_ack(QueuePair& qp, const wire::Packet& pkt, Transport& t) {
-  SendWqe* w = answered_wqe(qp, pkt, t, false);
+  SendWqe* w = answered_wqe(qp, pkt, t, WrClass::kAtomic);
   if (!w) return;
   const uint64_t orig = pkt.hdr.atomic_ack.orig;
   uint8_t bytes[8];
@@ -264,8 +261,8 @@ void on_timer(QueuePair& qp, Transport& t, uint64_t now) {
   bump(t.counters().retransmit_timeouts);
   qp.comp.timer_ns = 0;
   if (!retry_budget(qp, t)) return;
-  qp.comp.fast_retry_psn = 0xffffffff;
-  qp.req.cwnd = 1;
+  qp.comp.fast_retry_psn = kNoPsn;
+  qp.req.window.on_timeout();
   retry_from(qp, qp.comp.psn, "timeout");
   requester::run(qp, t);
 }

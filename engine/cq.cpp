@@ -3,7 +3,6 @@
 #include <fcntl.h>
 #include <unistd.h>
 
-#include "engine/device.h"
 #include "engine/transport.h"
 
 namespace softrdma::engine {
@@ -33,7 +32,7 @@ void CompletionChannel::notify(void* handle) {
   (void)r;  // a full pipe means the application stopped reading events; nothing to do
 }
 
-CompletionQueue::CompletionQueue(Device& dev, uint32_t capacity, CompletionChannel* channel,
+CompletionQueue::CompletionQueue(ObjectRegistry& dev, uint32_t capacity, CompletionChannel* channel,
                                  void* event_handle)
     : dev_(dev), channel_(channel), event_handle_(event_handle), ring_(capacity) {
   if (channel_) channel_->users++;

@@ -7,11 +7,10 @@
 #include <mutex>
 #include <vector>
 
+#include "engine/object_registry.h"
 #include "engine/types.h"
 
 namespace softrdma::engine {
-
-class Device;
 
 /// A completion channel: a pipe whose read end is the fd applications poll/epoll on. Each
 /// completion event writes one pointer-sized record (the CQ's event handle) to it.
@@ -42,10 +41,10 @@ class CompletionQueue {
  public:
   /// `capacity` CQEs (already validated against DeviceLimits::kMaxCqe). `channel` may be
   /// null; `event_handle` is what an event on the channel reports (the ibv_cq*).
-  CompletionQueue(Device& dev, uint32_t capacity, CompletionChannel* channel, void* event_handle);
+  CompletionQueue(ObjectRegistry& dev, uint32_t capacity, CompletionChannel* channel,
+                  void* event_handle);
   ~CompletionQueue();
 
-  Device& device() const { return dev_; }
   uint32_t capacity() const { return static_cast<uint32_t>(ring_.size()); }
 
   /// Appends a CQE; `solicited` marks a receive completion of a message sent with the
@@ -68,7 +67,7 @@ class CompletionQueue {
  private:
   int pop_locked(int n, Cqe* out);
 
-  Device& dev_;
+  ObjectRegistry& dev_;
   CompletionChannel* channel_;
   void* event_handle_;
   std::mutex mu_;

@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
 #include <random>
 
 #include "base/params.h"
@@ -260,7 +261,7 @@ uint32_t Device::register_qp(QueuePair* qp) {
   uint32_t qpn;
   do {
     qpn = next_qpn_;
-    next_qpn_ = (next_qpn_ + 1) & wire::kPsnMask;
+    next_qpn_ = (next_qpn_ + 1) & wire::kQpnMask;
     if (next_qpn_ < 0x100) next_qpn_ = 0x100;  // QPN 0 and 1 are special (SMI/GSI)
   } while (qps_.count(qpn));
   qps_[qpn] = qp;
@@ -484,86 +485,145 @@ void Device::handle_datagram(const net::RxDatagram& d) {
     handle_packet(d, d.data + off, std::min<size_t>(d.segment_size, d.length - off), k, false);
 }
 
-void Device::handle_packet(const net::RxDatagram& d, const uint8_t* data, size_t length,
-                           uint16_t ip_id_hint, bool from_shm) {
-  const std::span<const uint8_t> bytes(data, length);
-  wire::Packet pkt;
+// ---- receive path: named checks (rxe's hdr_check → check_type_state / check_addr / keys) --
+
+namespace {
+
+/// The counter an outcome of the receive checks bumps (nullptr: not counted).
+constexpr std::atomic<uint64_t> Counters::*kRxCheckCounter[] = {
+    nullptr,                      // kAccept (counted as rcvd_pkts once delivered)
+    &Counters::rcvd_malformed,    // kMalformed
+    &Counters::rcvd_icrc_err,     // kIcrcMismatch
+    nullptr,                      // kCongestionNotification
+    &Counters::rcvd_malformed,    // kBadPkey
+    &Counters::rcvd_unknown_qpn,  // kUnknownQpn
+    &Counters::rcvd_bad_state,    // kBadState
+    &Counters::rcvd_addr_err,     // kWrongSource
+};
+static_assert(std::size(kRxCheckCounter) == size_t(RxCheck::kWrongSource) + 1);
+
+}  // namespace
+
+const char* to_string(RxCheck c) {
+  static constexpr const char* kNames[] = {
+      "accepted",  "malformed",   "ICRC mismatch",       "congestion notification",
+      "bad P_Key", "unknown QPN", "QP state refuses it", "not from the QP's peer"};
+  static_assert(std::size(kNames) == size_t(RxCheck::kWrongSource) + 1);
+  return kNames[static_cast<size_t>(c)];
+}
+
+RxCheck Device::check_parse(const net::RxDatagram& d, std::span<const uint8_t> bytes,
+                            wire::Packet& pkt) {
+  const bool too_long = d.truncated || bytes.size() > kMaxRocePacketBytes;
   wire::ParseError perr = wire::ParseError::kTruncated;
-  const bool too_long = d.truncated || length > kMaxRocePacketBytes;
-  if (!too_long && length >= wire::kBthBytes + wire::kIcrcBytes) perr = wire::parse(bytes, pkt);
+  if (!too_long && bytes.size() >= wire::kBthBytes + wire::kIcrcBytes)
+    perr = wire::parse(bytes, pkt);
+  if (perr == wire::ParseError::kOk) return RxCheck::kAccept;
+  log().debug("drop from {}: {}", net::ipv4_to_string(d.src_ip),
+              too_long ? "larger than any RoCEv2 packet" : wire::to_string(perr));
+  return RxCheck::kMalformed;
+}
+
+wire::Ipv4UdpTuple Device::rx_tuple(const net::RxDatagram& d, uint16_t ip_id_hint) const {
   wire::Ipv4UdpTuple tuple;
   tuple.src_ip = d.src_ip;
   tuple.dst_ip = ip();
   tuple.src_port = d.src_port;
   tuple.dst_port = wire::kRoceV2Port;
   tuple.ip_id = ip_id_hint;
-  wire::IcrcVerdict v;
+  return tuple;
+}
+
+RxCheck Device::check_icrc(const net::RxDatagram& d, std::span<const uint8_t> bytes,
+                           uint16_t ip_id_hint, bool from_shm, const wire::Packet& pkt,
+                           wire::IcrcVerdict& v) {
   if (from_shm) {
     v.ok = v.exact = true;  // records carry no ICRC (see send_queued())
-  } else if (perr == wire::ParseError::kOk) {
-    v = wire::icrc_verify(tuple, bytes);
+    return RxCheck::kAccept;
   }
-  if (pcap_) {
-    // The IPv4 id and DF a UDP socket never sees come from the ICRC (see wire/icrc.h);
-    // TTL and TOS from IP_RECVTTL / IP_RECVTOS. A same-host record gets the ICRC it would
-    // have carried on the wire.
-    if (from_shm && length >= wire::kBthBytes + wire::kIcrcBytes) {
-      shm_capture_.assign(data, data + length);
-      const uint32_t icrc = wire::icrc_compute(
-          tuple, std::span<const uint8_t>(shm_capture_).first(length - wire::kIcrcBytes));
-      for (int b = 0; b < 4; ++b)
-        shm_capture_[length - wire::kIcrcBytes + b] = static_cast<uint8_t>(icrc >> (8 * b));
-      data = shm_capture_.data();
-    }
-    const iovec whole{const_cast<uint8_t*>(data), length};
-    pcap_->record({d.src_ip, ip(), d.src_port, wire::kRoceV2Port, v.ok ? v.ip_id : uint16_t{0},
-                   v.ok ? v.dont_fragment : true, d.ttl, d.tos},
-                  std::span<const iovec>(&whole, 1));
-    pcap_dirty_ = true;
-  }
-  if (perr != wire::ParseError::kOk) {
-    bump(counters_->rcvd_malformed);
-    log().debug("drop from {}: {}", net::ipv4_to_string(d.src_ip),
-                too_long ? "larger than any RoCEv2 packet" : wire::to_string(perr));
-    return;
-  }
+  v = wire::icrc_verify(rx_tuple(d, ip_id_hint), bytes);
   if (!v.ok) {
-    bump(counters_->rcvd_icrc_err);
     log().debug("drop from {}: ICRC mismatch (opcode {:#x} psn {})", net::ipv4_to_string(d.src_ip),
                 pkt.hdr.bth.opcode, pkt.hdr.bth.psn);
-    return;
+    return RxCheck::kIcrcMismatch;
   }
   // Ids of our own GSO segments are expected (hint), not "recovered".
   if (!v.exact && v.ip_id != ip_id_hint) bump(counters_->rcvd_icrc_id_recovered);
-  if (pkt.info->mask & wire::kIsCnp) return;  // congestion notification: no rate control yet
-  if ((pkt.hdr.bth.pkey & 0x7fff) != (wire::kDefaultPkey & 0x7fff)) {
-    bump(counters_->rcvd_malformed);
-    return;
+  return RxCheck::kAccept;
+}
+
+void Device::capture_received(const net::RxDatagram& d, const uint8_t* data, size_t length,
+                              uint16_t ip_id_hint, bool from_shm, const wire::IcrcVerdict& v) {
+  // The IPv4 id and DF a UDP socket never sees come from the ICRC (see wire/icrc.h); TTL
+  // and TOS from IP_RECVTTL / IP_RECVTOS. A same-host record gets the ICRC it would have
+  // carried on the wire.
+  if (from_shm && length >= wire::kBthBytes + wire::kIcrcBytes) {
+    shm_capture_.assign(data, data + length);
+    const uint32_t icrc =
+        wire::icrc_compute(rx_tuple(d, ip_id_hint),
+                           std::span<const uint8_t>(shm_capture_).first(length - wire::kIcrcBytes));
+    for (int b = 0; b < 4; ++b)
+      shm_capture_[length - wire::kIcrcBytes + b] = static_cast<uint8_t>(icrc >> (8 * b));
+    data = shm_capture_.data();
   }
+  const iovec whole{const_cast<uint8_t*>(data), length};
+  pcap_->record({d.src_ip, ip(), d.src_port, wire::kRoceV2Port, v.ok ? v.ip_id : uint16_t{0},
+                 v.ok ? v.dont_fragment : true, d.ttl, d.tos},
+                std::span<const iovec>(&whole, 1));
+  pcap_dirty_ = true;
+}
+
+RxCheck Device::check_header(const wire::Packet& pkt) const {
+  if (pkt.info->mask & wire::kIsCnp)
+    return RxCheck::kCongestionNotification;  // no rate control yet
+  if ((pkt.hdr.bth.pkey & 0x7fff) != (wire::kDefaultPkey & 0x7fff)) return RxCheck::kBadPkey;
+  return RxCheck::kAccept;
+}
+
+RxCheck Device::check_qp_state(const wire::Packet& pkt, QueuePair*& qp) const {
   auto it = qps_.find(pkt.hdr.bth.dest_qpn);
-  if (it == qps_.end()) {
-    bump(counters_->rcvd_unknown_qpn);
-    return;
-  }
-  QueuePair& qp = *it->second;
+  if (it == qps_.end()) return RxCheck::kUnknownQpn;
+  qp = it->second;
   const bool request = pkt.info->mask & wire::kIsRequest;
-  if (request ? !qp.accepts_requests() : !qp.accepts_responses()) {
-    bump(counters_->rcvd_bad_state);
-    return;
-  }
-  if (d.src_ip != qp.remote_ip) {
-    bump(counters_->rcvd_addr_err);
+  if (request ? !qp->accepts_requests() : !qp->accepts_responses()) return RxCheck::kBadState;
+  return RxCheck::kAccept;
+}
+
+RxCheck Device::check_addr(const QueuePair& qp, const net::RxDatagram& d) const {
+  return d.src_ip == qp.remote_ip ? RxCheck::kAccept : RxCheck::kWrongSource;
+}
+
+void Device::handle_packet(const net::RxDatagram& d, const uint8_t* data, size_t length,
+                           uint16_t ip_id_hint, bool from_shm) {
+  const std::span<const uint8_t> bytes(data, length);
+  wire::Packet pkt;
+  wire::IcrcVerdict icrc;
+  RxCheck check = check_parse(d, bytes, pkt);
+  if (check == RxCheck::kAccept) check = check_icrc(d, bytes, ip_id_hint, from_shm, pkt, icrc);
+  // Every packet is captured, the ones dropped below too.
+  if (pcap_) capture_received(d, data, length, ip_id_hint, from_shm, icrc);
+  QueuePair* qp = nullptr;
+  if (check == RxCheck::kAccept) check = check_header(pkt);
+  if (check == RxCheck::kAccept) check = check_qp_state(pkt, qp);
+  if (check == RxCheck::kAccept) check = check_addr(*qp, d);
+  if (check != RxCheck::kAccept) {
+    if (auto counter = kRxCheckCounter[static_cast<size_t>(check)]) bump((*counters_).*counter);
+    // check_parse and check_icrc log their own details.
+    if (check > RxCheck::kIcrcMismatch && log().should_log(spdlog::level::debug))
+      log().debug("drop from {}: {} (opcode {:#x} qpn {:#x} psn {:#x})",
+                  net::ipv4_to_string(d.src_ip), to_string(check), pkt.hdr.bth.opcode,
+                  pkt.hdr.bth.dest_qpn, pkt.hdr.bth.psn);
     return;
   }
   bump(counters_->rcvd_pkts);
   bump(counters_->rcvd_bytes, length);
-  if (request) {
+  if (pkt.info->mask & wire::kIsRequest) {
     holding_completions_ = true;
-    responder::on_request(qp, pkt, *this);
+    responder::on_request(*qp, pkt, *this);
     holding_completions_ = false;
-    if (qp.resp.ack_pending) ack_dirty_.push_back(qp.qpn());
+    if (qp->resp.ack_pending) ack_dirty_.push_back(qp->qpn());
   } else {
-    completer::on_response(qp, pkt, *this);
+    completer::on_response(*qp, pkt, *this);
   }
 }
 

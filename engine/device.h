@@ -22,12 +22,14 @@
 #include <vector>
 
 #include "engine/counters.h"
+#include "engine/object_registry.h"
 #include "engine/transport.h"
 #include "engine/types.h"
 #include "net/netem.h"
 #include "net/pcap_tap.h"
 #include "net/shm_port.h"
 #include "net/udp_port.h"
+#include "wire/icrc.h"
 
 namespace softrdma::engine {
 
@@ -72,12 +74,28 @@ struct DeviceConfig {
   static bool from_environment(DeviceConfig& out, std::string& error);
 };
 
+/// What the receive path's checks decided about one packet before it reaches a QP, in the
+/// order they run (rxe's hdr_check: check_type_state, check_addr, check_keys). Every
+/// outcome but kAccept drops the packet and bumps the counter named beside it.
+enum class RxCheck : uint8_t {
+  kAccept,
+  kMalformed,               ///< truncated, too long or unparsable (rcvd_malformed)
+  kIcrcMismatch,            ///< ICRC wrong for every IPv4 id (rcvd_icrc_err)
+  kCongestionNotification,  ///< a CNP: no rate control yet, ignored (not counted)
+  kBadPkey,                 ///< P_Key outside the default partition (rcvd_malformed)
+  kUnknownQpn,              ///< no QP with the BTH destination QPN (rcvd_unknown_qpn)
+  kBadState,                ///< the QP's state takes no request/response now (rcvd_bad_state)
+  kWrongSource,             ///< source address is not the QP's peer (rcvd_addr_err)
+};
+/// The outcome's name, e.g. "unknown QPN".
+const char* to_string(RxCheck c);
+
 /// Kinds of object counted against the limits query_device reports (DeviceLimits).
 enum class ObjectKind : uint8_t { kPd, kCq, kQp, kMr, kCount };
 
 /// One device. Created by open(); objects (PD, MR, CQ, QP) reference it and must be
 /// destroyed before it.
-class Device final : public Transport {
+class Device final : public Transport, public ObjectRegistry {
  public:
   /// Binds the address and starts the progress thread. On failure returns nullptr and sets
   /// `err`: EADDRINUSE (the address is taken / no free loopback address), EADDRNOTAVAIL
@@ -90,12 +108,12 @@ class Device final : public Transport {
   /// The RoCEv2 GID (IPv4-mapped) of GID index 0.
   Gid gid() const { return Gid::from_ipv4(ip()); }
   /// Active MTU enum (IB MTU that fits the interface MTU minus RoCEv2 headers).
-  uint8_t active_mtu() const { return active_mtu_; }
+  uint8_t active_mtu() const override { return active_mtu_; }
   /// Interface MTU, bytes.
   uint32_t netdev_mtu() const { return netdev_mtu_; }
   Counters& counters() override { return *counters_; }
 
-  std::mutex& mutex() { return mu_; }
+  std::mutex& mutex() override { return mu_; }
 
   /// Reserves one object of `kind` against its DeviceLimits maximum (max_pd, max_cq,
   /// max_qp, max_mr). Returns false at the limit — the verbs call then fails with ENOMEM,
@@ -106,13 +124,14 @@ class Device final : public Transport {
 
   /// Processes pending packets and timers on the calling thread if the device lock is
   /// free; returns without waiting otherwise.
-  void try_progress();
+  void try_progress() override;
 
-  // ---- tables (device lock held) ------------------------------------------------------
-  uint32_t register_qp(QueuePair* qp);  ///< returns the new QPN
-  void unregister_qp(uint32_t qpn);
-  uint32_t register_mr(MemoryRegion* mr);  ///< returns the new key
-  void unregister_mr(uint32_t key);
+  // ---- ObjectRegistry: tables (device lock held) ---------------------------------------
+  uint32_t register_qp(QueuePair* qp) override;  ///< returns the new QPN
+  void unregister_qp(uint32_t qpn) override;
+  uint32_t register_mr(MemoryRegion* mr) override;  ///< returns the new key
+  void unregister_mr(uint32_t key) override;
+  Transport& transport() override { return *this; }
 
   // ---- Transport ----------------------------------------------------------------------
   void transmit(wire::Headers h, uint32_t dst_ip, std::span<const iovec> payload,
@@ -134,8 +153,20 @@ class Device final : public Transport {
   void progress_locked(uint64_t now, bool check_udp = true);
   size_t receive_locked(bool check_udp = true);
   void handle_datagram(const net::RxDatagram& d);
+  /// One received packet through the checks below, in order, then to its QP's responder
+  /// (requests) or completer (responses).
   void handle_packet(const net::RxDatagram& d, const uint8_t* data, size_t length,
                      uint16_t ip_id_hint, bool from_shm);
+  RxCheck check_parse(const net::RxDatagram& d, std::span<const uint8_t> bytes, wire::Packet& pkt);
+  RxCheck check_icrc(const net::RxDatagram& d, std::span<const uint8_t> bytes, uint16_t ip_id_hint,
+                     bool from_shm, const wire::Packet& pkt, wire::IcrcVerdict& v);
+  RxCheck check_header(const wire::Packet& pkt) const;  // CNP, P_Key
+  RxCheck check_qp_state(const wire::Packet& pkt, QueuePair*& qp) const;
+  RxCheck check_addr(const QueuePair& qp, const net::RxDatagram& d) const;
+  /// Records a received packet in the capture file (pcap_ set).
+  void capture_received(const net::RxDatagram& d, const uint8_t* data, size_t length,
+                        uint16_t ip_id_hint, bool from_shm, const wire::IcrcVerdict& v);
+  wire::Ipv4UdpTuple rx_tuple(const net::RxDatagram& d, uint16_t ip_id_hint) const;
   void send_queued();  // sends tx_ (shared memory or GSO runs per peer), ACKs excluded
   size_t receive_shm_locked();
   void run_timers_locked(uint64_t now);

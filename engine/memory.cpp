@@ -2,8 +2,6 @@
 
 #include <mutex>
 
-#include "engine/device.h"
-
 namespace softrdma::engine {
 
 Status MemoryRegion::validate(const void* host, uint64_t length, uint32_t access) {
@@ -21,14 +19,14 @@ Status MemoryRegion::validate(const void* host, uint64_t length, uint32_t access
 MemoryRegion::MemoryRegion(ProtectionDomain& pd, void* host, uint64_t length, uint64_t iova,
                            uint32_t access)
     : pd_(pd), host_(static_cast<uint8_t*>(host)), length_(length), iova_(iova), access_(access) {
-  std::lock_guard lk(pd_.device().mutex());
-  key_ = pd_.device().register_mr(this);
+  std::lock_guard lk(pd_.registry().mutex());
+  key_ = pd_.registry().register_mr(this);
   pd_.users++;
 }
 
 MemoryRegion::~MemoryRegion() {
-  std::lock_guard lk(pd_.device().mutex());
-  pd_.device().unregister_mr(key_);
+  std::lock_guard lk(pd_.registry().mutex());
+  pd_.registry().unregister_mr(key_);
   pd_.users--;
 }
 

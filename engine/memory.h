@@ -5,23 +5,23 @@
 #include <atomic>
 #include <cstdint>
 
+#include "engine/object_registry.h"
 #include "engine/types.h"
 
 namespace softrdma::engine {
-
-class Device;
 
 /// A protection domain. MRs and QPs belong to one; a remote access succeeds only through
 /// an MR of the target QP's PD.
 class ProtectionDomain {
  public:
-  explicit ProtectionDomain(Device& dev) : dev_(dev) {}
-  Device& device() const { return dev_; }
+  explicit ProtectionDomain(ObjectRegistry& dev) : dev_(dev) {}
+  /// The device whose tables the PD's MRs are published in.
+  ObjectRegistry& registry() const { return dev_; }
   /// Objects (MRs, QPs) that reference this PD; dealloc is refused (EBUSY) while > 0.
   std::atomic<int> users{0};
 
  private:
-  Device& dev_;
+  ObjectRegistry& dev_;
 };
 
 /// A registered memory region: host memory [host, host+length) addressed by the peer as

@@ -1,10 +1,11 @@
 #include "engine/qp.h"
 
 #include <algorithm>
+#include <iterator>
 #include <mutex>
 
 #include "engine/cq.h"
-#include "engine/device.h"
+#include "engine/log.h"
 
 namespace softrdma::engine {
 
@@ -44,6 +45,12 @@ constexpr Transition kRcTransitions[] = {
     // SQE → RTS exists for UC/UD only; an RC QP never enters SQE (errors go to ERR).
 };
 
+const char* state_name(QpState s) {
+  static constexpr const char* kNames[] = {"RESET", "INIT", "RTR", "RTS", "SQD", "SQE", "ERR"};
+  const auto i = static_cast<size_t>(s);
+  return i < std::size(kNames) ? kNames[i] : "?";
+}
+
 const Transition* find_transition(QpState from, QpState to) {
   if (to == QpState::kReset || to == QpState::kErr) {
     static constexpr Transition kAny{QpState::kReset, QpState::kReset, 0, 0};
@@ -54,29 +61,17 @@ const Transition* find_transition(QpState from, QpState to) {
   return nullptr;
 }
 
-WcOpcode wc_opcode_for(WrOpcode op) {
-  switch (op) {
-    case WrOpcode::kRdmaWrite:
-    case WrOpcode::kRdmaWriteImm:
-      return WcOpcode::kRdmaWrite;
-    case WrOpcode::kSend:
-    case WrOpcode::kSendImm:
-      return WcOpcode::kSend;
-    case WrOpcode::kRdmaRead:
-      return WcOpcode::kRdmaRead;
-    case WrOpcode::kCompareSwap:
-      return WcOpcode::kCompSwap;
-    case WrOpcode::kFetchAdd:
-      return WcOpcode::kFetchAdd;
-  }
-  return WcOpcode::kSend;
-}
-
 }  // namespace
 
-QueuePair::QueuePair(Device& dev, ProtectionDomain& pd, CompletionQueue& scq, CompletionQueue& rcq,
-                     const QpCap& c, bool sig_all)
-    : cap(c), sq_sig_all(sig_all), send_cq(scq), recv_cq(rcq), transport(&dev), dev_(dev), pd_(pd) {
+QueuePair::QueuePair(ObjectRegistry& dev, ProtectionDomain& pd, CompletionQueue& scq,
+                     CompletionQueue& rcq, const QpCap& c, bool sig_all)
+    : cap(c),
+      sq_sig_all(sig_all),
+      send_cq(scq),
+      recv_cq(rcq),
+      transport(&dev.transport()),
+      dev_(dev),
+      pd_(pd) {
   std::lock_guard lk(dev_.mutex());
   qpn_ = dev_.register_qp(this);
   pd_.users++;
@@ -100,7 +95,7 @@ Status QueuePair::validate_cap(const QpCap& c) {
   return kOk;
 }
 
-void QueuePair::kick() {
+void QueuePair::transmit_pending_requests() {
   requester::run(*this, *transport);
   transport->flush();
 }
@@ -119,41 +114,74 @@ uint64_t QueuePair::next_deadline() const {
 
 Status QueuePair::modify(const QpAttr& a, uint32_t mask) {
   std::lock_guard lk(dev_.mutex());
+  ModifyPlan plan;
+  if (Status st = validate_modify(a, mask, plan); st != kOk) return st;
+  apply_modify(a, mask, plan);
+  return kOk;
+}
+
+Status QueuePair::validate_modify(const QpAttr& a, uint32_t mask, ModifyPlan& plan) const {
+  // Each refusal names the attribute (its ibv_qp_attr_mask bit) and why (rxe logs the
+  // same in rxe_qp_chk_attr); the caller sees only EINVAL.
+  auto refuse = [&](const char* attribute, const char* why) {
+    log().debug("qp {:#x}: modify_qp refused: {} {}", qpn_, attribute, why);
+    return std::errc::invalid_argument;
+  };
   const QpState cur = attr.state;
-  if ((mask & kAttrCurState) && a.cur_state != cur) return std::errc::invalid_argument;
-  const QpState next = (mask & kAttrState) ? a.state : cur;
-  const Transition* t = find_transition(cur, next);
-  if (!t) return std::errc::invalid_argument;
+  if ((mask & kAttrCurState) && a.cur_state != cur)
+    return refuse("IBV_QP_CUR_STATE", "is not the QP's current state");
+  plan.next = (mask & kAttrState) ? a.state : cur;
+  const Transition* t = find_transition(cur, plan.next);
+  if (!t) {
+    log().debug("qp {:#x}: modify_qp refused: IBV_QP_STATE {} → {} is not an RC transition", qpn_,
+                state_name(cur), state_name(plan.next));
+    return std::errc::invalid_argument;
+  }
   const uint32_t given = mask & ~(kAttrState | kAttrCurState);
-  if ((given & t->required) != t->required) return std::errc::invalid_argument;
-  if (given & ~(t->required | t->optional | kAttrCurState)) return std::errc::invalid_argument;
+  if ((given & t->required) != t->required) {
+    log().debug("qp {:#x}: modify_qp refused: mask {:#x} lacks required attributes {:#x}", qpn_,
+                mask, t->required & ~given);
+    return std::errc::invalid_argument;
+  }
+  if (given & ~(t->required | t->optional | kAttrCurState)) {
+    log().debug("qp {:#x}: modify_qp refused: attributes {:#x} not allowed in this transition",
+                qpn_, given & ~(t->required | t->optional | kAttrCurState));
+    return std::errc::invalid_argument;
+  }
 
   // Field ranges (ibv_modify_qp(3), IBTA 10.3.1 / 9.7).
-  if ((mask & kAttrPort) && a.port_num != 1) return std::errc::invalid_argument;
-  if ((mask & kAttrPkeyIndex) && a.pkey_index != 0) return std::errc::invalid_argument;
+  if ((mask & kAttrPort) && a.port_num != 1) return refuse("IBV_QP_PORT", "is not 1");
+  if ((mask & kAttrPkeyIndex) && a.pkey_index != 0) return refuse("IBV_QP_PKEY_INDEX", "is not 0");
   if ((mask & kAttrAccessFlags) && (a.access_flags & ~kAccessAllowedOnQp))
-    return std::errc::invalid_argument;
+    return refuse("IBV_QP_ACCESS_FLAGS", "has bits other than local/remote write, read, atomic");
   if ((mask & kAttrPathMtu) && (a.path_mtu < 1 || a.path_mtu > dev_.active_mtu()))
-    return std::errc::invalid_argument;
-  if ((mask & kAttrDestQpn) && a.dest_qp_num > wire::kPsnMask) return std::errc::invalid_argument;
-  if ((mask & kAttrTimeout) && a.timeout > 31) return std::errc::invalid_argument;
-  if ((mask & kAttrRetryCnt) && a.retry_cnt > 7) return std::errc::invalid_argument;
-  if ((mask & kAttrRnrRetry) && a.rnr_retry > 7) return std::errc::invalid_argument;
-  if ((mask & kAttrMinRnrTimer) && a.min_rnr_timer > 31) return std::errc::invalid_argument;
+    return refuse("IBV_QP_PATH_MTU", "is outside 1 … the port's active MTU");
+  if ((mask & kAttrDestQpn) && a.dest_qp_num > wire::kQpnMask)
+    return refuse("IBV_QP_DEST_QPN", "does not fit 24 bits");
+  if ((mask & kAttrTimeout) && a.timeout > 31) return refuse("IBV_QP_TIMEOUT", "is over 31");
+  if ((mask & kAttrRetryCnt) && a.retry_cnt > 7) return refuse("IBV_QP_RETRY_CNT", "is over 7");
+  if ((mask & kAttrRnrRetry) && a.rnr_retry > 7) return refuse("IBV_QP_RNR_RETRY", "is over 7");
+  if ((mask & kAttrMinRnrTimer) && a.min_rnr_timer > 31)
+    return refuse("IBV_QP_MIN_RNR_TIMER", "is over 31");
   if ((mask & kAttrMaxQpRdAtomic) && a.max_rd_atomic > DeviceLimits::kMaxQpRdAtom)
-    return std::errc::invalid_argument;
+    return refuse("IBV_QP_MAX_QP_RD_ATOMIC", "is over the device's max_qp_rd_atom");
   if ((mask & kAttrMaxDestRdAtomic) && a.max_dest_rd_atomic > DeviceLimits::kMaxQpRdAtom)
-    return std::errc::invalid_argument;
-  uint32_t peer_ip = 0;
+    return refuse("IBV_QP_MAX_DEST_RD_ATOMIC", "is over the device's max_qp_rd_atom");
+  plan.peer_ip = 0;
   if (mask & kAttrAv) {
     // RoCE carries every packet in IP/UDP: the address vector must hold a GRH with an
     // IPv4-mapped destination GID, from our only source GID (index 0).
-    if (!a.ah.is_global || a.ah.sgid_index != 0) return std::errc::invalid_argument;
-    if (a.ah.port_num > 1) return std::errc::invalid_argument;
-    if (!a.ah.dgid.to_ipv4(peer_ip) || peer_ip == 0) return std::errc::invalid_argument;
+    if (!a.ah.is_global) return refuse("IBV_QP_AV", "has no GRH (RoCE needs one)");
+    if (a.ah.sgid_index != 0) return refuse("IBV_QP_AV", "sgid_index is not 0");
+    if (a.ah.port_num > 1) return refuse("IBV_QP_AV", "port_num is over 1");
+    if (!a.ah.dgid.to_ipv4(plan.peer_ip) || plan.peer_ip == 0)
+      return refuse("IBV_QP_AV", "dgid is not an IPv4-mapped address");
   }
+  return kOk;
+}
 
-  // Apply.
+void QueuePair::apply_modify(const QpAttr& a, uint32_t mask, const ModifyPlan& plan) {
+  const QpState cur = attr.state, next = plan.next;
   if (mask & kAttrPort) attr.port_num = a.port_num;
   if (mask & kAttrPkeyIndex) attr.pkey_index = a.pkey_index;
   if (mask & kAttrAccessFlags) attr.access_flags = a.access_flags;
@@ -173,7 +201,7 @@ Status QueuePair::modify(const QpAttr& a, uint32_t mask) {
   if (mask & kAttrEnSqdAsyncNotify) attr.en_sqd_async_notify = a.en_sqd_async_notify;
   if (mask & kAttrAv) {
     attr.ah = a.ah;
-    remote_ip = peer_ip;
+    remote_ip = plan.peer_ip;
   }
   if (mask & kAttrRqPsn) resp.epsn = attr.rq_psn;
   if (mask & kAttrSqPsn) {
@@ -182,7 +210,7 @@ Status QueuePair::modify(const QpAttr& a, uint32_t mask) {
   if (mask & kAttrRetryCnt) comp.retry_left = attr.retry_cnt;
   if (mask & kAttrRnrRetry) comp.rnr_retry_left = attr.rnr_retry;
 
-  if (next == cur) return kOk;
+  if (next == cur) return;
   attr.state = next;
   switch (next) {
     case QpState::kReset:
@@ -201,7 +229,7 @@ Status QueuePair::modify(const QpAttr& a, uint32_t mask) {
       break;
     case QpState::kRts:
       if (cur == QpState::kSqd) attr.sq_draining = false;
-      kick();
+      transmit_pending_requests();
       break;
     case QpState::kSqd:
       attr.sq_draining = true;
@@ -209,7 +237,6 @@ Status QueuePair::modify(const QpAttr& a, uint32_t mask) {
     default:
       break;
   }
-  return kOk;
 }
 
 QpAttr QueuePair::query() const {
@@ -229,14 +256,16 @@ Status QueuePair::post_send_locked(const SendWr& wr) {
     return std::errc::invalid_argument;
   if (wr.num_sge > cap.max_send_sge) return std::errc::invalid_argument;
   if (wr.num_sge && !wr.sg_list) return std::errc::invalid_argument;
-  if (static_cast<uint8_t>(wr.opcode) > static_cast<uint8_t>(WrOpcode::kFetchAdd))
-    return std::errc::invalid_argument;
+  if (!wr_opcode_supported(static_cast<uint8_t>(wr.opcode))) return std::errc::invalid_argument;
+  const WrOpcodeInfo& info = wr_info(wr.opcode);
   uint64_t length = 0;
   for (uint32_t i = 0; i < wr.num_sge; ++i) length += wr.sg_list[i].length;
   if (length > DeviceLimits::kMaxMsgSize) return std::errc::invalid_argument;
-  const bool atomic = wr.opcode == WrOpcode::kCompareSwap || wr.opcode == WrOpcode::kFetchAdd;
-  if (atomic && (length != 8 || (wr.remote_addr & 7))) return std::errc::invalid_argument;
-  const bool inl = (wr.flags & kInline) && wr.opcode != WrOpcode::kRdmaRead && !atomic;
+  // Atomics: exactly 8 bytes at an 8-byte aligned remote address (IBTA 9.4.5).
+  if (info.fixed_length &&
+      (length != info.fixed_length || (wr.remote_addr & (info.fixed_length - 1))))
+    return std::errc::invalid_argument;
+  const bool inl = (wr.flags & kInline) && info.inline_allowed;
   if (inl && length > cap.max_inline_data) return std::errc::invalid_argument;
   if (sq.size() >= cap.max_send_wr) return std::errc::not_enough_memory;
 
@@ -281,7 +310,7 @@ Status QueuePair::post_send_batch(const SendWr* wrs, size_t n, size_t& bad) {
     if (st != kOk) break;
   }
   bad = i;
-  if (i > 0) kick();
+  if (i > 0) transmit_pending_requests();
   return st;
 }
 
@@ -313,7 +342,7 @@ void QueuePair::retire_send(WcStatus status, uint32_t byte_len) {
     Cqe c;
     c.wr_id = w.wr.wr_id;
     c.status = status;
-    c.opcode = wc_opcode_for(w.wr.opcode);
+    c.opcode = w.info().wc_opcode;
     c.byte_len = byte_len;
     c.qp_num = qpn_;
     send_cq.push(c, false);

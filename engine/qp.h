@@ -15,15 +15,20 @@
 #include <deque>
 #include <vector>
 
+#include "engine/congestion_window.h"
 #include "engine/memory.h"
+#include "engine/object_registry.h"
 #include "engine/transport.h"
 #include "engine/types.h"
+#include "engine/wr_table.h"
 #include "wire/roce.h"
 
 namespace softrdma::engine {
 
 class CompletionQueue;
-class Device;
+
+/// A PSN value no packet carries (PSNs are 24 bits): "none".
+inline constexpr uint32_t kNoPsn = 0xffffffff;
 
 /// A posted send work request and the requester's progress through it.
 struct SendWqe {
@@ -36,10 +41,8 @@ struct SendWqe {
   uint32_t npsn = 0;         ///< PSNs the message uses (≥ 1)
   bool started = false;
   uint32_t last_psn() const { return wire::psn_add(first_psn, npsn - 1); }
-  bool is_read_or_atomic() const {
-    return wr.opcode == WrOpcode::kRdmaRead || wr.opcode == WrOpcode::kCompareSwap ||
-           wr.opcode == WrOpcode::kFetchAdd;
-  }
+  /// The work-request table's row for this WQE's opcode.
+  const WrOpcodeInfo& info() const { return wr_info(wr.opcode); }
 };
 
 /// A posted receive work request.
@@ -57,13 +60,8 @@ struct RequesterState {
   uint32_t max_psn = 0;  ///< one past the highest PSN ever sent (for late ACKs)
   uint32_t noack_pkts = 0;
   bool rnr_wait = false;  ///< paused until the completer's RNR deadline
-  /// Congestion window, PSNs in flight (1 … kWindowPsns), as TCP's: halved by a sequence
-  /// NAK, 1 after a retransmit timeout, grown by every newly acknowledged PSN. Besides
-  /// pacing, a window that changes between go-back-N rounds cannot keep losing the same
-  /// packet under periodic loss, which a fixed window did (the round length was a multiple
-  /// of the loss period).
-  uint32_t cwnd = kInitialCwnd;
-  static constexpr uint32_t kInitialCwnd = 128;
+  /// Congestion window (the completer reports ACKs, NAKs and timeouts to it).
+  CongestionWindow window;
 };
 
 /// Completer progress (rxe's qp->comp).
@@ -72,10 +70,10 @@ struct CompleterState {
   uint32_t psn = 0;   ///< oldest PSN not yet acknowledged / responded to
   uint8_t retry_left = 0;
   uint8_t rnr_retry_left = 0;
-  uint64_t timer_ns = 0;                 ///< retransmit check time (0: not armed); lazily re-armed
-  uint64_t last_progress_ns = 0;         ///< last transmission or forward progress
-  uint32_t fast_retry_psn = 0xffffffff;  ///< PSN of the last out-of-order-triggered rewind
-  uint64_t rnr_ns = 0;                   ///< RNR back-off deadline (0: none)
+  uint64_t timer_ns = 0;             ///< retransmit check time (0: not armed); lazily re-armed
+  uint64_t last_progress_ns = 0;     ///< last transmission or forward progress
+  uint32_t fast_retry_psn = kNoPsn;  ///< PSN of the last out-of-order-triggered rewind
+  uint64_t rnr_ns = 0;               ///< RNR back-off deadline (0: none)
   /// Last PSN of each READ request / atomic sent and not yet answered, oldest first.
   std::deque<uint32_t> rd_atomic_inflight;
   /// A sequence NAK without progress started a go-back-N and nothing has been acknowledged
@@ -119,10 +117,10 @@ struct ResponderState {
 /// An RC queue pair.
 class QueuePair {
  public:
-  /// Creates a QP in RESET and publishes it in the device's QPN table. `cap` was validated
-  /// by validate_cap().
-  QueuePair(Device& dev, ProtectionDomain& pd, CompletionQueue& send_cq, CompletionQueue& recv_cq,
-            const QpCap& cap, bool sq_sig_all);
+  /// Creates a QP in RESET and publishes it in the device's QPN table; its packets go to
+  /// `dev.transport()`. `cap` was validated by validate_cap().
+  QueuePair(ObjectRegistry& dev, ProtectionDomain& pd, CompletionQueue& send_cq,
+            CompletionQueue& recv_cq, const QpCap& cap, bool sq_sig_all);
   ~QueuePair();
   QueuePair(const QueuePair&) = delete;
   QueuePair& operator=(const QueuePair&) = delete;
@@ -131,7 +129,7 @@ class QueuePair {
   static Status validate_cap(const QpCap& cap);
 
   uint32_t qpn() const { return qpn_; }
-  Device& device() const { return dev_; }
+  ObjectRegistry& registry() const { return dev_; }
   ProtectionDomain& pd() const { return pd_; }
 
   /// ibv_modify_qp: validates the transition and attributes (required/optional masks of
@@ -158,8 +156,9 @@ class QueuePair {
   CompletionQueue& recv_cq;
   /// Where this QP's packets go: its device, or a test double.
   Transport* transport;
-  /// Runs the requester and sends what it produced (device lock held).
-  void kick();
+  /// Runs the requester over the send queue and flushes the packets it produced to the
+  /// transport (device lock held): what a post or a move to RTS does to start sending.
+  void transmit_pending_requests();
   uint32_t remote_ip = 0;  ///< from attr.ah.dgid at RTR
   uint32_t mtu = 256;      ///< path MTU, bytes
 
@@ -200,10 +199,21 @@ class QueuePair {
   uint64_t retransmit_timeout_ns() const;
 
  private:
+  /// What a validated modify will do: the state to move to and the peer of a new AV.
+  struct ModifyPlan {
+    QpState next = QpState::kReset;
+    uint32_t peer_ip = 0;  ///< host order; set when the mask holds IBV_QP_AV
+  };
+  /// The checks of modify (transition and required/optional masks of IBTA table 91, each
+  /// field's range); changes nothing. EINVAL, with a debug log naming the attribute
+  /// refused and why (rxe_qp_chk_attr).
+  Status validate_modify(const QpAttr& a, uint32_t mask, ModifyPlan& plan) const;
+  /// Applies a validated modify (rxe_qp_from_attr): attributes, then the state change.
+  void apply_modify(const QpAttr& a, uint32_t mask, const ModifyPlan& plan);
   Status post_send_locked(const SendWr& wr);
   void flush_queues();
 
-  Device& dev_;
+  ObjectRegistry& dev_;
   ProtectionDomain& pd_;
   uint32_t qpn_;
 };
@@ -216,8 +226,8 @@ void run(QueuePair& qp, Transport& t);
 /// Positions the requester at `psn` (go-back-N): the WQE holding it and the byte offset
 /// of that PSN become the next to transmit; READ/ATOMIC credits after it are returned.
 void rewind(QueuePair& qp, uint32_t psn);
-/// Request packets in flight before the requester waits for ACKs.
-inline constexpr uint32_t kWindowPsns = 128;
+/// Request packets in flight before the requester waits for ACKs, at most.
+inline constexpr uint32_t kWindowPsns = CongestionWindow::kMaxPsns;
 /// Packets between AckReq bits inside a long message.
 inline constexpr uint32_t kAckEvery = 32;
 /// A READ WQE is requested in chunks of at most this many response packets, so that
@@ -236,6 +246,21 @@ void on_timer(QueuePair& qp, Transport& t, uint64_t now_ns);
 
 /// Responder: executes incoming requests against the QP's receive queue and MRs.
 namespace responder {
+/// What the responder's checks say about a request before it is executed (rxe's
+/// check_psn, check_op_seq and check_length). Anything but kNew, kDuplicate and
+/// kOutOfSequence is an invalid request: NAK, then the QP goes to ERR (IBTA 9.9.3).
+enum class RequestCheck : uint8_t {
+  kNew,            ///< the expected PSN in a valid opcode sequence: execute it
+  kDuplicate,      ///< behind the expected PSN: re-acknowledge or replay (9.7.5.1.3)
+  kOutOfSequence,  ///< ahead of the expected PSN: a gap, NAKed once (9.7.5.1.2)
+  kMissingFirst,   ///< middle/last packet with no message of its kind in progress
+  kMissingLast,    ///< a new message (or READ/ATOMIC) inside an unfinished SEND/WRITE
+  kBadLength,      ///< payload over the path MTU, or a first/middle not exactly one MTU
+};
+/// The outcome's name, e.g. "missing first packet".
+const char* to_string(RequestCheck c);
+/// Runs the checks, in order, on a request for this QP; changes nothing.
+RequestCheck check_request(const QueuePair& qp, const wire::Packet& pkt);
 /// Handles one request packet addressed to this QP.
 void on_request(QueuePair& qp, const wire::Packet& pkt, Transport& t);
 /// Sends the coalesced ACK, if one is pending (end of a receive batch).

@@ -25,7 +25,7 @@ bool resolve_local(QueuePair& qp, SendWqe& w, Transport& t) {
     w.local.push_back({w.inline_data.data(), w.inline_data.size()});
     return true;
   }
-  const bool writes_local = w.is_read_or_atomic();
+  const bool writes_local = w.info().read_or_atomic;
   for (const Sge& s : w.sges) {
     if (s.length == 0) continue;
     MemoryRegion* mr = t.find_mr(s.lkey);
@@ -55,19 +55,6 @@ void gather(const std::vector<iovec>& local, uint64_t offset, uint64_t len,
   }
 }
 
-Opcode data_opcode(WrOpcode op, bool first, bool last) {
-  const bool send = op == WrOpcode::kSend || op == WrOpcode::kSendImm;
-  const bool imm = op == WrOpcode::kSendImm || op == WrOpcode::kRdmaWriteImm;
-  if (first && last)
-    return send ? (imm ? Opcode::kSendOnlyImm : Opcode::kSendOnly)
-                : (imm ? Opcode::kWriteOnlyImm : Opcode::kWriteOnly);
-  if (first) return send ? Opcode::kSendFirst : Opcode::kWriteFirst;
-  if (last)
-    return send ? (imm ? Opcode::kSendLastImm : Opcode::kSendLast)
-                : (imm ? Opcode::kWriteLastImm : Opcode::kWriteLast);
-  return send ? Opcode::kSendMiddle : Opcode::kWriteMiddle;
-}
-
 wire::Headers base_headers(const QueuePair& qp, Opcode op, uint32_t psn) {
   wire::Headers h;
   h.bth.opcode = static_cast<uint8_t>(op);
@@ -89,8 +76,9 @@ bool send_data_packet(QueuePair& qp, SendWqe& w, Transport& t, std::vector<iovec
   const uint32_t pay = static_cast<uint32_t>(std::min<uint64_t>(qp.mtu, w.length - off));
   const bool first = off == 0;
   const bool last = off + pay == w.length;
-  wire::Headers h = base_headers(qp, data_opcode(w.wr.opcode, first, last), qp.req.psn);
-  if (first && (w.wr.opcode == WrOpcode::kRdmaWrite || w.wr.opcode == WrOpcode::kRdmaWriteImm)) {
+  const WrOpcodeInfo& info = w.info();
+  wire::Headers h = base_headers(qp, info.wire_opcode(first, last), qp.req.psn);
+  if (first && info.cls == WrClass::kWrite) {
     h.reth.va = w.wr.remote_addr;
     h.reth.rkey = w.wr.rkey;
     h.reth.dma_length = static_cast<uint32_t>(w.length);
@@ -101,7 +89,7 @@ bool send_data_packet(QueuePair& qp, SendWqe& w, Transport& t, std::vector<iovec
   }
   // AckReq on the last packet, every kAckEvery packets, and on the packet that fills the
   // window (the ACK for it is what opens the window again).
-  const bool fills = wire::psn_diff(qp.req.psn, qp.comp.psn) + 1 >= int32_t(qp.req.cwnd);
+  const bool fills = wire::psn_diff(qp.req.psn, qp.comp.psn) + 1 >= int32_t(qp.req.window.psns());
   h.bth.ack_req = last || fills || ++qp.req.noack_pkts >= kAckEvery;
   if (h.bth.ack_req) qp.req.noack_pkts = 0;
   gather(w.local, off, pay, iov);
@@ -120,7 +108,7 @@ bool send_read_request(QueuePair& qp, SendWqe& w, Transport& t) {
   const uint64_t chunk_bytes = uint64_t{kReadChunkPsns} * qp.mtu;
   const uint64_t chunk = std::min<uint64_t>(w.length, (off / chunk_bytes + 1) * chunk_bytes) - off;
   const uint32_t n = psns_for(chunk, qp.mtu);
-  wire::Headers h = base_headers(qp, Opcode::kReadRequest, qp.req.psn);
+  wire::Headers h = base_headers(qp, w.info().only, qp.req.psn);
   h.reth.va = w.wr.remote_addr + off;
   h.reth.rkey = w.wr.rkey;
   h.reth.dma_length = static_cast<uint32_t>(chunk);
@@ -134,7 +122,7 @@ bool send_read_request(QueuePair& qp, SendWqe& w, Transport& t) {
 
 void send_atomic(QueuePair& qp, SendWqe& w, Transport& t) {
   const bool cas = w.wr.opcode == WrOpcode::kCompareSwap;
-  wire::Headers h = base_headers(qp, cas ? Opcode::kCompareSwap : Opcode::kFetchAdd, qp.req.psn);
+  wire::Headers h = base_headers(qp, w.info().only, qp.req.psn);
   h.atomic.va = w.wr.remote_addr;
   h.atomic.rkey = w.wr.rkey;
   h.atomic.swap_add = cas ? w.wr.swap : w.wr.compare_add;
@@ -166,29 +154,27 @@ void run(QueuePair& qp, Transport& t) {
       }
       w.started = true;
       w.first_psn = qp.req.psn;
-      w.npsn = w.is_read_or_atomic() && w.wr.opcode != WrOpcode::kRdmaRead
-                   ? 1
-                   : psns_for(w.length, qp.mtu);
+      w.npsn = w.info().cls == WrClass::kAtomic ? 1 : psns_for(w.length, qp.mtu);
       qp.req.offset = 0;
     } else if (qp.req.offset == 0 && qp.req.psn != w.first_psn) {
       log().error("qp {:#x}: requester at psn {:#x} but WQE {} starts at {:#x}", qp.qpn(),
                   qp.req.psn, qp.req.next, w.first_psn);
     }
-    const int32_t window = static_cast<int32_t>(std::min(qp.req.cwnd, kWindowPsns));
+    const int32_t window = static_cast<int32_t>(std::min(qp.req.window.psns(), kWindowPsns));
     if (wire::psn_diff(qp.req.psn, qp.comp.psn) >= window) break;
-    bool done;
-    switch (w.wr.opcode) {
-      case WrOpcode::kRdmaRead:
-        if (qp.comp.rd_atomic_inflight.size() >= max_rd) goto out;
+    bool done = false;
+    const WrOpcodeInfo& info = w.info();
+    if (info.read_or_atomic && qp.comp.rd_atomic_inflight.size() >= max_rd) break;
+    switch (info.cls) {
+      case WrClass::kRead:
         done = send_read_request(qp, w, t);
         break;
-      case WrOpcode::kCompareSwap:
-      case WrOpcode::kFetchAdd:
-        if (qp.comp.rd_atomic_inflight.size() >= max_rd) goto out;
+      case WrClass::kAtomic:
         send_atomic(qp, w, t);
         done = true;
         break;
-      default:
+      case WrClass::kSend:
+      case WrClass::kWrite:
         done = send_data_packet(qp, w, t, iov);
         break;
     }
@@ -198,7 +184,6 @@ void run(QueuePair& qp, Transport& t) {
       qp.req.offset = 0;
     }
   }
-out:
   if (sent) {
     const uint64_t now = t.now_ns();
     qp.comp.last_progress_ns = now;
@@ -221,8 +206,7 @@ void rewind(QueuePair& qp, uint32_t psn) {
         log().error("qp {:#x}: rewind to psn {:#x} before WQE {} at {:#x}", qp.qpn(), psn, idx,
                     w.first_psn);
       const int32_t into = std::max(0, wire::psn_diff(psn, w.first_psn));
-      const bool atomic = w.is_read_or_atomic() && w.wr.opcode != WrOpcode::kRdmaRead;
-      offset = atomic ? 0 : uint64_t(into) * qp.mtu;
+      offset = w.info().cls == WrClass::kAtomic ? 0 : uint64_t(into) * qp.mtu;
       psn = wire::psn_add(w.first_psn, static_cast<uint32_t>(into));
       break;
     }

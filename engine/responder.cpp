@@ -2,6 +2,7 @@
 // atomic ACKs, replays duplicates (IBTA vol 1, 9.7.4 and 9.7.5.1; rxe_resp.c).
 #include <atomic>
 #include <cstring>
+#include <iterator>
 
 #include "engine/cq.h"
 #include "engine/log.h"
@@ -127,23 +128,40 @@ void send_atomic_ack(QueuePair& qp, Transport& t, uint32_t psn, uint64_t orig) {
   bump(t.counters().ack_sent);
 }
 
-// Checks the opcode against the message in progress (IBTA 9.7.4.1.3 opcode sequence) and
-// the payload size against the path MTU (first/middle carry exactly one MTU).
-bool sequence_ok(const QueuePair& qp, const wire::Packet& pkt) {
+// PSN against the expected one (IBTA 9.7.5.1.2, 9.7.5.1.3; rxe check_psn).
+RequestCheck check_psn(const QueuePair& qp, const wire::Packet& pkt) {
+  const int32_t d = psn_diff(pkt.hdr.bth.psn, qp.resp.epsn);
+  return d > 0   ? RequestCheck::kOutOfSequence
+         : d < 0 ? RequestCheck::kDuplicate
+                 : RequestCheck::kNew;
+}
+
+// Opcode against the message in progress (IBTA 9.7.4.1.3 opcode sequence; rxe check_op_seq).
+RequestCheck check_op_sequence(const QueuePair& qp, const wire::Packet& pkt) {
   const uint32_t m = pkt.info->mask;
   const bool starts = m & (wire::kIsFirst | wire::kIsOnly);
+  bool in_own = false, in_other = qp.resp.in_send || qp.resp.in_write;
   if (m & wire::kIsSend) {
-    if (qp.resp.in_write || starts == qp.resp.in_send) return false;
+    in_own = qp.resp.in_send;
+    in_other = qp.resp.in_write;
   } else if (m & wire::kIsWrite) {
-    if (qp.resp.in_send || starts == qp.resp.in_write) return false;
-  } else if (qp.resp.in_send || qp.resp.in_write) {
-    return false;  // READ/ATOMIC inside an unfinished SEND/WRITE
+    in_own = qp.resp.in_write;
+    in_other = qp.resp.in_send;
   }
-  if (m & wire::kHasPayload) {
-    if (pkt.payload.size() > qp.mtu) return false;
-    if ((m & (wire::kIsFirst | wire::kIsMiddle)) && pkt.payload.size() != qp.mtu) return false;
-  }
-  return true;
+  if (in_other || (starts && in_own)) return RequestCheck::kMissingLast;
+  if (!starts && !in_own) return RequestCheck::kMissingFirst;
+  return RequestCheck::kNew;
+}
+
+// Payload size against the path MTU: first/middle packets carry exactly one MTU, last/only
+// at most one (IBTA 9.7.4.1.4; rxe check_length).
+RequestCheck check_length(const QueuePair& qp, const wire::Packet& pkt) {
+  const uint32_t m = pkt.info->mask;
+  if (!(m & wire::kHasPayload)) return RequestCheck::kNew;
+  if (pkt.payload.size() > qp.mtu) return RequestCheck::kBadLength;
+  if ((m & (wire::kIsFirst | wire::kIsMiddle)) && pkt.payload.size() != qp.mtu)
+    return RequestCheck::kBadLength;
+  return RequestCheck::kNew;
 }
 
 void on_send(QueuePair& qp, const wire::Packet& pkt, Transport& t) {
@@ -165,7 +183,7 @@ void on_send(QueuePair& qp, const wire::Packet& pkt, Transport& t) {
       return nak_and_fail(qp, t, wire::NakCode::kRemoteOperationalError, psn);
   }
   qp.resp.recv_offset += pkt.payload.size();
-  if (m & (wire::kIsLast | wire::kIsOnly)) {
+  if (m & wire::kConsumesRecvWqe) {
     const bool imm = m & wire::kHasImmDt;
     qp.complete_recv(WcStatus::kSuccess, WcOpcode::kRecv,
                      static_cast<uint32_t>(qp.resp.recv_offset), imm ? pkt.hdr.imm_be : 0,
@@ -181,10 +199,10 @@ void on_write(QueuePair& qp, const wire::Packet& pkt, Transport& t) {
   const uint32_t m = pkt.info->mask;
   const uint32_t psn = pkt.hdr.bth.psn;
   const bool ends = m & (wire::kIsLast | wire::kIsOnly);
-  const bool imm = m & wire::kHasImmDt;
-  // WRITE with immediate consumes a receive WQE: check before touching memory, so a
-  // retried (RNR) packet is applied exactly once.
-  if (ends && imm && qp.rq.empty()) return rnr_nak(qp, t, psn);
+  const bool consumes_wqe = m & wire::kConsumesRecvWqe;  // WRITE with immediate, last/only
+  // Check for the receive WQE before touching memory, so a retried (RNR) packet is
+  // applied exactly once.
+  if (consumes_wqe && qp.rq.empty()) return rnr_nak(qp, t, psn);
   if (m & wire::kHasReth) {
     const wire::Reth& r = pkt.hdr.reth;
     uint8_t* p = nullptr;
@@ -204,7 +222,7 @@ void on_write(QueuePair& qp, const wire::Packet& pkt, Transport& t) {
   qp.resp.write_left -= n;
   if (ends) {
     qp.resp.in_write = false;
-    if (imm)
+    if (consumes_wqe)
       qp.complete_recv(WcStatus::kSuccess, WcOpcode::kRecvRdmaWithImm,
                        static_cast<uint32_t>(qp.resp.write_length), pkt.hdr.imm_be, kWcWithImm,
                        pkt.hdr.bth.solicited);
@@ -327,34 +345,55 @@ void on_duplicate(QueuePair& qp, const wire::Packet& pkt, Transport& t) {
     ack_later(qp, psn_add(qp.resp.epsn, wire::kPsnMask));  // everything before epsn is done
 }
 
+// A gap: NAK once with the expected PSN and drop until the requester goes back (IBTA
+// 9.7.5.1.2 PSN sequence error).
+void on_out_of_sequence(QueuePair& qp, uint32_t psn, Transport& t) {
+  bump(t.counters().out_of_seq_request);
+  // One NAK per gap (IBTA 9.7.5.1.2), until the expected PSN arrives; again only when
+  // the requester has evidently gone back — a PSN strictly below the highest
+  // out-of-sequence one seen since the NAK, i.e. the NAK was lost or the retransmission
+  // lost the expected packet again. Repeats of one PSN (equal, not below) draw no NAK.
+  if (!qp.resp.nak_sent || psn_diff(psn, qp.resp.ooo_max_psn) < 0) {
+    log().debug("qp {:#x}: psn {:#x} out of sequence (expected {:#x}, highest seen {:#x})",
+                qp.qpn(), psn, qp.resp.epsn, qp.resp.ooo_max_psn);
+    qp.resp.nak_sent = true;
+    qp.resp.ooo_max_psn = psn;
+    nak(qp, t, wire::NakCode::kPsnSequenceError, qp.resp.epsn);
+  } else if (psn_diff(psn, qp.resp.ooo_max_psn) > 0) {
+    qp.resp.ooo_max_psn = psn;
+  }
+}
+
 }  // namespace
 
+const char* to_string(RequestCheck c) {
+  static constexpr const char* kNames[] = {"new",
+                                           "duplicate",
+                                           "out of sequence",
+                                           "missing first packet",
+                                           "missing last packet",
+                                           "bad payload length"};
+  static_assert(std::size(kNames) == size_t(RequestCheck::kBadLength) + 1);
+  return kNames[static_cast<size_t>(c)];
+}
+
+RequestCheck check_request(const QueuePair& qp, const wire::Packet& pkt) {
+  RequestCheck c = check_psn(qp, pkt);
+  if (c == RequestCheck::kNew) c = check_op_sequence(qp, pkt);
+  if (c == RequestCheck::kNew) c = check_length(qp, pkt);
+  return c;
+}
+
 void on_request(QueuePair& qp, const wire::Packet& pkt, Transport& t) {
-  const int32_t d = psn_diff(pkt.hdr.bth.psn, qp.resp.epsn);
-  if (d > 0) {
-    // A gap: NAK once with the expected PSN and drop until the requester goes back
-    // (IBTA 9.7.5.1.2 PSN sequence error).
-    bump(t.counters().out_of_seq_request);
-    // One NAK per gap (IBTA 9.7.5.1.2), until the expected PSN arrives; again only when
-    // the requester has evidently gone back — a PSN strictly below the highest
-    // out-of-sequence one seen since the NAK, i.e. the NAK was lost or the retransmission
-    // lost the expected packet again. Repeats of one PSN (equal, not below) draw no NAK.
-    const uint32_t psn = pkt.hdr.bth.psn;
-    if (!qp.resp.nak_sent || psn_diff(psn, qp.resp.ooo_max_psn) < 0) {
-      log().debug("qp {:#x}: psn {:#x} out of sequence (expected {:#x}, highest seen {:#x})",
-                  qp.qpn(), psn, qp.resp.epsn, qp.resp.ooo_max_psn);
-      qp.resp.nak_sent = true;
-      qp.resp.ooo_max_psn = psn;
-      nak(qp, t, wire::NakCode::kPsnSequenceError, qp.resp.epsn);
-    } else if (psn_diff(psn, qp.resp.ooo_max_psn) > 0) {
-      qp.resp.ooo_max_psn = psn;
-    }
-    return;
+  const uint32_t psn = pkt.hdr.bth.psn;
+  const RequestCheck c = check_request(qp, pkt);
+  if (c == RequestCheck::kOutOfSequence) return on_out_of_sequence(qp, psn, t);
+  if (c == RequestCheck::kDuplicate) return on_duplicate(qp, pkt, t);
+  qp.resp.nak_sent = false;  // the expected PSN has arrived
+  if (c != RequestCheck::kNew) {
+    log().debug("qp {:#x}: {} psn {:#x} refused: {}", qp.qpn(), pkt.info->name, psn, to_string(c));
+    return nak_and_fail(qp, t, wire::NakCode::kInvalidRequest, psn);
   }
-  if (d < 0) return on_duplicate(qp, pkt, t);
-  qp.resp.nak_sent = false;
-  if (!sequence_ok(qp, pkt))
-    return nak_and_fail(qp, t, wire::NakCode::kInvalidRequest, pkt.hdr.bth.psn);
   const uint32_t m = pkt.info->mask;
   if (m & wire::kIsSend)
     on_send(qp, pkt, t);

@@ -43,6 +43,7 @@
 #include "net/netem.h"
 #include "net/shm_port.h"
 #include "net/udp_port.h"
+#include "verbs/device_name.h"
 
 namespace {
 
@@ -56,7 +57,7 @@ constexpr int kExitUsage = 2;
 constexpr int kExitCannotExec = 127;
 
 /// The verbs device name every softrdma process exposes (one device per process).
-constexpr const char* kDeviceName = "srdma0";
+using softrdma::verbs::kDeviceName;
 
 void error(const std::string& msg) {
   fmt::print(stderr, "softrdma: {}\n", msg);

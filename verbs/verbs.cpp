@@ -20,6 +20,7 @@
 #include "base/params.h"
 #include "engine/log.h"
 #include "net/udp_port.h"
+#include "verbs/device_name.h"
 #include "verbs/objects.h"
 
 // verbs.h wraps these exported names in inline helpers; we define the real symbols.
@@ -33,7 +34,6 @@ using namespace softrdma::verbs;
 
 namespace {
 
-constexpr char kDeviceName[] = "srdma0";
 constexpr uint32_t kVendorId = 0xffffff;  // as rxe: no IEEE OUI
 constexpr char kFirmware[] = "softrdma-0.1.0";
 
@@ -42,7 +42,8 @@ static_assert(offsetof(ibv_sge, lkey) == offsetof(engine::Sge, lkey));
 static_assert(IBV_WC_RETRY_EXC_ERR == int(engine::WcStatus::kRetryExcErr));
 static_assert(IBV_WC_GENERAL_ERR == int(engine::WcStatus::kGeneralErr));
 static_assert(IBV_WC_RECV_RDMA_WITH_IMM == int(engine::WcOpcode::kRecvRdmaWithImm));
-static_assert(IBV_WR_ATOMIC_FETCH_AND_ADD == int(engine::WrOpcode::kFetchAdd));
+static_assert(IBV_WR_ATOMIC_FETCH_AND_ADD == int(engine::WrOpcode::kFetchAdd) &&
+              IBV_WR_ATOMIC_FETCH_AND_ADD + 1 == int(engine::kWrOpcodeCount));
 static_assert(unsigned(IBV_QP_DEST_QPN) == engine::kAttrDestQpn &&
               unsigned(IBV_QP_RATE_LIMIT) == engine::kAttrRateLimit);
 static_assert(unsigned(IBV_ACCESS_REMOTE_ATOMIC) == engine::kRemoteAtomic);
@@ -140,7 +141,7 @@ int op_post_send(ibv_qp* ibqp, ibv_send_wr* wr, ibv_send_wr** bad) {
   for (ibv_send_wr* w = wr; w; w = w->next) {
     engine::SendWr e;
     e.wr_id = w->wr_id;
-    if (w->opcode > IBV_WR_ATOMIC_FETCH_AND_ADD || w->num_sge < 0) {
+    if (!engine::wr_opcode_supported(w->opcode) || w->num_sge < 0) {
       // SEND_WITH_INV, LOCAL_INV, BIND_MW, TSO, ATOMIC_WRITE, …: not on an RC QP here.
       // WRs before this one are posted.
       size_t ok = 0;
@@ -157,7 +158,7 @@ int op_post_send(ibv_qp* ibqp, ibv_send_wr* wr, ibv_send_wr** bad) {
     e.imm_be = w->imm_data;
     e.sg_list = reinterpret_cast<const engine::Sge*>(w->sg_list);
     e.num_sge = static_cast<uint32_t>(w->num_sge);
-    if (w->opcode == IBV_WR_ATOMIC_CMP_AND_SWP || w->opcode == IBV_WR_ATOMIC_FETCH_AND_ADD) {
+    if (engine::wr_info(e.opcode).cls == engine::WrClass::kAtomic) {
       e.remote_addr = w->wr.atomic.remote_addr;
       e.rkey = w->wr.atomic.rkey;
       e.compare_add = w->wr.atomic.compare_add;

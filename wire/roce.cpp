@@ -237,7 +237,7 @@ size_t encode_headers(const Headers& h, std::span<uint8_t> out) noexcept {
                               ((bth.pad_count & 3u) << kPadShift) | (bth.tver & kTverMask));
   store16(p + 2, bth.pkey);
   p[4] = static_cast<uint8_t>((bth.fecn ? kFecnBit : 0) | (bth.becn ? kBecnBit : 0));
-  store24(p + 5, bth.dest_qpn & kPsnMask);
+  store24(p + 5, bth.dest_qpn & kQpnMask);
   p[8] = bth.ack_req ? kAckReqBit : 0;
   store24(p + 9, bth.psn & kPsnMask);
 

@@ -186,6 +186,8 @@ constexpr uint8_t pad_for(size_t payload_bytes) noexcept {
 // ---- PSN arithmetic: 24-bit serial numbers (9.7.1) -----------------------------------
 
 inline constexpr uint32_t kPsnMask = 0xffffff;
+/// QP numbers are 24 bits too (BTH DestQP, 9.2): a different quantity of the same width.
+inline constexpr uint32_t kQpnMask = 0xffffff;
 
 constexpr uint32_t psn_add(uint32_t psn, uint32_t n) noexcept { return (psn + n) & kPsnMask; }
 

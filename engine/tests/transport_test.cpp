@@ -1,6 +1,7 @@
 // Unit tests of the RC transport units — requester, responder, completer — driven through
-// a fake Transport that records packets and owns the clock. Two QPs on one device are
-// wired back to back by hand, so every packet, loss and reordering is the test's choice.
+// a fake Transport that records packets and owns the clock, on a fake device (the engine's
+// ObjectRegistry seam): no socket, no progress thread. Two QPs are wired back to back by
+// hand, so every packet, loss and reordering is the test's choice.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -8,11 +9,12 @@
 #include <memory>
 #include <mutex>
 #include <random>
+#include <unordered_map>
 #include <vector>
 
 #include "engine/cq.h"
-#include "engine/device.h"
 #include "engine/memory.h"
+#include "engine/object_registry.h"
 #include "engine/qp.h"
 #include "wire/icrc.h"
 
@@ -21,12 +23,47 @@ namespace {
 
 using wire::Opcode;
 
-/// Records transmitted packets as bytes; time moves only when the test says so. Its clock
-/// starts an hour ahead of the device's, so the device's own timer scan never fires these
-/// QPs' timers.
+/// The device side of the seam: a lock and the QPN and key tables, an active MTU of 4096 B,
+/// no progress of its own (the test delivers every packet and fires every timer).
+class FakeDevice : public ObjectRegistry {
+ public:
+  std::mutex& mutex() override { return mu_; }
+  uint32_t register_qp(QueuePair* qp) override {
+    qps_[next_qpn_] = qp;
+    return next_qpn_++;
+  }
+  void unregister_qp(uint32_t qpn) override { qps_.erase(qpn); }
+  uint32_t register_mr(MemoryRegion* mr) override {
+    next_key_ += 0x100;
+    mrs_[next_key_] = mr;
+    return next_key_;
+  }
+  void unregister_mr(uint32_t key) override { mrs_.erase(key); }
+  uint8_t active_mtu() const override { return 5; }
+  Transport& transport() override { return *transport_; }
+  void try_progress() override {}
+
+  MemoryRegion* find_mr(uint32_t key) {
+    auto it = mrs_.find(key);
+    return it == mrs_.end() ? nullptr : it->second;
+  }
+  /// The address the QPs' address vectors name (any IPv4 address will do).
+  uint32_t ip() const { return 0x7f000001; }
+  /// Where QPs created on this device send until the test points them elsewhere.
+  Transport* transport_ = nullptr;
+
+ private:
+  std::mutex mu_;
+  std::unordered_map<uint32_t, QueuePair*> qps_;
+  std::unordered_map<uint32_t, MemoryRegion*> mrs_;
+  uint32_t next_qpn_ = 0x100;
+  uint32_t next_key_ = 0;
+};
+
+/// Records transmitted packets as bytes; time moves only when the test says so.
 class FakeTransport : public Transport {
  public:
-  explicit FakeTransport(Device& dev) : dev_(dev), now_(dev.now_ns() + 3600'000'000'000ull) {}
+  explicit FakeTransport(FakeDevice& dev) : dev_(dev), now_(3600'000'000'000ull) {}
   void transmit(wire::Headers h, uint32_t, std::span<const iovec> payload,
                 uint32_t payload_len) override {
     h.bth.pad_count = wire::pad_for(payload_len);
@@ -49,7 +86,7 @@ class FakeTransport : public Transport {
   Counters counters_;
 
  private:
-  Device& dev_;
+  FakeDevice& dev_;
   uint64_t now_;
 };
 
@@ -65,18 +102,15 @@ class TransportTest : public ::testing::Test {
   static constexpr uint32_t kMtu = 1024;
 
   void SetUp() override {
-    DeviceConfig cfg;
-    cfg.publish_counters = false;
-    int err = 0;
-    dev = Device::open(cfg, err);
-    ASSERT_TRUE(dev) << std::strerror(err);
+    dev = std::make_unique<FakeDevice>();
     pd = std::make_unique<ProtectionDomain>(*dev);
     cq = std::make_unique<CompletionQueue>(*dev, 4096, nullptr, nullptr);
+    ta = std::make_unique<FakeTransport>(*dev);
+    tb = std::make_unique<FakeTransport>(*dev);
+    dev->transport_ = ta.get();
     QpCap cap{1024, 1024, 4, 4, 64};
     a = std::make_unique<QueuePair>(*dev, *pd, *cq, *cq, cap, true);
     b = std::make_unique<QueuePair>(*dev, *pd, *cq, *cq, cap, true);
-    ta = std::make_unique<FakeTransport>(*dev);
-    tb = std::make_unique<FakeTransport>(*dev);
     a->transport = ta.get();
     b->transport = tb.get();
     connect(*a, *b);
@@ -177,7 +211,7 @@ class TransportTest : public ::testing::Test {
   }
 
   static constexpr uint32_t kAll = kLocalWrite | kRemoteWrite | kRemoteRead | kRemoteAtomic;
-  std::unique_ptr<Device> dev;
+  std::unique_ptr<FakeDevice> dev;
   std::unique_ptr<ProtectionDomain> pd;
   std::unique_ptr<CompletionQueue> cq;
   std::unique_ptr<QueuePair> a, b;
@@ -286,7 +320,7 @@ TEST_F(TransportTest, WindowCollapsesOnTimeoutAndGrowsWithAcks) {
     completer::on_timer(*a, *ta, ta->now_ns());
   }
   ASSERT_EQ(ta->sent.size(), 1u);
-  EXPECT_EQ(a->req.cwnd, 1u);
+  EXPECT_EQ(a->req.window.psns(), 1u);
   deliver(*ta, *b, *tb);  // probe arrives and is ACKed
   deliver(*tb, *a, *ta);  // each acknowledged PSN grows the window by one: 2 go out
   EXPECT_EQ(ta->sent.size(), 2u);
@@ -316,7 +350,7 @@ TEST_F(TransportTest, SequenceNakHalvesWindow) {
   ta->sent.erase(ta->sent.begin());  // lose the first packet
   deliver(*ta, *b, *tb);
   deliver(*tb, *a, *ta);  // NAK: go back, half the window
-  EXPECT_EQ(a->req.cwnd, RequesterState::kInitialCwnd / 2);
+  EXPECT_EQ(a->req.window.psns(), CongestionWindow::kMaxPsns / 2);
   settle();
   ASSERT_EQ(drain().size(), 1u);
   EXPECT_EQ(std::memcmp(dst.data(), src.data(), 8 * kMtu), 0);
@@ -564,6 +598,50 @@ TEST_P(LossyTransportTest, SendsSurviveRandomLossInBothDirections) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Seeds, LossyTransportTest, ::testing::Range(1, 33));
+
+// The responder's checks name why a request is not executed (rxe check_psn,
+// check_op_seq, check_length) and change nothing.
+TEST_F(TransportTest, ResponderChecksNameTheirOutcome) {
+  std::vector<uint8_t> payload(kMtu);
+  auto check = [&](Opcode op, uint32_t psn, size_t len) {
+    wire::Headers h;
+    h.bth.opcode = static_cast<uint8_t>(op);
+    h.bth.dest_qpn = b->qpn();
+    h.bth.psn = psn;
+    h.bth.pad_count = wire::pad_for(len);
+    std::vector<uint8_t> bytes(wire::kMaxTransportHeaderBytes);
+    bytes.resize(wire::encode_headers(h, bytes));
+    bytes.insert(bytes.end(), payload.begin(), payload.begin() + static_cast<ptrdiff_t>(len));
+    bytes.resize(bytes.size() + h.bth.pad_count + wire::kIcrcBytes, 0);
+    return responder::check_request(*b, parse(bytes));
+  };
+  using responder::RequestCheck;
+  EXPECT_EQ(check(Opcode::kSendOnly, kSqPsn, 10), RequestCheck::kNew);
+  EXPECT_EQ(check(Opcode::kSendOnly, wire::psn_add(kSqPsn, 1), 10), RequestCheck::kOutOfSequence);
+  EXPECT_EQ(check(Opcode::kSendOnly, wire::psn_add(kSqPsn, wire::kPsnMask), 10),
+            RequestCheck::kDuplicate);
+  EXPECT_EQ(check(Opcode::kSendMiddle, kSqPsn, kMtu), RequestCheck::kMissingFirst);
+  EXPECT_EQ(check(Opcode::kSendFirst, kSqPsn, kMtu - 4), RequestCheck::kBadLength);
+  EXPECT_EQ(check(Opcode::kSendFirst, kSqPsn, kMtu), RequestCheck::kNew);
+  EXPECT_STREQ(responder::to_string(RequestCheck::kMissingFirst), "missing first packet");
+  EXPECT_EQ(b->resp.epsn, kSqPsn);  // nothing was executed
+}
+
+// The window the requester paces with: AIMD in PSNs, bounded by kMaxPsns.
+TEST(CongestionWindowTest, GrowsByAckedPsnsHalvesOnNakCollapsesOnTimeout) {
+  CongestionWindow w;
+  EXPECT_EQ(w.psns(), CongestionWindow::kMaxPsns);
+  w.on_acked(5);
+  EXPECT_EQ(w.psns(), CongestionWindow::kMaxPsns);  // never beyond the PSN window
+  w.on_sequence_nak();
+  EXPECT_EQ(w.psns(), CongestionWindow::kMaxPsns / 2);
+  w.on_timeout();
+  EXPECT_EQ(w.psns(), 1u);
+  w.on_sequence_nak();
+  EXPECT_EQ(w.psns(), 1u);  // never below one
+  w.on_acked(3);
+  EXPECT_EQ(w.psns(), 4u);
+}
 
 TEST_F(TransportTest, ModifyRejectsInvalidTransitionsAndAttributes) {
   QpCap cap{16, 16, 1, 1, 0};

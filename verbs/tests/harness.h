@@ -30,6 +30,8 @@
 
 #include <gtest/gtest.h>
 
+#include "verbs/device_name.h"
+
 namespace softrdma::verbs_test {
 
 using Clock = std::chrono::steady_clock;
@@ -37,7 +39,7 @@ using std::chrono::milliseconds;
 using std::chrono::seconds;
 using namespace std::chrono_literals;
 
-inline constexpr const char* kDeviceName = "srdma0";
+using softrdma::verbs::kDeviceName;
 inline constexpr uint8_t kPort = 1;
 inline constexpr int kAllAccess = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
                                   IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC;

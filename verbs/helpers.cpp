@@ -1,6 +1,6 @@
-// The rest of the libibverbs API: string and rate helpers, sysfs helpers, and the verbs
-// softrdma does not implement yet, which fail cleanly with the errno real providers give
-// for an unsupported verb (EOPNOTSUPP), never by crashing.
+// The helper functions of the libibverbs API that need no device: strings (ibv_*_str),
+// static-rate conversions, sysfs readers (with the synthetic sysfs files of srdma0) and
+// fork protection. Verbs softrdma does not implement are in unsupported.cpp.
 #include <fcntl.h>
 #include <infiniband/verbs.h>
 #include <unistd.h>
@@ -11,13 +11,9 @@
 #include <cstring>
 #include <string>
 
-namespace {
+#include "verbs/device_name.h"
 
-template <class T>
-T* unsupported_ptr() {
-  errno = EOPNOTSUPP;
-  return nullptr;
-}
+namespace {
 
 struct RateRow {
   ibv_rate rate;
@@ -27,29 +23,31 @@ struct RateRow {
 
 // IBTA vol 1, 9.11 static rate encoding; Mb/s as rdma-core reports them.
 constexpr RateRow kRates[] = {
-    {IBV_RATE_2_5_GBPS, 1, 2500},     {IBV_RATE_5_GBPS, 2, 5000},
-    {IBV_RATE_10_GBPS, 4, 10000},     {IBV_RATE_20_GBPS, 8, 20000},
-    {IBV_RATE_30_GBPS, 12, 30000},    {IBV_RATE_40_GBPS, 16, 40000},
-    {IBV_RATE_60_GBPS, 24, 60000},    {IBV_RATE_80_GBPS, 32, 80000},
-    {IBV_RATE_120_GBPS, 48, 120000},  {IBV_RATE_14_GBPS, -1, 14062},
-    {IBV_RATE_56_GBPS, -1, 56250},    {IBV_RATE_112_GBPS, -1, 112500},
-    {IBV_RATE_168_GBPS, -1, 168750},  {IBV_RATE_25_GBPS, 10, 25781},
-    {IBV_RATE_100_GBPS, 40, 103125},  {IBV_RATE_200_GBPS, 80, 206250},
-    {IBV_RATE_300_GBPS, 120, 309375}, {IBV_RATE_28_GBPS, 11, 28125},
-    {IBV_RATE_50_GBPS, 20, 53125},    {IBV_RATE_400_GBPS, 160, 425000},
-    {IBV_RATE_600_GBPS, 240, 637500}, {IBV_RATE_800_GBPS, 320, 850000},
+    {IBV_RATE_2_5_GBPS, 1, 2500},       {IBV_RATE_5_GBPS, 2, 5000},
+    {IBV_RATE_10_GBPS, 4, 10000},       {IBV_RATE_20_GBPS, 8, 20000},
+    {IBV_RATE_30_GBPS, 12, 30000},      {IBV_RATE_40_GBPS, 16, 40000},
+    {IBV_RATE_60_GBPS, 24, 60000},      {IBV_RATE_80_GBPS, 32, 80000},
+    {IBV_RATE_120_GBPS, 48, 120000},    {IBV_RATE_14_GBPS, -1, 14062},
+    {IBV_RATE_56_GBPS, -1, 56250},      {IBV_RATE_112_GBPS, -1, 112500},
+    {IBV_RATE_168_GBPS, -1, 168750},    {IBV_RATE_25_GBPS, 10, 25781},
+    {IBV_RATE_100_GBPS, 40, 103125},    {IBV_RATE_200_GBPS, 80, 206250},
+    {IBV_RATE_300_GBPS, 120, 309375},   {IBV_RATE_28_GBPS, 11, 28125},
+    {IBV_RATE_50_GBPS, 20, 53125},      {IBV_RATE_400_GBPS, 160, 425000},
+    {IBV_RATE_600_GBPS, 240, 637500},   {IBV_RATE_800_GBPS, 320, 850000},
     {IBV_RATE_1200_GBPS, 480, 1275000},
 };
 
 /// sysfs attributes of our device that real drivers expose under
 /// /sys/class/infiniband/<dev>/ (ibv_devinfo reads board_id through ibv_read_sysfs_file).
 const char* synthetic_sysfs(const std::string& path) {
-  static const std::string dir = "/sys/class/infiniband/srdma0";
+  static const std::string dir =
+      std::string("/sys/class/infiniband/") + softrdma::verbs::kDeviceName;
   if (path == dir + "/board_id") return "softrdma user-space RoCEv2";
   if (path == dir + "/fw_ver") return "softrdma-0.1.0";
   if (path == dir + "/hca_type") return "softrdma";
   if (path == dir + "/hw_rev") return "0";
-  if (path == dir + "/node_desc") return "softrdma srdma0";
+  static const std::string node_desc = std::string("softrdma ") + softrdma::verbs::kDeviceName;
+  if (path == dir + "/node_desc") return node_desc.c_str();
   if (path == dir + "/node_type") return "1: CA";
   if (path == dir + "/ports/1/gid_attrs/types/0") return "RoCE v2";
   return nullptr;
@@ -77,27 +75,44 @@ extern "C" {
 // ---- strings (texts as rdma-core prints them) -----------------------------------------
 
 const char* ibv_node_type_str(ibv_node_type t) {
-  static const char* const s[] = {"InfiniBand channel adapter", "InfiniBand switch",
-                                  "InfiniBand router", "iWARP NIC", "usNIC", "usNIC UDP",
+  static const char* const s[] = {"InfiniBand channel adapter",
+                                  "InfiniBand switch",
+                                  "InfiniBand router",
+                                  "iWARP NIC",
+                                  "usNIC",
+                                  "usNIC UDP",
                                   "unspecified"};
   if (t < IBV_NODE_CA || t > IBV_NODE_UNSPECIFIED) return "unknown";
   return s[t - 1];
 }
 
 const char* ibv_port_state_str(ibv_port_state s) {
-  static const char* const n[] = {"PORT_NOP", "PORT_DOWN", "PORT_INIT", "PORT_ARMED",
-                                  "PORT_ACTIVE", "PORT_ACTIVE_DEFER"};
+  static const char* const n[] = {"PORT_NOP",   "PORT_DOWN",   "PORT_INIT",
+                                  "PORT_ARMED", "PORT_ACTIVE", "PORT_ACTIVE_DEFER"};
   return (s >= 0 && s <= IBV_PORT_ACTIVE_DEFER) ? n[s] : "(invalid port state)";
 }
 
 const char* ibv_event_type_str(ibv_event_type e) {
-  static const char* const n[] = {
-      "CQ error",          "local work queue catastrophic error", "invalid request local work queue error",
-      "local access violation work queue error", "communication established",
-      "send queue drained", "path migrated", "path migration request error",
-      "local catastrophic error", "port active", "port error", "LID change", "P_Key change",
-      "SM change", "SRQ catastrophic error", "SRQ limit reached", "last WQE reached",
-      "client reregistration", "GID table change", "WQ fatal"};
+  static const char* const n[] = {"CQ error",
+                                  "local work queue catastrophic error",
+                                  "invalid request local work queue error",
+                                  "local access violation work queue error",
+                                  "communication established",
+                                  "send queue drained",
+                                  "path migrated",
+                                  "path migration request error",
+                                  "local catastrophic error",
+                                  "port active",
+                                  "port error",
+                                  "LID change",
+                                  "P_Key change",
+                                  "SM change",
+                                  "SRQ catastrophic error",
+                                  "SRQ limit reached",
+                                  "last WQE reached",
+                                  "client reregistration",
+                                  "GID table change",
+                                  "WQ fatal"};
   return (e >= 0 && e <= IBV_EVENT_WQ_FATAL) ? n[e] : "unknown";
 }
 
@@ -155,7 +170,9 @@ ibv_rate mbps_to_ibv_rate(int mbps) {
 
 // ---- sysfs and fork helpers -------------------------------------------------------------
 
-const char* ibv_get_sysfs_path(void) { return "/sys"; }
+const char* ibv_get_sysfs_path(void) {
+  return "/sys";
+}
 
 int ibv_read_sysfs_file(const char* dir, const char* file, char* buf, size_t size) {
   return read_file(dir, file, buf, size);
@@ -182,50 +199,17 @@ int ibv_query_gid_type(ibv_context*, uint8_t port_num, unsigned int index, int* 
 }
 
 // softrdma never maps registered memory into a device, so fork needs no protection.
-int ibv_fork_init(void) { return 0; }
-ibv_fork_status ibv_is_fork_initialized(void) { return IBV_FORK_UNNEEDED; }
-int ibv_dontfork_range(void*, size_t) { return 0; }
-int ibv_dofork_range(void*, size_t) { return 0; }
-
-// ---- not supported yet: SRQ, UD address handles, multicast, import, ECE, dmabuf ------
-
-ibv_srq* ibv_create_srq(ibv_pd*, ibv_srq_init_attr*) { return unsupported_ptr<ibv_srq>(); }
-int ibv_modify_srq(ibv_srq*, ibv_srq_attr*, int) { return EOPNOTSUPP; }
-int ibv_query_srq(ibv_srq*, ibv_srq_attr*) { return EOPNOTSUPP; }
-int ibv_destroy_srq(ibv_srq*) { return EOPNOTSUPP; }
-ibv_ah* ibv_create_ah(ibv_pd*, ibv_ah_attr*) { return unsupported_ptr<ibv_ah>(); }
-int ibv_destroy_ah(ibv_ah*) { return EOPNOTSUPP; }
-ibv_ah* ibv_create_ah_from_wc(ibv_pd*, ibv_wc*, ibv_grh*, uint8_t) {
-  return unsupported_ptr<ibv_ah>();
+int ibv_fork_init(void) {
+  return 0;
 }
-int ibv_init_ah_from_wc(ibv_context*, uint8_t, ibv_wc*, ibv_grh*, ibv_ah_attr*) {
-  return EOPNOTSUPP;
+ibv_fork_status ibv_is_fork_initialized(void) {
+  return IBV_FORK_UNNEEDED;
 }
-int ibv_attach_mcast(ibv_qp*, const ibv_gid*, uint16_t) { return EOPNOTSUPP; }
-int ibv_detach_mcast(ibv_qp*, const ibv_gid*, uint16_t) { return EOPNOTSUPP; }
-ibv_context* ibv_import_device(int) { return unsupported_ptr<ibv_context>(); }
-ibv_mr* ibv_import_mr(ibv_pd*, uint32_t) { return unsupported_ptr<ibv_mr>(); }
-ibv_pd* ibv_import_pd(ibv_context*, uint32_t) { return unsupported_ptr<ibv_pd>(); }
-void ibv_unimport_mr(ibv_mr*) {}
-void ibv_unimport_pd(ibv_pd*) {}
-ibv_dm* ibv_import_dm(ibv_context*, uint32_t) { return unsupported_ptr<ibv_dm>(); }
-void ibv_unimport_dm(ibv_dm*) {}
-int ibv_query_ece(ibv_qp*, ibv_ece*) { return EOPNOTSUPP; }
-int ibv_set_ece(ibv_qp*, ibv_ece*) { return EOPNOTSUPP; }
-ibv_mr* ibv_reg_dmabuf_mr(ibv_pd*, uint64_t, size_t, uint64_t, int, int) {
-  return unsupported_ptr<ibv_mr>();
+int ibv_dontfork_range(void*, size_t) {
+  return 0;
 }
-/// Data of a message lands in order (the responder copies packets in PSN order), but the
-/// guarantee is not advertised yet.
-int ibv_query_qp_data_in_order(ibv_qp*, ibv_wr_opcode, uint32_t) { return 0; }
-int ibv_resolve_eth_l2_from_gid(ibv_context*, ibv_ah_attr*, uint8_t*, uint16_t*) {
-  return EOPNOTSUPP;
+int ibv_dofork_range(void*, size_t) {
+  return 0;
 }
-
-// Kernel-ABI copy helpers of libibverbs 1.0: no kernel ABI exists here.
-void ibv_copy_ah_attr_from_kern(void*, void*) {}
-void ibv_copy_qp_attr_from_kern(void*, void*) {}
-void ibv_copy_path_rec_from_kern(void*, void*) {}
-void ibv_copy_path_rec_to_kern(void*, void*) {}
 
 }  // extern "C"

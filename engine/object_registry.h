@@ -1,0 +1,42 @@
+// The seam between the engine's objects and the device that owns them. QPs, MRs, PDs and
+// CQs see a device only through this interface and Transport (engine/transport.h), never
+// through Device itself: Device implements both, and a unit test gives fakes of both so
+// that QPs run back to back in one process with no socket (engine/tests). UCX draws the
+// same line between its RC protocol (uct rc/base) and its verbs device (rc/verbs).
+#pragma once
+
+#include <cstdint>
+#include <mutex>
+
+namespace softrdma::engine {
+
+class MemoryRegion;
+class QueuePair;
+class Transport;
+
+/// What an engine object needs from its device besides the packet path: the device lock,
+/// the QPN and key tables, the port's active MTU, and progress driven by a poller.
+class ObjectRegistry {
+ public:
+  virtual ~ObjectRegistry() = default;
+  /// The lock that guards every object of the device (QP state, tables, transmit queue).
+  virtual std::mutex& mutex() = 0;
+  /// Publishes `qp` in the QPN table; returns its QPN (24 bits, never 0 or 1). Lock held.
+  virtual uint32_t register_qp(QueuePair* qp) = 0;
+  /// Removes a QPN from the table; packets to it are dropped from now on. Lock held.
+  virtual void unregister_qp(uint32_t qpn) = 0;
+  /// Publishes `mr` in the key table; returns its key (lkey == rkey). Lock held.
+  virtual uint32_t register_mr(MemoryRegion* mr) = 0;
+  /// Removes a key from the table; accesses through it fail from now on. Lock held.
+  virtual void unregister_mr(uint32_t key) = 0;
+  /// Active MTU of the port as an IB MTU enum (1 = 256 B … 5 = 4096 B): the largest
+  /// path_mtu a QP may be given.
+  virtual uint8_t active_mtu() const = 0;
+  /// Where the device's QPs send their packets.
+  virtual Transport& transport() = 0;
+  /// Processes pending packets and timers on the calling thread if the lock is free;
+  /// returns at once otherwise (a CQ poll that found nothing calls it).
+  virtual void try_progress() = 0;
+};
+
+}  // namespace softrdma::engine

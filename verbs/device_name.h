@@ -1,0 +1,11 @@
+// The name of the one device the softrdma libibverbs lists (ibv_get_device_name), kept in
+// one place for the verbs layer, the tools and the verbs tests. Header-only and free of
+// <infiniband/verbs.h>, so a tool can name the device without linking the verbs library.
+#pragma once
+
+namespace softrdma::verbs {
+
+/// ibv_device::name of the softrdma device (as rxe's "rxe0").
+inline constexpr char kDeviceName[] = "srdma0";
+
+}  // namespace softrdma::verbs

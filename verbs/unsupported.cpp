@@ -1,0 +1,91 @@
+// The verbs softrdma does not implement yet (SRQ, UD address handles, multicast, import,
+// ECE, dmabuf, the kernel-ABI copy helpers): each fails cleanly with the errno real
+// providers give for an unsupported verb (EOPNOTSUPP), never by crashing.
+#include <infiniband/verbs.h>
+
+#include <cerrno>
+
+namespace {
+
+template <class T>
+T* unsupported_ptr() {
+  errno = EOPNOTSUPP;
+  return nullptr;
+}
+
+}  // namespace
+
+extern "C" {
+
+// ---- not supported yet: SRQ, UD address handles, multicast, import, ECE, dmabuf ------
+
+ibv_srq* ibv_create_srq(ibv_pd*, ibv_srq_init_attr*) {
+  return unsupported_ptr<ibv_srq>();
+}
+int ibv_modify_srq(ibv_srq*, ibv_srq_attr*, int) {
+  return EOPNOTSUPP;
+}
+int ibv_query_srq(ibv_srq*, ibv_srq_attr*) {
+  return EOPNOTSUPP;
+}
+int ibv_destroy_srq(ibv_srq*) {
+  return EOPNOTSUPP;
+}
+ibv_ah* ibv_create_ah(ibv_pd*, ibv_ah_attr*) {
+  return unsupported_ptr<ibv_ah>();
+}
+int ibv_destroy_ah(ibv_ah*) {
+  return EOPNOTSUPP;
+}
+ibv_ah* ibv_create_ah_from_wc(ibv_pd*, ibv_wc*, ibv_grh*, uint8_t) {
+  return unsupported_ptr<ibv_ah>();
+}
+int ibv_init_ah_from_wc(ibv_context*, uint8_t, ibv_wc*, ibv_grh*, ibv_ah_attr*) {
+  return EOPNOTSUPP;
+}
+int ibv_attach_mcast(ibv_qp*, const ibv_gid*, uint16_t) {
+  return EOPNOTSUPP;
+}
+int ibv_detach_mcast(ibv_qp*, const ibv_gid*, uint16_t) {
+  return EOPNOTSUPP;
+}
+ibv_context* ibv_import_device(int) {
+  return unsupported_ptr<ibv_context>();
+}
+ibv_mr* ibv_import_mr(ibv_pd*, uint32_t) {
+  return unsupported_ptr<ibv_mr>();
+}
+ibv_pd* ibv_import_pd(ibv_context*, uint32_t) {
+  return unsupported_ptr<ibv_pd>();
+}
+void ibv_unimport_mr(ibv_mr*) {}
+void ibv_unimport_pd(ibv_pd*) {}
+ibv_dm* ibv_import_dm(ibv_context*, uint32_t) {
+  return unsupported_ptr<ibv_dm>();
+}
+void ibv_unimport_dm(ibv_dm*) {}
+int ibv_query_ece(ibv_qp*, ibv_ece*) {
+  return EOPNOTSUPP;
+}
+int ibv_set_ece(ibv_qp*, ibv_ece*) {
+  return EOPNOTSUPP;
+}
+ibv_mr* ibv_reg_dmabuf_mr(ibv_pd*, uint64_t, size_t, uint64_t, int, int) {
+  return unsupported_ptr<ibv_mr>();
+}
+/// Data of a message lands in order (the responder copies packets in PSN order), but the
+/// guarantee is not advertised yet.
+int ibv_query_qp_data_in_order(ibv_qp*, ibv_wr_opcode, uint32_t) {
+  return 0;
+}
+int ibv_resolve_eth_l2_from_gid(ibv_context*, ibv_ah_attr*, uint8_t*, uint16_t*) {
+  return EOPNOTSUPP;
+}
+
+// Kernel-ABI copy helpers of libibverbs 1.0: no kernel ABI exists here.
+void ibv_copy_ah_attr_from_kern(void*, void*) {}
+void ibv_copy_qp_attr_from_kern(void*, void*) {}
+void ibv_copy_path_rec_from_kern(void*, void*) {}
+void ibv_copy_path_rec_to_kern(void*, void*) {}
+
+}  // extern "C"
