@@ -19,6 +19,7 @@
 #include <cstring>
 
 #include "ccl/algorithms.h"
+#include "ccl/fold.h"
 #include "ccl/reduce.h"
 
 namespace softrdma::ccl::detail {
@@ -51,28 +52,15 @@ void all_reduce_rabenseifner(Context& ctx, const void* send, void* recv, size_t 
   const Region acc = ctx.user(recv, bytes);
   if (send != recv) std::memcpy(recv, send, bytes);
 
-  int pof2 = 1;
-  while (pof2 * 2 <= n) pof2 *= 2;
-  const int rem = n - pof2;
+  const FoldShape shape = fold_shape(n, r);
+  const int pof2 = shape.pof2;
   // The fold receives a whole vector, a halving step at most the first half of the blocks
   // (segment() makes earlier blocks the larger ones).
-  const size_t half = pof2 >= 2 ? blocks(count, pof2, 0, pof2 / 2).elems * esize : 0;
-  const Region tmp = ctx.scratch(r < 2 * rem ? bytes : half);
-
-  int newrank;
-  if (r < 2 * rem) {
-    if (r % 2 == 0) {
-      ctx.wait(ctx.send(r + 1, acc, bytes, ctx.tag(kFold, 0)));
-      newrank = -1;
-    } else {
-      ctx.wait(ctx.recv(r - 1, tmp, bytes, ctx.tag(kFold, 0)));
-      reduce_into(acc.ptr, tmp.ptr, count, type, op);
-      newrank = r / 2;
-    }
-  } else {
-    newrank = r - rem;
-  }
-  auto real_rank = [rem](int nr) { return nr < rem ? nr * 2 + 1 : nr + rem; };
+  const size_t half = blocks(count, pof2, 0, pof2 / 2).elems * esize;
+  const Region tmp = ctx.scratch(shape.folded(r) ? bytes : half);
+  const FoldShape f = all_reduce_fold_in(ctx, acc, tmp, bytes, count, type, op, kFold);
+  const int newrank = f.newrank;
+  auto real_rank = [&f](int nr) { return f.real_rank(nr); };
 
   if (newrank >= 0) {
     // Reduce-scatter by recursive halving: [lo, hi) is the block range this rank reduces.
@@ -121,12 +109,7 @@ void all_reduce_rabenseifner(Context& ctx, const void* send, void* recv, size_t 
     }
   }
 
-  if (r < 2 * rem) {
-    if (r % 2 == 1)
-      ctx.wait(ctx.send(r - 1, acc, bytes, ctx.tag(kUnfold, 0)));
-    else
-      ctx.wait(ctx.recv(r + 1, acc, bytes, ctx.tag(kUnfold, 0)));
-  }
+  all_reduce_fold_out(ctx, f, acc, bytes, kUnfold);
 }
 
 }  // namespace softrdma::ccl::detail

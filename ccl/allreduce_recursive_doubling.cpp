@@ -11,6 +11,7 @@
 #include <cstring>
 
 #include "ccl/algorithms.h"
+#include "ccl/fold.h"
 #include "ccl/reduce.h"
 
 namespace softrdma::ccl::detail {
@@ -25,35 +26,20 @@ constexpr uint8_t kUnfold = 2;
 void all_reduce_recursive_doubling(Context& ctx, const void* send, void* recv, size_t count,
                                    DataType type, RedOp op) {
   const int n = ctx.size();
-  const int r = ctx.rank();
   const size_t bytes = count * type_size(type);
   const Region acc = ctx.user(recv, bytes);
   if (send != recv) std::memcpy(recv, send, bytes);
   const Region tmp = ctx.scratch(bytes);
 
-  int pof2 = 1;
-  while (pof2 * 2 <= n) pof2 *= 2;
-  const int rem = n - pof2;
-
-  int newrank;
-  if (r < 2 * rem) {
-    if (r % 2 == 0) {
-      ctx.wait(ctx.send(r + 1, acc, bytes, ctx.tag(kFold, 0)));
-      newrank = -1;
-    } else {
-      ctx.wait(ctx.recv(r - 1, tmp, bytes, ctx.tag(kFold, 0)));
-      reduce_into(acc.ptr, tmp.ptr, count, type, op);
-      newrank = r / 2;
-    }
-  } else {
-    newrank = r - rem;
-  }
+  const FoldShape f = all_reduce_fold_in(ctx, acc, tmp, bytes, count, type, op, kFold);
+  const int pof2 = f.pof2;
+  const int newrank = f.newrank;
 
   if (newrank >= 0) {
     int round = 0;
     for (int mask = 1; mask < pof2; mask <<= 1, ++round) {
       const int pn = newrank ^ mask;
-      const int partner = pn < rem ? pn * 2 + 1 : pn + rem;
+      const int partner = f.real_rank(pn);
       const RequestId rq = ctx.recv(partner, tmp, bytes, ctx.tag(kExchange, round));
       const RequestId sq = ctx.send(partner, acc, bytes, ctx.tag(kExchange, round));
       ctx.wait(rq);
@@ -63,12 +49,7 @@ void all_reduce_recursive_doubling(Context& ctx, const void* send, void* recv, s
     if (op == RedOp::kAvg) scale_avg(acc.ptr, count, type, n);
   }
 
-  if (r < 2 * rem) {
-    if (r % 2 == 1)
-      ctx.wait(ctx.send(r - 1, acc, bytes, ctx.tag(kUnfold, 0)));
-    else
-      ctx.wait(ctx.recv(r + 1, acc, bytes, ctx.tag(kUnfold, 0)));
-  }
+  all_reduce_fold_out(ctx, f, acc, bytes, kUnfold);
 }
 
 }  // namespace softrdma::ccl::detail

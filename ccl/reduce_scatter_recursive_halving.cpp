@@ -15,6 +15,7 @@
 #include <cstring>
 
 #include "ccl/algorithms.h"
+#include "ccl/fold.h"
 #include "ccl/reduce.h"
 
 namespace softrdma::ccl::detail {
@@ -33,9 +34,9 @@ void reduce_scatter_recursive_halving(Context& ctx, const void* send, void* recv
   const size_t bytes = count * type_size(type);
   const size_t total = static_cast<size_t>(n) * bytes;
 
-  int pof2 = 1;
-  while (pof2 * 2 <= n) pof2 *= 2;
-  const int rem = n - pof2;
+  const FoldShape f = fold_shape(n, r);
+  const int pof2 = f.pof2;
+  const int rem = f.rem;
 
   if (r < 2 * rem && r % 2 == 0) {  // folded out: hand the input over, get the block back
     const Region in = ctx.user(send, total);
@@ -52,14 +53,13 @@ void reduce_scatter_recursive_halving(Context& ctx, const void* send, void* recv
     ctx.wait(ctx.recv(r - 1, tmp, total, ctx.tag(kFold, 0)));
     reduce_into(acc.ptr, tmp.ptr, static_cast<size_t>(n) * count, type, op);
   }
-  const int newrank = r < 2 * rem ? r / 2 : r - rem;
-  auto real_rank = [rem](int nr) { return nr < rem ? nr * 2 + 1 : nr + rem; };
+  const int newrank = f.newrank;
   // First block of group j (j = p: one past the last block).
   auto group = [rem](int j) { return static_cast<size_t>(j < rem ? 2 * j : j + rem); };
 
   int lo = 0, hi = pof2, round = 0;
   for (int mask = pof2 / 2; mask >= 1; mask /= 2, ++round) {
-    const int partner = real_rank(newrank ^ mask);
+    const int partner = f.real_rank(newrank ^ mask);
     const int mid = lo + (hi - lo) / 2;
     const bool lower = (newrank & mask) == 0;
     const size_t keep_at = group(lower ? lo : mid) * bytes;

@@ -26,13 +26,16 @@ void VerbsTransport::Impl::post_recv(int p, uint32_t slot) {
   }
 }
 
-void VerbsTransport::Impl::post_ctl(Peer& P, CtlMsg m, bool credited) {
+bool VerbsTransport::Impl::post_ctl(Peer& P, CtlMsg m, bool credited, const char* payload,
+                                    size_t bytes) {
   uint32_t slot = P.free_slots.back();
   P.free_slots.pop_back();
   m.credits = P.credit.take_owed();
   char* buf = send_slot(P.rank, slot);
   std::memcpy(buf, &m, sizeof m);
-  ibv_sge sge{reinterpret_cast<uint64_t>(buf), static_cast<uint32_t>(kCtlBytes), slots_mr->lkey};
+  if (bytes) std::memcpy(buf + kCtlBytes, payload, bytes);
+  ibv_sge sge{reinterpret_cast<uint64_t>(buf), static_cast<uint32_t>(kCtlBytes + bytes),
+              slots_mr->lkey};
   ibv_send_wr wr{};
   wr.wr_id = make_wr_id(Kind::kCtl, P.rank, slot);
   wr.sg_list = &sge;
@@ -44,10 +47,11 @@ void VerbsTransport::Impl::post_ctl(Peer& P, CtlMsg m, bool credited) {
     P.free_slots.push_back(slot);
     P.credit.untake_owed(m.credits);
     peer_failed(P.rank, "ibv_post_send failed: " + errno_text(e));
-    return;
+    return false;
   }
   --P.sq_free;
   if (credited) P.credit.spend();
+  return true;
 }
 
 bool VerbsTransport::Impl::post_write_piece(Peer& P, Outbound& o, Request& r) {
@@ -127,33 +131,11 @@ void VerbsTransport::Impl::enqueue_ctl(Peer& P, const CtlMsg& m) {
 }
 
 void VerbsTransport::Impl::post_eager(Peer& P, Request& r) {
-  uint32_t slot = P.free_slots.back();
-  P.free_slots.pop_back();
   CtlMsg m{};
   m.type = static_cast<uint32_t>(Ctl::kEager);
-  m.credits = P.credit.take_owed();
   m.tag = r.tag;
   m.length = r.bytes;
-  char* buf = send_slot(P.rank, slot);
-  std::memcpy(buf, &m, sizeof m);
-  if (r.bytes) std::memcpy(buf + kCtlBytes, r.addr, r.bytes);
-  ibv_sge sge{reinterpret_cast<uint64_t>(buf), static_cast<uint32_t>(kCtlBytes + r.bytes),
-              slots_mr->lkey};
-  ibv_send_wr wr{};
-  wr.wr_id = make_wr_id(Kind::kCtl, P.rank, slot);
-  wr.sg_list = &sge;
-  wr.num_sge = 1;
-  wr.opcode = IBV_WR_SEND;
-  wr.send_flags = IBV_SEND_SIGNALED;
-  ibv_send_wr* bad = nullptr;
-  if (int e = ibv_post_send(P.qp, &wr, &bad)) {
-    P.free_slots.push_back(slot);
-    P.credit.untake_owed(m.credits);
-    peer_failed(P.rank, "ibv_post_send(eager) failed: " + errno_text(e));
-    return;
-  }
-  --P.sq_free;
-  P.credit.spend();
+  if (!post_ctl(P, m, true, r.addr, r.bytes)) return;
   // The payload is in the send slot: the user's buffer is free again (MPI's eager send).
   r.done = true;
   --P.pending;

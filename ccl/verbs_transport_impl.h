@@ -206,9 +206,11 @@ struct VerbsTransport::Impl {
   // ---- posting (verbs_credit_ring.cpp) ------------------------------------------------
   /// Posts ring slot `slot` of peer `p` as a receive.
   void post_recv(int p, uint32_t slot);
-  /// Posts a control message now, piggybacking the owed credits; the caller checked sq_free
-  /// (and the credits when `credited`).
-  void post_ctl(verbs::Peer& P, verbs::CtlMsg m, bool credited);
+  /// Posts a control message now, piggybacking the owed credits, with `bytes` of `payload`
+  /// behind the descriptor (an eager transfer; bytes ≤ the slot's room); the caller checked
+  /// sq_free (and the credits when `credited`). False when the post failed (peer failed).
+  bool post_ctl(verbs::Peer& P, verbs::CtlMsg m, bool credited, const char* payload = nullptr,
+                size_t bytes = 0);
   /// Posts the next piece of a send's data; true when it was the last (with immediate).
   bool post_write_piece(verbs::Peer& P, verbs::Outbound& o, verbs::Request& r);
   /// Posts what the send queue and the credits allow, in order; then returns credits if
