@@ -192,9 +192,19 @@ class Device final : public Transport, public ObjectRegistry {
   net::UdpPort port_;
   net::ShmPort shm_;  // open unless PacketPath::kUdp
   PacketPath path_ = PacketPath::kAuto;
-  std::vector<size_t> udp_slots_;     // send_queued(): slots that go by UDP
-  uint64_t last_udp_check_ns_ = 0;    // try_progress(): last recvmmsg on the UDP socket
-  uint64_t last_udp_traffic_ns_ = 0;  // last UDP packet sent or received
+  std::vector<size_t> udp_slots_;   // send_queued(): slots that go by UDP
+  uint64_t last_udp_check_ns_ = 0;  // try_progress(): last recvmmsg on the UDP socket
+  // Last UDP packet sent or received (written under mu_, read by the progress thread
+  // without it).
+  std::atomic<uint64_t> last_udp_traffic_ns_{0};
+  /// UDP counts as idle after this long without a packet; while it is, pollers check the
+  /// socket at most every kUdpCheckNs.
+  static constexpr uint64_t kUdpIdleNs = 1'000'000, kUdpCheckNs = 20'000;
+  /// All recent traffic was on the same-host path (no UDP packet for kUdpIdleNs).
+  bool udp_quiet(uint64_t now) const {
+    return shm_.is_open() &&
+           now - last_udp_traffic_ns_.load(std::memory_order_relaxed) > kUdpIdleNs;
+  }
   std::atomic<uint64_t> crowded_checked_ns_{0};
   std::atomic<bool> crowded_{false};
   std::atomic<uint64_t> last_rx_ns_{0};  // last packet received (any path)
