@@ -33,6 +33,12 @@
 
 namespace softrdma::engine {
 
+/// Largest RoCEv2 UDP payload accepted (4096 B MTU + 40 B of headers + pad + ICRC, with
+/// room to spare); anything larger is dropped as malformed.
+inline constexpr size_t kMaxRocePacketBytes = 4096 + 256;
+/// Packets processed per progress round before timers and other work get a turn.
+inline constexpr size_t kRxBudget = 1024;
+
 class QueuePair;
 class MemoryRegion;
 class CounterPublisher;

@@ -1,0 +1,228 @@
+// Device, receive side: GRO splitting and the named checks every packet passes (parse,
+// ICRC, header, QP state, source address) before the responder or completer sees it;
+// polling the rings and the UDP socket. See device.h.
+#include "engine/device.h"
+
+#include <fcntl.h>
+#include <ifaddrs.h>
+#include <net/if.h>
+#include <sched.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/ioctl.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <iterator>
+#include <random>
+
+#include "base/params.h"
+#include "engine/counter_publisher.h"
+#include "engine/cq.h"
+#include "engine/log.h"
+#include "engine/memory.h"
+#include "engine/qp.h"
+#include "wire/icrc.h"
+
+namespace softrdma::engine {
+
+void Device::handle_datagram(const net::RxDatagram& d) {
+  if (d.segment_size == 0) return handle_packet(d, d.data, d.length, 0, false);
+  // UDP GRO: back-to-back packets of segment_size bytes, the last possibly shorter. A
+  // softrdma sender's GSO batch arrives whole on loopback, so segment k carries IPv4 id k:
+  // check that first (exact), else icrc_verify solves for the id.
+  bump(counters_->rcvd_gro_batches);
+  uint16_t k = 0;
+  for (size_t off = 0; off < d.length; off += d.segment_size, ++k)
+    handle_packet(d, d.data + off, std::min<size_t>(d.segment_size, d.length - off), k, false);
+}
+
+// ---- receive path: named checks (rxe's hdr_check → check_type_state / check_addr / keys) --
+
+namespace {
+
+/// The counter an outcome of the receive checks bumps (nullptr: not counted).
+constexpr std::atomic<uint64_t> Counters::*kRxCheckCounter[] = {
+    nullptr,                      // kAccept (counted as rcvd_pkts once delivered)
+    &Counters::rcvd_malformed,    // kMalformed
+    &Counters::rcvd_icrc_err,     // kIcrcMismatch
+    nullptr,                      // kCongestionNotification
+    &Counters::rcvd_malformed,    // kBadPkey
+    &Counters::rcvd_unknown_qpn,  // kUnknownQpn
+    &Counters::rcvd_bad_state,    // kBadState
+    &Counters::rcvd_addr_err,     // kWrongSource
+};
+static_assert(std::size(kRxCheckCounter) == size_t(RxCheck::kWrongSource) + 1);
+
+}  // namespace
+
+const char* to_string(RxCheck c) {
+  static constexpr const char* kNames[] = {
+      "accepted",  "malformed",   "ICRC mismatch",       "congestion notification",
+      "bad P_Key", "unknown QPN", "QP state refuses it", "not from the QP's peer"};
+  static_assert(std::size(kNames) == size_t(RxCheck::kWrongSource) + 1);
+  return kNames[static_cast<size_t>(c)];
+}
+
+RxCheck Device::check_parse(const net::RxDatagram& d, std::span<const uint8_t> bytes,
+                            wire::Packet& pkt) {
+  const bool too_long = d.truncated || bytes.size() > kMaxRocePacketBytes;
+  wire::ParseError perr = wire::ParseError::kTruncated;
+  if (!too_long && bytes.size() >= wire::kBthBytes + wire::kIcrcBytes)
+    perr = wire::parse(bytes, pkt);
+  if (perr == wire::ParseError::kOk) return RxCheck::kAccept;
+  log().debug("drop from {}: {}", net::ipv4_to_string(d.src_ip),
+              too_long ? "larger than any RoCEv2 packet" : wire::to_string(perr));
+  return RxCheck::kMalformed;
+}
+
+wire::Ipv4UdpTuple Device::rx_tuple(const net::RxDatagram& d, uint16_t ip_id_hint) const {
+  wire::Ipv4UdpTuple tuple;
+  tuple.src_ip = d.src_ip;
+  tuple.dst_ip = ip();
+  tuple.src_port = d.src_port;
+  tuple.dst_port = wire::kRoceV2Port;
+  tuple.ip_id = ip_id_hint;
+  return tuple;
+}
+
+RxCheck Device::check_icrc(const net::RxDatagram& d, std::span<const uint8_t> bytes,
+                           uint16_t ip_id_hint, bool from_shm, const wire::Packet& pkt,
+                           wire::IcrcVerdict& v) {
+  if (from_shm) {
+    v.ok = v.exact = true;  // records carry no ICRC (see send_queued())
+    return RxCheck::kAccept;
+  }
+  v = wire::icrc_verify(rx_tuple(d, ip_id_hint), bytes);
+  if (!v.ok) {
+    log().debug("drop from {}: ICRC mismatch (opcode {:#x} psn {})", net::ipv4_to_string(d.src_ip),
+                pkt.hdr.bth.opcode, pkt.hdr.bth.psn);
+    return RxCheck::kIcrcMismatch;
+  }
+  // Ids of our own GSO segments are expected (hint), not "recovered".
+  if (!v.exact && v.ip_id != ip_id_hint) bump(counters_->rcvd_icrc_id_recovered);
+  return RxCheck::kAccept;
+}
+
+void Device::capture_received(const net::RxDatagram& d, const uint8_t* data, size_t length,
+                              uint16_t ip_id_hint, bool from_shm, const wire::IcrcVerdict& v) {
+  // The IPv4 id and DF a UDP socket never sees come from the ICRC (see wire/icrc.h); TTL
+  // and TOS from IP_RECVTTL / IP_RECVTOS. A same-host record gets the ICRC it would have
+  // carried on the wire.
+  if (from_shm && length >= wire::kBthBytes + wire::kIcrcBytes) {
+    shm_capture_.assign(data, data + length);
+    const uint32_t icrc =
+        wire::icrc_compute(rx_tuple(d, ip_id_hint),
+                           std::span<const uint8_t>(shm_capture_).first(length - wire::kIcrcBytes));
+    for (int b = 0; b < 4; ++b)
+      shm_capture_[length - wire::kIcrcBytes + b] = static_cast<uint8_t>(icrc >> (8 * b));
+    data = shm_capture_.data();
+  }
+  const iovec whole{const_cast<uint8_t*>(data), length};
+  pcap_->record({d.src_ip, ip(), d.src_port, wire::kRoceV2Port, v.ok ? v.ip_id : uint16_t{0},
+                 v.ok ? v.dont_fragment : true, d.ttl, d.tos},
+                std::span<const iovec>(&whole, 1));
+  pcap_dirty_ = true;
+}
+
+RxCheck Device::check_header(const wire::Packet& pkt) const {
+  if (pkt.info->mask & wire::kIsCnp)
+    return RxCheck::kCongestionNotification;  // no rate control yet
+  if ((pkt.hdr.bth.pkey & 0x7fff) != (wire::kDefaultPkey & 0x7fff)) return RxCheck::kBadPkey;
+  return RxCheck::kAccept;
+}
+
+RxCheck Device::check_qp_state(const wire::Packet& pkt, QueuePair*& qp) const {
+  auto it = qps_.find(pkt.hdr.bth.dest_qpn);
+  if (it == qps_.end()) return RxCheck::kUnknownQpn;
+  qp = it->second;
+  const bool request = pkt.info->mask & wire::kIsRequest;
+  if (request ? !qp->accepts_requests() : !qp->accepts_responses()) return RxCheck::kBadState;
+  return RxCheck::kAccept;
+}
+
+RxCheck Device::check_addr(const QueuePair& qp, const net::RxDatagram& d) const {
+  return d.src_ip == qp.remote_ip ? RxCheck::kAccept : RxCheck::kWrongSource;
+}
+
+void Device::handle_packet(const net::RxDatagram& d, const uint8_t* data, size_t length,
+                           uint16_t ip_id_hint, bool from_shm) {
+  const std::span<const uint8_t> bytes(data, length);
+  wire::Packet pkt;
+  wire::IcrcVerdict icrc;
+  RxCheck check = check_parse(d, bytes, pkt);
+  if (check == RxCheck::kAccept) check = check_icrc(d, bytes, ip_id_hint, from_shm, pkt, icrc);
+  // Every packet is captured, the ones dropped below too.
+  if (pcap_) capture_received(d, data, length, ip_id_hint, from_shm, icrc);
+  QueuePair* qp = nullptr;
+  if (check == RxCheck::kAccept) check = check_header(pkt);
+  if (check == RxCheck::kAccept) check = check_qp_state(pkt, qp);
+  if (check == RxCheck::kAccept) check = check_addr(*qp, d);
+  if (check != RxCheck::kAccept) {
+    if (auto counter = kRxCheckCounter[static_cast<size_t>(check)]) bump((*counters_).*counter);
+    // check_parse and check_icrc log their own details.
+    if (check > RxCheck::kIcrcMismatch && log().should_log(spdlog::level::debug))
+      log().debug("drop from {}: {} (opcode {:#x} qpn {:#x} psn {:#x})",
+                  net::ipv4_to_string(d.src_ip), to_string(check), pkt.hdr.bth.opcode,
+                  pkt.hdr.bth.dest_qpn, pkt.hdr.bth.psn);
+    return;
+  }
+  bump(counters_->rcvd_pkts);
+  bump(counters_->rcvd_bytes, length);
+  if (pkt.info->mask & wire::kIsRequest) {
+    holding_completions_ = true;
+    responder::on_request(*qp, pkt, *this);
+    holding_completions_ = false;
+    if (qp->resp.ack_pending) ack_dirty_.push_back(qp->qpn());
+  } else {
+    completer::on_response(*qp, pkt, *this);
+  }
+}
+
+size_t Device::receive_shm_locked() {
+  if (!shm_.is_open()) return 0;
+  net::RxDatagram d;  // what a UDP receive would have said about a local sender
+  d.src_port = wire::kRoceV2Port;
+  d.ttl = tx_ttl_;
+  d.tos = tx_tos_;
+  const size_t n = shm_.poll(
+      [&](uint32_t src_ip, std::span<const uint8_t> bytes) {
+        d.src_ip = src_ip;
+        d.data = const_cast<uint8_t*>(bytes.data());
+        d.length = bytes.size();
+        bump(counters_->rcvd_shm_pkts);
+        handle_packet(d, bytes.data(), bytes.size(), 0, /*from_shm=*/true);
+      },
+      kRxBudget);
+  if (n) {
+    last_rx_ns_.store(now_ns(), std::memory_order_relaxed);
+    flush();
+  }
+  return n;
+}
+
+size_t Device::receive_locked(bool check_udp) {
+  size_t total = receive_shm_locked();
+  while (check_udp && total < kRxBudget) {
+    const size_t n = port_.recv_batch(rx_slots_);
+    if (n == 0) break;
+    const uint64_t t = now_ns();
+    last_udp_traffic_ns_.store(t, std::memory_order_relaxed);
+    last_rx_ns_.store(t, std::memory_order_relaxed);
+    for (size_t i = 0; i < n; ++i) handle_datagram(rx_slots_[i]);
+    total += n;
+    // Responses (READ data, atomic ACKs) and requests the completer released go out now.
+    // Coalesced ACKs too while more may be waiting (they open the peer's window); after
+    // the batch that emptied the socket they wait for the end of the round (flush()).
+    if (n == rx_slots_.size())
+      flush();
+    else
+      send_queued();
+  }
+  return total;
+}
+
+}  // namespace softrdma::engine

@@ -1,0 +1,212 @@
+// Device, transmit side: building packets into TX slots, ICRC, coalesced ACKs, and sending
+// the queue over the same-host rings or UDP (GSO runs). See device.h.
+#include "engine/device.h"
+
+#include <fcntl.h>
+#include <ifaddrs.h>
+#include <net/if.h>
+#include <sched.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/ioctl.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <iterator>
+#include <random>
+
+#include "base/params.h"
+#include "engine/counter_publisher.h"
+#include "engine/cq.h"
+#include "engine/log.h"
+#include "engine/memory.h"
+#include "engine/qp.h"
+#include "wire/icrc.h"
+
+namespace softrdma::engine {
+
+void Device::transmit(wire::Headers h, uint32_t dst_ip, std::span<const iovec> payload,
+                      uint32_t payload_len) {
+  if (netem_ && netem_->drop()) {
+    bump(counters_->emulated_drops);
+    return;
+  }
+  if (tx_count_ == tx_.size()) send_queued();
+  TxSlot& s = tx_[tx_count_];
+  const uint8_t pad = wire::pad_for(payload_len);
+  h.bth.pad_count = pad;
+  const size_t hlen = wire::encode_headers(h, s.hdr);
+  if (hlen == 0) return;  // unknown opcode: a bug in the caller, never sent
+  const size_t udp_len = hlen + payload_len + pad + wire::kIcrcBytes;
+
+  // The ICRC is computed in send_queued(), once the path is known: the same-host path
+  // carries none (see compute_icrc()).
+  std::memset(s.trailer, 0, sizeof s.trailer);
+  s.icrc_done = false;
+  s.pad = pad;
+  s.iov.clear();
+  s.iov.push_back({s.hdr, hlen});
+  for (const iovec& v : payload)
+    if (v.iov_len) s.iov.push_back(v);
+  s.iov.push_back({s.trailer, size_t{pad} + wire::kIcrcBytes});
+  s.dst_ip = dst_ip;
+  s.udp_len = static_cast<uint32_t>(udp_len);
+  ++tx_count_;
+  bump(counters_->sent_pkts);
+  bump(counters_->sent_bytes, udp_len);
+}
+
+void Device::compute_icrc(TxSlot& s) {
+  if (s.icrc_done) return;
+  // The ICRC for IPv4 id 0, what the kernel sends from this unconnected DF socket; a
+  // packet that leaves as segment k of a GSO batch gets its ICRC moved to id k.
+  wire::Ipv4UdpTuple tuple;
+  tuple.src_ip = ip();
+  tuple.dst_ip = s.dst_ip;
+  tuple.src_port = wire::kRoceV2Port;
+  tuple.dst_port = wire::kRoceV2Port;
+  const iovec& h = s.iov.front();
+  const auto* hdr = static_cast<const uint8_t*>(h.iov_base);
+  wire::IcrcAccumulator crc(tuple, s.udp_len, std::span<const uint8_t>(hdr, wire::kBthBytes));
+  crc.update(std::span<const uint8_t>(hdr + wire::kBthBytes, h.iov_len - wire::kBthBytes));
+  for (size_t i = 1; i + 1 < s.iov.size(); ++i)
+    crc.update(
+        std::span<const uint8_t>(static_cast<const uint8_t*>(s.iov[i].iov_base), s.iov[i].iov_len));
+  if (s.pad) crc.update(std::span<const uint8_t>(s.trailer, s.pad));
+  s.icrc = crc.finish();
+  s.icrc_done = true;
+}
+
+void Device::flush() {
+  // Coalesced ACKs go last: whatever else is queued (READ responses, requests the
+  // completer released) reaches the peer first, in the same system call.
+  for (uint32_t qpn : ack_dirty_) {
+    auto it = qps_.find(qpn);
+    if (it != qps_.end()) responder::flush_ack(*it->second, *this);
+  }
+  ack_dirty_.clear();
+  send_queued();
+  // The ACKs are out: the completions of the messages they acknowledge may be seen now.
+  for (const HeldCompletion& h : held_completions_) h.cq->push(h.cqe, h.solicited);
+  held_completions_.clear();
+}
+
+void Device::deliver_recv_completion(CompletionQueue& cq, const Cqe& cqe, bool solicited) {
+  if (holding_completions_)
+    held_completions_.push_back({&cq, cqe, solicited});
+  else
+    cq.push(cqe, solicited);
+}
+
+void Device::send_queued() {
+  if (tx_count_ == 0) {
+    if (pcap_dirty_) {
+      pcap_->flush();
+      pcap_dirty_ = false;
+    }
+    return;
+  }
+  // Peers on this host with a mailbox get their packets through shared memory; the rest
+  // (and everything under SOFTRDMA_TRANSPORT=udp) by UDP.
+  udp_slots_.clear();
+  bool shm_sent = false;
+  for (size_t k = 0; k < tx_count_; ++k) {
+    TxSlot& s = tx_[k];
+    if (!shm_.is_open()) {
+      udp_slots_.push_back(k);
+      continue;
+    }
+    // No ICRC on the same-host path: shared memory has no bit errors, and a peer that could
+    // forge a record could compute an ICRC as well; the engine's other checks all apply. It
+    // is computed only for the capture file, which must decode as on the wire.
+    if (pcap_) compute_icrc(s);
+    const uint32_t icrc = pcap_ ? s.icrc : 0;
+    for (int b = 0; b < 4; ++b) s.trailer[s.pad + b] = static_cast<uint8_t>(icrc >> (8 * b));
+    const net::ShmSendResult r = shm_.send(s.dst_ip, s.iov.data(), s.iov.size());
+    if (r == net::ShmSendResult::kNoPeer && path_ != PacketPath::kShm) {
+      udp_slots_.push_back(k);
+      continue;
+    }
+    if (r == net::ShmSendResult::kSent) {
+      shm_sent = true;
+      bump(counters_->sent_shm_pkts);
+      if (pcap_) {
+        // As if it had crossed the wire unsegmented: id 0, DF, the socket's TTL and TOS.
+        pcap_->record(
+            {ip(), s.dst_ip, wire::kRoceV2Port, wire::kRoceV2Port, 0, true, tx_ttl_, tx_tos_},
+            s.iov);
+        pcap_dirty_ = true;
+      }
+    } else {
+      // A full ring, or (SOFTRDMA_TRANSPORT=shm) no mailbox: lost, as a full socket buffer
+      // loses a datagram; RC retransmission recovers it or errors the QP.
+      bump(counters_->shm_drops);
+    }
+  }
+  if (shm_sent || !udp_slots_.empty()) {
+    const uint64_t now = now_ns();
+    if (shm_sent) shm_.ring_doorbells(now);
+    if (!udp_slots_.empty()) last_udp_traffic_ns_.store(now, std::memory_order_relaxed);
+  }
+  tx_iov_.clear();
+  tx_batch_.clear();
+  std::vector<std::pair<size_t, size_t>>& ranges = tx_ranges_;  // (first iov, count)
+  ranges.clear();
+  const size_t nudp = udp_slots_.size();
+  for (size_t i = 0; i < nudp;) {
+    // A GSO run: consecutive packets to one peer, all of the first one's size except a
+    // shorter last one (UDP_SEGMENT cuts at a fixed size), within the kernel's limits.
+    const TxSlot& head = tx_[udp_slots_[i]];
+    const uint32_t seg = head.udp_len;
+    size_t j = i + 1, total = seg;
+    if (port_.gso()) {
+      while (j < nudp && j - i < net::kMaxGsoSegments && tx_[udp_slots_[j]].dst_ip == head.dst_ip &&
+             tx_[udp_slots_[j - 1]].udp_len == seg && tx_[udp_slots_[j]].udp_len <= seg &&
+             total + tx_[udp_slots_[j]].udp_len <= net::kMaxGsoBytes) {
+        total += tx_[udp_slots_[j]].udp_len;
+        ++j;
+      }
+    }
+    const size_t first_iov = tx_iov_.size();
+    for (size_t k = i; k < j; ++k) {
+      TxSlot& s = tx_[udp_slots_[k]];
+      compute_icrc(s);
+      const uint16_t id = static_cast<uint16_t>(k - i);
+      const uint32_t icrc = id ? wire::icrc_with_ip_id(s.icrc, 0, id, s.udp_len) : s.icrc;
+      for (int b = 0; b < 4; ++b) s.trailer[s.pad + b] = static_cast<uint8_t>(icrc >> (8 * b));
+      if (pcap_) {
+        // What crosses the wire: id 0 from this unconnected DF socket, k for GSO segment
+        // k; DF, the socket's TTL and TOS.
+        pcap_->record(
+            {ip(), s.dst_ip, wire::kRoceV2Port, wire::kRoceV2Port, id, true, tx_ttl_, tx_tos_},
+            s.iov);
+        pcap_dirty_ = true;
+      }
+      tx_iov_.insert(tx_iov_.end(), s.iov.begin(), s.iov.end());
+    }
+    ranges.emplace_back(first_iov, tx_iov_.size() - first_iov);
+    tx_batch_.push_back(
+        {nullptr, 0, head.dst_ip, wire::kRoceV2Port, static_cast<uint16_t>(j - i > 1 ? seg : 0)});
+    if (j - i > 1) bump(counters_->sent_gso_batches);
+    i = j;
+  }
+  for (size_t b = 0; b < tx_batch_.size(); ++b) {
+    tx_batch_[b].iov = tx_iov_.data() + ranges[b].first;
+    tx_batch_[b].iov_count = ranges[b].second;
+  }
+  if (pcap_dirty_) {
+    pcap_->flush();
+    pcap_dirty_ = false;
+  }
+  if (!tx_batch_.empty()) {
+    size_t errors = 0;
+    port_.send_batch(tx_batch_, errors);
+    if (errors) bump(counters_->send_err, errors);
+  }
+  tx_count_ = 0;
+}
+
+}  // namespace softrdma::engine
