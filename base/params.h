@@ -82,6 +82,14 @@ inline constexpr Param kParams[] = {
      .default_text = "off",
      .choices = "loss=P%,every=N,seed=S",
      .doc = "drop transmitted packets (`--netem`), e.g. `loss=5%,every=13,seed=42`"},
+    {.name = "SOFTRDMA_WAN",
+     .group = Group::kDevice,
+     .kind = Kind::kText,
+     .default_text = "off",
+     .choices = "a topology file, or link parameters",
+     .doc = "emulate wide-area links on transmit (`--wan`): a file of `site`/`link` lines, or "
+            "one line of parameters for every pair of addresses, e.g. "
+            "`delay=10ms,jitter=1ms,loss=0.1%,rate=1gbit` (docs/wide-area.md)"},
     {.name = "SOFTRDMA_PCAP",
      .group = Group::kDevice,
      .kind = Kind::kText,
@@ -302,6 +310,7 @@ consteval const Param& by_name(std::string_view name) {
 // Handles, one per parameter.
 inline constexpr const Param& kAddr = by_name("SOFTRDMA_ADDR");
 inline constexpr const Param& kNetem = by_name("SOFTRDMA_NETEM");
+inline constexpr const Param& kWan = by_name("SOFTRDMA_WAN");
 inline constexpr const Param& kPcap = by_name("SOFTRDMA_PCAP");
 inline constexpr const Param& kLog = by_name("SOFTRDMA_LOG");
 inline constexpr const Param& kTransport = by_name("SOFTRDMA_TRANSPORT");

@@ -38,6 +38,15 @@ namespace softrdma::engine {
   X(rcvd_addr_err, "packets dropped: source address is not the QP's peer")                    \
   X(rcvd_stale_response, "responses dropped: PSN outside the outstanding window")             \
   X(emulated_drops, "packets dropped on transmit by the link emulator (SOFTRDMA_NETEM)")      \
+  X(wan_shaped, "packets that crossed an emulated wide-area link (SOFTRDMA_WAN)")             \
+  X(wan_held, "packets held in the WAN emulator's timed queue (delay, queueing, copies)")     \
+  X(wan_dropped_loss, "packets lost on an emulated WAN link: random loss")                    \
+  X(wan_dropped_burst, "packets lost on an emulated WAN link: burst (Gilbert-Elliott) loss")  \
+  X(wan_dropped_queue, "packets tail-dropped by an emulated WAN link's full queue")           \
+  X(wan_ecn_marked, "packets an emulated WAN link marked Congestion Experienced")             \
+  X(wan_duplicated, "packets an emulated WAN link duplicated")                                \
+  X(wan_corrupted, "packets an emulated WAN link corrupted (one bit flipped)")                \
+  X(wan_reordered, "packets an emulated WAN link sent ahead of others (reorder)")             \
   X(send_err, "sendmsg failures")                                                             \
   X(sent_gso_batches, "UDP GSO sends (several RoCEv2 packets in one sendmsg)")                \
   X(sent_shm_pkts, "packets sent through the same-host shared-memory path")                   \

@@ -13,8 +13,10 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <iterator>
 #include <random>
+#include <sstream>
 
 #include "base/params.h"
 #include "engine/counter_publisher.h"
@@ -84,6 +86,22 @@ bool DeviceConfig::from_environment(DeviceConfig& out, std::string& error) {
   else if (transport == "shm")
     c.path = PacketPath::kShm;
   if (spin_us >= 0) c.spin_ns = static_cast<uint64_t>(spin_us) * 1000;
+  if (const char* w = params::raw(params::kWan)) {
+    // A file when one exists under that name, else the one-line parameter form.
+    std::string e;
+    std::ifstream f(w);
+    if (f) {
+      std::stringstream ss;
+      ss << f.rdbuf();
+      c.wan_text = ss.str();
+    } else {
+      c.wan_text = w;
+    }
+    if (!net::parse_wan_topology(c.wan_text, c.wan, e)) {
+      error = params::malformed(params::kWan, w) + ": " + e;
+      return false;
+    }
+  }
   if (const char* n = params::raw(params::kNetem)) {
     std::string e;
     if (!net::parse_netem(n, c.netem, e)) {
@@ -126,6 +144,14 @@ std::unique_ptr<Device> Device::open(const DeviceConfig& cfg, int& err) {
   d->netdev_mtu_ = interface_mtu(d->ip());
   d->active_mtu_ = ib_mtu_for(d->netdev_mtu_);
   if (cfg.netem.enabled()) d->netem_ = std::make_unique<net::Netem>(cfg.netem);
+  if (!cfg.wan.links.empty()) {
+    if (int e = d->wan_.open(d->ip(), cfg.wan, cfg.wan_text); e != 0) {
+      log().error("SOFTRDMA_WAN: cannot map the shared link clocks: {}", std::strerror(e));
+      err = e;
+      return nullptr;
+    }
+    log().info("wide-area emulation on: {} link(s)", cfg.wan.links.size());
+  }
   if (!cfg.pcap_path.empty()) {
     std::string e;
     d->pcap_ = net::PcapTap::open(cfg.pcap_path, d->ip(), e);

@@ -29,6 +29,8 @@
 #include "net/pcap_tap.h"
 #include "net/shm_port.h"
 #include "net/udp_port.h"
+#include "net/wan_shaper.h"
+#include "net/wan_topology.h"
 #include "wire/icrc.h"
 
 namespace softrdma::engine {
@@ -56,6 +58,10 @@ struct DeviceConfig {
   uint32_t ip = 0;
   /// Transmit-side link emulation.
   net::NetemConfig netem;
+  /// Wide-area links (SOFTRDMA_WAN): the parsed topology and its source text (which names
+  /// the clock file shared by a site's processes); no links: off.
+  net::WanTopology wan;
+  std::string wan_text;
   /// Socket buffer size requested each way, bytes.
   int socket_buffer_bytes = 4 << 20;
   /// Publish counters in /dev/shm for `softrdma stat`.
@@ -189,6 +195,7 @@ class Device final : public Transport, public ObjectRegistry {
     uint32_t udp_len;  // BTH … ICRC, bytes
     uint32_t icrc;     // for IPv4 id 0, once icrc_done
     bool icrc_done;
+    bool taken;  // by the WAN emulator (dropped, or held as a copy): not sent from here
     uint8_t pad;
   };
   void compute_icrc(TxSlot& s);       // over the slot's gather list, for IPv4 id 0
@@ -216,6 +223,17 @@ class Device final : public Transport, public ObjectRegistry {
   std::atomic<uint64_t> last_rx_ns_{0};  // last packet received (any path)
   uint64_t spin_ns_ = 20'000;            // progress thread's ring polling after traffic
   std::unique_ptr<net::Netem> netem_;
+  // Wide-area link emulation (SOFTRDMA_WAN): shapes queued packets in send_queued(), and
+  // its timed queue is released by release_wan() from every progress round.
+  net::WanShaper wan_;
+  /// Applies the WAN links to the queued TX slots: drops and holds are marked taken (held
+  /// ones copied, with the ICRC of a lone datagram). Returns whether any slot is left to send.
+  bool shape_queued(uint64_t now);
+  /// Sends every held packet that is due at `now`, one by one on its path.
+  void release_wan(uint64_t now);
+  /// Folds the WAN queue's next departure into the timer deadline the progress thread
+  /// sleeps towards (waking it when that is earlier than its current sleep).
+  void note_wan_deadline();
   std::unique_ptr<net::PcapTap> pcap_;
   bool pcap_dirty_ = false;
   struct HeldCompletion {

@@ -69,6 +69,10 @@ void Device::run_timers_locked(uint64_t now) {
     if (d) timer_armed(qp, std::max(d, now + 1));
   }
   next_deadline_ns_ = timers_.empty() ? 0 : timers_.top().deadline_ns;
+  release_wan(now);
+  if (wan_.is_open() && wan_.next_due_ns() != UINT64_MAX &&
+      (!next_deadline_ns_ || wan_.next_due_ns() < next_deadline_ns_))
+    next_deadline_ns_ = wan_.next_due_ns();
 }
 
 void Device::progress_locked(uint64_t now, bool check_udp) {

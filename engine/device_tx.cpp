@@ -46,6 +46,7 @@ void Device::transmit(wire::Headers h, uint32_t dst_ip, std::span<const iovec> p
   // carries none (see compute_icrc()).
   std::memset(s.trailer, 0, sizeof s.trailer);
   s.icrc_done = false;
+  s.taken = false;
   s.pad = pad;
   s.iov.clear();
   s.iov.push_back({s.hdr, hlen});
@@ -109,12 +110,17 @@ void Device::send_queued() {
     }
     return;
   }
+  if (wan_.is_open() && !shape_queued(now_ns())) {
+    tx_count_ = 0;
+    return;
+  }
   // Peers on this host with a mailbox get their packets through shared memory; the rest
   // (and everything under SOFTRDMA_TRANSPORT=udp) by UDP.
   udp_slots_.clear();
   bool shm_sent = false;
   for (size_t k = 0; k < tx_count_; ++k) {
     TxSlot& s = tx_[k];
+    if (s.taken) continue;
     if (!shm_.is_open()) {
       udp_slots_.push_back(k);
       continue;
@@ -207,6 +213,75 @@ void Device::send_queued() {
     if (errors) bump(counters_->send_err, errors);
   }
   tx_count_ = 0;
+}
+
+bool Device::shape_queued(uint64_t now) {
+  const net::WanCounters before = wan_.counters();
+  size_t kept = 0;
+  for (size_t k = 0; k < tx_count_; ++k) {
+    TxSlot& s = tx_[k];
+    // A held packet leaves later on its own, as a lone datagram (IPv4 id 0): its copy
+    // carries that ICRC (the same-host path ignores it).
+    compute_icrc(s);
+    for (int b = 0; b < 4; ++b) s.trailer[s.pad + b] = static_cast<uint8_t>(s.icrc >> (8 * b));
+    bool ce = false;
+    const net::WanVerdict v = wan_.submit(s.dst_ip, s.iov.data(), s.iov.size(), s.udp_len, now, ce);
+    s.taken = v != net::WanVerdict::kSendNow;
+    kept += !s.taken;
+  }
+  const net::WanCounters& after = wan_.counters();
+  bump(counters_->wan_shaped, after.shaped - before.shaped);
+  bump(counters_->wan_held, after.held - before.held);
+  bump(counters_->wan_dropped_loss, after.dropped_loss - before.dropped_loss);
+  bump(counters_->wan_dropped_burst, after.dropped_burst - before.dropped_burst);
+  bump(counters_->wan_dropped_queue, after.dropped_queue - before.dropped_queue);
+  bump(counters_->wan_ecn_marked, after.ecn_marked - before.ecn_marked);
+  bump(counters_->wan_duplicated, after.duplicated - before.duplicated);
+  bump(counters_->wan_corrupted, after.corrupted - before.corrupted);
+  bump(counters_->wan_reordered, after.reordered - before.reordered);
+  note_wan_deadline();
+  return kept > 0;
+}
+
+void Device::release_wan(uint64_t now) {
+  if (!wan_.is_open() || wan_.next_due_ns() > now) return;
+  bool shm_sent = false;
+  wan_.release(now, [&](const net::WanShaper::Packet& p) {
+    iovec iov{const_cast<uint8_t*>(p.bytes.data()), p.bytes.size()};
+    if (pcap_) {  // what crosses the link: a lone datagram, id 0, DF
+      pcap_->record(
+          {ip(), p.dst_ip, wire::kRoceV2Port, wire::kRoceV2Port, 0, true, tx_ttl_, tx_tos_},
+          std::span<const iovec>(&iov, 1));
+      pcap_dirty_ = true;
+    }
+    if (shm_.is_open()) {
+      const net::ShmSendResult r = shm_.send(p.dst_ip, &iov, 1);
+      if (r == net::ShmSendResult::kSent) {
+        shm_sent = true;
+        bump(counters_->sent_shm_pkts);
+        return;
+      }
+      if (r == net::ShmSendResult::kFull || path_ == PacketPath::kShm) {
+        bump(counters_->shm_drops);
+        return;
+      }
+    }
+    const net::TxDatagram dg{&iov, 1, p.dst_ip, wire::kRoceV2Port, 0};
+    size_t errors = 0;
+    port_.send_batch(std::span<const net::TxDatagram>(&dg, 1), errors);
+    if (errors) bump(counters_->send_err, errors);
+    last_udp_traffic_ns_.store(now, std::memory_order_relaxed);
+  });
+  if (shm_sent) shm_.ring_doorbells(now);
+  note_wan_deadline();
+}
+
+void Device::note_wan_deadline() {
+  const uint64_t due = wan_.next_due_ns();
+  if (due == UINT64_MAX) return;
+  if (!next_deadline_ns_ || due < next_deadline_ns_) next_deadline_ns_ = due;
+  const uint64_t s = sleep_until_ns_.load(std::memory_order_relaxed);
+  if (s == 0 || due < s) wake();
 }
 
 }  // namespace softrdma::engine

@@ -1,9 +1,10 @@
 // softrdma — command-line companion of the softrdma drop-in libibverbs.so.1.
 //
-//   softrdma run [--addr IP] [--transport auto|udp|shm] [--netem SPEC] [--pcap FILE]
-//                [--log LEVEL] -- PROGRAM [ARGS...]
+//   softrdma run [--addr IP] [--transport auto|udp|shm] [--netem SPEC] [--wan FILE|SPEC]
+//                [--pcap FILE] [--log LEVEL] -- PROGRAM [ARGS...]
 //       Runs an unmodified verbs program over softrdma: checks the options, exports
-//       SOFTRDMA_ADDR / SOFTRDMA_NETEM / SOFTRDMA_PCAP / SOFTRDMA_LOG, puts the directory holding
+//       SOFTRDMA_ADDR / SOFTRDMA_NETEM / SOFTRDMA_WAN / SOFTRDMA_PCAP / SOFTRDMA_LOG, puts the
+//       directory holding
 //       the drop-in libibverbs.so.1 (<dir of this executable>/../lib) first in LD_LIBRARY_PATH and
 //       execs PROGRAM in place of itself (same pid, exit status, signals and stdio).
 //
@@ -19,8 +20,8 @@
 //       Lists every SOFTRDMA_* environment variable from the registry (base/params.h): name,
 //       default, accepted values, meaning; --markdown prints the docs' tables.
 //
-// Exit status: 0 on success; 2 for a usage error (bad option, malformed --addr, --netem or
-// --log); 1 when the drop-in library cannot be found or a file cannot be removed; 127 when
+// Exit status: 0 on success; 2 for a usage error (bad option, malformed --addr, --netem,
+// --wan or --log); 1 when the drop-in library cannot be found or a file cannot be removed; 127 when
 // PROGRAM cannot be executed. After a successful exec the status is PROGRAM's own.
 #include <link.h>
 #include <unistd.h>
@@ -43,6 +44,7 @@
 #include "net/netem.h"
 #include "net/shm_port.h"
 #include "net/udp_port.h"
+#include "net/wan_topology.h"
 #include "verbs/device_name.h"
 
 namespace {
@@ -116,6 +118,7 @@ void prepend_env_path(const char* var, const std::string& entry) {
 struct RunOptions {
   std::string addr;
   std::string netem;
+  std::string wan;
   std::string pcap;
   std::string log;
   std::string transport;
@@ -143,6 +146,20 @@ int cmd_run(const RunOptions& o) {
       return kExitUsage;
     }
   }
+  if (!o.wan.empty()) {
+    // A topology file when one exists under that name, else one line of link parameters.
+    softrdma::net::WanTopology topo;
+    std::string why;
+    const bool file = std::filesystem::is_regular_file(o.wan);
+    if (!(file ? softrdma::net::load_wan_topology(o.wan, topo, why)
+               : softrdma::net::parse_wan_topology(o.wan, topo, why))) {
+      error(
+          fmt::format("--wan: '{}': {} (expected a topology file or e.g. "
+                      "\"delay=10ms,loss=0.1%,rate=1gbit\")",
+                      o.wan, why));
+      return kExitUsage;
+    }
+  }
   if (o.command.empty() || o.command.front().empty()) {
     error("run: no program given (usage: softrdma run [OPTIONS] -- PROGRAM [ARGS...])");
     return kExitUsage;
@@ -157,6 +174,7 @@ int cmd_run(const RunOptions& o) {
 
   if (!o.addr.empty()) ::setenv("SOFTRDMA_ADDR", o.addr.c_str(), 1);
   if (!o.netem.empty()) ::setenv("SOFTRDMA_NETEM", o.netem.c_str(), 1);
+  if (!o.wan.empty()) ::setenv("SOFTRDMA_WAN", o.wan.c_str(), 1);
   if (!o.pcap.empty()) ::setenv("SOFTRDMA_PCAP", o.pcap.c_str(), 1);
   if (!o.log.empty()) ::setenv("SOFTRDMA_LOG", o.log.c_str(), 1);
   if (!o.transport.empty()) ::setenv("SOFTRDMA_TRANSPORT", o.transport.c_str(), 1);
@@ -342,6 +360,11 @@ int main(int argc, char** argv) {
                   "emulate a lossy link on transmit (sets SOFTRDMA_NETEM): comma-separated "
                   "loss=P% (or a fraction 0..1), every=N (drop every Nth packet), seed=S")
       ->type_name("SPEC");
+  run->add_option("--wan", ro.wan,
+                  "emulate wide-area links on transmit (sets SOFTRDMA_WAN): a topology file "
+                  "(site/link lines) or one line of link parameters for every pair of "
+                  "addresses, e.g. delay=10ms,jitter=1ms,loss=0.1%,rate=1gbit,queue=1bdp")
+      ->type_name("FILE|SPEC");
   run->add_option("--pcap", ro.pcap,
                   "capture every RoCEv2 packet this process sends and receives to FILE (sets "
                   "SOFTRDMA_PCAP; %p and %a in FILE become the pid and device address)")
