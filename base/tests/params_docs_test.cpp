@@ -3,12 +3,13 @@
 // is either registered or one of the build-time names below.
 #include <gtest/gtest.h>
 
+#include <cctype>
 #include <filesystem>
 #include <fstream>
-#include <regex>
 #include <set>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "base/params.h"
 
@@ -60,8 +61,23 @@ TEST(Docs, EverySoftrdmaVariableInTheTreeIsRegistered) {
   std::set<std::string> registered;
   for (const Param& p : all()) registered.emplace(p.name);
 
-  // A name followed by "_" or "*" is a prefix ("SOFTRDMA_CCL_*"), not a variable.
-  const std::regex token("SOFTRDMA_[A-Z0-9_]*[A-Z0-9](?![_*A-Z0-9])");
+  // Every SOFTRDMA_[A-Z0-9_]* token; one ending in "_" or followed by "*" is a prefix
+  // ("SOFTRDMA_CCL_*"), not a variable.
+  auto tokens = [](const std::string& text) {
+    std::vector<std::string> out;
+    const std::string lead = "SOFTRDMA_";
+    for (size_t at = text.find(lead); at != std::string::npos; at = text.find(lead, at)) {
+      size_t end = at + lead.size();
+      while (end < text.size() &&
+             (std::isupper(static_cast<unsigned char>(text[end])) ||
+              std::isdigit(static_cast<unsigned char>(text[end])) || text[end] == '_'))
+        ++end;
+      const bool prefix = text[end - 1] == '_' || (end < text.size() && text[end] == '*');
+      if (!prefix) out.push_back(text.substr(at, end - at));
+      at = end;
+    }
+    return out;
+  };
   const std::set<std::string> exts = {".cpp", ".h", ".sh", ".md", ".txt", ".py", ".json", ".cmake"};
   const fs::path root = SOFTRDMA_SOURCE_DIR;
   size_t files = 0;
@@ -77,8 +93,7 @@ TEST(Docs, EverySoftrdmaVariableInTheTreeIsRegistered) {
       continue;
     ++files;
     const std::string text = read_file(it->path());
-    for (std::sregex_iterator m(text.begin(), text.end(), token), e; m != e; ++m) {
-      const std::string n = m->str();
+    for (const std::string& n : tokens(text)) {
       EXPECT_TRUE(registered.count(n) || build_time.count(n))
           << n << " (" << fs::relative(it->path(), root).string()
           << ") is not in the parameter registry (base/params.h)";
