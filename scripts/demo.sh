@@ -14,7 +14,7 @@
 #      packets of each capture (opcode, QPN, PSN), as Soft-RoCE walkthroughs do with Wireshark;
 #   4. ib_send_lat (2 B) and ib_write_bw (64 KiB) on both packet paths — the same-host
 #      shared-memory path (the default for peers on one host) and UDP (--transport udp);
-#   5. softrdma's collectives: `mpirun -np 4 all_reduce_perf -b 8 -e 16M -f 4 -c 1`, four
+#   5. softrdma's collectives: `mpirun -np 4 all_reduce_perf -b 8 -e 16M -f 4 -n 100 -w 10 -c 1`, four
 #      ranks each on its own softrdma device, nccl-tests output with #wrong checked;
 # and prints a table of bytes moved, throughput and latency parsed from the programs' output.
 # Exits non-zero if anything fails. Settings: DEMO_SERVER_ADDR / DEMO_CLIENT_ADDR (default
@@ -221,10 +221,10 @@ mpi_root=()
 [[ $(id -u) == 0 ]] && mpi_root=(--allow-run-as-root)
 AR_ROWS=()
 for np in 2 4; do
-  say "Collectives: mpirun -np $np all_reduce_perf -b 8 -e 16M -f 4 -c 1 ($np ranks, $np softrdma devices)"
+  say "Collectives: mpirun -np $np all_reduce_perf -b 8 -e 16M -f 4 -n 100 -w 10 -c 1 ($np ranks, $np softrdma devices)"
   ((np > $(nproc))) && echo "($np ranks on $(nproc) cores: ranks share cores, so expect far less than one rank per core)"
   timeout "$TIMEOUT" mpirun -np "$np" --oversubscribe --bind-to none "${mpi_root[@]}" \
-    "$ROOT/build/bin/all_reduce_perf" -b 8 -e 16M -f 4 -c 1 | tee "$WORK/allreduce.log" ||
+    "$ROOT/build/bin/all_reduce_perf" -b 8 -e 16M -f 4 -n 100 -w 10 -c 1 | tee "$WORK/allreduce.log" ||
     die "all_reduce_perf failed"
   grep -q "Out of bounds values : 0 OK" "$WORK/allreduce.log" || die "all_reduce_perf reported wrong values"
   awk '$1 ~ /^[0-9]+$/ && ($9 != 0 || $13 != 0) { bad = 1 } END { exit bad }' "$WORK/allreduce.log" ||

@@ -60,9 +60,13 @@ require_softrdma_built() {
 }
 
 # shellcheck disable=SC2317  # called through the trap
+# Keeps the script's own exit status: without the final exit, a script that simply ended
+# would exit with the status of the trap's last command (e.g. a `[[ … ]] &&` in on_exit).
 _test_lib_exit() {
-  if declare -F on_exit >/dev/null; then on_exit; fi
+  local rc=$?
+  if declare -F on_exit >/dev/null; then on_exit || true; fi
   [[ -n "${WORK:-}" ]] && rm -rf "$WORK"
+  exit "$rc"
 }
 
 make_work_dir() {
