@@ -198,7 +198,12 @@ class Device final : public Transport, public ObjectRegistry {
     bool taken;  // by the WAN emulator (dropped, or held as a copy): not sent from here
     uint8_t pad;
   };
-  void compute_icrc(TxSlot& s);       // over the slot's gather list, for IPv4 id 0
+  void compute_icrc(TxSlot& s);  // over the slot's gather list, for IPv4 id 0
+  enum class ShmOutcome : uint8_t { kSent, kUseUdp, kDropped };
+  /// One packet to `dst_ip` through the same-host rings (counted, captured when sent):
+  /// kUseUdp when the peer has no mailbox and UDP is allowed; kDropped on a full ring (or
+  /// no mailbox under SOFTRDMA_TRANSPORT=shm).
+  ShmOutcome send_shm(uint32_t dst_ip, std::span<const iovec> iov);
   std::vector<uint8_t> shm_capture_;  // a same-host packet as recorded, with its ICRC
 
   std::mutex mu_;

@@ -102,6 +102,25 @@ void Device::deliver_recv_completion(CompletionQueue& cq, const Cqe& cqe, bool s
     cq.push(cqe, solicited);
 }
 
+Device::ShmOutcome Device::send_shm(uint32_t dst_ip, std::span<const iovec> iov) {
+  const net::ShmSendResult r = shm_.send(dst_ip, iov.data(), iov.size());
+  if (r == net::ShmSendResult::kNoPeer && path_ != PacketPath::kShm) return ShmOutcome::kUseUdp;
+  if (r != net::ShmSendResult::kSent) {
+    // A full ring, or (SOFTRDMA_TRANSPORT=shm) no mailbox: lost, as a full socket buffer
+    // loses a datagram; RC retransmission recovers it or errors the QP.
+    bump(counters_->shm_drops);
+    return ShmOutcome::kDropped;
+  }
+  bump(counters_->sent_shm_pkts);
+  if (pcap_) {
+    // As if it had crossed the wire unsegmented: id 0, DF, the socket's TTL and TOS.
+    pcap_->record({ip(), dst_ip, wire::kRoceV2Port, wire::kRoceV2Port, 0, true, tx_ttl_, tx_tos_},
+                  iov);
+    pcap_dirty_ = true;
+  }
+  return ShmOutcome::kSent;
+}
+
 void Device::send_queued() {
   if (tx_count_ == 0) {
     if (pcap_dirty_) {
@@ -131,25 +150,15 @@ void Device::send_queued() {
     if (pcap_) compute_icrc(s);
     const uint32_t icrc = pcap_ ? s.icrc : 0;
     for (int b = 0; b < 4; ++b) s.trailer[s.pad + b] = static_cast<uint8_t>(icrc >> (8 * b));
-    const net::ShmSendResult r = shm_.send(s.dst_ip, s.iov.data(), s.iov.size());
-    if (r == net::ShmSendResult::kNoPeer && path_ != PacketPath::kShm) {
-      udp_slots_.push_back(k);
-      continue;
-    }
-    if (r == net::ShmSendResult::kSent) {
-      shm_sent = true;
-      bump(counters_->sent_shm_pkts);
-      if (pcap_) {
-        // As if it had crossed the wire unsegmented: id 0, DF, the socket's TTL and TOS.
-        pcap_->record(
-            {ip(), s.dst_ip, wire::kRoceV2Port, wire::kRoceV2Port, 0, true, tx_ttl_, tx_tos_},
-            s.iov);
-        pcap_dirty_ = true;
-      }
-    } else {
-      // A full ring, or (SOFTRDMA_TRANSPORT=shm) no mailbox: lost, as a full socket buffer
-      // loses a datagram; RC retransmission recovers it or errors the QP.
-      bump(counters_->shm_drops);
+    switch (send_shm(s.dst_ip, s.iov)) {
+      case ShmOutcome::kSent:
+        shm_sent = true;
+        break;
+      case ShmOutcome::kUseUdp:
+        udp_slots_.push_back(k);
+        break;
+      case ShmOutcome::kDropped:
+        break;
     }
   }
   if (shm_sent || !udp_slots_.empty()) {
@@ -248,23 +257,16 @@ void Device::release_wan(uint64_t now) {
   bool shm_sent = false;
   wan_.release(now, [&](const net::WanShaper::Packet& p) {
     iovec iov{const_cast<uint8_t*>(p.bytes.data()), p.bytes.size()};
-    if (pcap_) {  // what crosses the link: a lone datagram, id 0, DF
-      pcap_->record(
-          {ip(), p.dst_ip, wire::kRoceV2Port, wire::kRoceV2Port, 0, true, tx_ttl_, tx_tos_},
-          std::span<const iovec>(&iov, 1));
-      pcap_dirty_ = true;
-    }
+    const std::span<const iovec> one(&iov, 1);
     if (shm_.is_open()) {
-      const net::ShmSendResult r = shm_.send(p.dst_ip, &iov, 1);
-      if (r == net::ShmSendResult::kSent) {
-        shm_sent = true;
-        bump(counters_->sent_shm_pkts);
-        return;
-      }
-      if (r == net::ShmSendResult::kFull || path_ == PacketPath::kShm) {
-        bump(counters_->shm_drops);
-        return;
-      }
+      const ShmOutcome o = send_shm(p.dst_ip, one);
+      shm_sent |= o == ShmOutcome::kSent;
+      if (o != ShmOutcome::kUseUdp) return;
+    }
+    if (pcap_) {  // what crosses the wire: a lone datagram, id 0, DF
+      pcap_->record(
+          {ip(), p.dst_ip, wire::kRoceV2Port, wire::kRoceV2Port, 0, true, tx_ttl_, tx_tos_}, one);
+      pcap_dirty_ = true;
     }
     const net::TxDatagram dg{&iov, 1, p.dst_ip, wire::kRoceV2Port, 0};
     size_t errors = 0;
