@@ -3,7 +3,7 @@
 #
 #   cli_test.sh BUILD_DIR
 #
-# run:  bad --addr / --netem / --log and a missing program are usage errors (exit 2, with a
+# run:  bad --addr / --netem / --wan / --log and a missing program are usage errors (exit 2, with a
 #       message); `run -- true` works; `run -- /nonexistent` exits 127 naming the program;
 #       the options reach the program's environment and LD_LIBRARY_PATH starts with the
 #       drop-in's directory; PROGRAM's own options after `--` are left alone.
@@ -104,6 +104,11 @@ expect_status 127 "run -- no-such-program (PATH search)" "no-such-program-softrd
 
 sr run --transport tcp -- true
 expect_status 2 "run --transport tcp" "--transport"
+sr run --wan "delay=fast" -- true
+expect_status 2 "run --wan delay=fast" "--wan: 'delay=fast'"
+sr run --wan "delay=10ms,loss=0.1%" -- env
+expect_status 0 "run --wan SPEC -- env"
+grep -qx "SOFTRDMA_WAN=delay=10ms,loss=0.1%" <<<"$OUT" || bad "SOFTRDMA_WAN not exported"
 sr run --addr 127.0.0.9 --netem "every=7" --log info --transport udp -- env
 expect_status 0 "run -- env"
 grep -qx "SOFTRDMA_TRANSPORT=udp" <<<"$OUT" || bad "SOFTRDMA_TRANSPORT not exported"

@@ -185,7 +185,11 @@ TEST(Discovery, AddressFromEnvironment) {
 // variable) rather than silently taking another path.
 TEST(Discovery, MalformedPathSettingsRefuseToOpen) {
   for (const auto& [var, value] : std::vector<std::pair<const char*, const char*>>{
-           {"SOFTRDMA_TRANSPORT", "tcp"}, {"SOFTRDMA_GSO", "maybe"}, {"SOFTRDMA_SPIN_US", "-5"}}) {
+           {"SOFTRDMA_TRANSPORT", "tcp"},
+           {"SOFTRDMA_GSO", "maybe"},
+           {"SOFTRDMA_SPIN_US", "-5"},
+           {"SOFTRDMA_WAN", "delay=10ms,loss=150%"},
+           {"SOFTRDMA_WAN", "site a 127.0.0.1\nlink a b delay=1ms"}}) {
     ScopedEnv env(var, value);
     int n = 0;
     ibv_device** list = ibv_get_device_list(&n);
