@@ -52,21 +52,20 @@ void all_reduce_rabenseifner(Context& ctx, const void* send, void* recv, size_t 
   const Region acc = ctx.user(recv, bytes);
   if (send != recv) std::memcpy(recv, send, bytes);
 
-  const FoldShape shape = fold_shape(n, r);
-  const int pof2 = shape.pof2;
   // The fold receives a whole vector, a halving step at most the first half of the blocks
   // (segment() makes earlier blocks the larger ones).
+  const FoldShape shape = fold_shape(n, r);
+  const int pof2 = shape.pof2;
   const size_t half = blocks(count, pof2, 0, pof2 / 2).elems * esize;
   const Region tmp = ctx.scratch(shape.folded(r) ? bytes : half);
   const FoldShape f = all_reduce_fold_in(ctx, acc, tmp, bytes, count, type, op, kFold);
   const int newrank = f.newrank;
-  auto real_rank = [&f](int nr) { return f.real_rank(nr); };
 
   if (newrank >= 0) {
     // Reduce-scatter by recursive halving: [lo, hi) is the block range this rank reduces.
     int lo = 0, hi = pof2, round = 0;
     for (int mask = pof2 / 2; mask >= 1; mask /= 2, ++round) {
-      const int partner = real_rank(newrank ^ mask);
+      const int partner = f.real_rank(newrank ^ mask);
       const int mid = lo + (hi - lo) / 2;
       const bool lower = (newrank & mask) == 0;
       const Span keep = lower ? blocks(count, pof2, lo, mid) : blocks(count, pof2, mid, hi);
@@ -90,7 +89,7 @@ void all_reduce_rabenseifner(Context& ctx, const void* send, void* recv, size_t 
     // Allgather by recursive doubling: the ranges double back up to the whole vector.
     round = 0;
     for (int mask = 1; mask < pof2; mask *= 2, ++round) {
-      const int partner = real_rank(newrank ^ mask);
+      const int partner = f.real_rank(newrank ^ mask);
       const int width = hi - lo;
       const bool lower = (newrank & mask) == 0;
       const int plo = lower ? hi : lo - width;

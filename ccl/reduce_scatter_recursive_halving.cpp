@@ -38,7 +38,7 @@ void reduce_scatter_recursive_halving(Context& ctx, const void* send, void* recv
   const int pof2 = f.pof2;
   const int rem = f.rem;
 
-  if (r < 2 * rem && r % 2 == 0) {  // folded out: hand the input over, get the block back
+  if (f.newrank < 0) {  // folded out: hand the input over, get the block back
     const Region in = ctx.user(send, total);
     ctx.wait(ctx.send(r + 1, in, total, ctx.tag(kFold, 0)));
     ctx.wait(ctx.recv(r + 1, ctx.user(recv, bytes), bytes, ctx.tag(kUnfold, 0)));
@@ -49,7 +49,7 @@ void reduce_scatter_recursive_halving(Context& ctx, const void* send, void* recv
   const Region acc = work;
   const Region tmp = work.at(total);
   std::memcpy(acc.ptr, send, total);
-  if (r < 2 * rem) {
+  if (f.folded(r)) {
     ctx.wait(ctx.recv(r - 1, tmp, total, ctx.tag(kFold, 0)));
     reduce_into(acc.ptr, tmp.ptr, static_cast<size_t>(n) * count, type, op);
   }
@@ -81,7 +81,7 @@ void reduce_scatter_recursive_halving(Context& ctx, const void* send, void* recv
     const size_t first = group(lo);
     scale_avg(acc.ptr + first * bytes, (group(lo + 1) - first) * count, type, n);
   }
-  if (r < 2 * rem)
+  if (f.folded(r))
     ctx.wait(
         ctx.send(r - 1, acc.at(static_cast<size_t>(r - 1) * bytes), bytes, ctx.tag(kUnfold, 0)));
   std::memcpy(recv, acc.ptr + static_cast<size_t>(r) * bytes, bytes);
