@@ -19,7 +19,7 @@ template <class T>
 bool take_oldest(std::unordered_map<uint64_t, std::deque<T>>& fifo, uint64_t tag, T& out) {
   auto it = fifo.find(tag);
   if (it == fifo.end() || it->second.empty()) return false;
-  out = it->second.front();
+  out = std::move(it->second.front());
   it->second.pop_front();
   if (it->second.empty()) fifo.erase(it);
   return true;
@@ -113,16 +113,11 @@ RequestId VerbsTransport::Impl::send(int peer, const Buffer& buf, size_t offset,
       size_mismatch(P, tag, bytes, a->second.front().length);
       return id;
     }
-    Request& r = reqs.at(id);
-    if (P.outq.empty() && P.sq_free > 0 && P.credit.can_spend() && !P.dead) {
-      post_eager(P, r);
-    } else {
-      Outbound o;
-      o.is_eager = true;
-      o.req = id;
-      P.outq.push_back(o);
-      flush(P);
-    }
+    Outbound o;
+    o.is_eager = true;
+    o.req = id;
+    P.outq.push_back(o);
+    flush(P);  // posts it now when the send queue and the credits allow
     return id;
   }
   Advert adv{};
@@ -140,11 +135,8 @@ RequestId VerbsTransport::Impl::recv(int peer, Buffer& buf, size_t offset, size_
   if (!from) return id;
   Peer& P = *from;
   if (bytes <= P.eager_max) {
-    auto u = P.unexpected.find(tag);
-    if (u != P.unexpected.end() && !u->second.empty()) {
-      std::vector<char> data = std::move(u->second.front());
-      u->second.pop_front();
-      if (u->second.empty()) P.unexpected.erase(u);
+    std::vector<char> data;
+    if (take_oldest(P.unexpected, tag, data)) {
       P.credit.reposted();  // the slot it came in was reposted long ago: return its credit
       if (data.size() != bytes) {
         size_mismatch(P, tag, data.size(), bytes);
