@@ -92,15 +92,27 @@ bool Device::crowded(uint64_t now) {
 void Device::try_progress() {
   const uint64_t now = now_ns();
   last_inline_poll_ns_.store(now, std::memory_order_relaxed);
-  // Ranks outnumber cores: a poller that has found nothing for kYieldAfterNs offers its
-  // core to the threads that have work (often the peer's progress thread), as Open MPI's
-  // yield_when_idle does; an application that waits on a completion channel sleeps instead.
-  constexpr uint64_t kYieldAfterNs = 50'000;
-  if (now - last_rx_ns_.load(std::memory_order_relaxed) > kYieldAfterNs && crowded(now))
+  // Ranks outnumber cores (more runnable threads than CPUs): a poller that has found nothing
+  // for kCrowdedYieldAfterNs offers its core to the threads that have work (often the
+  // process its peer runs in), as Open MPI's yield_when_idle does; an application that
+  // waits on a completion channel sleeps instead. And same-host senders are asked to ring
+  // the doorbell only once this poller's clock is kCrowdedDoorbellNs old: on a full machine
+  // a poller's clock goes stale because it is descheduled, not because it stopped, and a
+  // doorbell then wakes this process's progress thread — one more thread for the same
+  // cores, fighting the poller for the device lock — while the poller reads the ring itself
+  // when it runs again. Measured, 4 ranks on 2 cores, 8 B AllReduce: doorbells at 2 µs and
+  // yields after 50 µs ≈ 300 µs; both changed ≈ 15–25 µs (docs/performance.md).
+  constexpr uint64_t kCrowdedYieldAfterNs = 2'000;
+  constexpr uint64_t kCrowdedDoorbellNs = 200'000;
+  const bool crowd = crowded(now);
+  if (crowd && now - last_rx_ns_.load(std::memory_order_relaxed) > kCrowdedYieldAfterNs)
     sched_yield();
   std::unique_lock lk(mu_, std::try_to_lock);
   if (!lk) return;
-  if (shm_.is_open()) shm_.note_polling(now);
+  if (shm_.is_open()) {
+    shm_.set_doorbell_threshold(crowd ? kCrowdedDoorbellNs : 0);
+    shm_.note_polling(now);
+  }
   // An empty poll of the rings is a few memory loads; an empty recvmmsg is a system call.
   // While no UDP traffic has been seen for kUdpIdleNs (all peers on the same-host path), the
   // UDP socket is checked at most every kUdpCheckNs, so a busy poll costs no system call

@@ -39,6 +39,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <bit>
 #include <cstring>
@@ -142,8 +143,11 @@ struct detail::ShmMailboxHeader {
   uint32_t owner_pid;
   uint32_t ip;
   std::atomic<uint32_t> closed;
-  // Line 1: the receiver's busy-poll clock, written often by the receiver, read by senders.
+  // Line 1: the receiver's busy-poll clock, written often by the receiver, read by senders;
+  // and how stale that clock may get before senders ring (0: the sender's own
+  // ShmConfig::doorbell_threshold_ns), written rarely by the receiver.
   alignas(64) std::atomic<uint64_t> last_poll_ns;
+  std::atomic<uint64_t> doorbell_after_ns;
   // Line 2: bit i set while ring i is claimed (set by producers, cleared by the receiver).
   alignas(64) std::atomic<uint64_t> claimed;
 };
@@ -360,6 +364,7 @@ int ShmPort::open(uint32_t ip, const ShmConfig& cfg) {
   h->ip = ip;
   h->closed.store(0, std::memory_order_relaxed);
   h->last_poll_ns.store(0, std::memory_order_relaxed);
+  h->doorbell_after_ns.store(0, std::memory_order_relaxed);
   h->claimed.store(0, std::memory_order_relaxed);
   h->magic.store(kMagic, std::memory_order_release);
   if (::rename(tmp.c_str(), path_.c_str()) != 0) {
@@ -385,6 +390,7 @@ int ShmPort::open(uint32_t ip, const ShmConfig& cfg) {
   rr_ = 0;
   next_housekeeping_ = 0;
   local_poll_ns_ = 0;
+  local_after_ns_ = cfg_.doorbell_threshold_ns;  // the header says 0: this default
   stats_ = ShmStats{};
   return 0;
 }
@@ -621,7 +627,9 @@ void ShmPort::ring_doorbells(uint64_t now_ns) {
     p->dirty = false;
     if (p->hdr == nullptr || p->bell_len == 0) continue;
     uint64_t lp = p->hdr->last_poll_ns.load(std::memory_order_relaxed);
-    if (lp != 0 && (now_ns <= lp || now_ns - lp <= cfg_.doorbell_threshold_ns)) continue;
+    uint64_t after = p->hdr->doorbell_after_ns.load(std::memory_order_relaxed);
+    if (after == 0) after = cfg_.doorbell_threshold_ns;
+    if (lp != 0 && (now_ns <= lp || now_ns - lp <= after)) continue;
     uint8_t b = 1;
     if (::sendto(bell_tx_fd_, &b, 1, MSG_DONTWAIT, reinterpret_cast<sockaddr*>(&p->bell),
                  p->bell_len) == 1)
@@ -644,10 +652,18 @@ void ShmPort::note_polling(uint64_t now_ns) {
   // Skip the store (a write to a line every sender reads) while the published value is
   // within a quarter of the threshold: senders then ring a little early, never too late.
   if (local_poll_ns_ != 0 && now_ns >= local_poll_ns_ &&
-      now_ns - local_poll_ns_ < cfg_.doorbell_threshold_ns / 4)
+      now_ns - local_poll_ns_ < std::min(cfg_.doorbell_threshold_ns, local_after_ns_) / 4)
     return;
   local_poll_ns_ = now_ns ? now_ns : 1;
   hdr_->last_poll_ns.store(local_poll_ns_, std::memory_order_relaxed);
+}
+
+void ShmPort::set_doorbell_threshold(uint64_t ns) {
+  if (hdr_ == nullptr) return;
+  const uint64_t v = ns ? ns : cfg_.doorbell_threshold_ns;
+  if (v == local_after_ns_) return;
+  local_after_ns_ = v;
+  hdr_->doorbell_after_ns.store(ns, std::memory_order_relaxed);
 }
 
 void ShmPort::note_sleeping() {

@@ -53,7 +53,8 @@ struct ShmConfig {
   uint64_t ring_bytes = 4u << 20;
   /// Largest packet carried, bytes (also capped to ring_bytes / 4). Larger ones: kNoPeer.
   uint32_t max_packet_bytes = 16384;
-  /// ring_doorbells() rings a peer whose last note_polling() is older than this, ns.
+  /// ring_doorbells() rings a peer whose last note_polling() is older than this, ns, unless
+  /// the peer published its own threshold (set_doorbell_threshold()).
   uint64_t doorbell_threshold_ns = 2000;
   /// A failed peer lookup or ring claim is retried at most this often, ns.
   uint64_t peer_retry_ns = 100'000'000;
@@ -136,7 +137,8 @@ class ShmPort {
   ShmSendResult send(uint32_t dst_ip, const iovec* iov, size_t iovcnt);
 
   /// Sends a 1-byte doorbell datagram to every peer written to since the last call whose
-  /// receiver has not noted polling within doorbell_threshold_ns before `now_ns`
+  /// receiver has not noted polling within its threshold (the one it published with
+  /// set_doorbell_threshold(), else doorbell_threshold_ns) before `now_ns`
   /// (CLOCK_MONOTONIC ns), or noted sleeping. Errors (EAGAIN: a doorbell is already pending;
   /// ECONNREFUSED: the peer is gone) are ignored. Call after each batch of send()s.
   void ring_doorbells(uint64_t now_ns);
@@ -149,6 +151,13 @@ class ShmPort {
   /// Receiver is busy-polling at `now_ns` (CLOCK_MONOTONIC ns): senders within the
   /// threshold skip the doorbell. One relaxed store.
   void note_polling(uint64_t now_ns);
+  /// Receiver: publishes how old its note_polling() clock may be, ns, before senders ring
+  /// the doorbell (0: ShmConfig::doorbell_threshold_ns). A receiver whose polling thread is
+  /// often descheduled rather than stopped (more runnable threads than CPUs) raises it: a
+  /// doorbell then only wakes a second thread (the engine's progress thread) that competes
+  /// for the same cores, while the poller reads the ring itself when next scheduled. A
+  /// store only when the value changes.
+  void set_doorbell_threshold(uint64_t ns);
   /// Receiver is about to block: senders always ring from now on. The caller must poll()
   /// once more after this and before blocking (a sender that saw an earlier note_polling()
   /// may have skipped its doorbell); the store-fence here pairs with the fence in
@@ -198,9 +207,10 @@ class ShmPort {
   MailboxHeader* hdr_ = nullptr;
   size_t map_bytes_ = 0;
   int bell_fd_ = -1;
-  uint32_t rr_ = 0;                 // round-robin start ring
-  uint64_t next_housekeeping_ = 0;  // coarse-clock ns
-  uint64_t local_poll_ns_ = 0;      // last value note_polling() published (0: sleeping)
+  uint32_t rr_ = 0;                       // round-robin start ring
+  uint64_t next_housekeeping_ = 0;        // coarse-clock ns
+  uint64_t local_poll_ns_ = 0;            // last value note_polling() published (0: sleeping)
+  uint64_t local_after_ns_ = UINT64_MAX;  // last set_doorbell_threshold() (resolved)
   // Sender side.
   int bell_tx_fd_ = -1;
   std::unordered_map<uint32_t, std::unique_ptr<Peer>> peers_;

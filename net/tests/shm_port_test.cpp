@@ -570,6 +570,46 @@ TEST_F(ShmPortTest, DoorbellOnlyForSleepingReceiver) {
   EXPECT_EQ(drain(b, got), 3u);
 }
 
+// A receiver that publishes a longer threshold (its poller is descheduled, not stopped) is
+// rung only once its clock is older than that; publishing 0 restores the sender's default.
+TEST_F(ShmPortTest, ReceiverPublishedDoorbellThreshold) {
+  cfg.doorbell_threshold_ns = 5000;
+  const uint32_t a_ip = ip_of(6, 3), b_ip = ip_of(6, 4);
+  ShmPort a, b;
+  ASSERT_EQ(a.open(a_ip, cfg), 0);
+  ASSERT_EQ(b.open(b_ip, cfg), 0);
+  pollfd pf{b.doorbell_fd(), POLLIN, 0};
+  auto pkt = make_packet(1, 200);
+  const uint64_t now = shm_monotonic_ns();
+
+  b.set_doorbell_threshold(200'000);
+  b.note_polling(now);
+  ASSERT_EQ(send_bytes(a, b_ip, pkt), ShmSendResult::kSent);
+  a.ring_doorbells(now + 100'000);  // stale for the default, fresh for 200 µs: not rung
+  EXPECT_EQ(::poll(&pf, 1, 20), 0);
+  ASSERT_EQ(send_bytes(a, b_ip, pkt), ShmSendResult::kSent);
+  a.ring_doorbells(now + 300'000);  // older than 200 µs: rung
+  EXPECT_EQ(::poll(&pf, 1, 2000), 1);
+  b.drain_doorbell();
+
+  // A sleeping receiver is rung whatever its threshold.
+  b.note_sleeping();
+  ASSERT_EQ(send_bytes(a, b_ip, pkt), ShmSendResult::kSent);
+  a.ring_doorbells(now + 300'001);
+  EXPECT_EQ(::poll(&pf, 1, 2000), 1);
+  b.drain_doorbell();
+
+  b.set_doorbell_threshold(0);  // back to the sender's 5 µs
+  b.note_polling(now);
+  ASSERT_EQ(send_bytes(a, b_ip, pkt), ShmSendResult::kSent);
+  a.ring_doorbells(now + 100'000);
+  EXPECT_EQ(::poll(&pf, 1, 2000), 1);
+  b.drain_doorbell();
+  EXPECT_EQ(a.stats().doorbells, 3u);
+  std::vector<Received> got;
+  EXPECT_EQ(drain(b, got), 4u);
+}
+
 // Finds `needle` in the mailbox file of `ip` and returns a writable mapping of it plus the
 // offset (layout-agnostic corruption).
 struct FileMap {
