@@ -148,7 +148,12 @@ void Device::progress_thread() {
   // ib_write_lat (whose target polls its CQ for its own send, then spins on memory) waited
   // the whole window for every WRITE; waking every 50 µs while an app polls costs a few
   // percent of a core, as the thread takes no lock then.
+  // On a crowded machine (more runnable threads than CPUs) a poller's last poll goes stale
+  // because it is descheduled, not because it stopped, so the window is kCrowdedPollerNs:
+  // taking the socket back then only adds a thread that competes for the cores and the lock
+  // (UDP path, 4 ranks on 2 cores, 8 B AllReduce: see docs/performance.md).
   constexpr uint64_t kPollerActiveNs = 50'000;
+  constexpr uint64_t kCrowdedPollerNs = 200'000;
   //
   // Same-host path: nobody polls the rings while this thread sleeps, so before an untimed
   // sleep it tells senders so (note_sleeping: they then ring the doorbell socket, which
@@ -165,7 +170,9 @@ void Device::progress_thread() {
   while (!stop_.load()) {
     const uint64_t now = now_ns();
     const uint64_t last_poll = last_inline_poll_ns_.load(std::memory_order_relaxed);
-    const bool app_polling = now - last_poll < kPollerActiveNs;
+    const uint64_t poller_window =
+        crowded_.load(std::memory_order_relaxed) ? kCrowdedPollerNs : kPollerActiveNs;
+    const bool app_polling = now - last_poll < poller_window;
     if (shm_.is_open() && !app_polling && now < spin_until) {
       // Spinning while no application polls; the core is offered to other threads between
       // empty polls (on 2 cores, the applications' own threads).
@@ -195,7 +202,7 @@ void Device::progress_thread() {
     const bool shm_only = app_polling && udp_quiet(now);
     watch_socket(!app_polling || shm_only);
     uint64_t until = sleep_until_ns_.load(std::memory_order_relaxed);
-    const uint64_t window = shm_only ? kShmOnlyWindowNs : kPollerActiveNs;
+    const uint64_t window = shm_only ? kShmOnlyWindowNs : poller_window;
     if (app_polling && (until == 0 || until > last_poll + window)) until = last_poll + window;
     if (shm_.is_open() && !app_polling) {
       std::lock_guard lk(mu_);
@@ -232,7 +239,7 @@ void Device::progress_thread() {
     const uint64_t timer = sleep_until_ns_.load(std::memory_order_relaxed);
     // A doorbell means a sender saw nobody polling: serve it even inside the poller
     // window (ib_write_lat's target polls once, then spins on memory).
-    if (!bell && woke - last_inline_poll_ns_.load(std::memory_order_relaxed) < kPollerActiveNs &&
+    if (!bell && woke - last_inline_poll_ns_.load(std::memory_order_relaxed) < poller_window &&
         (timer == 0 || timer > woke))
       continue;  // the poller is still at it and no timer is due: leave it the lock
     std::lock_guard lk(mu_);
