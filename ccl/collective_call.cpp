@@ -126,9 +126,9 @@ void check_call(CollectiveCall& c, int rank, int size) {
       refuse(std::string(what) + " " + std::to_string(c.root) + " out of range [0, " +
              std::to_string(size) + ")");
   }
-  if (c.op == Collective::kSend)
+  if (c.op == Collective::kSend && !c.grouped)
     refuse.unless(c.root != rank, "peer is this rank (a blocking send to itself never completes)");
-  if (c.op == Collective::kRecv)
+  if (c.op == Collective::kRecv && !c.grouped)
     refuse.unless(c.root != rank,
                   "peer is this rank (a blocking recv from itself never completes)");
   if (c.count == 0) return;
