@@ -66,6 +66,9 @@ constexpr IntFlag kIntFlags[] = {
     {'c', "check", 0, 1 << 30, &Options::check},
     {'r', "root", 0, 1 << 20, &Options::root},
     {'a', "average", 0, 3, &Options::average},
+    {'m', "agg_iters", 1, 1 << 20, &Options::agg_iters},
+    {'z', "blocking", 0, 1, &Options::blocking},
+    {'G', "cudagraph", 0, 1 << 20, &Options::cudagraph},
 };
 
 struct SizeFlag {
@@ -105,7 +108,8 @@ ParseResult parse_options(int argc, char** argv, Options& out, std::string& erro
   };
   optind = 1;  // a fresh scan (tests parse several command lines in one process)
   for (;;) {
-    const int c = getopt_long(argc, argv, "t:g:b:e:i:f:n:w:c:o:d:r:a:h", longopts.data(), nullptr);
+    const int c =
+        getopt_long(argc, argv, "t:g:b:e:i:f:n:w:c:o:d:r:a:m:z:G:h", longopts.data(), nullptr);
     if (c == -1) break;
     long v = 0;
     switch (c) {
@@ -175,6 +179,9 @@ std::string usage(const char* program, const char* datatypes, const char* ops, c
          ">]\n"
          "\t[-r,--root <root>]\n"
          "\t[-a,--average <0/1/2/3> report average iteration time <0=RANK0/1=AVG/2=MIN/3=MAX>]\n"
+         "\t[-m,--agg_iters <n> operations aggregated in one group per timed iteration]\n"
+         "\t[-z,--blocking <0/1>] (accepted: collectives on CPU buffers always block)\n"
+         "\t[-G,--cudagraph <n>] (accepted and ignored: no CUDA graphs on CPU buffers)\n"
          "\t[-t,--nthreads 1] [-g,--ngpus 1] (accepted for compatibility: one rank per process)\n" +
          extra + "\t[-h,--help]\nSizes take K/M/G suffixes. " + notes;
 }
