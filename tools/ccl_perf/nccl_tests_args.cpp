@@ -179,9 +179,6 @@ std::string usage(const char* program, const char* datatypes, const char* ops, c
          ">]\n"
          "\t[-r,--root <root>]\n"
          "\t[-a,--average <0/1/2/3> report average iteration time <0=RANK0/1=AVG/2=MIN/3=MAX>]\n"
-         "\t[-m,--agg_iters <n> operations aggregated in one group per timed iteration]\n"
-         "\t[-z,--blocking <0/1>] (accepted: collectives on CPU buffers always block)\n"
-         "\t[-G,--cudagraph <n>] (accepted and ignored: no CUDA graphs on CPU buffers)\n"
          "\t[-t,--nthreads 1] [-g,--ngpus 1] (accepted for compatibility: one rank per process)\n" +
          extra + "\t[-h,--help]\nSizes take K/M/G suffixes. " + notes;
 }

@@ -13,6 +13,7 @@
 // nccl-tests' aggregation: each timed iteration issues agg_iters operations in one group
 // (ncclGroupStart/End) and the time is reported per operation. -z and -G are parsed for
 // compatibility: collectives on CPU buffers always block, and there are no CUDA graphs.
+// Every program parses -m, -z and -G; its usage `extra` lines say what it does with them.
 #pragma once
 
 #include <cstddef>

@@ -96,7 +96,12 @@ Args parse_args(int argc, char** argv) {
                   nccl_tests::usage(
                       program_invocation_short_name,
                       "int8/uint8/int32/uint32/int64/uint64/half/float/double/bfloat16/all",
-                      "sum/prod/min/max/avg/all", "",
+                      "sum/prod/min/max/avg/all",
+                      "\t[-m,--agg_iters <n> operations in one group per timed iteration]\n"
+                      "\t[-z,--blocking <0/1>] (accepted: collectives on CPU buffers always "
+                      "block)\n"
+                      "\t[-G,--cudagraph <n>] (accepted and ignored: no CUDA graphs on CPU "
+                      "buffers)\n",
                       "Launch with mpirun -np N, srun, or the torchrun variables\n"
                       "RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT; see docs/collectives.md.\n")
                       .c_str());
