@@ -127,10 +127,13 @@ void check_call(CollectiveCall& c, int rank, int size) {
              std::to_string(size) + ")");
   }
   if (c.op == Collective::kSend && !c.grouped)
-    refuse.unless(c.root != rank, "peer is this rank (a blocking send to itself never completes)");
+    refuse.unless(
+        c.root != rank,
+        "peer is this rank (a blocking send to itself never completes; inside a group it may)");
   if (c.op == Collective::kRecv && !c.grouped)
-    refuse.unless(c.root != rank,
-                  "peer is this rank (a blocking recv from itself never completes)");
+    refuse.unless(
+        c.root != rank,
+        "peer is this rank (a blocking recv from itself never completes; inside a group it may)");
   if (c.count == 0) return;
 
   const bool is_root = c.root == rank;
