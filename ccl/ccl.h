@@ -9,7 +9,8 @@
 // holds size()·count elements; for AllToAll `count` elements go to each rank. In-place is
 // send == recv (for AllGather: send == recv + rank·count; for ReduceScatter: recv == send +
 // rank·count), as in NCCL. Calls are blocking and collective: every rank calls the same
-// operations in the same order with matching arguments.
+// operations in the same order with matching arguments. Between group_start() and
+// group_end() calls are deferred and issued together (NCCL "Group Calls"; ccl/group.h).
 #pragma once
 
 #include <cstddef>
@@ -107,9 +108,33 @@ class Communicator {
   void all_gather(const void* send, void* recv, size_t count, DataType type);
   void reduce_scatter(const void* send, void* recv, size_t count, DataType type, RedOp op);
   void all_to_all(const void* send, void* recv, size_t count, DataType type);
+  /// Point-to-point (ncclSend / ncclRecv): `count` elements of `type` to / from `peer`.
+  /// Outside a group they block until the transfer completed; inside one, they are issued
+  /// at the outermost group_end(). Sends and recvs between an ordered pair of ranks match in
+  /// call order, grouped or not. Send and recv to this rank are allowed inside a group only
+  /// (outside one they could never complete: std::invalid_argument).
   void send(const void* buf, size_t count, DataType type, int peer);
   void recv(void* buf, size_t count, DataType type, int peer);
   void barrier();
+
+  /// Group calls (ncclGroupStart / ncclGroupEnd; NCCL docs, "Group Calls"). Calls made
+  /// between group_start() and the matching group_end() are validated when made
+  /// (std::invalid_argument as outside a group) but issued only at the outermost
+  /// group_end(); groups nest, inner ends issue nothing. At group_end() the group's
+  /// collectives run first, in call order, then all its Send/Recv are posted together and
+  /// progress concurrently, chunked with Config::depth chunks in flight per peer and
+  /// direction — so any set of sends and recvs that matches across ranks completes in
+  /// whatever order each rank called them (a ring {send to next, recv from prev}, an
+  /// all-to-all), where ungrouped blocking calls would deadlock. Buffers must stay valid
+  /// and unmodified (send) / untouched (recv) until group_end() returns.
+  ///
+  /// Errors end the group (no half-open group is left behind): an invalid argument inside
+  /// a group throws at that call, discards the calls made so far in the group and leaves
+  /// the communicator usable (nothing was issued); group_end() without group_start() throws
+  /// std::invalid_argument; a PeerError at group_end() ("GroupEnd: rank r: peer rank p …")
+  /// leaves the communicator failed, as any other operation's.
+  void group_start();
+  void group_end();
 
  private:
   struct Impl;

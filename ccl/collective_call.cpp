@@ -126,11 +126,14 @@ void check_call(CollectiveCall& c, int rank, int size) {
       refuse(std::string(what) + " " + std::to_string(c.root) + " out of range [0, " +
              std::to_string(size) + ")");
   }
-  if (c.op == Collective::kSend)
-    refuse.unless(c.root != rank, "peer is this rank (a blocking send to itself never completes)");
-  if (c.op == Collective::kRecv)
-    refuse.unless(c.root != rank,
-                  "peer is this rank (a blocking recv from itself never completes)");
+  if (c.op == Collective::kSend && !c.grouped)
+    refuse.unless(
+        c.root != rank,
+        "peer is this rank (a blocking send to itself never completes; inside a group it may)");
+  if (c.op == Collective::kRecv && !c.grouped)
+    refuse.unless(
+        c.root != rank,
+        "peer is this rank (a blocking recv from itself never completes; inside a group it may)");
   if (c.count == 0) return;
 
   const bool is_root = c.root == rank;

@@ -55,6 +55,9 @@ struct CollectiveCall {
   DataType type = DataType::kInt8;
   RedOp red = RedOp::kSum;  ///< reducing collectives only
   int root = -1;            ///< Broadcast/Reduce: the root; Send/Recv: the peer
+  /// Made inside a group (group.h): a Send/Recv to this rank is allowed there, since the
+  /// group posts its matching Recv/Send before waiting for either.
+  bool grouped = false;
 
   /// Set by check_call(): count · type_size bytes (one block) and the larger buffer's bytes
   /// (size() blocks for kGather / kScatter / AllToAll, else one).
@@ -67,8 +70,8 @@ struct CollectiveCall {
 /// Validates `call` as made by rank `rank` of `size` and fills its byte counts. Throws
 /// std::invalid_argument starting "<name>: rank <rank>: " for: an unknown DataType or
 /// RedOp value, count·blocks overflowing size_t, a root or peer out of [0, size), a
-/// Send/Recv to this rank, a null buffer this rank needs while count > 0, and buffers that
-/// overlap other than in the collective's in-place layout.
+/// Send/Recv to this rank outside a group, a null buffer this rank needs while count > 0, and
+/// buffers that overlap other than in the collective's in-place layout.
 void check_call(CollectiveCall& call, int rank, int size);
 
 }  // namespace softrdma::ccl::detail

@@ -1,7 +1,8 @@
 // Communicator: every entry point fills one CollectiveCall (collective_call.h), validated by
 // check_call() and run by Impl::call() — sequence numbers and tags, the one-rank copy,
 // algorithm selection and dispatch, error wrapping — with the registration cache and
-// scratch. The algorithms themselves live one per file (algorithms.h).
+// scratch; inside a group, call() defers it and group_end() issues the group (group.h).
+// The algorithms themselves live one per file (algorithms.h).
 //
 // Tags (64 bits, unique per ordered pair of ranks among transfers in flight):
 //   bit 63       0 for collectives, 1 for Send/Recv
@@ -13,6 +14,7 @@
 //                flight per pair at a time)
 // so consecutive operations never match each other's transfers.
 #include <cstring>
+#include <deque>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -21,6 +23,7 @@
 #include "ccl/ccl.h"
 #include "ccl/collective_call.h"
 #include "ccl/context.h"
+#include "ccl/group.h"
 #include "ccl/reduce.h"
 
 namespace softrdma::ccl {
@@ -57,6 +60,7 @@ struct Communicator::Impl {
   uint64_t seq = 0;
   std::vector<uint64_t> send_seq;
   std::vector<uint64_t> recv_seq;
+  detail::Group group;
   // After a failure in the middle of an operation the ranks disagree about what was
   // transferred; like an NCCL communicator in error, this one refuses further work.
   bool failed = false;
@@ -124,11 +128,28 @@ struct Communicator::Impl {
     return Algorithm::kRing;
   }
 
-  // Validates `c`, then runs it: every collective takes the next sequence number (even
-  // with count 0, so the ranks stay in step); a single rank copies send to recv; Send/Recv
-  // of 0 elements do nothing (the peer's matching call does nothing either).
+  // Validates `c`, then runs it, or inside a group records it (an invalid call ends the
+  // group: nothing of it was issued yet).
   void call(detail::CollectiveCall c) {
-    detail::check_call(c, rank, size);
+    if (!group.active()) {
+      detail::check_call(c, rank, size);
+      issue(c);
+      return;
+    }
+    c.grouped = true;
+    try {
+      detail::check_call(c, rank, size);
+    } catch (...) {
+      group.abandon();
+      throw;
+    }
+    group.defer(c);
+  }
+
+  // Runs a validated call: every collective takes the next sequence number (even with
+  // count 0, so the ranks stay in step); a single rank copies send to recv; Send/Recv of 0
+  // elements do nothing (the peer's matching call does nothing either).
+  void issue(const detail::CollectiveCall& c) {
     const detail::CollectiveTraits& t = detail::traits(c.op);
     const char* op = t.name;
     if (t.point_to_point) {
@@ -153,6 +174,23 @@ struct Communicator::Impl {
       }
       dispatch(ctx, c);
     });
+  }
+
+  // Issues the calls of an outermost group (group.h): the collectives in call order, then
+  // every Send/Recv at once, each with the sequence number of its pair taken in call order,
+  // as if issued one by one.
+  void issue_group(const std::vector<detail::CollectiveCall>& calls) {
+    std::deque<detail::GroupedTransfer> transfers;
+    for (const detail::CollectiveCall& c : calls) {
+      if (!detail::traits(c.op).point_to_point) {
+        issue(c);
+      } else if (c.count != 0) {
+        auto& counters = c.op == Collective::kSend ? send_seq : recv_seq;
+        transfers.push_back({c, point_to_point("GroupEnd", counters[static_cast<size_t>(c.root)])});
+      }
+    }
+    if (!transfers.empty())
+      run("GroupEnd", [&] { detail::run_grouped_transfers(transfers, config); });
   }
 
   // The algorithm that runs `c` (size() >= 2, count >= 1 except for Barrier).
@@ -256,6 +294,15 @@ void Communicator::recv(void* buf, size_t count, DataType type, int peer) {
 
 void Communicator::barrier() {
   impl_->call({Collective::kBarrier});
+}
+
+void Communicator::group_start() {
+  impl_->group.start();
+}
+
+void Communicator::group_end() {
+  std::vector<detail::CollectiveCall> calls;
+  if (impl_->group.end(impl_->rank, calls)) impl_->issue_group(calls);
 }
 
 }  // namespace softrdma::ccl

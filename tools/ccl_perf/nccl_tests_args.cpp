@@ -66,6 +66,9 @@ constexpr IntFlag kIntFlags[] = {
     {'c', "check", 0, 1 << 30, &Options::check},
     {'r', "root", 0, 1 << 20, &Options::root},
     {'a', "average", 0, 3, &Options::average},
+    {'m', "agg_iters", 1, 1 << 20, &Options::agg_iters},
+    {'z', "blocking", 0, 1, &Options::blocking},
+    {'G', "cudagraph", 0, 1 << 20, &Options::cudagraph},
 };
 
 struct SizeFlag {
@@ -105,7 +108,8 @@ ParseResult parse_options(int argc, char** argv, Options& out, std::string& erro
   };
   optind = 1;  // a fresh scan (tests parse several command lines in one process)
   for (;;) {
-    const int c = getopt_long(argc, argv, "t:g:b:e:i:f:n:w:c:o:d:r:a:h", longopts.data(), nullptr);
+    const int c =
+        getopt_long(argc, argv, "t:g:b:e:i:f:n:w:c:o:d:r:a:m:z:G:h", longopts.data(), nullptr);
     if (c == -1) break;
     long v = 0;
     switch (c) {

@@ -4,11 +4,16 @@
 //
 //   -b minbytes -e maxbytes -i stepbytes (K/M/G suffixes, ×1024) -f stepfactor -n iters
 //   -w warmup_iters -c check -o op -d datatype -r root -a average(0..3)
+//   -m agg_iters -z blocking(0/1) -G cudagraph
 //   -t nthreads -g ngpus (only 1: one rank per process) -h
 //
 // -c is nccl-tests' "check iteration count": 0 turns checking off; any other count checks
 // each size once here. -o and -d are returned as given: what a program supports is its own
-// business (the ccl tools take every type and op, the baselines float and sum).
+// business (the ccl tools take every type and op, the baselines float and sum). -m is
+// nccl-tests' aggregation: each timed iteration issues agg_iters operations in one group
+// (ncclGroupStart/End) and the time is reported per operation. -z and -G are parsed for
+// compatibility: collectives on CPU buffers always block, and there are no CUDA graphs.
+// Every program parses -m, -z and -G; its usage `extra` lines say what it does with them.
 #pragma once
 
 #include <cstddef>
@@ -28,6 +33,9 @@ struct Options {
   int check = 1;                   ///< -c, 0: no result check
   int root = 0;                    ///< -r, root rank of rooted collectives
   int average = 1;                 ///< -a: time over ranks, 0 rank 0's, 1 mean, 2 min, 3 max
+  int agg_iters = 1;               ///< -m, operations per timed iteration (one group)
+  int blocking = 0;                ///< -z, 0/1 (CPU collectives block either way)
+  int cudagraph = 0;               ///< -G, CUDA graph launches per iteration (none on CPU)
   std::string op = "sum";          ///< -o as given
   std::string datatype = "float";  ///< -d as given
 };

@@ -26,9 +26,9 @@ void print_trimmed_line(const std::string& s) {
 void print_parameters_line(const Options& o) {
   std::printf(
       "# nThread 1 nGpus 1 minBytes %zu maxBytes %zu step: %zu(%s) warmup iters: %d iters: %d "
-      "agg iters: 1 validation: %d graph: 0\n",
+      "agg iters: %d validation: %d graph: %d\n",
       o.min_bytes, o.max_bytes, o.step_factor > 1 ? o.step_factor : o.step_bytes,
-      o.step_factor > 1 ? "factor" : "bytes", o.warmup, o.iters, o.check);
+      o.step_factor > 1 ? "factor" : "bytes", o.warmup, o.iters, o.agg_iters, o.check, o.cudagraph);
 }
 
 std::string rank_line(int rank, const std::string& device) {

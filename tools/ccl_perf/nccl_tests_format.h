@@ -25,7 +25,7 @@ std::string time_text(double us);
 /// Prints `s` without its trailing spaces, then a newline.
 void print_trimmed_line(const std::string& s);
 
-/// "# nThread 1 nGpus 1 minBytes … validation: C graph: 0".
+/// "# nThread 1 nGpus 1 minBytes … agg iters: M validation: C graph: G" (nccl-tests' line).
 void print_parameters_line(const Options& o);
 
 /// "#  Rank  R Group  0 Pid  P on  HOST" followed by `device` (if not empty): one rank's line,

@@ -17,10 +17,15 @@
 //   Broadcast, Reduce, SendRecv          S = count·size            factor 1
 // Input element i of rank r is a small integer (so sums are exact in every type, half and
 // bfloat16 included); avg results are compared with a tolerance of the type's precision.
-// SendRecv sends to rank+1 and receives from rank−1 concurrently, through the
-// communicator's transport (ccl.h's Send/Recv are blocking, so a ring of them would
-// serialise); its in-place run (same buffer) is timed but not checked (N/A), as in
-// nccl-tests.
+// SendRecv sends to rank+1 and receives from rank−1 concurrently: one communicator group
+// {send to next, recv from prev}, as nccl-tests' sendrecv; its in-place run (same buffer)
+// is timed but not checked (N/A), as in nccl-tests.
+//
+// -m n (agg_iters) issues n operations in one group per timed iteration and reports the
+// time per operation (nccl-tests' common.cu); the group runs them one after the other
+// (ccl.h), so on CPU buffers it measures the call overhead saved, not overlap. -z is
+// accepted (collectives on CPU buffers always block); -G is accepted and ignored with a
+// note on stderr (no CUDA graphs).
 //
 // Exit status: 0 success, 1 wrong results, 2 bad arguments, 3 runtime failure (a peer died,
 // bootstrap failed); errors go to stderr, prefixed with the rank.
@@ -91,7 +96,12 @@ Args parse_args(int argc, char** argv) {
                   nccl_tests::usage(
                       program_invocation_short_name,
                       "int8/uint8/int32/uint32/int64/uint64/half/float/double/bfloat16/all",
-                      "sum/prod/min/max/avg/all", "",
+                      "sum/prod/min/max/avg/all",
+                      "\t[-m,--agg_iters <n> operations in one group per timed iteration]\n"
+                      "\t[-z,--blocking <0/1>] (accepted: collectives on CPU buffers always "
+                      "block)\n"
+                      "\t[-G,--cudagraph <n>] (accepted and ignored: no CUDA graphs on CPU "
+                      "buffers)\n",
                       "Launch with mpirun -np N, srun, or the torchrun variables\n"
                       "RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT; see docs/collectives.md.\n")
                       .c_str());
@@ -303,8 +313,8 @@ class Bench {
   void init_data(const Counts& c, DataType t, const Values& v, bool in_place);
   // Wrong elements of this rank's result.
   int64_t check(const Counts& c, DataType t, const Values& v, int root, bool in_place) const;
-  // rank → rank+1 while rank−1 → rank, both in flight at once.
-  void send_recv(size_t bytes, bool in_place);
+  // rank → rank+1 while rank−1 → rank, both in flight at once (one group).
+  void send_recv(size_t count, DataType t, bool in_place);
 
  private:
   struct Free {
@@ -325,8 +335,6 @@ class Bench {
   Communicator& comm_;
   int rank_, n_;
   Mem send_, recv_;
-  std::unique_ptr<Buffer> sbuf_, rbuf_;
-  uint64_t p2p_seq_ = 0;
 };
 
 double factor_one(double) {
@@ -450,7 +458,7 @@ const Collective kCollectives[] = {
      .bus_factor = factor_one,
      .counts = counts_whole,
      .run = [](Bench& b, char*, char*, size_t n, DataType t, RedOp, int,
-               bool in_place) { b.send_recv(n * type_size(t), in_place); },
+               bool in_place) { b.send_recv(n, t, in_place); },
      .result_count = result_param,
      .expected = [](const Values& v, size_t i, size_t, int rank, int,
                     int n) { return v.input((rank + n - 1) % n, i); }},
@@ -472,10 +480,6 @@ void bandwidth(size_t param, DataType t, double sec, int n, double& algbw, doubl
 Bench::Bench(Communicator& comm, size_t bytes) : comm_(comm), rank_(comm.rank()), n_(comm.size()) {
   send_ = alloc(bytes);
   recv_ = alloc(bytes);
-  if (kOp == CCL_PERF_SENDRECV) {
-    sbuf_ = comm_.transport().register_buffer(send_.get(), bytes);
-    rbuf_ = comm_.transport().register_buffer(recv_.get(), bytes);
-  }
 }
 
 void Bench::pointers(const Counts& c, DataType t, bool in_place, char*& sp, char*& rp) const {
@@ -522,18 +526,11 @@ int64_t Bench::check(const Counts& c, DataType t, const Values& v, int root, boo
   return wrong;
 }
 
-void Bench::send_recv(size_t bytes, bool in_place) {
-  Transport& t = comm_.transport();
-  // Point-to-point tags (bit 63) with a sequence number the communicator's own Send/Recv
-  // counters never reach, so they cannot match the communicator's transfers.
-  const uint64_t tag =
-      (uint64_t{1} << 63) | (uint64_t{0x7fffffff} << 32) | (p2p_seq_++ & 0xffffffffu);
-  Buffer& rb = *rbuf_;
-  Buffer& sb = in_place ? *rbuf_ : *sbuf_;
-  RequestId r = t.recv((rank_ + n_ - 1) % n_, rb, 0, bytes, tag);
-  RequestId s = t.send((rank_ + 1) % n_, sb, 0, bytes, tag);
-  t.wait(s, "SendRecv");
-  t.wait(r, "SendRecv");
+void Bench::send_recv(size_t count, DataType t, bool in_place) {
+  comm_.group_start();
+  comm_.send(in_place ? recv_.get() : send_.get(), count, t, (rank_ + 1) % n_);
+  comm_.recv(recv_.get(), count, t, (rank_ + n_ - 1) % n_);
+  comm_.group_end();
 }
 
 // ---- reporting ----------------------------------------------------------------------------
@@ -569,6 +566,9 @@ int run(int argc, char** argv) {
     if (main_rank) std::fprintf(stderr, "invalid root %d for %d ranks\n", o.root, n);
     return 2;
   }
+  if (main_rank && o.cudagraph > 0)
+    std::fprintf(stderr, "%s: note: -G %d ignored: there are no CUDA graphs on CPU buffers\n",
+                 program_invocation_short_name, o.cudagraph);
 
   // Rank/device lines, gathered to rank 0 in rank order.
   constexpr size_t kLine = 256;
@@ -613,6 +613,12 @@ int run(int argc, char** argv) {
     for (RedOp op : kColl.reduces ? args.ops : no_op) {
       const int root = kColl.rooted ? o.root : -1;
       const char* op_text = kColl.reduces ? op_name(op) : "none";
+      // nccl-tests' BenchTime: with -m, `ops` operations issued in one group.
+      auto issue = [&](const Counts& c, int ops, bool in_place) {
+        if (o.agg_iters > 1) comm.group_start();
+        for (int a = 0; a < ops; ++a) bench.run_once(c, t, op, root, in_place);
+        if (o.agg_iters > 1) comm.group_end();
+      };
       // Warm-up at the largest and the smallest size, as nccl-tests.
       for (size_t bytes : {o.max_bytes, o.min_bytes}) {
         const Counts c = counts_for(bytes, t, n);
@@ -631,8 +637,9 @@ int run(int argc, char** argv) {
           if (o.check) bench.init_data(c, t, v, in_place);
           comm.barrier();
           const auto t0 = Clock::now();
-          for (int i = 0; i < o.iters; ++i) bench.run_once(c, t, op, root, in_place);
-          double sec = std::chrono::duration<double>(Clock::now() - t0).count() / o.iters;
+          for (int i = 0; i < o.iters; ++i) issue(c, o.agg_iters, in_place);
+          double sec = std::chrono::duration<double>(Clock::now() - t0).count() /
+                       (static_cast<double>(o.iters) * o.agg_iters);
           sec = reduce_double(comm, sec, o.average);
           double algbw = 0, busbw = 0;
           bandwidth(c.param, t, sec, n, algbw, busbw);
@@ -641,7 +648,9 @@ int run(int argc, char** argv) {
           if (checked) {
             bench.init_data(c, t, v, in_place);
             comm.barrier();
-            bench.run_once(c, t, op, root, in_place);
+            // The checked run goes through a group too: out of place the repeats give the same
+            // result; in place a repeat would reduce (or shift) the data again.
+            issue(c, in_place ? 1 : o.agg_iters, in_place);
             wrong = sum_int(comm, bench.check(c, t, v, root, in_place));
             if (wrong) ++errors;
           }

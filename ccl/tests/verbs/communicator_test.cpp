@@ -169,5 +169,70 @@ TEST(CommunicatorOverVerbs, KilledRankMidAllReduce) {
   }
 }
 
+// Group calls over verbs: an all-to-all of grouped sends and recvs (sizes per pair from 0
+// through eager to multi-chunk rendezvous, each rank calling them in its own order) and a
+// ring {send to next, recv from prev}; then a rank dies and every other rank's group_end
+// fails naming it.
+TEST(CommunicatorOverVerbs, GroupedPointToPointAndDeadPeer) {
+  const int n = 4, victim = 1;
+  test::RootProcess root;
+  const UniqueId id = root.id();
+  auto count = [](int src, int dst) -> size_t {
+    const size_t sizes[] = {0, 3, 1500, 200000};  // 0, eager, eager, 2 chunks of 512 KiB
+    return sizes[static_cast<size_t>(src + 3 * dst) % 4];
+  };
+  auto value = [](int src, int dst, size_t i) {
+    return static_cast<int32_t>(src * 1000 + dst * 100 + static_cast<int>(i % 97));
+  };
+  auto res = run_ranks(
+      n,
+      [&](int r) {
+        auto comm = init_rank(id, n, r);
+        std::vector<std::vector<int32_t>> out(n), in(n);
+        for (int p = 0; p < n; ++p) {
+          out[p].resize(count(r, p));
+          for (size_t i = 0; i < out[p].size(); ++i) out[p][i] = value(r, p, i);
+          in[p].assign(count(p, r), -1);
+        }
+        comm->group_start();
+        for (int k = 0; k < n; ++k) {
+          const int to = (r + k) % n, from = (r + n - k) % n;
+          if (r % 2 == 0) comm->recv(in[from].data(), in[from].size(), DataType::kInt32, from);
+          comm->send(out[to].data(), out[to].size(), DataType::kInt32, to);
+          if (r % 2 == 1) comm->recv(in[from].data(), in[from].size(), DataType::kInt32, from);
+        }
+        comm->group_end();
+        for (int p = 0; p < n; ++p)
+          for (size_t i = 0; i < in[p].size(); ++i)
+            require(in[p][i] == value(p, r, i), "grouped AllToAll from rank " + std::to_string(p));
+
+        const int next = (r + 1) % n, prev = (r + n - 1) % n;
+        std::vector<int32_t> ring(300000, r), got(300000);
+        try {
+          for (int i = 0; i < 100000; ++i) {
+            if (r == victim && i == 3) raise(SIGKILL);
+            comm->group_start();
+            comm->send(ring.data(), ring.size(), DataType::kInt32, next);
+            comm->recv(got.data(), got.size(), DataType::kInt32, prev);
+            comm->group_end();
+            require(got[0] == prev && got.back() == prev, "ring exchange data");
+          }
+        } catch (const PeerError& e) {
+          require(e.peer() == victim, std::string("blamed the wrong peer: ") + e.what());
+          require(std::string(e.what()).find("peer rank 1 (127.0.0.") != std::string::npos,
+                  std::string("message does not name the peer: ") + e.what());
+          require(std::string(e.what()).rfind("GroupEnd: rank " + std::to_string(r), 0) == 0,
+                  std::string("message does not start with GroupEnd: ") + e.what());
+          return;
+        }
+        throw std::runtime_error("no PeerError");
+      },
+      120s, {{"SOFTRDMA_CCL_TIMEOUT_MS", "3000"}});
+  for (int r = 0; r < n; ++r) {
+    if (r == victim) continue;
+    EXPECT_EQ(0, res[r].exit_code) << test::describe(res);
+  }
+}
+
 }  // namespace
 }  // namespace softrdma::ccl

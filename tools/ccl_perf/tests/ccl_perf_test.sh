@@ -11,6 +11,10 @@
 #              alltoall, sendrecv) with 3 ranks started with the torchrun variables (RANK,
 #              WORLD_SIZE, MASTER_ADDR, MASTER_PORT), a few sizes and datatypes, checked
 #   single     all_reduce_perf with no launcher: one rank
+#   group      mpirun -np 2: sendrecv_perf (a communicator group {send to next, recv from
+#              prev}) with -m 1 and -m 4, and all_reduce_perf -m 4 -z 1 -G 1 (operations
+#              aggregated in one group per iteration), all checked (#wrong 0); the parameters
+#              line says "agg iters: 4" and rank 0 notes that -G is ignored
 #   kill       4 ranks (torchrun variables) in a long all_reduce_perf; one is killed with
 #              SIGKILL mid-run; every other rank must exit non-zero within the timeout
 #              (SOFTRDMA_CCL_TIMEOUT_MS=3000) with an error naming the dead rank
@@ -22,7 +26,7 @@ set -uo pipefail
 
 # shellcheck source=scripts/lib/test_lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/../../../scripts/lib/test_lib.sh"
-case_test_args ccl_perf "mpirun torchrun single kill" "$@"
+case_test_args ccl_perf "mpirun torchrun single kill group" "$@"
 BIN="$BUILD_DIR/bin"
 STEP_TIMEOUT=${CCL_PERF_TIMEOUT:-120}
 unset SOFTRDMA_ADDR RANK WORLD_SIZE LOCAL_RANK MASTER_ADDR MASTER_PORT SOFTRDMA_CCL_MASTER
@@ -135,6 +139,31 @@ case "$CASE" in
     done
     tail -n 8 "$WORK/all_reduce_perf.0.log"
     ;;
+  group)
+    command -v mpirun >/dev/null || fail "mpirun not found: install openmpi-bin (bash scripts/deps.sh)"
+    run_mpirun2() {
+      local log=$1
+      shift
+      echo "mpirun -np 2 $*"
+      rc=0
+      timeout -k 5 "$STEP_TIMEOUT" mpirun -np 2 --oversubscribe --allow-run-as-root --bind-to none \
+        --mca btl self,tcp --mca pml ob1 "$@" >"$log" 2>&1 || rc=$?
+      ((rc == 0)) || { show_logs "$log"; fail "$1: mpirun exited with status $rc"; }
+    }
+    for m in 1 4; do
+      run_mpirun2 "$WORK/sendrecv.$m.log" "$BIN/sendrecv_perf" -b 8 -e 4M -f 8 -n 5 -w 1 -c 1 -m "$m"
+      check_output "$WORK/sendrecv.$m.log" 7 "sendrecv_perf -m $m"
+      grep -q "agg iters: $m validation: 1 graph: 0\$" "$WORK/sendrecv.$m.log" ||
+        { show_logs "$WORK/sendrecv.$m.log"; fail "sendrecv_perf -m $m: parameters line"; }
+    done
+    log="$WORK/allreduce.log"
+    run_mpirun2 "$log" "$BIN/all_reduce_perf" -b 8 -e 1M -f 8 -n 5 -w 1 -c 1 -m 4 -z 1 -G 1 -d all
+    check_output "$log" 60 "all_reduce_perf -m 4"
+    grep -q 'agg iters: 4 validation: 1 graph: 1$' "$log" || { show_logs "$log"; fail "all_reduce_perf -m 4: parameters line"; }
+    [[ $(grep -c 'note: -G 1 ignored: there are no CUDA graphs on CPU buffers' "$log") == 1 ]] ||
+      { show_logs "$log"; fail "all_reduce_perf -G 1: expected one note from rank 0"; }
+    cat "$WORK/sendrecv.4.log"
+    ;;
   single)
     log="$WORK/single.log"
     rc=0
@@ -174,7 +203,7 @@ case "$CASE" in
     ((bad == 0)) || { show_logs "$WORK"/kill.*.log; fail "kill"; }
     ;;
   *)
-    echo "unknown case '$CASE' (mpirun|torchrun|single|kill)" >&2
+    echo "unknown case '$CASE' (mpirun|torchrun|single|kill|group)" >&2
     exit 2
     ;;
 esac
