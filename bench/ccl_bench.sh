@@ -37,7 +37,9 @@
 # with the worst value:
 #   busbw at every size ≥ 1 MiB: softrdma UDP ≥ 1.5× OMPI TCP, ≥ 3× Gloo (AllReduce);
 #     softrdma shm ≥ 1× OMPI shm
-#   time at the table's smallest size: softrdma UDP ≤ OMPI TCP; softrdma shm ≤ 2× OMPI shm
+#   time at the table's smallest non-empty size: softrdma UDP ≤ OMPI TCP; softrdma shm ≤ 2×
+#     OMPI shm (AllGather and ReduceScatter with 4 ranks: 8 B is 0 floats per rank, nccl-tests
+#     prints it as 0 B; the check takes the next size, 32 B)
 #   4 ranks (4-rank table, when 2 ranks ran too): time ≤ 2 × the 2-rank time at every size
 #     both measured, for each softrdma path
 # Writes one PNG per collective (busbw against size, log x, one line per implementation ×
@@ -61,10 +63,12 @@
 #   REPEATS=1 SMALL="8 8" LARGE="1M 1M" RANKS=2 PLOT=/tmp bash bench/ccl_bench.sh 5
 #
 # Duration: the defaults make 52 runs per repeat (AllReduce 5 implementations, AllGather and
-# ReduceScatter 4, × 2 rank counts × 2 ranges); the large range dominates (64 MiB with 4 ranks
-# over UDP, Gloo and OMPI TCP). ITERS 20, REPEATS 3 are chosen to stay within ~20 minutes on
-# 2 cores; DEADLINE cuts a slower machine short, skipping whole runs (the repeats loop is
-# outermost, so every configuration gets at least its first repeat before any gets a third).
+# ReduceScatter 4, × 2 rank counts × 2 ranges). Measured on 2 cores with load ~4 (2026-11-23):
+# a 4-rank 1 MiB … 64 MiB run takes 4–6 s for every implementation (softrdma UDP the
+# slowest), a small-size run ~2 s (mostly mpirun's start), so a repeat takes ~3 minutes and
+# ITERS 20 × REPEATS 3 ~10 minutes. DEADLINE (20 minutes) cuts a slower machine short,
+# skipping whole runs; the repeats loop is outermost, so every configuration gets its first
+# repeat before any gets a second.
 #
 # Launch details, the same for every implementation: mpirun --oversubscribe --bind-to none
 # (4 ranks on 2 cores; softrdma's per-device progress thread must not be pinned to its
@@ -238,7 +242,9 @@ for rep in $(seq "$REPEATS"); do
           total=$((total + 1))
           if ((SECONDS >= DEADLINE)); then skipped=$((skipped + 1)); continue; fi
           note "repeat $rep/$REPEATS: ${title[$coll]}, ${label[$impl]}, $n ranks, $range sizes (${SECONDS}s so far)"
+          start=$SECONDS
           run "$coll" "$impl" "$n" "$range" "$rep" || failed=$((failed + 1))
+          note "  took $((SECONDS - start))s"
         done
       done
     done
@@ -297,7 +303,7 @@ target_busbw() {
 target_small() {
   local coll=$1 n=$2 a=$3 ref=$4 want=$5 text=$6 s x y r
   has_pair "$coll" "$a" "$ref" || return
-  s=$(sizes_of "$coll" "$n" | head -n 1)
+  s=$(sizes_of "$coll" "$n" | awk '$1 > 0' | head -n 1)  # AllGather/ReduceScatter: S/4 < n gives 0 B
   [[ -n $s ]] && x=$(med "$coll" "$a" "$n" "$s" 5) y=$(med "$coll" "$ref" "$n" "$s" 5)
   if [[ -z $s || -z $x || -z $y ]]; then
     echo "- $text: not measured"
@@ -378,8 +384,8 @@ table() {
     target_busbw "$coll" "$n" softrdma_udp ompi_tcp 1.5 "busbw ≥ 1 MiB, softrdma UDP ≥ 1.5× OMPI TCP"
     target_busbw "$coll" "$n" softrdma_udp gloo 3 "busbw ≥ 1 MiB, softrdma UDP ≥ 3× Gloo TCP"
     target_busbw "$coll" "$n" softrdma_shm ompi_shm 1 "busbw ≥ 1 MiB, softrdma shm ≥ 1× OMPI shm"
-    target_small "$coll" "$n" softrdma_udp ompi_tcp 1 "smallest size, softrdma UDP time ≤ OMPI TCP's"
-    target_small "$coll" "$n" softrdma_shm ompi_shm 2 "smallest size, softrdma shm time ≤ 2× OMPI shm's"
+    target_small "$coll" "$n" softrdma_udp ompi_tcp 1 "smallest non-empty size, softrdma UDP time ≤ OMPI TCP's"
+    target_small "$coll" "$n" softrdma_shm ompi_shm 2 "smallest non-empty size, softrdma shm time ≤ 2× OMPI shm's"
     if ((n == 4)) && [[ " $RANKS " == *" 2 "* ]]; then
       target_scale "$coll" softrdma_shm
       target_scale "$coll" softrdma_udp
