@@ -104,7 +104,9 @@ ParseResult parse_options(int argc, char** argv, Options& out, std::string& erro
     error = msg;
     return ParseResult::kError;
   };
-  optind = 1;  // a fresh scan (tests parse several command lines in one process)
+  // A fresh scan (tests parse several command lines in one process): glibc resets its state,
+  // including the position inside a previous argv's option cluster, only for optind 0.
+  optind = 0;
   for (;;) {
     const int c = getopt_long(argc, argv, "t:g:b:e:i:f:n:w:c:o:d:r:a:h", longopts.data(), nullptr);
     if (c == -1) break;

@@ -1,6 +1,7 @@
 // parse_command_line: the one place that turns nccl-tests' parse outcome into an exit status.
 #include <gtest/gtest.h>
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -11,61 +12,60 @@ namespace {
 
 const UsageText kText{.program = "x_perf", .datatypes = "float", .ops = "sum"};
 
-// argv for getopt: mutable strings, argv[0] first.
-struct Argv {
-  explicit Argv(std::vector<std::string> a) : args(std::move(a)) {
-    for (std::string& s : args) ptrs.push_back(s.data());
-  }
-  int argc() const { return static_cast<int>(ptrs.size()); }
-  char** argv() { return ptrs.data(); }
-  std::vector<std::string> args;
-  std::vector<char*> ptrs;
+/// parse_command_line's status, options and what it printed on stdout and stderr.
+struct Outcome {
+  std::optional<int> status;
+  Options options;
+  std::string out, err;
 };
 
+Outcome parse(std::vector<std::string> args, bool print = true,
+              std::span<const ExtraOption> extra = {}) {
+  args.insert(args.begin(), "x_perf");
+  std::vector<char*> argv;
+  for (std::string& s : args) argv.push_back(s.data());
+  Outcome o;
+  testing::internal::CaptureStdout();
+  testing::internal::CaptureStderr();
+  o.status = parse_command_line(static_cast<int>(argv.size()), argv.data(), o.options, kText, print,
+                                extra);
+  o.out = testing::internal::GetCapturedStdout();
+  o.err = testing::internal::GetCapturedStderr();
+  return o;
+}
+
 TEST(ParseCommandLine, GoodFlagsGoOnWithTheOptionsFilled) {
-  Argv a({"x_perf", "-b", "8", "-e", "1M", "-n", "3"});
-  Options o;
-  EXPECT_EQ(parse_command_line(a.argc(), a.argv(), o, kText), std::nullopt);
-  EXPECT_EQ(o.min_bytes, 8u);
-  EXPECT_EQ(o.max_bytes, 1u << 20);
-  EXPECT_EQ(o.iters, 3);
+  const Outcome o = parse({"-b", "8", "-e", "1M", "-n", "3"});
+  EXPECT_EQ(o.status, std::nullopt);
+  EXPECT_EQ(o.options.min_bytes, 8u);
+  EXPECT_EQ(o.options.max_bytes, 1u << 20);
+  EXPECT_EQ(o.options.iters, 3);
+  EXPECT_EQ(o.out + o.err, "");
 }
 
 TEST(ParseCommandLine, HelpPrintsTheUsageAndExitsZero) {
-  Argv a({"x_perf", "-h"});
-  Options o;
-  testing::internal::CaptureStdout();
-  EXPECT_EQ(parse_command_line(a.argc(), a.argv(), o, kText), 0);
-  const std::string out = testing::internal::GetCapturedStdout();
-  EXPECT_NE(out.find("USAGE: x_perf"), std::string::npos) << out;
+  const Outcome o = parse({"-h"});
+  EXPECT_EQ(o.status, 0);
+  EXPECT_NE(o.out.find("USAGE: x_perf"), std::string::npos) << o.out;
 }
 
 TEST(ParseCommandLine, ABadValueIsNamedOnStderrAndExitsTwo) {
-  Argv a({"x_perf", "-b", "12q"});
-  Options o;
-  testing::internal::CaptureStderr();
-  EXPECT_EQ(parse_command_line(a.argc(), a.argv(), o, kText), 2);
-  const std::string err = testing::internal::GetCapturedStderr();
-  EXPECT_NE(err.find("invalid size for minbytes: 12q (see -h)"), std::string::npos) << err;
+  const Outcome o = parse({"-b", "12q"});
+  EXPECT_EQ(o.status, 2);
+  EXPECT_NE(o.err.find("invalid size for minbytes: 12q (see -h)"), std::string::npos) << o.err;
 }
 
 TEST(ParseCommandLine, RanksThatDoNotPrintGetTheSameStatusAndPrintNothing) {
-  Argv help({"x_perf", "-h"}), bad({"x_perf", "-b", "2M", "-e", "1M"});
-  Options o;
-  testing::internal::CaptureStdout();
-  testing::internal::CaptureStderr();
-  EXPECT_EQ(parse_command_line(help.argc(), help.argv(), o, kText, false), 0);
-  EXPECT_EQ(parse_command_line(bad.argc(), bad.argv(), o, kText, false), 2);
-  EXPECT_EQ(testing::internal::GetCapturedStdout(), "");
-  EXPECT_EQ(testing::internal::GetCapturedStderr(), "");
+  const Outcome help = parse({"-h"}, false), bad = parse({"-b", "2M", "-e", "1M"}, false);
+  EXPECT_EQ(help.status, 0);
+  EXPECT_EQ(bad.status, 2);
+  EXPECT_EQ(help.out + help.err + bad.out + bad.err, "");
 }
 
 TEST(ParseCommandLine, AProgramsOwnLongOptionsReachIt) {
   std::string rank;
   const ExtraOption extra[] = {{"rank", &rank}};
-  Argv a({"x_perf", "--rank", "3"});
-  Options o;
-  EXPECT_EQ(parse_command_line(a.argc(), a.argv(), o, kText, true, extra), std::nullopt);
+  EXPECT_EQ(parse({"--rank", "3"}, true, extra).status, std::nullopt);
   EXPECT_EQ(rank, "3");
 }
 
