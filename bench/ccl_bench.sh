@@ -65,7 +65,7 @@
 # Duration: the defaults make 52 runs per repeat (AllReduce 5 implementations, AllGather and
 # ReduceScatter 4, × 2 rank counts × 2 ranges). Measured on 2 cores with load ~4 (2026-11-23):
 # a 4-rank 1 MiB … 64 MiB run takes 4–6 s for every implementation (softrdma UDP the
-# slowest), a small-size run ~2 s (mostly mpirun's start), so a repeat takes ~3 minutes and
+# slowest), an 8 B … 512 KiB run about 1 s, so a repeat takes under 3 minutes and
 # ITERS 20 × REPEATS 3 ~10 minutes. DEADLINE (20 minutes) cuts a slower machine short,
 # skipping whole runs; the repeats loop is outermost, so every configuration gets its first
 # repeat before any gets a second.
