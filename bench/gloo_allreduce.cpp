@@ -23,7 +23,7 @@
 // buffer, in-place the output only. The options (and their buffers) are made once per size
 // and reused by every timed call.
 //
-// Method, output columns and inputs: bench/allreduce_sweep.h (shared with mpi_allreduce);
+// Method, output columns and inputs: bench/coll_sweep.h (shared with bench/mpi_coll.cpp);
 // barriers are gloo::barrier, times combine over ranks with gloo::allreduce/broadcast.
 //
 // Exit status: 0, 1 when a result was wrong, 2 for bad arguments, 3 when Gloo failed
@@ -40,7 +40,7 @@
 #include <string>
 #include <vector>
 
-#include "bench/allreduce_sweep.h"
+#include "bench/coll_sweep.h"
 #include "gloo/allgather.h"
 #include "gloo/allreduce.h"
 #include "gloo/barrier.h"
@@ -78,23 +78,19 @@ Args parse_args(int argc, char** argv) {
   std::string rank, nranks;
   const nccl_tests::ExtraOption extra[] = {
       {"rank", &rank}, {"nranks", &nranks}, {"store", &a.store}, {"host", &a.host}};
-  std::string error;
-  switch (nccl_tests::parse_options(argc, argv, a.o, error, extra)) {
-    case nccl_tests::ParseResult::kHelp:
-      std::printf("%s", nccl_tests::usage("gloo_allreduce", "float", "sum",
-                                          "\t[--rank R (default $RANK)] [--nranks N (default "
-                                          "$WORLD_SIZE)]\n\t[--store DIR] [--host ADDR (default "
-                                          "127.0.0.1)]\n",
-                                          "\n")
-                            .c_str());
-      std::exit(0);
-    case nccl_tests::ParseResult::kError:
-      usage_error(error);
-    case nccl_tests::ParseResult::kOk:
-      break;
-  }
+  const nccl_tests::UsageText text{
+      .program = "gloo_allreduce",
+      .datatypes = "float",
+      .ops = "sum",
+      .extra =
+          "\t[--rank R (default $RANK)] [--nranks N (default $WORLD_SIZE)]\n"
+          "\t[--store DIR] [--host ADDR (default 127.0.0.1)]\n",
+      .notes = "\n"};
+  if (const auto status = nccl_tests::parse_command_line(argc, argv, a.o, text, true, extra))
+    std::exit(*status);
   if (a.o.datatype != "float") usage_error("only -d float is supported");
   if (a.o.op != "sum") usage_error("only -o sum is supported");
+  if (a.o.agg_iters != 1) usage_error("only -m 1 is supported (no aggregation in this reference)");
   // --rank / --nranks, else $RANK / $WORLD_SIZE.
   auto rank_number = [](const char* name, const std::string& flag, const char* env, long lo) {
     const char* v = flag.empty() ? std::getenv(env) : flag.c_str();
@@ -130,7 +126,7 @@ T reduce_scalar(const std::shared_ptr<gloo::Context>& ctx, T v, ReduceFn fn) {
 
 /// gloo::allreduce with AllreduceOptions::RING; one set of options per (count, placement),
 /// reused by every call at that size.
-class GlooAllReduce final : public softrdma::bench::FloatSumAllReduce {
+class GlooAllReduce final : public softrdma::bench::FloatCollective {
  public:
   explicit GlooAllReduce(std::shared_ptr<gloo::Context> ctx) : ctx_(std::move(ctx)) {}
 
@@ -199,7 +195,8 @@ int run(const Args& args) {
     nccl_tests::print_column_headers();
   }
   GlooAllReduce lib(ctx);
-  return softrdma::bench::run_sweep(lib, args.o, rank, n) ? 1 : 0;
+  using softrdma::bench::Coll;
+  return softrdma::bench::run_sweep(Coll::kAllReduce, lib, args.o, rank, n) ? 1 : 0;
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 #include <getopt.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <vector>
 
@@ -106,7 +107,9 @@ ParseResult parse_options(int argc, char** argv, Options& out, std::string& erro
     error = msg;
     return ParseResult::kError;
   };
-  optind = 1;  // a fresh scan (tests parse several command lines in one process)
+  // A fresh scan (tests parse several command lines in one process): glibc resets its state,
+  // including the position inside a previous argv's option cluster, only for optind 0.
+  optind = 0;
   for (;;) {
     const int c =
         getopt_long(argc, argv, "t:g:b:e:i:f:n:w:c:o:d:r:a:m:z:G:h", longopts.data(), nullptr);
@@ -181,6 +184,25 @@ std::string usage(const char* program, const char* datatypes, const char* ops, c
          "\t[-a,--average <0/1/2/3> report average iteration time <0=RANK0/1=AVG/2=MIN/3=MAX>]\n"
          "\t[-t,--nthreads 1] [-g,--ngpus 1] (accepted for compatibility: one rank per process)\n" +
          extra + "\t[-h,--help]\nSizes take K/M/G suffixes. " + notes;
+}
+
+std::optional<int> parse_command_line(int argc, char** argv, Options& out, const UsageText& text,
+                                      bool print, std::span<const ExtraOption> extra) {
+  std::string error;
+  switch (parse_options(argc, argv, out, error, extra)) {
+    case ParseResult::kOk:
+      return std::nullopt;
+    case ParseResult::kHelp:
+      if (print)
+        std::printf("%s",
+                    usage(text.program, text.datatypes, text.ops, text.extra, text.notes).c_str());
+      return 0;
+    case ParseResult::kError:
+      if (print)
+        std::fprintf(stderr, "%s: %s (see -h)\n", program_invocation_short_name, error.c_str());
+      return 2;
+  }
+  return 2;
 }
 
 }  // namespace softrdma::nccl_tests

@@ -1,6 +1,6 @@
 // nccl-tests' command line (github.com/NVIDIA/nccl-tests, src/common.cu), read the same way by
 // every nccl-tests–style program here: the tools/ccl_perf/*_perf tools and the reference
-// benchmarks bench/mpi_allreduce and bench/gloo_allreduce.
+// benchmarks bench/mpi_{allreduce,allgather,reduce_scatter} and bench/gloo_allreduce.
 //
 //   -b minbytes -e maxbytes -i stepbytes (K/M/G suffixes, ×1024) -f stepfactor -n iters
 //   -w warmup_iters -c check -o op -d datatype -r root -a average(0..3)
@@ -17,6 +17,7 @@
 #pragma once
 
 #include <cstddef>
+#include <optional>
 #include <span>
 #include <string>
 
@@ -58,6 +59,23 @@ ParseResult parse_options(int argc, char** argv, Options& out, std::string& erro
 /// `extra` lines (already formatted, "\t[--rank R]\n") and `notes` follow the common flags.
 std::string usage(const char* program, const char* datatypes, const char* ops,
                   const char* extra = "", const char* notes = "");
+
+/// What a program's -h prints (the arguments of usage()).
+struct UsageText {
+  const char* program;     ///< the command line shown after "USAGE: "
+  const char* datatypes;   ///< what -d accepts, "float" or "int8/…/all"
+  const char* ops;         ///< what -o accepts
+  const char* extra = "";  ///< the program's own flags, formatted as usage()'s `extra`
+  const char* notes = "";  ///< text after the flags
+};
+
+/// parse_options() and what every program does with its outcome, in one place: kOk returns
+/// std::nullopt (go on); kHelp prints usage(text) to stdout and returns 0; kError prints
+/// "<program_invocation_short_name>: <error> (see -h)" to stderr and returns 2. Nothing is
+/// printed when `print` is false (the ranks other than 0 of an MPI program). The caller exits
+/// with the returned status after its own clean-up (MPI_Finalize), so this never exits.
+std::optional<int> parse_command_line(int argc, char** argv, Options& out, const UsageText& text,
+                                      bool print = true, std::span<const ExtraOption> extra = {});
 
 /// nccl-tests' parsesize: a non-negative number with an optional K, M or G suffix (×1024,
 /// either case). Returns false for anything else.

@@ -1,6 +1,6 @@
 // nccl-tests' output (github.com/NVIDIA/nccl-tests, src/common.cu), printed the same way by
-// every nccl-tests–style program here (tools/ccl_perf/*_perf, bench/mpi_allreduce,
-// bench/gloo_allreduce), so their lines compare column for column:
+// every nccl-tests–style program here (tools/ccl_perf/*_perf, bench/mpi_coll.cpp (mpi_allreduce,
+// …), bench/gloo_allreduce), so their lines compare column for column:
 //
 //   # nThread 1 nGpus 1 minBytes … graph: 0             print_parameters_line
 //   #  Rank  0 Group  0 Pid …                           rank_line (one per rank)

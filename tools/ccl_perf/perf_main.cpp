@@ -89,28 +89,18 @@ struct Args {
 
 Args parse_args(int argc, char** argv) {
   Args a;
-  std::string error;
-  switch (nccl_tests::parse_options(argc, argv, a.o, error)) {
-    case nccl_tests::ParseResult::kHelp:
-      std::printf("%s",
-                  nccl_tests::usage(
-                      program_invocation_short_name,
-                      "int8/uint8/int32/uint32/int64/uint64/half/float/double/bfloat16/all",
-                      "sum/prod/min/max/avg/all",
-                      "\t[-m,--agg_iters <n> operations in one group per timed iteration]\n"
-                      "\t[-z,--blocking <0/1>] (accepted: collectives on CPU buffers always "
-                      "block)\n"
-                      "\t[-G,--cudagraph <n>] (accepted and ignored: no CUDA graphs on CPU "
-                      "buffers)\n",
-                      "Launch with mpirun -np N, srun, or the torchrun variables\n"
-                      "RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT; see docs/collectives.md.\n")
-                      .c_str());
-      std::exit(0);
-    case nccl_tests::ParseResult::kError:
-      usage_error(error);
-    case nccl_tests::ParseResult::kOk:
-      break;
-  }
+  const nccl_tests::UsageText text{
+      .program = program_invocation_short_name,
+      .datatypes = "int8/uint8/int32/uint32/int64/uint64/half/float/double/bfloat16/all",
+      .ops = "sum/prod/min/max/avg/all",
+      .extra =
+          "\t[-m,--agg_iters <n> operations in one group per timed iteration]\n"
+          "\t[-z,--blocking <0/1>] (accepted: collectives on CPU buffers always block)\n"
+          "\t[-G,--cudagraph <n>] (accepted and ignored: no CUDA graphs on CPU buffers)\n",
+      .notes =
+          "Launch with mpirun -np N, srun, or the torchrun variables\n"
+          "RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT; see docs/collectives.md.\n"};
+  if (const auto status = nccl_tests::parse_command_line(argc, argv, a.o, text)) std::exit(*status);
   if (a.o.op == "all") {
     a.ops = {RedOp::kSum, RedOp::kProd, RedOp::kMax, RedOp::kMin, RedOp::kAvg};
   } else {
