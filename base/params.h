@@ -174,6 +174,28 @@ inline constexpr Param kParams[] = {
      .doc = "transfers up to this size travel in the control SEND into a pre-posted slot (one "
             "one-way trip); larger ones by rendezvous (advert + RDMA WRITE); 0: always "
             "rendezvous. Each pair of ranks uses the smaller of their two values"},
+    {.name = "SOFTRDMA_CCL_CHANNELS",
+     .group = Group::kCcl,
+     .kind = Kind::kInteger,
+     .default_value = 1,
+     .default_text = "1",
+     .min = 1,
+     .max = 16,
+     .empty_is_error = true,
+     .doc = "RC QPs per peer (NCCL's channels): a rendezvous transfer is split into up to this "
+            "many contiguous stripes, one RDMA WRITE WITH IMMEDIATE per QP. Each pair of ranks "
+            "uses the smaller of their two values"},
+    {.name = "SOFTRDMA_CCL_CHANNEL_MIN_BYTES",
+     .group = Group::kCcl,
+     .kind = Kind::kSize,
+     .default_value = 64 * 1024,
+     .default_text = "64k",
+     .min = 4096,
+     .max = int64_t{1} << 30,
+     .unit = "bytes",
+     .empty_is_error = true,
+     .doc = "a transfer is striped over k channels only when each stripe gets at least this "
+            "many bytes (the receiver decides k and says so in its advert)"},
     {.name = "SOFTRDMA_CCL_CHUNK_BYTES",
      .group = Group::kCcl,
      .kind = Kind::kSize,
@@ -320,6 +342,8 @@ inline constexpr const Param& kCclAlgo = by_name("SOFTRDMA_CCL_ALGO");
 inline constexpr const Param& kCclSmallBytes = by_name("SOFTRDMA_CCL_SMALL_BYTES");
 inline constexpr const Param& kCclMediumBytes = by_name("SOFTRDMA_CCL_MEDIUM_BYTES");
 inline constexpr const Param& kCclEagerBytes = by_name("SOFTRDMA_CCL_EAGER_BYTES");
+inline constexpr const Param& kCclChannels = by_name("SOFTRDMA_CCL_CHANNELS");
+inline constexpr const Param& kCclChannelMinBytes = by_name("SOFTRDMA_CCL_CHANNEL_MIN_BYTES");
 inline constexpr const Param& kCclChunkBytes = by_name("SOFTRDMA_CCL_CHUNK_BYTES");
 inline constexpr const Param& kCclDepth = by_name("SOFTRDMA_CCL_DEPTH");
 inline constexpr const Param& kCclTimeoutMs = by_name("SOFTRDMA_CCL_TIMEOUT_MS");

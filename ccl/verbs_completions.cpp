@@ -27,18 +27,21 @@ int VerbsTransport::Impl::poll_once() {
   for (int i = 0; i < n; ++i) handle(wc[i]);
   if (n > 0 && !failed)
     for (Peer& P : peers)
-      if (P.qp && (!P.outq.empty() || P.credit.return_due())) flush(P);
+      if (P.connected() && (!P.outq.empty() || P.credit.return_due())) flush(P);
   return n;
 }
 
 void VerbsTransport::Impl::handle(const ibv_wc& wc) {
   const Kind k = wr_kind(wc.wr_id);
   const int p = wr_peer(wc.wr_id);
+  const int c = wr_channel(wc.wr_id);
   const uint64_t idx = wr_index(wc.wr_id);
   if (p < 0 || p >= size || p == rank) return;
   Peer& P = peers[p];
+  // A channel beyond the pair's count: a receive flushed from a QP destroyed at connect.
+  if (static_cast<size_t>(c) >= P.ch.size()) return;
   const auto now = Clock::now();
-  if (k != Kind::kRecv) ++P.sq_free;
+  if (k != Kind::kRecv) ++P.ch[c].sq_free;
   if (k == Kind::kCtl) P.free_slots.push_back(static_cast<uint32_t>(idx));
   if (k == Kind::kProbe) P.probe_outstanding = false;
   if (wc.status != IBV_WC_SUCCESS) {
@@ -59,7 +62,10 @@ void VerbsTransport::Impl::handle(const ibv_wc& wc) {
   switch (k) {
     case Kind::kRecv:
       P.last_heard = now;
-      handle_recv(P, static_cast<uint32_t>(idx), wc);
+      if (c == 0)
+        handle_recv(P, static_cast<uint32_t>(idx), wc);
+      else
+        handle_data_recv(P, c, wc);
       break;
     case Kind::kCtl:
       P.last_heard = now;
@@ -82,9 +88,9 @@ void VerbsTransport::Impl::handle(const ibv_wc& wc) {
 // owed to the peer when the message was a credited one.
 void VerbsTransport::Impl::handle_recv(Peer& P, uint32_t slot, const ibv_wc& wc) {
   if (wc.opcode == IBV_WC_RECV_RDMA_WITH_IMM) {
+    // Stripe 0 of a write (or the whole write): the credit goes back with the last stripe.
     const uint32_t id = ntohl(wc.imm_data);
     post_recv(P.rank, slot);
-    P.credit.reposted();
     on_data(P, id);
     return;
   }
@@ -108,7 +114,7 @@ void VerbsTransport::Impl::handle_recv(Peer& P, uint32_t slot, const ibv_wc& wc)
   switch (static_cast<Ctl>(m.type)) {
     case Ctl::kAdvert:
       P.credit.reposted();
-      on_advert(P, Advert{m.addr, m.length, m.rkey, m.id}, m.tag);
+      on_advert(P, Advert{m.addr, m.length, m.rkey, m.id, m.stripes}, m.tag);
       break;
     case Ctl::kCredit:
       break;
@@ -125,6 +131,15 @@ void VerbsTransport::Impl::handle_recv(Peer& P, uint32_t slot, const ibv_wc& wc)
     default:
       peer_failed(P.rank, "protocol error: unknown control message " + std::to_string(m.type));
   }
+}
+
+void VerbsTransport::Impl::handle_data_recv(Peer& P, int c, const ibv_wc& wc) {
+  post_data_recv(P.rank, c);
+  if (wc.opcode != IBV_WC_RECV_RDMA_WITH_IMM) {
+    peer_failed(P.rank, "protocol error: a message on data channel " + std::to_string(c));
+    return;
+  }
+  on_data(P, ntohl(wc.imm_data));
 }
 
 }  // namespace softrdma::ccl

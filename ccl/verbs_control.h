@@ -16,6 +16,14 @@
 //    most kCredits / kCreditThreshold unprocessed credit messages in flight (each returns at
 //    least kCreditThreshold credits, and only kCredits exist), plus one abort and one goodbye
 //    per lifetime, plus one spare.
+//
+// Channels (VerbsOptions::channels): a peer may have several RC QPs; channel 0 carries the
+// control ring above and everything else, channels 1.. only the stripes of rendezvous
+// writes. A stripe's WRITE WITH IMMEDIATE uses one receive WQE on its own QP, so each data
+// channel posts kCredits zero-length receives and reposts each one as it completes. No
+// credits of their own: a striped transfer spends one control credit, and the receiver
+// returns it only once every stripe of the transfer arrived, so at most kCredits stripe
+// immediates are ever unconsumed on any channel.
 #pragma once
 
 #include <cstddef>
@@ -61,6 +69,36 @@ inline constexpr int kMaxRequestsPerPeer = 4 * kCredits;
 static_assert(kMaxRequestsPerPeer >= 2 * Config::kMaxDepth,
               "a collective at the deepest Config must never wait for request slots");
 
+/// Largest VerbsOptions::channels (RC QPs per peer); wr_id holds the channel in 4 bits.
+inline constexpr int kMaxChannels = 16;
+/// Stripe boundaries are multiples of this (bytes), so each stripe starts page-aligned in
+/// page-aligned buffers and whole MTU-sized packets.
+inline constexpr uint64_t kStripeAlign = 4096;
+
+/// Stripes a rendezvous transfer of `bytes` is split into over `channels` QPs, each at
+/// least `min_bytes` long: min(channels, bytes / min_bytes), at least 1. The receiver
+/// decides (it puts the count in its advert); the sender follows it with stripe_range().
+constexpr uint32_t stripe_count(uint64_t bytes, uint32_t channels, uint64_t min_bytes) {
+  const uint64_t fit = min_bytes ? bytes / min_bytes : channels;
+  return static_cast<uint32_t>(fit < 1 ? 1 : (fit < channels ? fit : channels));
+}
+
+/// Stripe `i` of `stripes` over a transfer of `bytes`: [begin, end), contiguous, each
+/// ceil(bytes / stripes) rounded up to kStripeAlign long except the last (which may be
+/// shorter, or empty when stripes · kStripeAlign exceeds bytes: an empty stripe is still one
+/// zero-length write with immediate).
+struct StripeRange {
+  uint64_t begin;
+  uint64_t end;
+};
+constexpr StripeRange stripe_range(uint64_t bytes, uint32_t stripes, uint32_t i) {
+  const uint64_t per = (bytes + stripes - 1) / stripes;
+  const uint64_t len = (per + kStripeAlign - 1) / kStripeAlign * kStripeAlign;
+  const uint64_t b = i * len < bytes ? i * len : bytes;
+  const uint64_t e = (i + 1) * len < bytes ? (i + 1) * len : bytes;
+  return {b, e};
+}
+
 /// Control message types.
 enum class Ctl : uint32_t {
   kAdvert = 1,
@@ -81,7 +119,8 @@ struct CtlMsg {
   uint32_t rkey;     ///< advert: target rkey
   uint32_t id;       ///< advert: transfer id (the immediate); barrier: round; abort: dead rank
   uint64_t seq;      ///< barrier: sequence number
-  char text[80];     ///< abort: reason (NUL-terminated)
+  uint32_t stripes;  ///< advert: write the transfer as this many stripes (stripe_range)
+  char text[76];     ///< abort: reason (NUL-terminated)
 };
 static_assert(sizeof(CtlMsg) == kCtlBytes);
 
@@ -115,18 +154,25 @@ class CreditRing {
   int owed_ = 0;
 };
 
-/// wr_id layout: kind (4 bits) | peer (20 bits) | index (40 bits). The index is the ring
-/// slot (kRecv), the send slot (kCtl) or the RequestId (kWrite).
+/// Largest number of ranks (the peer field of a wr_id).
+inline constexpr int kMaxRanks = 1 << 16;
+
+/// wr_id layout: kind (4 bits) | channel (4 bits) | peer (16 bits) | index (40 bits). The
+/// index is the ring slot (kRecv on channel 0; 0 on data channels), the send slot (kCtl) or
+/// the RequestId (kWrite).
 enum class Kind : uint64_t { kRecv = 0, kCtl = 1, kWrite = 2, kProbe = 3 };
-constexpr uint64_t make_wr_id(Kind k, int peer, uint64_t index) {
-  return (static_cast<uint64_t>(k) << 60) | (static_cast<uint64_t>(peer) << 40) |
-         (index & ((uint64_t{1} << 40) - 1));
+constexpr uint64_t make_wr_id(Kind k, int peer, uint64_t index, int channel = 0) {
+  return (static_cast<uint64_t>(k) << 60) | (static_cast<uint64_t>(channel & 0xf) << 56) |
+         (static_cast<uint64_t>(peer & 0xffff) << 40) | (index & ((uint64_t{1} << 40) - 1));
 }
 constexpr Kind wr_kind(uint64_t wr_id) {
   return static_cast<Kind>(wr_id >> 60);
 }
+constexpr int wr_channel(uint64_t wr_id) {
+  return static_cast<int>((wr_id >> 56) & 0xf);
+}
 constexpr int wr_peer(uint64_t wr_id) {
-  return static_cast<int>((wr_id >> 40) & 0xfffff);
+  return static_cast<int>((wr_id >> 40) & 0xffff);
 }
 constexpr uint64_t wr_index(uint64_t wr_id) {
   return wr_id & ((uint64_t{1} << 40) - 1);

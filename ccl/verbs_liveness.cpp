@@ -22,11 +22,11 @@ void VerbsTransport::Impl::post_probe(Peer& P, Clock::time_point now) {
   wr.opcode = IBV_WR_RDMA_WRITE;
   wr.send_flags = IBV_SEND_SIGNALED;
   ibv_send_wr* bad = nullptr;
-  if (int e = ibv_post_send(P.qp, &wr, &bad)) {
+  if (int e = ibv_post_send(P.ch[0].qp, &wr, &bad)) {
     peer_failed(P.rank, "ibv_post_send(probe) failed: " + errno_text(e));
     return;
   }
-  --P.sq_free;
+  --P.ch[0].sq_free;
   P.probe_outstanding = true;
   P.last_probe = now;
 }
@@ -41,7 +41,9 @@ void VerbsTransport::Impl::local_failure(int peer, const std::string& reason, bo
   m.id = static_cast<uint32_t>(peer);
   std::snprintf(m.text, sizeof m.text, "%s", reason.c_str());
   for (Peer& P : peers) {
-    if (!P.qp || (P.rank == peer && !tell_peer) || P.dead || P.closed || P.sq_free < 1) continue;
+    if (!P.connected() || (P.rank == peer && !tell_peer) || P.dead || P.closed ||
+        P.ch[0].sq_free < 1)
+      continue;
     post_ctl(P, m, false);
     drain_pending = true;
   }
@@ -75,14 +77,15 @@ void VerbsTransport::Impl::check_failure(const char* op) {
 
 bool VerbsTransport::Impl::all_sends_done() const {
   for (const Peer& P : peers)
-    if (P.qp && !P.dead && !P.closed && P.sq_free < kSqDepth) return false;
+    if (P.connected() && !P.dead && !P.closed && !P.send_queues_idle()) return false;
   return true;
 }
 
 void VerbsTransport::Impl::maybe_probe(Clock::time_point now) {
   if (failed) return;
   for (Peer& P : peers) {
-    if (!P.qp || P.dead || P.closed || P.probe_outstanding || P.sq_free < 1) continue;
+    if (!P.connected() || P.dead || P.closed || P.probe_outstanding || P.ch[0].sq_free < 1)
+      continue;
     if (now - std::max(P.last_heard, P.last_probe) >= probe_interval) post_probe(P, now);
   }
 }

@@ -1,6 +1,7 @@
-// VerbsTransport requests and matching: a recv advertises its buffer, a send waits for the
-// advert of its tag (FIFO per tag) and writes into it; the write's immediate names the
-// transfer id that completes the recv; transfers to self are matched here with memmove.
+// VerbsTransport requests and matching: a recv advertises its buffer and the number of
+// stripes it wants, a send waits for the advert of its tag (FIFO per tag) and writes into
+// it; each stripe's immediate names the transfer id, and the last one completes the recv;
+// transfers to self are matched here with memmove.
 #include <cstring>
 #include <stdexcept>
 #include <string>
@@ -156,11 +157,13 @@ RequestId VerbsTransport::Impl::recv(int peer, Buffer& buf, size_t offset, size_
   CtlMsg m{};
   m.type = static_cast<uint32_t>(Ctl::kAdvert);
   m.tag = tag;
-  const Request& r = reqs.at(id);
+  Request& r = reqs.at(id);
   m.addr = reinterpret_cast<uint64_t>(r.addr);
   m.length = bytes;
   m.rkey = r.rkey;
   m.id = tid;
+  m.stripes = stripe_count(bytes, static_cast<uint32_t>(P.ch.size()), opt.channel_min_bytes);
+  r.stripes_left = m.stripes;
   enqueue_ctl(P, m);
   return id;
 }
@@ -222,10 +225,21 @@ void VerbsTransport::Impl::on_data(Peer& P, uint32_t id) {
     return;
   }
   auto r = reqs.find(it->second);
-  if (r != reqs.end()) {
-    r->second.done = true;
-    --P.pending;
+  if (r == reqs.end()) {  // cannot happen: recvs are not erased before completion
+    P.credit.reposted();
+    P.recvs.erase(it);
+    return;
   }
+  if (r->second.stripes_left > 1) {
+    --r->second.stripes_left;
+    return;
+  }
+  // The last stripe: the transfer's one credit goes back (its slots were reposted as each
+  // immediate arrived).
+  P.credit.reposted();
+  r->second.stripes_left = 0;
+  r->second.done = true;
+  --P.pending;
   P.recvs.erase(it);
 }
 

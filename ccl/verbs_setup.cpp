@@ -1,6 +1,6 @@
 // VerbsTransport setup: the device, its CQ and completion channel, the control memory and
-// one RC QP per peer; the connection details ranks exchange through the bootstrap; the
-// INIT → RTR → RTS transitions; teardown; and the settings read from the environment.
+// the RC QPs (channels) of each peer; the connection details ranks exchange through the bootstrap;
+// the INIT → RTR → RTS transitions; teardown; and the settings read from the environment.
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <unistd.h>
@@ -61,14 +61,17 @@ struct WireHeader {
   uint8_t mtu;         // ibv_mtu
   uint32_t pid;
   uint32_t eager_bytes;  // VerbsOptions::eager_bytes: the most this rank takes eagerly
+  uint32_t channels;     // VerbsOptions::channels: QPs per peer, each listed below
   char host[64];
 };
+// After the header: for every rank p, `channels` WireQp (this rank's QPs to p, channel 0
+// first; zeros for p = this rank).
 struct WireQp {
   uint32_t qpn;
   uint32_t psn;
 };
 constexpr uint32_t kWireMagic = 0x53524356;
-constexpr uint32_t kWireVersion = 2;  // 2: eager_bytes
+constexpr uint32_t kWireVersion = 3;  // 2: eager_bytes; 3: channels (and advert stripes)
 constexpr const char* kSetupFailed = "SETUP-FAILED:";
 
 }  // namespace
@@ -119,7 +122,20 @@ void VerbsTransport::Impl::open(const VerbsOptions& o, int r, int n) {
   if (!channel) verbs_fail("ibv_create_comp_channel", errno);
   int fl = fcntl(channel->fd, F_GETFL);
   fcntl(channel->fd, F_SETFL, fl | O_NONBLOCK);
-  int cqe = std::max(64, (size - 1) * (kSqDepth + kRing) + 64);
+  if (opt.channels < 1 || opt.channels > kMaxChannels)
+    throw std::invalid_argument("VerbsTransport: channels " + std::to_string(opt.channels) +
+                                " outside 1.." + std::to_string(kMaxChannels));
+  if (opt.channel_min_bytes < kStripeAlign)
+    throw std::invalid_argument("VerbsTransport: channel_min_bytes " +
+                                std::to_string(opt.channel_min_bytes) + " below " +
+                                std::to_string(kStripeAlign));
+  if (size > kMaxRanks)
+    throw std::invalid_argument("VerbsTransport: " + std::to_string(size) + " ranks, at most " +
+                                std::to_string(kMaxRanks));
+  // Every WR of every QP is signalled: channel 0 has kSqDepth sends and kRing receives, each
+  // data channel kSqDepth sends and kCredits receives.
+  int cqe = std::max(
+      64, (size - 1) * (kSqDepth + kRing + (opt.channels - 1) * (kSqDepth + kCredits)) + 64);
   if (da.max_cqe > 0) cqe = std::min(cqe, da.max_cqe);
   cq = ibv_create_cq(dev->ctx, cqe, nullptr, channel, 0);
   if (!cq) verbs_fail("ibv_create_cq(" + std::to_string(cqe) + ")", errno);
@@ -142,32 +158,41 @@ void VerbsTransport::Impl::open(const VerbsOptions& o, int r, int n) {
 
   std::random_device rd;
   peers.resize(npeers);
-  my_psn.assign(npeers, 0);
   for (int p = 0; p < size; ++p) {
     Peer& P = peers[p];
     P.rank = p;
     if (p == rank) continue;
     for (uint32_t s = 0; s < kSqDepth; ++s) P.free_slots.push_back(kSqDepth - 1 - s);
-    ibv_qp_init_attr ia{};
-    ia.send_cq = cq;
-    ia.recv_cq = cq;
-    ia.qp_type = IBV_QPT_RC;
-    ia.cap.max_send_wr = kSqDepth;
-    ia.cap.max_recv_wr = kRing;
-    ia.cap.max_send_sge = 1;
-    ia.cap.max_recv_sge = 1;
-    P.qp = ibv_create_qp(dev->pd, &ia);
-    if (!P.qp) verbs_fail("ibv_create_qp(for rank " + std::to_string(p) + ")", errno);
-    ibv_qp_attr a{};
-    a.qp_state = IBV_QPS_INIT;
-    a.pkey_index = 0;
-    a.port_num = opt.port;
-    a.qp_access_flags = IBV_ACCESS_REMOTE_WRITE;
-    if (int e = ibv_modify_qp(P.qp, &a,
-                              IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS))
-      verbs_fail("ibv_modify_qp(INIT)", e);
-    for (uint32_t s = 0; s < kRing; ++s) post_recv(p, s);
-    my_psn[p] = rd() & 0xffffff;
+    P.ch.resize(static_cast<size_t>(opt.channels));
+    for (int c = 0; c < opt.channels; ++c) {
+      ibv_qp_init_attr ia{};
+      ia.send_cq = cq;
+      ia.recv_cq = cq;
+      ia.qp_type = IBV_QPT_RC;
+      ia.cap.max_send_wr = kSqDepth;
+      ia.cap.max_recv_wr = c == 0 ? kRing : kCredits;
+      ia.cap.max_send_sge = 1;
+      ia.cap.max_recv_sge = 1;
+      ibv_qp* qp = ibv_create_qp(dev->pd, &ia);
+      if (!qp)
+        verbs_fail(
+            "ibv_create_qp(for rank " + std::to_string(p) + ", channel " + std::to_string(c) + ")",
+            errno);
+      P.ch[c].qp = qp;
+      ibv_qp_attr a{};
+      a.qp_state = IBV_QPS_INIT;
+      a.pkey_index = 0;
+      a.port_num = opt.port;
+      a.qp_access_flags = IBV_ACCESS_REMOTE_WRITE;
+      if (int e = ibv_modify_qp(
+              qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS))
+        verbs_fail("ibv_modify_qp(INIT)", e);
+      if (c == 0)
+        for (uint32_t s = 0; s < kRing; ++s) post_recv(p, s);
+      else
+        for (int s = 0; s < kCredits; ++s) post_data_recv(p, c);
+      P.ch[c].psn = rd() & 0xffffff;
+    }
   }
 }
 
@@ -181,14 +206,59 @@ std::string VerbsTransport::Impl::local_info() const {
   h.mtu = active_mtu;
   h.pid = static_cast<uint32_t>(getpid());
   h.eager_bytes = static_cast<uint32_t>(opt.eager_bytes);
+  h.channels = static_cast<uint32_t>(opt.channels);
   gethostname(h.host, sizeof h.host - 1);
   std::string out(reinterpret_cast<const char*>(&h), sizeof h);
-  for (int p = 0; p < size; ++p) {
-    WireQp q{peers[p].qp ? peers[p].qp->qp_num : 0, my_psn[p]};
-    out.append(reinterpret_cast<const char*>(&q), sizeof q);
-  }
+  for (int p = 0; p < size; ++p)
+    for (int c = 0; c < opt.channels; ++c) {
+      const bool remote = p != rank && peers[p].ch[c].qp;
+      WireQp q{remote ? peers[p].ch[c].qp->qp_num : 0, remote ? peers[p].ch[c].psn : 0};
+      out.append(reinterpret_cast<const char*>(&q), sizeof q);
+    }
   return out;
 }
+
+namespace {
+
+// Moves channel C of peer P (INIT) to RTR, then RTS, towards the remote QP q of the rank
+// that published h. Throws std::runtime_error naming the transition that failed.
+void connect_qp(const VerbsTransport::Impl& t, const Peer& P, const Channel& C, const WireHeader& h,
+                const WireQp& q) {
+  const VerbsOptions& opt = t.opt;
+  ibv_qp_attr a{};
+  a.qp_state = IBV_QPS_RTR;
+  a.path_mtu = static_cast<ibv_mtu>(std::min(t.active_mtu, h.mtu));
+  a.dest_qp_num = q.qpn;
+  a.rq_psn = q.psn;
+  a.max_dest_rd_atomic = 1;
+  a.min_rnr_timer = 12;
+  a.ah_attr.port_num = opt.port;
+  a.ah_attr.dlid = h.lid;
+  const bool roce = t.link_layer == IBV_LINK_LAYER_ETHERNET;
+  if (roce || h.link_layer == IBV_LINK_LAYER_ETHERNET) {
+    a.ah_attr.is_global = 1;
+    std::memcpy(a.ah_attr.grh.dgid.raw, h.gid, 16);
+    a.ah_attr.grh.sgid_index = static_cast<uint8_t>(opt.gid_index);
+    a.ah_attr.grh.hop_limit = 64;
+  }
+  if (int e = ibv_modify_qp(C.qp, &a,
+                            IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
+                                IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER))
+    verbs_fail("ibv_modify_qp(RTR, " + P.desc + ")", e);
+  ibv_qp_attr s{};
+  s.qp_state = IBV_QPS_RTS;
+  s.timeout = opt.ib_timeout;
+  s.retry_cnt = opt.retry_cnt;
+  s.rnr_retry = 7;
+  s.sq_psn = C.psn;
+  s.max_rd_atomic = 1;
+  if (int e = ibv_modify_qp(C.qp, &s,
+                            IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
+                                IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC))
+    verbs_fail("ibv_modify_qp(RTS, " + P.desc + ")", e);
+}
+
+}  // namespace
 
 void VerbsTransport::Impl::connect_peers(const std::vector<std::string>& all) {
   // Validate everything first: a rank that failed its setup says so in its blob.
@@ -198,13 +268,17 @@ void VerbsTransport::Impl::connect_peers(const std::vector<std::string>& all) {
       throw BootstrapError("VerbsTransport: rank " + std::to_string(p) +
                            " failed to set up: " + b.substr(std::strlen(kSetupFailed)));
     WireHeader h{};
-    if (b.size() != sizeof(WireHeader) + size * sizeof(WireQp))
+    if (b.size() < sizeof h)
       throw BootstrapError("VerbsTransport: malformed connection info from rank " +
                            std::to_string(p));
     std::memcpy(&h, b.data(), sizeof h);
     if (h.magic != kWireMagic || h.version != kWireVersion)
       throw BootstrapError("VerbsTransport: rank " + std::to_string(p) +
                            " speaks another protocol version");
+    if (h.channels < 1 || h.channels > static_cast<uint32_t>(kMaxChannels) ||
+        b.size() != sizeof h + static_cast<size_t>(size) * h.channels * sizeof(WireQp))
+      throw BootstrapError("VerbsTransport: malformed connection info from rank " +
+                           std::to_string(p));
   }
   for (int p = 0; p < size; ++p) {
     const std::string& b = all[p];
@@ -214,40 +288,15 @@ void VerbsTransport::Impl::connect_peers(const std::vector<std::string>& all) {
     P.desc = "rank " + std::to_string(p) + " (" + gid_to_text(h.gid, h.link_layer, h.lid) + ")";
     if (p == rank) continue;
     P.eager_max = std::min<size_t>(opt.eager_bytes, h.eager_bytes);
-    WireQp q{};
-    std::memcpy(&q, b.data() + sizeof h + rank * sizeof(WireQp), sizeof q);
-
-    ibv_qp_attr a{};
-    a.qp_state = IBV_QPS_RTR;
-    a.path_mtu = static_cast<ibv_mtu>(std::min(active_mtu, h.mtu));
-    a.dest_qp_num = q.qpn;
-    a.rq_psn = q.psn;
-    a.max_dest_rd_atomic = 1;
-    a.min_rnr_timer = 12;
-    a.ah_attr.port_num = opt.port;
-    a.ah_attr.dlid = h.lid;
-    bool roce = link_layer == IBV_LINK_LAYER_ETHERNET;
-    if (roce || h.link_layer == IBV_LINK_LAYER_ETHERNET) {
-      a.ah_attr.is_global = 1;
-      std::memcpy(a.ah_attr.grh.dgid.raw, h.gid, 16);
-      a.ah_attr.grh.sgid_index = static_cast<uint8_t>(opt.gid_index);
-      a.ah_attr.grh.hop_limit = 64;
+    // The pair uses the smaller channel count; this side's extra QPs go now.
+    const size_t pair_channels = std::min<size_t>(P.ch.size(), h.channels);
+    for (size_t c = pair_channels; c < P.ch.size(); ++c) ibv_destroy_qp(P.ch[c].qp);
+    P.ch.resize(pair_channels);
+    for (size_t c = 0; c < pair_channels; ++c) {
+      WireQp q{};
+      std::memcpy(&q, b.data() + sizeof h + (rank * h.channels + c) * sizeof(WireQp), sizeof q);
+      connect_qp(*this, P, P.ch[c], h, q);
     }
-    if (int e = ibv_modify_qp(P.qp, &a,
-                              IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
-                                  IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER))
-      verbs_fail("ibv_modify_qp(RTR, " + P.desc + ")", e);
-    ibv_qp_attr s{};
-    s.qp_state = IBV_QPS_RTS;
-    s.timeout = opt.ib_timeout;
-    s.retry_cnt = opt.retry_cnt;
-    s.rnr_retry = 7;
-    s.sq_psn = my_psn[p];
-    s.max_rd_atomic = 1;
-    if (int e = ibv_modify_qp(P.qp, &s,
-                              IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
-                                  IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC))
-      verbs_fail("ibv_modify_qp(RTS, " + P.desc + ")", e);
     P.last_heard = P.last_probe = Clock::now();
   }
 }
@@ -255,10 +304,11 @@ void VerbsTransport::Impl::connect_peers(const std::vector<std::string>& all) {
 // Completion events are acknowledged as they are read, so the CQ can go at once.
 void VerbsTransport::Impl::teardown() {
   for (Peer& P : peers)
-    if (P.qp) {
-      ibv_destroy_qp(P.qp);
-      P.qp = nullptr;
-    }
+    for (Channel& C : P.ch)
+      if (C.qp) {
+        ibv_destroy_qp(C.qp);
+        C.qp = nullptr;
+      }
   if (cq) ibv_destroy_cq(cq);
   cq = nullptr;
   if (channel) ibv_destroy_comp_channel(channel);
@@ -288,6 +338,9 @@ VerbsOptions VerbsOptions::from_environment() {
       static_cast<uint64_t>(integer(params::kCclIbMaxWrite, static_cast<int64_t>(o.max_write)));
   o.eager_bytes =
       static_cast<size_t>(integer(params::kCclEagerBytes, static_cast<int64_t>(o.eager_bytes)));
+  o.channels = static_cast<int>(integer(params::kCclChannels, o.channels));
+  o.channel_min_bytes = static_cast<size_t>(
+      integer(params::kCclChannelMinBytes, static_cast<int64_t>(o.channel_min_bytes)));
   return o;
 }
 

@@ -91,10 +91,18 @@ struct VerbsOptions {
   /// rendezvous round (advert, then RDMA WRITE). Each pair of ranks uses the smaller of
   /// their two values; 0 turns eager off. At most verbs::kMaxEagerBytes (64 KiB).
   size_t eager_bytes = 8192;
+  /// RC QPs per peer (NCCL's channels), 1..verbs::kMaxChannels (16). A rendezvous transfer
+  /// of `bytes` is written as k = min(channels, bytes / channel_min_bytes) contiguous
+  /// stripes, stripe i on QP i with its own WRITE WITH IMMEDIATE, so one busy QP does not
+  /// serialise a large transfer. Each pair of ranks uses the smaller of their two values.
+  int channels = 1;
+  /// Smallest stripe, bytes (≥ 4096): transfers below 2 × this go on one QP.
+  size_t channel_min_bytes = 64 * 1024;
   /// The defaults overridden by SOFTRDMA_CCL_IB_DEVICE, SOFTRDMA_CCL_IB_PORT,
   /// SOFTRDMA_CCL_IB_GID_INDEX, SOFTRDMA_CCL_TIMEOUT_MS, SOFTRDMA_CCL_IB_TIMEOUT,
   /// SOFTRDMA_CCL_IB_RETRY_CNT, SOFTRDMA_CCL_SPIN_US, SOFTRDMA_CCL_NAP_US,
-  /// SOFTRDMA_CCL_IB_MAX_WRITE, SOFTRDMA_CCL_EAGER_BYTES. Throws std::invalid_argument on a
+  /// SOFTRDMA_CCL_IB_MAX_WRITE, SOFTRDMA_CCL_EAGER_BYTES, SOFTRDMA_CCL_CHANNELS,
+  /// SOFTRDMA_CCL_CHANNEL_MIN_BYTES. Throws std::invalid_argument on a
   /// malformed or out-of-range value.
   static VerbsOptions from_environment();
 };
@@ -103,11 +111,12 @@ struct VerbsOptions {
 /// size(), send/recv/wait/test follow the Transport contract (ccl/transport.h).
 class VerbsTransport : public Transport {
  public:
-  /// Opens the device, creates one RC QP per peer, exchanges {GID, LID, MTU, QPNs, PSNs}
-  /// through `bootstrap` (collective: every rank of the bootstrap calls connect), connects
-  /// the QPs and ends with a bootstrap barrier, so every QP is ready when it returns.
-  /// Throws std::runtime_error naming the verbs call that failed (no device, port down, …)
-  /// and BootstrapError from the exchange.
+  /// Opens the device, creates options.channels RC QPs per peer, exchanges {GID, LID, MTU,
+  /// eager limit, channel count, QPNs, PSNs} through `bootstrap` (collective: every rank of the
+  /// bootstrap calls connect), connects the QPs and ends with a bootstrap barrier, so every QP is
+  /// ready when it returns. Throws std::runtime_error naming the verbs call that failed (no device,
+  /// port down, …) (also for options out of range: eager_bytes, channels, channel_min_bytes; the
+  /// other ranks then get BootstrapError naming this rank) and BootstrapError from the exchange.
   static std::unique_ptr<VerbsTransport> connect(Bootstrap& bootstrap, const VerbsOptions& options);
   /// Says goodbye to every peer and waits (bounded) until everything posted has completed,
   /// then destroys the QPs. Buffers from register_buffer() may outlive the transport.

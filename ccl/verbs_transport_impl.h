@@ -83,6 +83,7 @@ struct Advert {
   uint64_t length;
   uint32_t rkey;
   uint32_t id;
+  uint32_t stripes;  ///< write it as this many stripes, stripe i on channel i
 };
 
 /// Something waiting for a send WR (and usually a credit): a control message or the data
@@ -93,7 +94,9 @@ struct Outbound {
   CtlMsg msg{};
   RequestId req = 0;
   Advert adv{};
-  uint64_t offset = 0;  ///< write: bytes already posted (pieces before the last)
+  uint64_t offset = 0;    ///< write: bytes of the transfer already posted
+  uint32_t stripe = 0;    ///< write: the stripe being posted (on channel `stripe`)
+  bool credited = false;  ///< write: its control credit is spent (before the first piece)
 };
 
 /// One posted send or recv.
@@ -106,19 +109,29 @@ struct Request {
   uint32_t lkey = 0;
   uint32_t rkey = 0;
   bool done = false;
-  bool all_posted = false;  ///< send: the last write piece is posted
-  int pieces_left = 0;      ///< send: posted write pieces not yet completed
+  bool all_posted = false;    ///< send: the last write piece is posted
+  int pieces_left = 0;        ///< send: posted write pieces not yet completed
+  uint32_t stripes_left = 0;  ///< rendezvous recv: stripe immediates still to arrive
   Clock::time_point posted;
 };
 
-/// One remote rank: its QP, the control channel's credits and send slots, the outbound
-/// queue, the matching tables and what liveness knows about it.
+/// One RC QP to a peer and its free send-queue slots.
+struct Channel {
+  ibv_qp* qp = nullptr;
+  int sq_free = kSqDepth;
+  uint32_t psn = 0;  ///< this side's initial send PSN (exchanged at connect)
+};
+
+/// One remote rank: its QPs (channels), the control channel's credits and send slots, the
+/// outbound queue, the matching tables and what liveness knows about it.
 struct Peer {
   int rank = 0;
   std::string desc;
-  ibv_qp* qp = nullptr;
+  /// ch[0]: the control channel (control ring, eager transfers, probes, unstriped writes);
+  /// ch[1..]: stripes of rendezvous writes only. After connect, as many as the smaller of
+  /// both ranks' VerbsOptions::channels; empty for this rank itself.
+  std::vector<Channel> ch;
   CreditRing credit;
-  int sq_free = kSqDepth;
   std::vector<uint32_t> free_slots;  ///< control send slots not in use
   std::deque<Outbound> outq;
   std::unordered_map<uint64_t, std::deque<Advert>> adverts;           ///< by tag, unmatched
@@ -138,6 +151,15 @@ struct Peer {
   bool closed = false;  ///< it said goodbye
   bool dead = false;    ///< an error completion was seen on its QP
   int pending = 0;      ///< its send/recv requests not yet complete
+
+  /// Whether this is a remote peer whose QPs exist (not self, not torn down).
+  bool connected() const { return !ch.empty() && ch[0].qp; }
+  /// Whether every channel's send queue is empty (all posted WRs completed).
+  bool send_queues_idle() const {
+    for (const Channel& c : ch)
+      if (c.qp && c.sq_free < kSqDepth) return false;
+    return true;
+  }
 };
 
 }  // namespace verbs
@@ -176,7 +198,6 @@ struct VerbsTransport::Impl {
   ibv_mr* slots_mr = nullptr;
 
   std::vector<verbs::Peer> peers;
-  std::vector<uint32_t> my_psn;
   std::unordered_map<RequestId, verbs::Request> reqs;
   RequestId next_req = 1;
   uint64_t barrier_seq = 0;
@@ -206,13 +227,20 @@ struct VerbsTransport::Impl {
   // ---- posting (verbs_credit_ring.cpp) ------------------------------------------------
   /// Posts ring slot `slot` of peer `p` as a receive.
   void post_recv(int p, uint32_t slot);
+  /// Posts a zero-length receive on data channel `c` (≥ 1) of peer `p`, for one stripe's
+  /// immediate.
+  void post_data_recv(int p, int c);
   /// Posts a control message now, piggybacking the owed credits, with `bytes` of `payload`
   /// behind the descriptor (an eager transfer; bytes ≤ the slot's room); the caller checked
   /// sq_free (and the credits when `credited`). False when the post failed (peer failed).
   bool post_ctl(verbs::Peer& P, verbs::CtlMsg m, bool credited, const char* payload = nullptr,
                 size_t bytes = 0);
-  /// Posts the next piece of a send's data; true when it was the last (with immediate).
+  /// Posts the next piece of a send's data on the current stripe's channel (the stripe's last
+  /// piece carries the immediate); true when it was the transfer's last piece.
   bool post_write_piece(verbs::Peer& P, verbs::Outbound& o, verbs::Request& r);
+  /// Posts what the send queues allow of the write `o` (spending its credit first); true
+  /// when all of it is posted.
+  bool post_write(verbs::Peer& P, verbs::Outbound& o);
   /// Posts what the send queue and the credits allow, in order; then returns credits if
   /// many are owed.
   void flush(verbs::Peer& P);
@@ -242,7 +270,8 @@ struct VerbsTransport::Impl {
   RequestId recv(int peer, Buffer& buf, size_t offset, size_t bytes, uint64_t tag);
   /// An advert arrived: start the oldest waiting send of its tag, or keep it.
   void on_advert(verbs::Peer& P, const verbs::Advert& a, uint64_t tag);
-  /// The write with immediate of transfer `id` landed: complete its recv.
+  /// A stripe's write with immediate of transfer `id` landed: complete its recv after the
+  /// last stripe (returning the transfer's one credit then).
   void on_data(verbs::Peer& P, uint32_t id);
   /// An eager transfer of `bytes` at `data` arrived with `tag`: complete the oldest eager
   /// recv of that tag, or keep a copy until one is posted.
@@ -257,6 +286,8 @@ struct VerbsTransport::Impl {
   int poll_once();
   void handle(const ibv_wc& wc);
   void handle_recv(verbs::Peer& P, uint32_t slot, const ibv_wc& wc);
+  /// A receive completed on data channel `c` (≥ 1): a stripe's immediate.
+  void handle_data_recv(verbs::Peer& P, int c, const ibv_wc& wc);
 
   // ---- liveness (verbs_liveness.cpp) --------------------------------------------------
   /// A failure this rank observed itself: remember it and tell every other peer (and the

@@ -133,13 +133,14 @@ void VerbsTransport::Impl::close() {
     CtlMsg m{};
     m.type = static_cast<uint32_t>(Ctl::kBye);
     for (Peer& P : peers) {
-      if (!P.qp || P.dead || P.closed) continue;
-      if (P.sq_free < 1) {
+      if (!P.connected() || P.dead || P.closed) continue;
+      const int& ctl_free = P.ch[0].sq_free;
+      if (ctl_free < 1) {
         const auto until = Clock::now() + milliseconds(200);
-        while (P.sq_free < 1 && !P.dead && Clock::now() < until)
+        while (ctl_free < 1 && !P.dead && Clock::now() < until)
           if (poll_once() == 0) usleep(100);
       }
-      if (P.sq_free >= 1 && !P.dead) post_ctl(P, m, false);
+      if (ctl_free >= 1 && !P.dead) post_ctl(P, m, false);
     }
   }
   const auto until =
