@@ -3,7 +3,10 @@
 // libibverbs.so.1 and over RDMA NICs with the system library alike.
 //
 // Shape
-//  - Full mesh: one RC QP per peer, all on one CQ (with a completion channel for blocking).
+//  - Full mesh: `channels` RC QPs per peer (VerbsOptions::channels, SOFTRDMA_CCL_CHANNELS,
+//    default 1; each pair uses the smaller of its two ranks' values), all on one CQ (with a
+//    completion channel for blocking). Channel 0 carries everything below; channels 1.. only
+//    stripes of rendezvous writes.
 //  - Control channel per peer: SEND/RECV of 128-byte descriptors (plus, in each slot, room
 //    for an eager payload) into a ring of R receives posted per QP. Credit-based flow
 //    control keeps the ring from ever running dry, so no RNR NAK is ever needed: of the R
@@ -20,14 +23,23 @@
 //    when a recv takes it, so at most C transfers run ahead of the receiver (MPI's eager
 //    protocol with credit-based flow control). A size mismatch is found by the receiver
 //    (or by a sender that already holds the receiver's advert) and fails both ranks.
-//  - Data path above the eager limit (rendezvous, receiver-driven): recv() sends an advert {addr,
-//  rkey, length,
-//    tag, id} to the sender; send() waits for the matching advert (same tag, FIFO per tag)
+//  - Data path above the eager limit (rendezvous, receiver-driven): recv() sends an advert
+//    {addr, rkey, length, tag, id, stripes} to the sender; send() waits for the matching advert (same tag, FIFO per tag)
 //    and RDMA WRITEs WITH IMMEDIATE straight into the receiver's buffer, the immediate
 //    carrying the advert's id; the receiver's recv completes on the
 //    IBV_WC_RECV_RDMA_WITH_IMM completion (which also uses one ring slot — hence one
 //    credit). Messages longer than the port's max_msg_sz go as several writes, the last
 //    one with the immediate. Zero-byte transfers are zero-length writes with immediate.
+//  - Channels (NCCL's channels, so one busy QP does not serialise a large transfer): the
+//    advert also says into how many stripes k to split the transfer, k = min(channels,
+//    bytes / channel_min_bytes) (SOFTRDMA_CCL_CHANNEL_MIN_BYTES, default 64 KiB), decided
+//    by the receiver. The sender writes stripe i (contiguous, 4 KiB-aligned boundaries,
+//    verbs::stripe_range) on QP i, each stripe ending in its own WRITE WITH IMMEDIATE
+//    carrying the advert's id; RC orders nothing across QPs, so the receiver counts the
+//    immediates and completes the recv at the k-th. Each immediate uses a receive WQE of
+//    its own QP (data channels keep kCredits zero-length receives posted, reposted as they
+//    complete), and the transfer still spends one control credit, returned once all k
+//    stripes arrived — so no channel's receive queue can run dry (verbs_control.h).
 //  - Progress: the caller's thread only (no threads of our own): wait()/test()/barrier()
 //    poll the CQ: busy-polling for SOFTRDMA_CCL_SPIN_US (default 50 µs), then napping
 //    SOFTRDMA_CCL_NAP_US (20 µs) at a time on the completion channel between polls, and
@@ -41,7 +53,7 @@
 //  - Back-pressure: at most kMaxRequestsPerPeer (512) sends and recvs in flight per peer
 //    and an outbound queue bounded accordingly; a send()/recv()/barrier() that finds them
 //    full progresses until there is room (verbs_control.h). Collectives never reach it.
-//  - Failure detection: an error completion (e.g. IBV_WC_RETRY_EXC_ERR after retry_cnt
+//  - Failure detection: an error completion on any of a peer's QPs (e.g. IBV_WC_RETRY_EXC_ERR after retry_cnt
 //    retransmissions of timeout 4.096 µs·2^SOFTRDMA_CCL_IB_TIMEOUT each, ~0.5 s with the
 //    defaults 14 / 7) marks the peer dead. While blocked, every probe interval
 //    (timeout/8, clamped to 50..1000 ms) of silence, a zero-length RDMA WRITE goes to each
@@ -59,7 +71,9 @@
 // SOFTRDMA_CCL_IB_TIMEOUT (14), SOFTRDMA_CCL_IB_RETRY_CNT (7), SOFTRDMA_CCL_SPIN_US (50),
 // SOFTRDMA_CCL_NAP_US (20),
 // SOFTRDMA_CCL_IB_MAX_WRITE (bytes per RDMA WRITE; default the port's max_msg_sz ≤ 1 GiB),
-// SOFTRDMA_CCL_EAGER_BYTES (8192; 0 turns the eager path off, at most 65536).
+// SOFTRDMA_CCL_EAGER_BYTES (8192; 0 turns the eager path off, at most 65536),
+// SOFTRDMA_CCL_CHANNELS (1, at most 16), SOFTRDMA_CCL_CHANNEL_MIN_BYTES (65536, at least
+// 4096).
 #pragma once
 
 #include <chrono>

@@ -29,9 +29,11 @@ int32_t input(int r, size_t i) {
   return static_cast<int32_t>((i * 7 + static_cast<size_t>(r) * 13) % 101);
 }
 
-void check_all_collectives(Communicator& c) {
+// Runs every collective on int32 vectors of each of `counts` elements per rank and checks
+// the results against a reference computed here.
+void check_all_collectives(Communicator& c, const std::vector<size_t>& counts = {1, 1000, 300000}) {
   const int n = c.size(), me = c.rank();
-  for (size_t count : {size_t{1}, size_t{1000}, size_t{300000}}) {
+  for (size_t count : counts) {
     const std::string at = " (count " + std::to_string(count) + ")";
     std::vector<int32_t> in(count * n), out(count * n);
     for (size_t i = 0; i < in.size(); ++i) in[i] = input(me, i);
@@ -123,6 +125,31 @@ TEST(CommunicatorOverVerbs, TorchrunEnvironment) {
       },
       180s);
   for (const auto& r : res) ASSERT_EQ(0, r.exit_code) << test::describe(res);
+}
+
+// Every collective with 1..4 channels per peer on 3 ranks, with the eager limit at 4 KiB,
+// stripes of at least 16 KiB and 64 KiB pipeline chunks: per-rank counts whose pieces land
+// just below, at and above the eager limit (1023..1025 int32 elements: 4092..4100 bytes),
+// exactly one chunk (16384 elements = 4 stripes of 16 KiB), and a size neither the chunk
+// nor the channel count divides (50001 elements).
+TEST(CommunicatorOverVerbs, AllCollectivesAcrossChannelCounts) {
+  const int n = 3;
+  for (int channels = 1; channels <= 4; ++channels) {
+    SCOPED_TRACE("SOFTRDMA_CCL_CHANNELS=" + std::to_string(channels));
+    test::RootProcess root;
+    const UniqueId id = root.id();
+    auto res = run_ranks(n,
+                         [&](int r) {
+                           auto comm = init_rank(id, n, r);
+                           check_all_collectives(*comm, {1023, 1024, 1025, 16384, 50001});
+                         },
+                         120s,
+                         {{"SOFTRDMA_CCL_CHANNELS", std::to_string(channels)},
+                          {"SOFTRDMA_CCL_EAGER_BYTES", "4096"},
+                          {"SOFTRDMA_CCL_CHANNEL_MIN_BYTES", "16384"},
+                          {"SOFTRDMA_CCL_CHUNK_BYTES", "65536"}});
+    for (const auto& r : res) ASSERT_EQ(0, r.exit_code) << test::describe(res);
+  }
 }
 
 // A rank dies (SIGKILL) in the middle of a series of AllReduces: every other rank gets a

@@ -6,9 +6,11 @@
 
 #include <chrono>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -169,6 +171,60 @@ TEST(VerbsTransport, SplitWrites) {
          {{"SOFTRDMA_CCL_IB_MAX_WRITE", "4096"}});
 }
 
+// Channels (SOFTRDMA_CCL_CHANNELS): rank 0 asks for 1..4 QPs per peer, rank 1 for 4, so the
+// pair uses rank 0's count (rank 1 drops its extra QPs). With the eager limit at 4096, stripes
+// of at least 16 KiB and RDMA WRITEs of at most 12 KiB (so stripes go as several pieces),
+// transfers at and around each threshold — eager, one stripe, exactly 2 and 4 stripes,
+// 3 stripes plus a byte, and sizes the channel count does not divide — cross in both
+// directions at odd offsets, all in flight at once so stripes of different transfers
+// interleave on every channel.
+TEST(VerbsTransport, ChannelsStripeLargeTransfers) {
+  for (int channels = 1; channels <= 4; ++channels) {
+    SCOPED_TRACE("SOFTRDMA_CCL_CHANNELS=" + std::to_string(channels) + " on rank 0");
+    test::RootProcess root;
+    const UniqueId id = root.id();
+    auto res = run_ranks(
+        2,
+        [&](int r) {
+          setenv("SOFTRDMA_CCL_CHANNELS", r == 0 ? std::to_string(channels).c_str() : "4", 1);
+          auto t = connect_transport(id, 2, r);
+          constexpr size_t kMin = 16384;
+          const std::vector<size_t> sizes = {4095,     4096,         4097,     2 * kMin - 1,
+                                             2 * kMin, 3 * kMin + 1, 4 * kMin, 1000003};
+          std::vector<size_t> at;  // each transfer's offset in both buffers
+          size_t total = 3;
+          for (size_t s : sizes) {
+            at.push_back(total);
+            total += s + 16;
+          }
+          std::vector<uint8_t> out(total), in(total);
+          auto O = t->register_buffer(out.data(), out.size());
+          auto I = t->register_buffer(in.data(), in.size());
+          const int other = 1 - r;
+          for (int round = 0; round < 2; ++round) {
+            std::vector<RequestId> ids;
+            for (size_t i = 0; i < sizes.size(); ++i) {
+              fill(out, at[i], sizes[i], r, static_cast<int>(i));
+              ids.push_back(t->recv(other, *I, at[i] + 5, sizes[i], i));
+            }
+            for (size_t i = 0; i < sizes.size(); ++i)
+              ids.push_back(t->send(other, *O, at[i], sizes[i], i));
+            for (RequestId rid : ids) t->wait(rid, "channels");
+            for (size_t i = 0; i < sizes.size(); ++i)
+              verify(in, at[i] + 5, sizes[i], other, static_cast<int>(i),
+                     "size " + std::to_string(sizes[i]));
+            std::memset(in.data(), 0, in.size());
+          }
+          t->barrier("end");
+        },
+        60s,
+        {{"SOFTRDMA_CCL_EAGER_BYTES", "4096"},
+         {"SOFTRDMA_CCL_CHANNEL_MIN_BYTES", "16384"},
+         {"SOFTRDMA_CCL_IB_MAX_WRITE", "12288"}});
+    for (const auto& r : res) ASSERT_EQ(0, r.exit_code) << test::describe(res);
+  }
+}
+
 TEST(VerbsTransport, FullMeshFourRanks) {
   run_ok(4, [](Transport& t) {
     const int n = t.size(), me = t.rank();
@@ -322,16 +378,21 @@ TEST(VerbsTransport, SizeMismatchFailsBothSides) {
 }
 
 // A rank dies (SIGKILL) in the middle of a ring exchange: every other rank raises PeerError
-// naming it, well within the timeout, including ranks that never talk to it.
-TEST(VerbsTransport, DeadPeerNamedByEveryRank) {
+// naming it, well within the timeout, including ranks that never talk to it — with one
+// channel and eager-sized transfers, and with three channels and transfers striped over all
+// of them (so the error completions may come from any of the peer's QPs).
+class DeadPeer : public ::testing::TestWithParam<std::pair<int, size_t>> {};
+
+TEST_P(DeadPeer, NamedByEveryRank) {
   const int n = 4, victim = 2;
+  const auto [channels, bytes] = GetParam();
   test::RootProcess root;
   const UniqueId id = root.id();
   auto res = run_ranks(
       n,
       [&](int r) {
         auto t = connect_transport(id, n, r);
-        std::vector<uint8_t> buf(1 << 16);
+        std::vector<uint8_t> buf(2 * bytes);
         auto B = t->register_buffer(buf.data(), buf.size());
         t->barrier("start");
         if (r == victim) {
@@ -342,8 +403,8 @@ TEST(VerbsTransport, DeadPeerNamedByEveryRank) {
         try {
           for (uint64_t i = 0;; ++i) {
             // Ring: receive from the left, send to the right.
-            RequestId rr = t->recv((r + n - 1) % n, *B, 0, 4096, i);
-            RequestId sr = t->send((r + 1) % n, *B, 8192, 4096, i);
+            RequestId rr = t->recv((r + n - 1) % n, *B, 0, bytes, i);
+            RequestId sr = t->send((r + 1) % n, *B, bytes, bytes, i);
             t->wait(rr, "AllReduce");
             t->wait(sr, "AllReduce");
           }
@@ -359,13 +420,22 @@ TEST(VerbsTransport, DeadPeerNamedByEveryRank) {
           return;
         }
       },
-      60s, {{"SOFTRDMA_CCL_TIMEOUT_MS", "3000"}});
+      60s,
+      {{"SOFTRDMA_CCL_TIMEOUT_MS", "3000"}, {"SOFTRDMA_CCL_CHANNELS", std::to_string(channels)}});
   std::printf("%s", test::describe(res).c_str());  // each rank's error and timing
   for (int r = 0; r < n; ++r) {
     if (r == victim) continue;
     EXPECT_EQ(0, res[r].exit_code) << test::describe(res);
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(VerbsTransport, DeadPeer,
+                         ::testing::Values(std::pair<int, size_t>{1, 4096},
+                                           std::pair<int, size_t>{3, 384 * 1024}),
+                         [](const auto& info) {
+                           return std::to_string(info.param.first) + "Channels" +
+                                  std::to_string(info.param.second) + "Bytes";
+                         });
 
 // A peer that is alive (its device answers) but never posts the matching operation: the
 // waiting rank gives up after the timeout with "no progress".
