@@ -15,11 +15,18 @@ using wire::psn_add;
 using wire::psn_diff;
 
 void note_progress(QueuePair& qp, Transport& t, uint32_t old_psn) {
-  qp.req.window.on_acked(uint32_t(psn_diff(qp.comp.psn, old_psn)));
+  const uint64_t now = t.now_ns();
+  const uint32_t acked = uint32_t(psn_diff(qp.comp.psn, old_psn));
+  if (qp.req.timed_psn != kNoPsn && psn_diff(qp.comp.psn, qp.req.timed_psn) > 0) {
+    qp.req.window.on_rtt_sample(now - qp.req.timed_ns);
+    qp.req.timed_psn = kNoPsn;
+  }
+  qp.req.window.on_delivered(acked, now);
+  qp.req.window.on_acked(acked);
   qp.comp.retry_left = qp.attr.retry_cnt;
   qp.comp.rnr_retry_left = qp.attr.rnr_retry;
   qp.comp.nak_retry_started = false;
-  qp.comp.last_progress_ns = t.now_ns();
+  qp.comp.last_progress_ns = now;
   if (qp.comp.recovery_psn != kNoPsn && psn_diff(qp.comp.psn, qp.comp.recovery_psn) >= 0)
     qp.comp.recovery_psn = kNoPsn;  // everything sent before the loss is acknowledged
   auto& inflight = qp.comp.rd_atomic_inflight;

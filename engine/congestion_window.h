@@ -27,10 +27,38 @@ class CongestionWindow {
   /// The responder's out-of-order tracking spans the same number of PSNs.
   static constexpr uint32_t kMaxPsns = 1u << 16;
 
+  /// Delivery-rate samples kept (one per interval of at least a minimum RTT); the path's
+  /// bandwidth is the largest of them, as BBR's windowed max filter (Cardwell et al.,
+  /// ACM Queue 2016), so it forgets a rate the path no longer carries.
+  static constexpr size_t kRateSamples = 8;
+
   /// PSNs that may be outstanding now.
   uint32_t psns() const { return psns_; }
   /// Slow-start threshold, PSNs.
   uint32_t threshold() const { return ssthresh_; }
+  /// Smallest round trip measured, ns (0: none yet).
+  uint64_t min_rtt_ns() const { return min_rtt_ns_; }
+  /// The path's bandwidth-delay product, PSNs: the largest recent delivery rate × the
+  /// smallest round trip (0 until both are measured).
+  uint32_t bdp_psns() const {
+    double best = 0;
+    for (double r : rates_) best = std::max(best, r);
+    return static_cast<uint32_t>(std::min<double>(kMaxPsns, best * double(min_rtt_ns_)));
+  }
+  /// A round trip measured on a PSN sent once (Karn's rule: never on a resent one), ns.
+  void on_rtt_sample(uint64_t rtt_ns) {
+    if (rtt_ns && (!min_rtt_ns_ || rtt_ns < min_rtt_ns_)) min_rtt_ns_ = rtt_ns;
+  }
+  /// `n` PSNs newly acknowledged at `now_ns`: the delivery rate sample.
+  void on_delivered(uint32_t n, uint64_t now_ns) {
+    if (!interval_start_ns_) interval_start_ns_ = now_ns;
+    delivered_ += n;
+    const uint64_t elapsed = now_ns - interval_start_ns_;
+    if (!min_rtt_ns_ || elapsed < std::max<uint64_t>(min_rtt_ns_, 100'000)) return;
+    rates_[next_rate_++ % kRateSamples] = double(delivered_) / double(elapsed);
+    delivered_ = 0;
+    interval_start_ns_ = now_ns;
+  }
   /// `n` PSNs newly acknowledged (ACK, read response, atomic ACK): grow.
   void on_acked(uint32_t n) {
     if (psns_ < ssthresh_) {
@@ -44,10 +72,17 @@ class CongestionWindow {
     }
   }
   /// A loss the responder reported (a sequence NAK, or the first selective NAK of a
-  /// recovery episode): halve, and continue in congestion avoidance from there.
+  /// recovery episode): halve, but not below twice the measured bandwidth-delay product —
+  /// a random loss on a long link says nothing about congestion, and halving at each one
+  /// caps AIMD at MSS/RTT · 1.22/√p (Mathis et al. 1997: 8 MB/s at 20 ms RTT, 0.1 % loss,
+  /// whatever the link's rate). In flight stays bounded by about two BDPs (IRN's BDP-FC
+  /// bounds it by one, given the link rate; here the rate is measured). Continues in
+  /// congestion avoidance from there.
   void on_sequence_nak() {
-    ssthresh_ = std::max<uint32_t>(2, psns_ / 2);
-    psns_ = std::max<uint32_t>(1, psns_ / 2);
+    const uint32_t floor = 2 * bdp_psns();
+    const uint32_t next = psns_ > floor ? std::max(psns_ / 2, floor) : psns_;
+    ssthresh_ = std::max<uint32_t>(2, next);
+    psns_ = std::max<uint32_t>(1, next);
     acked_ = 0;
   }
   /// The retransmit timer fired (nothing came back): start again from one PSN, slow start
@@ -62,6 +97,11 @@ class CongestionWindow {
   uint32_t psns_ = kInitialPsns;
   uint32_t ssthresh_ = kMaxPsns;
   uint32_t acked_ = 0;  // PSNs acknowledged since the last additive increase
+  uint64_t min_rtt_ns_ = 0;
+  uint64_t interval_start_ns_ = 0;   // current delivery-rate interval
+  uint64_t delivered_ = 0;           // PSNs acknowledged in it
+  double rates_[kRateSamples] = {};  // PSNs per ns, recent intervals
+  size_t next_rate_ = 0;
 };
 
 }  // namespace softrdma::engine

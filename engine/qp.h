@@ -67,6 +67,10 @@ struct RequesterState {
   /// PSN ranges selective NAKs named, oldest first: sent again before any new PSN, without
   /// moving `psn` back (IRN, Mittal et al. 2018, 3.2). Cleared by a go-back-N rewind.
   std::deque<PsnRange> retx;
+  /// The PSN whose round trip is being timed (kNoPsn: none) and when it was sent; any
+  /// resend cancels the measurement (Karn's rule).
+  uint32_t timed_psn = kNoPsn;
+  uint64_t timed_ns = 0;
 };
 
 /// Completer progress (rxe's qp->comp).

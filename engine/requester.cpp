@@ -65,8 +65,12 @@ wire::Headers base_headers(const QueuePair& qp, Transport& t, Opcode op, uint32_
 }
 
 void note_sent(QueuePair& qp, Transport& t, uint32_t psn_count) {
-  if (wire::psn_diff(qp.req.psn, qp.req.max_psn) < 0)
+  if (wire::psn_diff(qp.req.psn, qp.req.max_psn) < 0) {
     bump(t.counters().retransmitted_pkts);  // this PSN was sent before: go-back-N resend
+  } else if (qp.req.timed_psn == kNoPsn) {
+    qp.req.timed_psn = qp.req.psn;  // a first transmission: time its round trip
+    qp.req.timed_ns = t.now_ns();
+  }
   qp.req.psn = wire::psn_add(qp.req.psn, psn_count);
   if (wire::psn_diff(qp.req.psn, qp.req.max_psn) > 0) qp.req.max_psn = qp.req.psn;
 }
@@ -282,6 +286,7 @@ void rewind(QueuePair& qp, uint32_t psn) {
   qp.req.psn = psn;
   qp.req.noack_pkts = 0;
   qp.req.retx.clear();  // go-back-N sends everything from `psn` again anyway
+  qp.req.timed_psn = kNoPsn;
   // Requests at or after `psn` will be sent again; their credits return now.
   auto& inflight = qp.comp.rd_atomic_inflight;
   while (!inflight.empty() && wire::psn_diff(inflight.back(), psn) >= 0) inflight.pop_back();
@@ -309,6 +314,7 @@ uint32_t resend(QueuePair& qp, Transport& t, uint32_t psn) {
   }
   bump(t.counters().retransmitted_pkts);
   bump(t.counters().selective_retransmitted_pkts);
+  qp.req.timed_psn = kNoPsn;
   return n;
 }
 

@@ -680,6 +680,32 @@ TEST_F(TransportTest, ModifyRejectsInvalidTransitionsAndAttributes) {
   EXPECT_EQ(q.query().state, QpState::kRtr);
 }
 
+// A loss halves the window only down to twice the measured bandwidth-delay product: random
+// loss on a long link must not cap the window at Mathis's MSS/RTT · 1.22/√p.
+TEST(CongestionWindowTest, LossDoesNotShrinkTheWindowBelowTwoMeasuredBdps) {
+  CongestionWindow w;
+  EXPECT_EQ(w.bdp_psns(), 0u);
+  w.on_rtt_sample(30'000'000);
+  w.on_rtt_sample(20'000'000);  // the smallest round trip counts: 20 ms
+  EXPECT_EQ(w.min_rtt_ns(), 20'000'000u);
+  uint64_t now = 1'000'000'000;
+  for (int i = 0; i < 10; ++i) {  // 30,000 PSNs/s delivered (≈ 1 Gbit/s of 4 KiB)
+    now += 20'000'000;
+    w.on_delivered(600, now);
+  }
+  EXPECT_NEAR(double(w.bdp_psns()), 600.0, 2.0);
+  for (int i = 0; i < 20; ++i) w.on_acked(w.psns());  // slow start far beyond
+  for (int i = 0; i < 5; ++i) w.on_sequence_nak();  // halving: 2^16 → 2^11
+  EXPECT_EQ(w.psns(), 2048u);
+  w.on_sequence_nak();  // not to 1,024: two BDPs are 1,200
+  EXPECT_EQ(w.psns(), 2 * w.bdp_psns());
+  w.on_sequence_nak();
+  w.on_sequence_nak();
+  EXPECT_EQ(w.psns(), 2 * w.bdp_psns()) << "random losses keep two BDPs in flight";
+  w.on_timeout();
+  EXPECT_EQ(w.psns(), 1u);  // a timeout still starts over
+}
+
 // ---- Selective retransmission (IRN-style; docs/wide-area.md) ---------------------------
 
 // Packets of `t` whose PSN is 0xfffff0 (the tests' first PSN) + one of `lost` are dropped;
