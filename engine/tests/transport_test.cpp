@@ -199,6 +199,16 @@ class TransportTest : public ::testing::Test {
     }
     return n;
   }
+  // When neither side has a packet on the way, moves both clocks past the retransmit
+  // timeout and fires the timers (what a lost packet waits for).
+  void fire_timers_when_quiet() {
+    if (!ta->sent.empty() || !tb->sent.empty()) return;
+    ta->advance(a->retransmit_timeout_ns() + 1);
+    tb->advance(b->retransmit_timeout_ns() + 1);
+    std::lock_guard lk(dev->mutex());
+    completer::on_timer(*a, *ta, ta->now_ns());
+    completer::on_timer(*b, *tb, tb->now_ns());
+  }
   // Runs both directions until nothing moves.
   void settle() {
     for (int i = 0; i < 1000; ++i)
@@ -588,13 +598,7 @@ TEST_P(LossyTransportTest, SendsSurviveRandomLossInBothDirections) {
         ++sent_ok;
       }
     }
-    if (ta->sent.empty() && tb->sent.empty()) {  // quiet: let the timers fire
-      ta->advance(a->retransmit_timeout_ns() + 1);
-      tb->advance(b->retransmit_timeout_ns() + 1);
-      std::lock_guard lk(dev->mutex());
-      completer::on_timer(*a, *ta, ta->now_ns());
-      completer::on_timer(*b, *tb, tb->now_ns());
-    }
+    fire_timers_when_quiet();
   }
   EXPECT_EQ(received, kMessages);
 }
@@ -845,13 +849,7 @@ TEST_P(SelectiveLossTest, WritesAndSendsSurviveRandomLoss) {
       ASSERT_EQ(c.wr_id, uint64_t(completed)) << "completions out of order";
       ++completed;
     }
-    if (ta->sent.empty() && tb->sent.empty()) {
-      ta->advance(a->retransmit_timeout_ns() + 1);
-      tb->advance(b->retransmit_timeout_ns() + 1);
-      std::lock_guard lk(dev->mutex());
-      completer::on_timer(*a, *ta, ta->now_ns());
-      completer::on_timer(*b, *tb, tb->now_ns());
-    }
+    fire_timers_when_quiet();
   }
   ASSERT_EQ(completed, kMessages);
   EXPECT_EQ(received, kMessages / 3);
