@@ -118,6 +118,15 @@ inline constexpr Param kParams[] = {
      .default_text = "1",
      .doc = "UDP GSO on send and GRO on receive (UDP path). With GSO, `lo` carries each batch "
             "as one datagram: use 0 for per-packet tcpdump"},
+    {.name = "SOFTRDMA_SELECTIVE_RETX",
+     .group = Group::kDevice,
+     .kind = Kind::kFlag,
+     .default_value = 1,
+     .default_text = "1",
+     .doc = "selective retransmission between softrdma peers (IRN-style, docs/wide-area.md): "
+            "requests carry a reserved BTH bit; a responder with it on keeps WRITE segments "
+            "that arrive out of order and NAKs only the missing PSNs. 0: go-back-N only, as "
+            "with any other RoCE peer"},
     {.name = "SOFTRDMA_SPIN_US",
      .group = Group::kDevice,
      .kind = Kind::kInteger,
@@ -338,6 +347,7 @@ inline constexpr const Param& kLog = by_name("SOFTRDMA_LOG");
 inline constexpr const Param& kTransport = by_name("SOFTRDMA_TRANSPORT");
 inline constexpr const Param& kGso = by_name("SOFTRDMA_GSO");
 inline constexpr const Param& kSpinUs = by_name("SOFTRDMA_SPIN_US");
+inline constexpr const Param& kSelectiveRetx = by_name("SOFTRDMA_SELECTIVE_RETX");
 inline constexpr const Param& kCclAlgo = by_name("SOFTRDMA_CCL_ALGO");
 inline constexpr const Param& kCclSmallBytes = by_name("SOFTRDMA_CCL_SMALL_BYTES");
 inline constexpr const Param& kCclMediumBytes = by_name("SOFTRDMA_CCL_MEDIUM_BYTES");

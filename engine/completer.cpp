@@ -15,11 +15,20 @@ using wire::psn_add;
 using wire::psn_diff;
 
 void note_progress(QueuePair& qp, Transport& t, uint32_t old_psn) {
-  qp.req.window.on_acked(uint32_t(psn_diff(qp.comp.psn, old_psn)));
+  const uint64_t now = t.now_ns();
+  const uint32_t acked = uint32_t(psn_diff(qp.comp.psn, old_psn));
+  if (qp.req.timed_psn != kNoPsn && psn_diff(qp.comp.psn, qp.req.timed_psn) > 0) {
+    qp.req.window.on_rtt_sample(now - qp.req.timed_ns);
+    qp.req.timed_psn = kNoPsn;
+  }
+  qp.req.window.on_delivered(acked, now);
+  qp.req.window.on_acked(acked);
   qp.comp.retry_left = qp.attr.retry_cnt;
   qp.comp.rnr_retry_left = qp.attr.rnr_retry;
   qp.comp.nak_retry_started = false;
-  qp.comp.last_progress_ns = t.now_ns();
+  qp.comp.last_progress_ns = now;
+  if (qp.comp.recovery_psn != kNoPsn && psn_diff(qp.comp.psn, qp.comp.recovery_psn) >= 0)
+    qp.comp.recovery_psn = kNoPsn;  // everything sent before the loss is acknowledged
   auto& inflight = qp.comp.rd_atomic_inflight;
   while (!inflight.empty() && psn_diff(inflight.front(), qp.comp.psn) < 0) inflight.pop_front();
   // A late ACK or response can acknowledge PSNs the requester, after a go-back-N rewind,
@@ -82,9 +91,36 @@ void fast_retry(QueuePair& qp, Transport& t) {
   retry_from(qp, qp.comp.psn, "response out of order");
 }
 
+// A selective NAK: PSNs [BTH.PSN, AETH.MSN] are missing at the responder, which kept what
+// came around them. Queue exactly that range for the requester; acknowledge nothing. The
+// window halves once per recovery episode (the first loss of what was in flight then).
+void on_selective_nak(QueuePair& qp, const wire::Packet& pkt, Transport& t) {
+  bump(t.counters().selective_nak_rcvd);
+  PsnRange r{pkt.hdr.bth.psn, pkt.hdr.aeth.msn & wire::kPsnMask};
+  if (psn_diff(r.last, r.first) < 0 || psn_diff(r.last, qp.req.max_psn) >= 0) {
+    bump(t.counters().rcvd_malformed);  // not a range of PSNs sent: a forged or broken NAK
+    return;
+  }
+  if (psn_diff(r.last, qp.comp.psn) < 0) return;  // all acknowledged since
+  if (psn_diff(r.first, qp.comp.psn) < 0) r.first = qp.comp.psn;
+  if (qp.req.rnr_wait) return;  // the RNR retry goes back to comp.psn and sends it all
+  if (qp.comp.recovery_psn == kNoPsn || psn_diff(r.first, qp.comp.recovery_psn) >= 0) {
+    qp.req.window.on_sequence_nak();
+    qp.comp.recovery_psn = qp.req.max_psn;
+  }
+  log().debug("qp {:#x}: selective NAK {:#x}…{:#x} (comp.psn {:#x} req.psn {:#x} cwnd {})",
+              qp.qpn(), r.first, r.last, qp.comp.psn, qp.req.psn, qp.req.window.psns());
+  qp.req.retx.push_back(r);
+}
+
 void on_ack(QueuePair& qp, const wire::Packet& pkt, Transport& t) {
   const uint32_t psn = pkt.hdr.bth.psn;
   const uint8_t syn = pkt.hdr.aeth.syndrome;
+  if (syn == wire::aeth_nak(wire::NakCode::kSelectiveRetransmit)) {
+    if (t.selective_retransmit()) return on_selective_nak(qp, pkt, t);
+    bump(t.counters().rcvd_malformed);  // we never asked for one: ignore it, the timer recovers
+    return;
+  }
   switch (wire::aeth_kind(syn)) {
     case wire::AckKind::kAck:
       if (!complete_acked(qp, t, psn)) fast_retry(qp, t);
@@ -262,6 +298,7 @@ void on_timer(QueuePair& qp, Transport& t, uint64_t now) {
   qp.comp.timer_ns = 0;
   if (!retry_budget(qp, t)) return;
   qp.comp.fast_retry_psn = kNoPsn;
+  qp.comp.recovery_psn = kNoPsn;
   qp.req.window.on_timeout();
   retry_from(qp, qp.comp.psn, "timeout");
   requester::run(qp, t);

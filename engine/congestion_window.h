@@ -1,4 +1,5 @@
-// The requester's congestion window: how many PSNs may be in flight, AIMD as TCP's.
+// The requester's congestion window: how many PSNs may be in flight. Slow start and
+// additive increase / multiplicative decrease as TCP's (RFC 5681), in PSNs instead of bytes.
 // Owned by the requester (RequesterState); the completer reports what the ACKs said.
 // A type of its own, as UCX keeps its RC flow-control window (uct_rc_fc_t), so every
 // change of the window is one of the named events below.
@@ -9,26 +10,98 @@
 
 namespace softrdma::engine {
 
-/// PSNs in flight, 1 … kMaxPsns: halved by a sequence NAK, 1 after a retransmit timeout,
-/// grown by every newly acknowledged PSN. Besides pacing, a window that changes between
-/// go-back-N rounds cannot keep losing the same packet under periodic loss, which a fixed
-/// window did (the round length was a multiple of the loss period).
+/// PSNs in flight, 1 … kMaxPsns. Starts at kInitialPsns (rxe's fixed window) and grows
+/// with the path: by every newly acknowledged PSN below the slow-start threshold (doubling
+/// per round trip), by one PSN per window's worth of acknowledged PSNs above it. A loss
+/// (sequence or selective NAK) halves it and sets the threshold there; a retransmit timeout
+/// restarts from one PSN. So a long fat link is filled (10 Gbit/s × 20 ms = 25 MB ≈ 6,100
+/// PSNs of 4 KiB) instead of the 128 PSNs per round trip a fixed window allowed (52 MB/s at
+/// 10 ms RTT). Besides pacing, a window that changes between go-back-N rounds cannot keep
+/// losing the same packet under periodic loss, which a fixed window did.
 class CongestionWindow {
  public:
-  /// The largest window, and the initial one: the requester's PSN window (rxe: 128).
-  static constexpr uint32_t kMaxPsns = 128;
+  /// The first window, PSNs (rxe's fixed 128-PSN window).
+  static constexpr uint32_t kInitialPsns = 128;
+  /// The largest window, PSNs: 2^16 (256 MiB at MTU 4096), far below the 2^23 that the
+  /// 24-bit PSN space allows before "ahead" and "behind" become ambiguous (IBTA 9.7.1).
+  /// The responder's out-of-order tracking spans the same number of PSNs.
+  static constexpr uint32_t kMaxPsns = 1u << 16;
+
+  /// Delivery-rate samples kept (one per interval of at least a minimum RTT); the path's
+  /// bandwidth is the largest of them, as BBR's windowed max filter (Cardwell et al.,
+  /// ACM Queue 2016), so it forgets a rate the path no longer carries.
+  static constexpr size_t kRateSamples = 8;
 
   /// PSNs that may be outstanding now.
   uint32_t psns() const { return psns_; }
-  /// `n` PSNs newly acknowledged (ACK, read response, atomic ACK): grow by n.
-  void on_acked(uint32_t n) { psns_ = std::min(kMaxPsns, psns_ + n); }
-  /// A PSN sequence NAK (a loss the responder saw): halve.
-  void on_sequence_nak() { psns_ = std::max<uint32_t>(1, psns_ / 2); }
-  /// The retransmit timer fired (nothing came back): start again from one PSN.
-  void on_timeout() { psns_ = 1; }
+  /// Slow-start threshold, PSNs.
+  uint32_t threshold() const { return ssthresh_; }
+  /// Smallest round trip measured, ns (0: none yet).
+  uint64_t min_rtt_ns() const { return min_rtt_ns_; }
+  /// The path's bandwidth-delay product, PSNs: the largest recent delivery rate × the
+  /// smallest round trip (0 until both are measured).
+  uint32_t bdp_psns() const {
+    double best = 0;
+    for (double r : rates_) best = std::max(best, r);
+    return static_cast<uint32_t>(std::min<double>(kMaxPsns, best * double(min_rtt_ns_)));
+  }
+  /// A round trip measured on a PSN sent once (Karn's rule: never on a resent one), ns.
+  void on_rtt_sample(uint64_t rtt_ns) {
+    if (rtt_ns && (!min_rtt_ns_ || rtt_ns < min_rtt_ns_)) min_rtt_ns_ = rtt_ns;
+  }
+  /// `n` PSNs newly acknowledged at `now_ns`: the delivery rate sample.
+  void on_delivered(uint32_t n, uint64_t now_ns) {
+    if (!interval_start_ns_) interval_start_ns_ = now_ns;
+    delivered_ += n;
+    const uint64_t elapsed = now_ns - interval_start_ns_;
+    if (!min_rtt_ns_ || elapsed < std::max<uint64_t>(min_rtt_ns_, 100'000)) return;
+    rates_[next_rate_++ % kRateSamples] = double(delivered_) / double(elapsed);
+    delivered_ = 0;
+    interval_start_ns_ = now_ns;
+  }
+  /// `n` PSNs newly acknowledged (ACK, read response, atomic ACK): grow.
+  void on_acked(uint32_t n) {
+    if (psns_ < ssthresh_) {
+      psns_ = std::min({kMaxPsns, ssthresh_, psns_ + n});
+      return;
+    }
+    acked_ += n;  // congestion avoidance: +1 per window of acknowledged PSNs
+    if (acked_ >= psns_) {
+      acked_ -= psns_;
+      psns_ = std::min(kMaxPsns, psns_ + 1);
+    }
+  }
+  /// A loss the responder reported (a sequence NAK, or the first selective NAK of a
+  /// recovery episode): halve, but not below twice the measured bandwidth-delay product —
+  /// a random loss on a long link says nothing about congestion, and halving at each one
+  /// caps AIMD at MSS/RTT · 1.22/√p (Mathis et al. 1997: 8 MB/s at 20 ms RTT, 0.1 % loss,
+  /// whatever the link's rate). In flight stays bounded by about two BDPs (IRN's BDP-FC
+  /// bounds it by one, given the link rate; here the rate is measured). Continues in
+  /// congestion avoidance from there.
+  void on_sequence_nak() {
+    const uint32_t floor = 2 * bdp_psns();
+    const uint32_t next = psns_ > floor ? std::max(psns_ / 2, floor) : psns_;
+    ssthresh_ = std::max<uint32_t>(2, next);
+    psns_ = std::max<uint32_t>(1, next);
+    acked_ = 0;
+  }
+  /// The retransmit timer fired (nothing came back): start again from one PSN, slow start
+  /// up to half the window that timed out.
+  void on_timeout() {
+    ssthresh_ = std::max<uint32_t>(2, psns_ / 2);
+    psns_ = 1;
+    acked_ = 0;
+  }
 
  private:
-  uint32_t psns_ = kMaxPsns;
+  uint32_t psns_ = kInitialPsns;
+  uint32_t ssthresh_ = kMaxPsns;
+  uint32_t acked_ = 0;  // PSNs acknowledged since the last additive increase
+  uint64_t min_rtt_ns_ = 0;
+  uint64_t interval_start_ns_ = 0;   // current delivery-rate interval
+  uint64_t delivered_ = 0;           // PSNs acknowledged in it
+  double rates_[kRateSamples] = {};  // PSNs per ns, recent intervals
+  size_t next_rate_ = 0;
 };
 
 }  // namespace softrdma::engine

@@ -12,46 +12,50 @@
 namespace softrdma::engine {
 
 // X(name, help). Names follow rxe where rxe has the counter.
-#define SOFTRDMA_COUNTERS(X)                                                                  \
-  X(sent_pkts, "RoCEv2 packets sent")                                                         \
-  X(rcvd_pkts, "RoCEv2 packets received and accepted")                                        \
-  X(sent_bytes, "UDP payload bytes sent")                                                     \
-  X(rcvd_bytes, "UDP payload bytes received")                                                 \
-  X(duplicate_request, "duplicate requests seen by the responder (re-ACKed / replayed)")      \
-  X(duplicate_dropped, "duplicate READ/atomic requests dropped: no record of executing them") \
-  X(out_of_seq_request, "requests with a PSN ahead of the expected one (NAK sent once)")      \
-  X(rcvd_seq_err, "PSN sequence error NAKs received")                                         \
-  X(send_rnr_err, "RNR NAKs sent (SEND with no receive posted)")                              \
-  X(rcvd_rnr_err, "RNR NAKs received")                                                        \
-  X(send_nak, "NAKs sent (sequence, access, invalid request)")                                \
-  X(rcvd_nak, "NAKs received (sequence, access, invalid request)")                            \
-  X(ack_sent, "ACK / atomic ACK packets sent")                                                \
-  X(retransmit_timeouts, "retransmit timer expirations")                                      \
-  X(retransmitted_pkts, "request packets sent again (go-back-N)")                             \
-  X(retry_exceeded_err, "QPs failed with IBV_WC_RETRY_EXC_ERR")                               \
-  X(retry_rnr_exceeded_err, "QPs failed with IBV_WC_RNR_RETRY_EXC_ERR")                       \
-  X(rcvd_icrc_err, "packets dropped: ICRC mismatch")                                          \
-  X(rcvd_icrc_id_recovered, "packets from senders with a non-zero IPv4 id, ICRC verified")    \
-  X(rcvd_malformed, "packets dropped: truncated or malformed headers")                        \
-  X(rcvd_unknown_qpn, "packets dropped: destination QPN not found")                           \
-  X(rcvd_bad_state, "packets dropped: QP not in a state to accept them")                      \
-  X(rcvd_addr_err, "packets dropped: source address is not the QP's peer")                    \
-  X(rcvd_stale_response, "responses dropped: PSN outside the outstanding window")             \
-  X(emulated_drops, "packets dropped on transmit by the link emulator (SOFTRDMA_NETEM)")      \
-  X(wan_shaped, "packets that crossed an emulated wide-area link (SOFTRDMA_WAN)")             \
-  X(wan_held, "packets held in the WAN emulator's timed queue (delay, queueing, copies)")     \
-  X(wan_dropped_loss, "packets lost on an emulated WAN link: random loss")                    \
-  X(wan_dropped_burst, "packets lost on an emulated WAN link: burst (Gilbert-Elliott) loss")  \
-  X(wan_dropped_queue, "packets tail-dropped by an emulated WAN link's full queue")           \
-  X(wan_ecn_marked, "packets an emulated WAN link marked Congestion Experienced")             \
-  X(wan_duplicated, "packets an emulated WAN link duplicated")                                \
-  X(wan_corrupted, "packets an emulated WAN link corrupted (one bit flipped)")                \
-  X(wan_reordered, "packets an emulated WAN link sent ahead of others (reorder)")             \
-  X(send_err, "sendmsg failures")                                                             \
-  X(sent_gso_batches, "UDP GSO sends (several RoCEv2 packets in one sendmsg)")                \
-  X(sent_shm_pkts, "packets sent through the same-host shared-memory path")                   \
-  X(rcvd_shm_pkts, "packets received through the same-host shared-memory path")               \
-  X(shm_drops, "packets dropped: peer's shared-memory ring full (or no mailbox, shm only)")   \
+#define SOFTRDMA_COUNTERS(X)                                                                       \
+  X(sent_pkts, "RoCEv2 packets sent")                                                              \
+  X(rcvd_pkts, "RoCEv2 packets received and accepted")                                             \
+  X(sent_bytes, "UDP payload bytes sent")                                                          \
+  X(rcvd_bytes, "UDP payload bytes received")                                                      \
+  X(duplicate_request, "duplicate requests seen by the responder (re-ACKed / replayed)")           \
+  X(duplicate_dropped, "duplicate READ/atomic requests dropped: no record of executing them")      \
+  X(out_of_seq_request, "requests with a PSN ahead of the expected one (NAK sent once)")           \
+  X(rcvd_seq_err, "PSN sequence error NAKs received")                                              \
+  X(send_rnr_err, "RNR NAKs sent (SEND with no receive posted)")                                   \
+  X(rcvd_rnr_err, "RNR NAKs received")                                                             \
+  X(send_nak, "NAKs sent (sequence, access, invalid request)")                                     \
+  X(rcvd_nak, "NAKs received (sequence, access, invalid request)")                                 \
+  X(ack_sent, "ACK / atomic ACK packets sent")                                                     \
+  X(retransmit_timeouts, "retransmit timer expirations")                                           \
+  X(retransmitted_pkts, "request packets sent again (go-back-N or selective)")                     \
+  X(selective_retransmitted_pkts, "request packets sent again because a selective NAK named them") \
+  X(selective_nak_sent, "selective NAKs sent (a range of PSNs missing, the rest kept)")            \
+  X(selective_nak_rcvd, "selective NAKs received")                                                 \
+  X(ooo_placed, "request packets placed out of order (selective retransmission)")                  \
+  X(retry_exceeded_err, "QPs failed with IBV_WC_RETRY_EXC_ERR")                                    \
+  X(retry_rnr_exceeded_err, "QPs failed with IBV_WC_RNR_RETRY_EXC_ERR")                            \
+  X(rcvd_icrc_err, "packets dropped: ICRC mismatch")                                               \
+  X(rcvd_icrc_id_recovered, "packets from senders with a non-zero IPv4 id, ICRC verified")         \
+  X(rcvd_malformed, "packets dropped: truncated or malformed headers")                             \
+  X(rcvd_unknown_qpn, "packets dropped: destination QPN not found")                                \
+  X(rcvd_bad_state, "packets dropped: QP not in a state to accept them")                           \
+  X(rcvd_addr_err, "packets dropped: source address is not the QP's peer")                         \
+  X(rcvd_stale_response, "responses dropped: PSN outside the outstanding window")                  \
+  X(emulated_drops, "packets dropped on transmit by the link emulator (SOFTRDMA_NETEM)")           \
+  X(wan_shaped, "packets that crossed an emulated wide-area link (SOFTRDMA_WAN)")                  \
+  X(wan_held, "packets held in the WAN emulator's timed queue (delay, queueing, copies)")          \
+  X(wan_dropped_loss, "packets lost on an emulated WAN link: random loss")                         \
+  X(wan_dropped_burst, "packets lost on an emulated WAN link: burst (Gilbert-Elliott) loss")       \
+  X(wan_dropped_queue, "packets tail-dropped by an emulated WAN link's full queue")                \
+  X(wan_ecn_marked, "packets an emulated WAN link marked Congestion Experienced")                  \
+  X(wan_duplicated, "packets an emulated WAN link duplicated")                                     \
+  X(wan_corrupted, "packets an emulated WAN link corrupted (one bit flipped)")                     \
+  X(wan_reordered, "packets an emulated WAN link sent ahead of others (reorder)")                  \
+  X(send_err, "sendmsg failures")                                                                  \
+  X(sent_gso_batches, "UDP GSO sends (several RoCEv2 packets in one sendmsg)")                     \
+  X(sent_shm_pkts, "packets sent through the same-host shared-memory path")                        \
+  X(rcvd_shm_pkts, "packets received through the same-host shared-memory path")                    \
+  X(shm_drops, "packets dropped: peer's shared-memory ring full (or no mailbox, shm only)")        \
   X(rcvd_gro_batches, "UDP GRO receives (several RoCEv2 packets in one datagram buffer)")
 
 /// The live counters of one device. Lives in shared memory; every field is a relaxed

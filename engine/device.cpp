@@ -77,7 +77,8 @@ bool DeviceConfig::from_environment(DeviceConfig& out, std::string& error) {
       !params::read_text(params::kPcap, c.pcap_path, error) ||
       !params::read_text(params::kTransport, transport, error) ||
       !params::read_integer(params::kSpinUs, spin_us, error) ||
-      !params::read_flag(params::kGso, c.udp_offload, error))
+      !params::read_flag(params::kGso, c.udp_offload, error) ||
+      !params::read_flag(params::kSelectiveRetx, c.selective_retx, error))
     return false;
   if (transport == "auto")
     c.path = PacketPath::kAuto;
@@ -128,6 +129,7 @@ std::unique_ptr<Device> Device::open(const DeviceConfig& cfg, int& err) {
 
   d->path_ = cfg.path;
   d->spin_ns_ = cfg.spin_ns;
+  d->selective_retx_ = cfg.selective_retx;
   if (cfg.path != PacketPath::kUdp) {
     // The UDP bind above made this process the address's owner; the mailbox only joins it.
     if (int e = d->shm_.open(d->ip(), cfg.shm); e != 0) {

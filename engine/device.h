@@ -79,10 +79,12 @@ struct DeviceConfig {
   /// How long the progress thread keeps polling the shared-memory rings after their last
   /// packet before it sleeps, ns (SOFTRDMA_SPIN_US, µs; 0: sleep at once).
   uint64_t spin_ns = 20'000;
+  /// Selective retransmission with softrdma peers that ask for it (SOFTRDMA_SELECTIVE_RETX).
+  bool selective_retx = true;
 
-  /// Reads SOFTRDMA_ADDR, SOFTRDMA_NETEM, SOFTRDMA_PCAP, SOFTRDMA_GSO and
-  /// SOFTRDMA_TRANSPORT. Returns false with `error` set when a
-  /// variable is malformed.
+  /// Reads SOFTRDMA_ADDR, SOFTRDMA_NETEM, SOFTRDMA_WAN, SOFTRDMA_PCAP, SOFTRDMA_GSO,
+  /// SOFTRDMA_SPIN_US, SOFTRDMA_SELECTIVE_RETX and SOFTRDMA_TRANSPORT. Returns false with `error`
+  /// set when a variable is malformed.
   static bool from_environment(DeviceConfig& out, std::string& error);
 };
 
@@ -154,6 +156,7 @@ class Device final : public Transport, public ObjectRegistry {
   /// While a received packet is processed, holds receive completions until the next
   /// flush() has sent the coalesced ACKs (see Transport).
   void deliver_recv_completion(CompletionQueue& cq, const Cqe& cqe, bool solicited) override;
+  bool selective_retransmit() const override { return selective_retx_; }
 
   /// Sends everything queued by transmit(), then the coalesced ACKs (device lock held).
   void flush() override;
@@ -227,6 +230,7 @@ class Device final : public Transport, public ObjectRegistry {
   std::atomic<bool> crowded_{false};
   std::atomic<uint64_t> last_rx_ns_{0};  // last packet received (any path)
   uint64_t spin_ns_ = 20'000;            // progress thread's ring polling after traffic
+  bool selective_retx_ = true;           // DeviceConfig::selective_retx
   std::unique_ptr<net::Netem> netem_;
   // Wide-area link emulation (SOFTRDMA_WAN): shapes queued packets in send_queued(), and
   // its timed queue is released by release_wan() from every progress round.

@@ -13,11 +13,13 @@
 
 #include <cstdint>
 #include <deque>
+#include <memory>
 #include <vector>
 
 #include "engine/congestion_window.h"
 #include "engine/memory.h"
 #include "engine/object_registry.h"
+#include "engine/received_psns.h"
 #include "engine/transport.h"
 #include "engine/types.h"
 #include "engine/wr_table.h"
@@ -62,6 +64,13 @@ struct RequesterState {
   bool rnr_wait = false;  ///< paused until the completer's RNR deadline
   /// Congestion window (the completer reports ACKs, NAKs and timeouts to it).
   CongestionWindow window;
+  /// PSN ranges selective NAKs named, oldest first: sent again before any new PSN, without
+  /// moving `psn` back (IRN, Mittal et al. 2018, 3.2). Cleared by a go-back-N rewind.
+  std::deque<PsnRange> retx;
+  /// The PSN whose round trip is being timed (kNoPsn: none) and when it was sent; any
+  /// resend cancels the measurement (Karn's rule).
+  uint32_t timed_psn = kNoPsn;
+  uint64_t timed_ns = 0;
 };
 
 /// Completer progress (rxe's qp->comp).
@@ -80,6 +89,10 @@ struct CompleterState {
   /// since: further such NAKs neither rewind again nor use up retry_cnt (rxe's
   /// comp.started_retry); the retransmit timer still counts.
   bool nak_retry_started = false;
+  /// Selective recovery: the window was halved for a loss below this PSN (req.max_psn when
+  /// the episode began); further selective NAKs below it do not halve it again, as one
+  /// TCP NewReno recovery episode (RFC 6582). kNoPsn: not in recovery.
+  uint32_t recovery_psn = kNoPsn;
 };
 
 /// What the responder executed for one READ or ATOMIC request, kept so a duplicate of it
@@ -107,11 +120,16 @@ struct ResponderState {
   uint64_t recv_offset = 0;  ///< bytes scattered into the head receive WQE
   uint8_t* write_ptr = nullptr;
   uint64_t write_left = 0;
-  uint64_t write_length = 0;  ///< dma_length of the current WRITE
-  bool ack_pending = false;   ///< coalesced ACK to send at the end of the batch
+  uint64_t write_length = 0;      ///< dma_length of the current WRITE
+  uint8_t* write_base = nullptr;  ///< where the current WRITE's first byte went
+  uint32_t write_first_psn = 0;   ///< PSN of the current WRITE's first packet
+  bool ack_pending = false;       ///< coalesced ACK to send at the end of the batch
   uint32_t ack_psn = 0;
   /// READs and atomics executed, newest last; at most max(16, max_dest_rd_atomic).
   std::deque<ResponderResource> resources;
+  /// Selective retransmission: packets kept beyond the expected PSN and the gaps reported;
+  /// allocated at the first out-of-order packet of a requester that asked for it.
+  std::unique_ptr<ReceivedPsns> ooo;
 };
 
 /// An RC queue pair.
@@ -228,6 +246,11 @@ void run(QueuePair& qp, Transport& t);
 void rewind(QueuePair& qp, uint32_t psn);
 /// Request packets in flight before the requester waits for ACKs, at most.
 inline constexpr uint32_t kWindowPsns = CongestionWindow::kMaxPsns;
+/// Sends the packet that starts at `psn` again (a selective NAK named it), leaving the
+/// requester's position alone: a SEND/WRITE segment, a READ request for the rest of its
+/// chunk, or an atomic. Returns the PSNs that packet covers (≥ 1), or 0 when no started
+/// WQE holds `psn`.
+uint32_t resend(QueuePair& qp, Transport& t, uint32_t psn);
 /// Packets between AckReq bits inside a long message.
 inline constexpr uint32_t kAckEvery = 32;
 /// A READ WQE is requested in chunks of at most this many response packets, so that

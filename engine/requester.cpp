@@ -55,29 +55,35 @@ void gather(const std::vector<iovec>& local, uint64_t offset, uint64_t len,
   }
 }
 
-wire::Headers base_headers(const QueuePair& qp, Opcode op, uint32_t psn) {
+wire::Headers base_headers(const QueuePair& qp, Transport& t, Opcode op, uint32_t psn) {
   wire::Headers h;
   h.bth.opcode = static_cast<uint8_t>(op);
   h.bth.dest_qpn = qp.attr.dest_qp_num;
   h.bth.psn = psn;
+  h.bth.selective = t.selective_retransmit();
   return h;
 }
 
 void note_sent(QueuePair& qp, Transport& t, uint32_t psn_count) {
-  if (wire::psn_diff(qp.req.psn, qp.req.max_psn) < 0)
+  if (wire::psn_diff(qp.req.psn, qp.req.max_psn) < 0) {
     bump(t.counters().retransmitted_pkts);  // this PSN was sent before: go-back-N resend
+  } else if (qp.req.timed_psn == kNoPsn) {
+    qp.req.timed_psn = qp.req.psn;  // a first transmission: time its round trip
+    qp.req.timed_ns = t.now_ns();
+  }
   qp.req.psn = wire::psn_add(qp.req.psn, psn_count);
   if (wire::psn_diff(qp.req.psn, qp.req.max_psn) > 0) qp.req.max_psn = qp.req.psn;
 }
 
-// One SEND/WRITE packet at the current offset. Returns true when the WQE is fully sent.
-bool send_data_packet(QueuePair& qp, SendWqe& w, Transport& t, std::vector<iovec>& iov) {
-  const uint64_t off = qp.req.offset;
+// The SEND/WRITE packet at byte `off` of the WQE, with PSN `psn`. `ack_req` asks for an
+// ACK besides the last packet's. Returns the payload bytes.
+uint32_t emit_data_packet(QueuePair& qp, SendWqe& w, Transport& t, std::vector<iovec>& iov,
+                          uint32_t psn, uint64_t off, bool ack_req) {
   const uint32_t pay = static_cast<uint32_t>(std::min<uint64_t>(qp.mtu, w.length - off));
   const bool first = off == 0;
   const bool last = off + pay == w.length;
   const WrOpcodeInfo& info = w.info();
-  wire::Headers h = base_headers(qp, info.wire_opcode(first, last), qp.req.psn);
+  wire::Headers h = base_headers(qp, t, info.wire_opcode(first, last), psn);
   if (first && info.cls == WrClass::kWrite) {
     h.reth.va = w.wr.remote_addr;
     h.reth.rkey = w.wr.rkey;
@@ -87,50 +93,99 @@ bool send_data_packet(QueuePair& qp, SendWqe& w, Transport& t, std::vector<iovec
     h.imm_be = w.wr.imm_be;
     h.bth.solicited = (w.wr.flags & kSolicited) != 0;
   }
+  h.bth.ack_req = last || ack_req;
+  gather(w.local, off, pay, iov);
+  t.transmit(h, qp.remote_ip, iov, pay);
+  return pay;
+}
+
+// One SEND/WRITE packet at the current offset. Returns true when the WQE is fully sent.
+bool send_data_packet(QueuePair& qp, SendWqe& w, Transport& t, std::vector<iovec>& iov) {
+  const uint64_t off = qp.req.offset;
   // AckReq on the last packet, every kAckEvery packets, and on the packet that fills the
   // window (the ACK for it is what opens the window again).
   const bool fills = wire::psn_diff(qp.req.psn, qp.comp.psn) + 1 >= int32_t(qp.req.window.psns());
-  h.bth.ack_req = last || fills || ++qp.req.noack_pkts >= kAckEvery;
-  if (h.bth.ack_req) qp.req.noack_pkts = 0;
-  gather(w.local, off, pay, iov);
-  t.transmit(h, qp.remote_ip, iov, pay);
+  const bool ack_req = fills || ++qp.req.noack_pkts >= kAckEvery;
+  const uint32_t pay = emit_data_packet(qp, w, t, iov, qp.req.psn, off, ack_req);
+  if (ack_req || off + pay == w.length) qp.req.noack_pkts = 0;
   note_sent(qp, t, 1);
   qp.req.offset = off + pay;
-  return last;
+  return qp.req.offset == w.length;
 }
 
-// One READ request for the next chunk. Returns true when the whole WQE is requested.
-bool send_read_request(QueuePair& qp, SendWqe& w, Transport& t) {
-  const uint64_t off = qp.req.offset;
-  // Chunks keep fixed boundaries (multiples of kReadChunkPsns packets from the start of
-  // the message), so a READ re-requested from the middle of a chunk never asks for PSNs
-  // beyond what the original request covered (the responder's expected PSN stays right).
+// The READ request for the chunk that holds byte `off`, from `off` to the chunk's end, at
+// PSN `psn`. Chunks keep fixed boundaries (multiples of kReadChunkPsns packets from the
+// start of the message), so a READ re-requested from the middle of a chunk never asks for
+// PSNs beyond what the original request covered (the responder's expected PSN stays
+// right). Returns the chunk's bytes.
+uint64_t emit_read_request(QueuePair& qp, SendWqe& w, Transport& t, uint32_t psn, uint64_t off) {
   const uint64_t chunk_bytes = uint64_t{kReadChunkPsns} * qp.mtu;
   const uint64_t chunk = std::min<uint64_t>(w.length, (off / chunk_bytes + 1) * chunk_bytes) - off;
-  const uint32_t n = psns_for(chunk, qp.mtu);
-  wire::Headers h = base_headers(qp, w.info().only, qp.req.psn);
+  wire::Headers h = base_headers(qp, t, w.info().only, psn);
   h.reth.va = w.wr.remote_addr + off;
   h.reth.rkey = w.wr.rkey;
   h.reth.dma_length = static_cast<uint32_t>(chunk);
   h.bth.ack_req = true;
   t.transmit(h, qp.remote_ip, {}, 0);
+  return chunk;
+}
+
+// One READ request for the next chunk. Returns true when the whole WQE is requested.
+bool send_read_request(QueuePair& qp, SendWqe& w, Transport& t) {
+  const uint64_t off = qp.req.offset;
+  const uint64_t chunk = emit_read_request(qp, w, t, qp.req.psn, off);
+  const uint32_t n = psns_for(chunk, qp.mtu);
   qp.comp.rd_atomic_inflight.push_back(wire::psn_add(qp.req.psn, n - 1));
   note_sent(qp, t, n);
   qp.req.offset = off + chunk;
   return qp.req.offset >= w.length;
 }
 
-void send_atomic(QueuePair& qp, SendWqe& w, Transport& t) {
+void emit_atomic(QueuePair& qp, SendWqe& w, Transport& t, uint32_t psn) {
   const bool cas = w.wr.opcode == WrOpcode::kCompareSwap;
-  wire::Headers h = base_headers(qp, w.info().only, qp.req.psn);
+  wire::Headers h = base_headers(qp, t, w.info().only, psn);
   h.atomic.va = w.wr.remote_addr;
   h.atomic.rkey = w.wr.rkey;
   h.atomic.swap_add = cas ? w.wr.swap : w.wr.compare_add;
   h.atomic.compare = cas ? w.wr.compare_add : 0;
   h.bth.ack_req = true;
   t.transmit(h, qp.remote_ip, {}, 0);
+}
+
+void send_atomic(QueuePair& qp, SendWqe& w, Transport& t) {
+  emit_atomic(qp, w, t, qp.req.psn);
   qp.comp.rd_atomic_inflight.push_back(qp.req.psn);
   note_sent(qp, t, 1);
+}
+
+// SQ index of the started WQE whose PSNs hold `psn`, or sq_end() when none does. Binary
+// search: started WQEs sit in PSN order from sq_base, so a retransmission costs
+// O(log WQEs in flight), not a walk over the window.
+uint64_t find_wqe(QueuePair& qp, uint32_t psn) {
+  // Started WQEs are a prefix of the SQ (WQEs start in order; a rewind keeps their PSNs).
+  uint64_t lo = qp.sq_base, hi = qp.sq_end();
+  while (lo < hi) {
+    const uint64_t mid = lo + (hi - lo) / 2;
+    if (qp.wqe(mid).started)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  hi = lo;
+  lo = qp.sq_base;
+  const uint32_t base = qp.comp.psn;  // every started WQE's PSNs lie at or after it, or end
+  while (lo < hi) {
+    const uint64_t mid = lo + (hi - lo) / 2;
+    if (wire::psn_diff(qp.wqe(mid).last_psn(), base) < wire::psn_diff(psn, base))
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  if (lo == qp.sq_end() || !qp.wqe(lo).started) return qp.sq_end();
+  const SendWqe& w = qp.wqe(lo);
+  if (wire::psn_diff(psn, w.first_psn) < 0 || wire::psn_diff(psn, w.last_psn()) > 0)
+    return qp.sq_end();
+  return lo;
 }
 
 }  // namespace
@@ -141,6 +196,22 @@ void run(QueuePair& qp, Transport& t) {
   const size_t max_rd = std::max<size_t>(1, qp.attr.max_rd_atomic);
   std::vector<iovec> iov;
   bool sent = false;
+  // What selective NAKs reported missing goes first; it is inside the window already.
+  while (!qp.req.retx.empty()) {
+    PsnRange& r = qp.req.retx.front();
+    if (wire::psn_diff(r.first, qp.comp.psn) < 0) r.first = qp.comp.psn;  // acknowledged since
+    if (wire::psn_diff(r.last, r.first) < 0 || wire::psn_diff(r.first, qp.req.psn) >= 0) {
+      qp.req.retx.pop_front();  // nothing left, or not sent since a rewind: sent anew below
+      continue;
+    }
+    const uint32_t n = resend(qp, t, r.first);
+    if (n == 0) {
+      qp.req.retx.pop_front();
+      continue;
+    }
+    sent = true;
+    r.first = wire::psn_add(r.first, n);
+  }
   while (qp.req.next < qp.sq_end()) {
     SendWqe& w = qp.wqe(qp.req.next);
     if (!w.started) {
@@ -196,28 +267,55 @@ void run(QueuePair& qp, Transport& t) {
 }
 
 void rewind(QueuePair& qp, uint32_t psn) {
-  uint64_t idx = qp.sq_base;
+  uint64_t idx = find_wqe(qp, psn);
   uint64_t offset = 0;
-  for (; idx < qp.sq_end(); ++idx) {
+  if (idx != qp.sq_end()) {
     const SendWqe& w = qp.wqe(idx);
-    if (!w.started) break;
-    if (wire::psn_diff(psn, w.last_psn()) <= 0) {
-      if (wire::psn_diff(psn, w.first_psn) < 0)
-        log().error("qp {:#x}: rewind to psn {:#x} before WQE {} at {:#x}", qp.qpn(), psn, idx,
-                    w.first_psn);
-      const int32_t into = std::max(0, wire::psn_diff(psn, w.first_psn));
-      offset = w.info().cls == WrClass::kAtomic ? 0 : uint64_t(into) * qp.mtu;
-      psn = wire::psn_add(w.first_psn, static_cast<uint32_t>(into));
-      break;
-    }
+    const uint32_t into = static_cast<uint32_t>(wire::psn_diff(psn, w.first_psn));
+    offset = w.info().cls == WrClass::kAtomic ? 0 : uint64_t(into) * qp.mtu;
+  } else {
+    // Past every started WQE: the next one to start.
+    idx = qp.req.next;
+    while (idx > qp.sq_base && !qp.wqe(idx - 1).started) --idx;
+    while (idx < qp.sq_end() && qp.wqe(idx).started) ++idx;
+    if (idx > qp.sq_base && wire::psn_diff(psn, wire::psn_add(qp.wqe(idx - 1).last_psn(), 1)) != 0)
+      log().error("qp {:#x}: rewind to psn {:#x}, which no started WQE holds", qp.qpn(), psn);
   }
   qp.req.next = idx;
   qp.req.offset = offset;
   qp.req.psn = psn;
   qp.req.noack_pkts = 0;
+  qp.req.retx.clear();  // go-back-N sends everything from `psn` again anyway
+  qp.req.timed_psn = kNoPsn;
   // Requests at or after `psn` will be sent again; their credits return now.
   auto& inflight = qp.comp.rd_atomic_inflight;
   while (!inflight.empty() && wire::psn_diff(inflight.back(), psn) >= 0) inflight.pop_back();
+}
+
+uint32_t resend(QueuePair& qp, Transport& t, uint32_t psn) {
+  const uint64_t idx = find_wqe(qp, psn);
+  if (idx == qp.sq_end()) return 0;
+  SendWqe& w = qp.wqe(idx);
+  const uint64_t off = uint64_t(wire::psn_diff(psn, w.first_psn)) * qp.mtu;
+  uint32_t n = 1;
+  switch (w.info().cls) {
+    case WrClass::kRead:
+      n = psns_for(emit_read_request(qp, w, t, psn, off), qp.mtu);
+      break;
+    case WrClass::kAtomic:
+      emit_atomic(qp, w, t, psn);
+      break;
+    case WrClass::kSend:
+    case WrClass::kWrite: {
+      std::vector<iovec> iov;
+      emit_data_packet(qp, w, t, iov, psn, off, false);
+      break;
+    }
+  }
+  bump(t.counters().retransmitted_pkts);
+  bump(t.counters().selective_retransmitted_pkts);
+  qp.req.timed_psn = kNoPsn;
+  return n;
 }
 
 }  // namespace softrdma::engine::requester

@@ -70,6 +70,11 @@ uint8_t* check_remote(QueuePair& qp, Transport& t, uint32_t rkey, uint64_t va, u
   return mr->translate(va, len);
 }
 
+// PSNs of a message of `dma_length` bytes (a READ's responses, a WRITE's packets).
+uint32_t read_psns(const QueuePair& qp, uint64_t dma_length) {
+  return dma_length == 0 ? 1u : static_cast<uint32_t>((dma_length + qp.mtu - 1) / qp.mtu);
+}
+
 enum class Scatter { kOk, kLength, kProtection };
 
 // Copies `data` into the head receive WQE at byte `offset`.
@@ -210,9 +215,14 @@ void on_write(QueuePair& qp, const wire::Packet& pkt, Transport& t) {
       p = check_remote(qp, t, r.rkey, r.va, r.dma_length, kRemoteWrite);
       if (!p) return nak_and_fail(qp, t, wire::NakCode::kRemoteAccessError, psn);
     }
-    qp.resp.write_ptr = p;
+    qp.resp.write_ptr = qp.resp.write_base = p;
     qp.resp.write_left = qp.resp.write_length = r.dma_length;
+    qp.resp.write_first_psn = psn;
     qp.resp.in_write = (m & wire::kIsFirst) != 0;
+    if (qp.resp.in_write && qp.resp.ooo) {
+      qp.resp.ooo->sync(qp.resp.epsn);
+      qp.resp.ooo->add_write({psn, p, r.dma_length, read_psns(qp, r.dma_length)});
+    }
   }
   const size_t n = pkt.payload.size();
   if (n > qp.resp.write_left || (ends && n != qp.resp.write_left))
@@ -237,10 +247,6 @@ void remember(QueuePair& qp, const ResponderResource& r) {
   auto& res = qp.resp.resources;
   res.push_back(r);
   while (res.size() > std::max<size_t>(kMinResources, qp.attr.max_dest_rd_atomic)) res.pop_front();
-}
-
-uint32_t read_psns(const QueuePair& qp, uint64_t dma_length) {
-  return dma_length == 0 ? 1u : static_cast<uint32_t>((dma_length + qp.mtu - 1) / qp.mtu);
 }
 
 void on_read(QueuePair& qp, const wire::Packet& pkt, Transport& t) {
@@ -364,6 +370,153 @@ void on_out_of_sequence(QueuePair& qp, uint32_t psn, Transport& t) {
   }
 }
 
+// ---- Selective retransmission (IRN, Mittal et al. 2018, 3.2) ---------------------------
+// A requester whose requests carry Bth::selective gets, from a responder with
+// SOFTRDMA_SELECTIVE_RETX on, this instead of go-back-N: packets beyond the expected PSN that
+// carry their own placement are written to memory at once and remembered in ReceivedPsns;
+// each gap is reported once by a selective NAK naming the missing range; when the expected
+// PSN arrives, the responder steps over what it placed (MSN, WRITE state) and ACKs. Only
+// WRITE segments without immediate are placed early: SENDs need their receive WQE in order,
+// WRITE with immediate consumes one, READs and atomics must execute in order — those are
+// dropped and reported missing like lost ones (resent once; IRN holds SENDs the same way
+// when it lacks the WQE). Completions and every in-order effect keep the IBTA order.
+
+void send_selective_nak(QueuePair& qp, Transport& t, uint32_t first, uint32_t last) {
+  wire::Headers h;
+  h.bth.opcode = static_cast<uint8_t>(Opcode::kAcknowledge);
+  h.bth.dest_qpn = qp.attr.dest_qp_num;
+  h.bth.psn = first;
+  h.aeth.syndrome = wire::aeth_nak(wire::NakCode::kSelectiveRetransmit);
+  h.aeth.msn = last;  // the range's last PSN (see NakCode::kSelectiveRetransmit)
+  t.transmit(h, qp.remote_ip, {}, 0);
+  bump(t.counters().selective_nak_sent);
+  ReceivedPsns& o = *qp.resp.ooo;
+  for (uint32_t p = first;; p = psn_add(p, 1)) {
+    o.mark_reported(p, true);
+    if (p == last) break;
+  }
+  log().debug("qp {:#x}: selective NAK {:#x}…{:#x} (expected {:#x})", qp.qpn(), first, last,
+              qp.resp.epsn);
+}
+
+// Writes a WRITE segment that arrived ahead of the expected PSN to its place. False when it
+// cannot be placed now (see above); nothing is written then.
+bool place_early(QueuePair& qp, const wire::Packet& pkt, Transport& t, ReceivedPsns& o) {
+  const uint32_t m = pkt.info->mask;
+  const uint32_t psn = pkt.hdr.bth.psn;
+  if (!(m & wire::kIsWrite) || (m & wire::kConsumesRecvWqe)) return false;
+  if (check_length(qp, pkt) != RequestCheck::kNew) return false;
+  const size_t n = pkt.payload.size();
+  if (m & wire::kHasReth) {
+    const wire::Reth& r = pkt.hdr.reth;
+    if ((m & wire::kIsOnly) && n != r.dma_length) return false;
+    uint8_t* p = nullptr;
+    if (r.dma_length) {
+      p = check_remote(qp, t, r.rkey, r.va, r.dma_length, kRemoteWrite);
+      if (!p) return false;  // the in-order copy draws the access error
+    }
+    if (n) std::memcpy(p, pkt.payload.data(), n);
+    if (m & wire::kIsFirst) o.add_write({psn, p, r.dma_length, read_psns(qp, r.dma_length)});
+    return true;
+  }
+  const WritePlacement* w = o.write_holding(psn);
+  if (!w || psn == w->first_psn) return false;
+  const uint64_t off = uint64_t(psn_diff(psn, w->first_psn)) * qp.mtu;
+  const bool ends = m & wire::kIsLast;
+  if (off + n > w->length || ends != (off + n == w->length)) return false;
+  std::memcpy(w->base + off, pkt.payload.data(), n);
+  return true;
+}
+
+// PSNs a request uses: a READ its responses', everything else one.
+uint32_t request_psns(const QueuePair& qp, const wire::Packet& pkt) {
+  return (pkt.info->mask & wire::kIsRead) ? read_psns(qp, pkt.hdr.reth.dma_length) : 1u;
+}
+
+void on_out_of_order(QueuePair& qp, const wire::Packet& pkt, Transport& t) {
+  const uint32_t psn = pkt.hdr.bth.psn;
+  if (psn_diff(psn, qp.resp.epsn) >= int32_t(ReceivedPsns::kSpanPsns)) {
+    bump(t.counters().out_of_seq_request);  // beyond any window a requester may have
+    return;
+  }
+  if (!qp.resp.ooo) {
+    qp.resp.ooo = std::make_unique<ReceivedPsns>();
+    qp.resp.ooo->next = qp.resp.epsn;
+  }
+  ReceivedPsns& o = *qp.resp.ooo;
+  o.sync(qp.resp.epsn);
+  if (psn_diff(o.next, qp.resp.epsn) < 0) o.next = qp.resp.epsn;
+  if (o.placed(psn)) {
+    bump(t.counters().duplicate_request);
+    return;
+  }
+  bump(t.counters().out_of_seq_request);
+  if (qp.resp.in_write && !o.write_holding(qp.resp.write_first_psn))
+    o.add_write({qp.resp.write_first_psn, qp.resp.write_base, qp.resp.write_length,
+                 read_psns(qp, qp.resp.write_length)});
+  if (place_early(qp, pkt, t, o)) {
+    bump(t.counters().ooo_placed);
+    o.mark_placed(psn, pkt.info->mask & (wire::kIsLast | wire::kIsOnly));
+    if (psn_diff(psn, o.next) > 0) send_selective_nak(qp, t, o.next, psn_add(psn, wire::kPsnMask));
+    if (psn_diff(psn, o.next) >= 0) o.next = psn_add(psn, 1);
+    return;
+  }
+  // Not placeable now: as if lost. Reported with the gap before it when it is new; when it
+  // is a resend, again once the expected PSN reaches it (advance_over_placed).
+  if (psn_diff(psn, o.next) >= 0) {
+    send_selective_nak(qp, t, o.next, psn);
+    o.next = psn_add(psn, request_psns(qp, pkt));
+  } else {
+    o.mark_reported(psn, false);
+  }
+}
+
+// After the expected PSN moved: steps over the packets placed early (their MSN and WRITE
+// state, in order), ACKs if it stepped, and reports the gap now at the expected PSN if
+// nobody has yet.
+void advance_over_placed(QueuePair& qp, Transport& t) {
+  ReceivedPsns& o = *qp.resp.ooo;
+  o.sync(qp.resp.epsn);
+  uint32_t& epsn = qp.resp.epsn;
+  bool stepped = false, ended = false;
+  uint32_t last = epsn;
+  while (psn_diff(o.next, epsn) > 0 && o.placed(epsn)) {
+    ended = o.ends_message(epsn);
+    if (ended) qp.resp.msn = psn_add(qp.resp.msn, 1);
+    o.clear(epsn);
+    last = epsn;
+    epsn = psn_add(epsn, 1);
+    stepped = true;
+  }
+  if (stepped) {
+    o.sync(epsn);
+    qp.resp.in_write = false;
+    if (!ended) {
+      if (const WritePlacement* w = o.write_holding(last)) {
+        const uint64_t off = uint64_t(psn_diff(epsn, w->first_psn)) * qp.mtu;
+        qp.resp.in_write = true;
+        qp.resp.write_base = w->base;
+        qp.resp.write_first_psn = w->first_psn;
+        qp.resp.write_length = w->length;
+        qp.resp.write_ptr = w->base + off;
+        qp.resp.write_left = w->length - off;
+      } else {
+        log().error("qp {:#x}: placed psn {:#x} belongs to no WRITE", qp.qpn(), last);
+      }
+    }
+    ack_later(qp, last);
+  }
+  o.drop_writes_before(epsn);
+  if (psn_diff(o.next, epsn) <= 0) {
+    o.next = epsn;  // nothing beyond: idle
+    return;
+  }
+  if (!o.reported(epsn)) {
+    const uint32_t end = o.first_marked(epsn, o.next);
+    if (end != epsn) send_selective_nak(qp, t, epsn, psn_add(end, wire::kPsnMask));
+  }
+}
+
 }  // namespace
 
 const char* to_string(RequestCheck c) {
@@ -387,7 +540,10 @@ RequestCheck check_request(const QueuePair& qp, const wire::Packet& pkt) {
 void on_request(QueuePair& qp, const wire::Packet& pkt, Transport& t) {
   const uint32_t psn = pkt.hdr.bth.psn;
   const RequestCheck c = check_request(qp, pkt);
-  if (c == RequestCheck::kOutOfSequence) return on_out_of_sequence(qp, psn, t);
+  if (c == RequestCheck::kOutOfSequence) {
+    if (pkt.hdr.bth.selective && t.selective_retransmit()) return on_out_of_order(qp, pkt, t);
+    return on_out_of_sequence(qp, psn, t);
+  }
   if (c == RequestCheck::kDuplicate) return on_duplicate(qp, pkt, t);
   qp.resp.nak_sent = false;  // the expected PSN has arrived
   if (c != RequestCheck::kNew) {
@@ -403,6 +559,10 @@ void on_request(QueuePair& qp, const wire::Packet& pkt, Transport& t) {
     on_read(qp, pkt, t);
   else if (m & wire::kIsAtomic)
     on_atomic(qp, pkt, t);
+  if (qp.resp.ooo && qp.attr.state != QpState::kErr) {
+    for (uint32_t p = psn; p != qp.resp.epsn; p = psn_add(p, 1)) qp.resp.ooo->clear(p);
+    advance_over_placed(qp, t);
+  }
 }
 
 void flush_ack(QueuePair& qp, Transport& t) {

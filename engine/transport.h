@@ -47,6 +47,11 @@ class Transport {
   /// the device queues the QP for that time and may wake its progress thread earlier than
   /// planned. Only QPs with an armed timer are ever visited by the timer round.
   virtual void timer_armed(QueuePair& qp, uint64_t deadline_ns) = 0;
+  /// Whether this device's QPs take part in selective retransmission
+  /// (SOFTRDMA_SELECTIVE_RETX): requesters mark their requests as able to take selective
+  /// NAKs, responders keep out-of-order packets of requesters that do and report the gaps
+  /// (docs/wide-area.md). The default is off.
+  virtual bool selective_retransmit() const { return false; }
 };
 
 }  // namespace softrdma::engine

@@ -77,17 +77,17 @@ enum OpcodeFlag : uint32_t {
   kIsAtomic = 1u << 11,
   kIsFirst = 1u << 12,  ///< first packet of a multi-packet message
   kIsMiddle = 1u << 13,
-  kIsLast = 1u << 14,  ///< last packet of a multi-packet message
-  kIsOnly = 1u << 15,  ///< single-packet message (neither first nor last)
+  kIsLast = 1u << 14,           ///< last packet of a multi-packet message
+  kIsOnly = 1u << 15,           ///< single-packet message (neither first nor last)
   kConsumesRecvWqe = 1u << 16,  ///< SEND, or WRITE with immediate (at its last/only packet)
   kIsCnp = 1u << 17,
 };
 
 /// One row of the opcode table.
 struct OpcodeInfo {
-  const char* name;     ///< e.g. "RC_SEND_FIRST" (rxe/Wireshark spelling)
-  uint32_t mask;        ///< OpcodeFlag bits
-  uint8_t header_bytes; ///< BTH + all extended headers, bytes (payload starts here)
+  const char* name;      ///< e.g. "RC_SEND_FIRST" (rxe/Wireshark spelling)
+  uint32_t mask;         ///< OpcodeFlag bits
+  uint8_t header_bytes;  ///< BTH + all extended headers, bytes (payload starts here)
 };
 
 /// Table lookup. Returns nullptr for opcodes softrdma does not implement (UC/UD/RD/XRC,
@@ -97,16 +97,23 @@ const OpcodeInfo* opcode_info(uint8_t opcode) noexcept;
 /// Base Transport Header (IBTA vol 1, 9.2), host-order values.
 struct Bth {
   uint8_t opcode = 0;
-  bool solicited = false;   ///< SE
-  bool mig_req = true;      ///< M (RoCE senders set 1, as rxe does)
-  uint8_t pad_count = 0;    ///< 0..3 bytes of pad after the payload
-  uint8_t tver = 0;         ///< transport header version, must be 0
+  bool solicited = false;  ///< SE
+  bool mig_req = true;     ///< M (RoCE senders set 1, as rxe does)
+  uint8_t pad_count = 0;   ///< 0..3 bytes of pad after the payload
+  uint8_t tver = 0;        ///< transport header version, must be 0
   uint16_t pkey = kDefaultPkey;
-  bool fecn = false;        ///< ECN bits carried in byte 4 (resv8a for the ICRC)
+  bool fecn = false;  ///< ECN bits carried in byte 4 (resv8a for the ICRC)
   bool becn = false;
-  uint32_t dest_qpn = 0;    ///< 24 bits
-  bool ack_req = false;     ///< A
-  uint32_t psn = 0;         ///< 24 bits
+  uint32_t dest_qpn = 0;  ///< 24 bits
+  bool ack_req = false;   ///< A
+  /// softrdma's selective-retransmission capability, carried in bit 6 of BTH byte 8 (the
+  /// first of the 7 reserved bits after AckReq, "resv7"; covered by the ICRC). IBTA vol 1
+  /// 9.2: senders put 0 in reserved fields and receivers ignore them — rxe (rxe_hdr.h)
+  /// only clears resv7 on send, Wireshark shows it as "Reserved" — so a peer that is not
+  /// softrdma never sets it and never acts on it. Set by a requester on its requests when
+  /// SOFTRDMA_SELECTIVE_RETX is on: "I understand selective NAKs" (docs/wide-area.md).
+  bool selective = false;
+  uint32_t psn = 0;  ///< 24 bits
 };
 
 /// RDMA Extended Transport Header (9.3.3): WRITE first/only, READ request.
@@ -189,7 +196,9 @@ inline constexpr uint32_t kPsnMask = 0xffffff;
 /// QP numbers are 24 bits too (BTH DestQP, 9.2): a different quantity of the same width.
 inline constexpr uint32_t kQpnMask = 0xffffff;
 
-constexpr uint32_t psn_add(uint32_t psn, uint32_t n) noexcept { return (psn + n) & kPsnMask; }
+constexpr uint32_t psn_add(uint32_t psn, uint32_t n) noexcept {
+  return (psn + n) & kPsnMask;
+}
 
 /// Signed distance a − b in PSN space, in [−2^23, 2^23).
 constexpr int32_t psn_diff(uint32_t a, uint32_t b) noexcept {
@@ -208,6 +217,12 @@ enum class NakCode : uint8_t {
   kRemoteAccessError = 2,
   kRemoteOperationalError = 3,
   kInvalidRdRequest = 4,
+  /// softrdma's selective NAK, one of the codes IBTA table 45 reserves (5…31): "the PSNs
+  /// from BTH.PSN to AETH.MSN (the last missing one, in the MSN's 24 bits) did not arrive;
+  /// PSNs around them did and were kept". Unlike a sequence NAK it acknowledges nothing.
+  /// Sent only to requesters whose requests carried Bth::selective (IRN, Mittal et al.,
+  /// SIGCOMM 2018, section 3.2: the receiver reports what is missing).
+  kSelectiveRetransmit = 0x1f,
 };
 
 /// Credit field meaning "end-to-end flow control not used" (invalid credit count).
@@ -224,10 +239,14 @@ constexpr uint8_t aeth_nak(NakCode code) noexcept {
 }
 constexpr AckKind aeth_kind(uint8_t syndrome) noexcept {
   switch (syndrome >> 5) {
-    case 0: return AckKind::kAck;
-    case 1: return AckKind::kRnrNak;
-    case 3: return AckKind::kNak;
-    default: return AckKind::kReserved;
+    case 0:
+      return AckKind::kAck;
+    case 1:
+      return AckKind::kRnrNak;
+    case 3:
+      return AckKind::kNak;
+    default:
+      return AckKind::kReserved;
   }
 }
 

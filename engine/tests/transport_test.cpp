@@ -80,10 +80,12 @@ class FakeTransport : public Transport {
   Counters& counters() override { return counters_; }
   uint64_t now_ns() override { return now_; }
   void timer_armed(QueuePair&, uint64_t) override {}
+  bool selective_retransmit() const override { return selective; }
 
   void advance(uint64_t ns) { now_ += ns; }
   std::deque<std::vector<uint8_t>> sent;
   Counters counters_;
+  bool selective = false;  ///< SOFTRDMA_SELECTIVE_RETX of this side
 
  private:
   FakeDevice& dev_;
@@ -197,6 +199,16 @@ class TransportTest : public ::testing::Test {
     }
     return n;
   }
+  // When neither side has a packet on the way, moves both clocks past the retransmit
+  // timeout and fires the timers (what a lost packet waits for).
+  void fire_timers_when_quiet() {
+    if (!ta->sent.empty() || !tb->sent.empty()) return;
+    ta->advance(a->retransmit_timeout_ns() + 1);
+    tb->advance(b->retransmit_timeout_ns() + 1);
+    std::lock_guard lk(dev->mutex());
+    completer::on_timer(*a, *ta, ta->now_ns());
+    completer::on_timer(*b, *tb, tb->now_ns());
+  }
   // Runs both directions until nothing moves.
   void settle() {
     for (int i = 0; i < 1000; ++i)
@@ -254,9 +266,9 @@ TEST_F(TransportTest, SendLargerThanReceiveIsLengthErrorOnBothSides) {
 }
 
 TEST_F(TransportTest, WindowLimitsInFlightPsnsAndAcksSlideIt) {
-  const uint32_t pkts = 3 * requester::kWindowPsns;
+  const uint32_t pkts = 3 * CongestionWindow::kInitialPsns;
   ASSERT_EQ(post(*a, WrOpcode::kRdmaWrite, 0, pkts * kMtu), kOk);
-  EXPECT_EQ(ta->sent.size(), requester::kWindowPsns);
+  EXPECT_EQ(ta->sent.size(), CongestionWindow::kInitialPsns);
   settle();
   auto c = drain();
   ASSERT_EQ(c.size(), 1u);
@@ -350,7 +362,7 @@ TEST_F(TransportTest, SequenceNakHalvesWindow) {
   ta->sent.erase(ta->sent.begin());  // lose the first packet
   deliver(*ta, *b, *tb);
   deliver(*tb, *a, *ta);  // NAK: go back, half the window
-  EXPECT_EQ(a->req.window.psns(), CongestionWindow::kMaxPsns / 2);
+  EXPECT_EQ(a->req.window.psns(), CongestionWindow::kInitialPsns / 2);
   settle();
   ASSERT_EQ(drain().size(), 1u);
   EXPECT_EQ(std::memcmp(dst.data(), src.data(), 8 * kMtu), 0);
@@ -586,13 +598,7 @@ TEST_P(LossyTransportTest, SendsSurviveRandomLossInBothDirections) {
         ++sent_ok;
       }
     }
-    if (ta->sent.empty() && tb->sent.empty()) {  // quiet: let the timers fire
-      ta->advance(a->retransmit_timeout_ns() + 1);
-      tb->advance(b->retransmit_timeout_ns() + 1);
-      std::lock_guard lk(dev->mutex());
-      completer::on_timer(*a, *ta, ta->now_ns());
-      completer::on_timer(*b, *tb, tb->now_ns());
-    }
+    fire_timers_when_quiet();
   }
   EXPECT_EQ(received, kMessages);
 }
@@ -627,20 +633,27 @@ TEST_F(TransportTest, ResponderChecksNameTheirOutcome) {
   EXPECT_EQ(b->resp.epsn, kSqPsn);  // nothing was executed
 }
 
-// The window the requester paces with: AIMD in PSNs, bounded by kMaxPsns.
-TEST(CongestionWindowTest, GrowsByAckedPsnsHalvesOnNakCollapsesOnTimeout) {
+// The window the requester paces with: slow start, then AIMD in PSNs, within 1 … kMaxPsns.
+TEST(CongestionWindowTest, SlowStartThenAdditiveIncreaseHalvesOnNakCollapsesOnTimeout) {
   CongestionWindow w;
-  EXPECT_EQ(w.psns(), CongestionWindow::kMaxPsns);
-  w.on_acked(5);
-  EXPECT_EQ(w.psns(), CongestionWindow::kMaxPsns);  // never beyond the PSN window
+  EXPECT_EQ(w.psns(), CongestionWindow::kInitialPsns);
+  w.on_acked(128);  // slow start: every acknowledged PSN adds one
+  EXPECT_EQ(w.psns(), 256u);
+  for (int i = 0; i < 20; ++i) w.on_acked(w.psns());
+  EXPECT_EQ(w.psns(), CongestionWindow::kMaxPsns);  // never beyond the largest window
   w.on_sequence_nak();
   EXPECT_EQ(w.psns(), CongestionWindow::kMaxPsns / 2);
+  EXPECT_EQ(w.threshold(), CongestionWindow::kMaxPsns / 2);
+  w.on_acked(w.psns() - 1);  // congestion avoidance: one PSN per window acknowledged
+  EXPECT_EQ(w.psns(), CongestionWindow::kMaxPsns / 2);
+  w.on_acked(1);
+  EXPECT_EQ(w.psns(), CongestionWindow::kMaxPsns / 2 + 1);
   w.on_timeout();
   EXPECT_EQ(w.psns(), 1u);
   w.on_sequence_nak();
   EXPECT_EQ(w.psns(), 1u);  // never below one
   w.on_acked(3);
-  EXPECT_EQ(w.psns(), 4u);
+  EXPECT_EQ(w.psns(), 2u);  // slow start up to the threshold (2 after the halving at 1)
 }
 
 TEST_F(TransportTest, ModifyRejectsInvalidTransitionsAndAttributes) {
@@ -670,6 +683,186 @@ TEST_F(TransportTest, ModifyRejectsInvalidTransitionsAndAttributes) {
   EXPECT_EQ(q.modify(at, rtr), kOk);
   EXPECT_EQ(q.query().state, QpState::kRtr);
 }
+
+// A loss halves the window only down to twice the measured bandwidth-delay product: random
+// loss on a long link must not cap the window at Mathis's MSS/RTT · 1.22/√p.
+TEST(CongestionWindowTest, LossDoesNotShrinkTheWindowBelowTwoMeasuredBdps) {
+  CongestionWindow w;
+  EXPECT_EQ(w.bdp_psns(), 0u);
+  w.on_rtt_sample(30'000'000);
+  w.on_rtt_sample(20'000'000);  // the smallest round trip counts: 20 ms
+  EXPECT_EQ(w.min_rtt_ns(), 20'000'000u);
+  uint64_t now = 1'000'000'000;
+  for (int i = 0; i < 10; ++i) {  // 30,000 PSNs/s delivered (≈ 1 Gbit/s of 4 KiB)
+    now += 20'000'000;
+    w.on_delivered(600, now);
+  }
+  EXPECT_NEAR(double(w.bdp_psns()), 600.0, 2.0);
+  for (int i = 0; i < 20; ++i) w.on_acked(w.psns());  // slow start far beyond
+  for (int i = 0; i < 5; ++i) w.on_sequence_nak();  // halving: 2^16 → 2^11
+  EXPECT_EQ(w.psns(), 2048u);
+  w.on_sequence_nak();  // not to 1,024: two BDPs are 1,200
+  EXPECT_EQ(w.psns(), 2 * w.bdp_psns());
+  w.on_sequence_nak();
+  w.on_sequence_nak();
+  EXPECT_EQ(w.psns(), 2 * w.bdp_psns()) << "random losses keep two BDPs in flight";
+  w.on_timeout();
+  EXPECT_EQ(w.psns(), 1u);  // a timeout still starts over
+}
+
+// ---- Selective retransmission (IRN-style; docs/wide-area.md) ---------------------------
+
+// Packets of `t` whose PSN is 0xfffff0 (the tests' first PSN) + one of `lost` are dropped;
+// the rest stay queued.
+void lose(FakeTransport& t, std::initializer_list<uint32_t> lost) {
+  constexpr uint32_t kFirstPsn = 0xfffff0;
+  std::deque<std::vector<uint8_t>> kept;
+  for (auto& b : t.sent) {
+    bool drop = false;
+    for (uint32_t l : lost) drop |= parse(b).hdr.bth.psn == wire::psn_add(kFirstPsn, l);
+    if (!drop) kept.push_back(std::move(b));
+  }
+  t.sent = std::move(kept);
+}
+
+TEST_F(TransportTest, SelectiveNakNamesOnlyTheLostPsnsAndOnlyThoseAreSentAgain) {
+  ta->selective = tb->selective = true;
+  ASSERT_EQ(post(*a, WrOpcode::kRdmaWrite, 0, 12 * kMtu, 0, 1), kOk);
+  ASSERT_EQ(post(*a, WrOpcode::kRdmaWrite, 12 * kMtu, 3 * kMtu, 12 * kMtu, 2), kOk);
+  for (const auto& b : ta->sent) EXPECT_TRUE(parse(b).hdr.bth.selective);
+  lose(*ta, {2, 3, 7, 12});  // 12: the second WRITE's first packet (its RETH)
+  deliver(*ta, *b, *tb);
+  // Each gap reported once; the second WRITE's middle and last cannot be placed without
+  // its RETH, so each of them is reported as it arrives, with the gap before it.
+  std::vector<std::pair<uint32_t, uint32_t>> naks;
+  for (const auto& bytes : tb->sent) {
+    wire::Packet p = parse(bytes);
+    if (p.hdr.aeth.syndrome == wire::aeth_nak(wire::NakCode::kSelectiveRetransmit))
+      naks.emplace_back(uint32_t(wire::psn_diff(p.hdr.bth.psn, kSqPsn)),
+                        uint32_t(wire::psn_diff(p.hdr.aeth.msn, kSqPsn)));
+  }
+  const std::vector<std::pair<uint32_t, uint32_t>> want{{2, 3}, {7, 7}, {12, 13}, {14, 14}};
+  EXPECT_EQ(naks, want);
+  EXPECT_EQ(tb->counters_.ooo_placed.load(), 7u);  // 4…6, 8…11
+  deliver(*tb, *a, *ta);
+  std::vector<uint32_t> resent;
+  for (const auto& bytes : ta->sent)
+    resent.push_back(uint32_t(wire::psn_diff(parse(bytes).hdr.bth.psn, kSqPsn)));
+  EXPECT_EQ(resent, (std::vector<uint32_t>{2, 3, 7, 12, 13, 14}));
+  EXPECT_EQ(a->req.window.psns(), CongestionWindow::kInitialPsns / 2) << "halved once, not thrice";
+  settle();
+  auto c = drain();
+  ASSERT_EQ(c.size(), 2u);
+  EXPECT_EQ(c[0].wr_id, 1u);  // completions in order
+  EXPECT_EQ(c[1].wr_id, 2u);
+  EXPECT_EQ(std::memcmp(dst.data(), src.data(), 15 * kMtu), 0);
+  EXPECT_EQ(ta->counters_.retransmitted_pkts.load(), 6u);
+  EXPECT_EQ(b->resp.epsn, wire::psn_add(kSqPsn, 15));
+  EXPECT_FALSE(b->resp.in_write);
+}
+
+TEST_F(TransportTest, SelectiveNakIsNotSentToARequesterThatDidNotAsk) {
+  tb->selective = true;  // responder on, requester off: go-back-N
+  ASSERT_EQ(post(*a, WrOpcode::kRdmaWrite, 0, 8 * kMtu), kOk);
+  lose(*ta, {2});
+  deliver(*ta, *b, *tb);
+  ASSERT_EQ(tb->sent.size(), 1u);
+  EXPECT_EQ(parse(tb->sent[0]).hdr.aeth.syndrome, wire::aeth_nak(wire::NakCode::kPsnSequenceError));
+  EXPECT_EQ(tb->counters_.ooo_placed.load(), 0u);
+  settle();
+  ASSERT_EQ(drain().size(), 1u);
+  EXPECT_EQ(std::memcmp(dst.data(), src.data(), 8 * kMtu), 0);
+}
+
+TEST_F(TransportTest, RequesterAskingForSelectiveFallsBackToGoBackNWithAPlainResponder) {
+  ta->selective = true;  // requester on, responder off
+  ASSERT_EQ(post(*a, WrOpcode::kRdmaWrite, 0, 8 * kMtu), kOk);
+  lose(*ta, {2});
+  deliver(*ta, *b, *tb);
+  ASSERT_EQ(tb->sent.size(), 1u);
+  EXPECT_EQ(parse(tb->sent[0]).hdr.aeth.syndrome, wire::aeth_nak(wire::NakCode::kPsnSequenceError));
+  deliver(*tb, *a, *ta);
+  EXPECT_EQ(ta->sent.size(), 6u);  // go back to +2 and send everything after it again
+  settle();
+  ASSERT_EQ(drain().size(), 1u);
+  EXPECT_EQ(std::memcmp(dst.data(), src.data(), 8 * kMtu), 0);
+}
+
+TEST_F(TransportTest, SelectiveNakFromAPeerWeDidNotAskIsIgnored) {
+  ASSERT_EQ(post(*a, WrOpcode::kRdmaWrite, 0, 4 * kMtu), kOk);
+  wire::Headers h;
+  h.bth.opcode = uint8_t(Opcode::kAcknowledge);
+  h.bth.dest_qpn = a->qpn();
+  h.bth.psn = wire::psn_add(kSqPsn, 1);
+  h.aeth.syndrome = wire::aeth_nak(wire::NakCode::kSelectiveRetransmit);
+  h.aeth.msn = wire::psn_add(kSqPsn, 1);
+  ta->sent.clear();
+  tb->transmit(h, 0, {}, 0);
+  deliver(*tb, *a, *ta);
+  EXPECT_TRUE(ta->sent.empty());
+  EXPECT_EQ(ta->counters_.rcvd_malformed.load(), 1u);
+  EXPECT_EQ(a->query().state, QpState::kRts);
+}
+
+// Property: under random loss both ways, with timers, WRITEs and SENDs interleaved all land
+// byte for byte and complete in order, in selective mode; and the packets sent again stay
+// a small multiple of the packets lost.
+class SelectiveLossTest : public TransportTest, public ::testing::WithParamInterface<int> {};
+
+TEST_P(SelectiveLossTest, WritesAndSendsSurviveRandomLoss) {
+  ta->selective = tb->selective = true;
+  std::mt19937 rng(static_cast<unsigned>(GetParam()));
+  for (QueuePair* q : {a.get(), b.get()}) q->attr.retry_cnt = q->comp.retry_left = 7;
+  constexpr int kMessages = 60;
+  constexpr uint32_t kLen = 7 * kMtu + 100;
+  std::memset(dst.data(), 0, dst.size());
+  int posted = 0, completed = 0, received = 0, lost = 0;
+  for (int m = 0; m < 20; ++m) post_recv(*b, kLen, 1000 + m);
+  auto lossy = [&](FakeTransport& from, QueuePair& to, FakeTransport& to_t, int pct) {
+    std::deque<std::vector<uint8_t>> kept;
+    for (auto& p : from.sent) {
+      if (int(rng() % 100) >= pct)
+        kept.push_back(std::move(p));
+      else
+        ++lost;
+    }
+    from.sent = std::move(kept);
+    deliver(from, to, to_t);
+  };
+  for (int round = 0; round < 20000 && completed < kMessages; ++round) {
+    while (posted < kMessages && posted - completed < 16) {
+      // Every third message is a SEND (into dst's tail), the others WRITEs to their slot.
+      const WrOpcode op = posted % 3 == 2 ? WrOpcode::kSend : WrOpcode::kRdmaWrite;
+      ASSERT_EQ(post(*a, op, uint64_t(posted) * kLen % (src.size() - kLen), kLen,
+                     uint64_t(posted + 1) * kLen, uint64_t(posted)),
+                kOk);
+      ++posted;
+    }
+    lossy(*ta, *b, *tb, 5);
+    lossy(*tb, *a, *ta, 2);
+    for (const Cqe& c : drain()) {
+      ASSERT_EQ(c.status, WcStatus::kSuccess) << "wr " << c.wr_id;
+      if (c.opcode == WcOpcode::kRecv) {
+        ++received;
+        continue;
+      }
+      ASSERT_EQ(c.wr_id, uint64_t(completed)) << "completions out of order";
+      ++completed;
+    }
+    fire_timers_when_quiet();
+  }
+  ASSERT_EQ(completed, kMessages);
+  EXPECT_EQ(received, kMessages / 3);
+  for (int m = 0; m < kMessages; ++m) {
+    if (m % 3 == 2) continue;  // SENDs all went to the receive buffer at dst[0, kLen)
+    const uint64_t so = uint64_t(m) * kLen % (src.size() - kLen), dof = uint64_t(m + 1) * kLen;
+    ASSERT_EQ(std::memcmp(dst.data() + dof, src.data() + so, kLen), 0) << "WRITE " << m;
+  }
+  EXPECT_GT(ta->counters_.selective_nak_rcvd.load(), 0u);
+  EXPECT_LE(ta->counters_.retransmitted_pkts.load(), uint64_t(8 * lost + 16)) << "lost " << lost;
+}
+
+INSTANTIATE_TEST_SUITE_P(Seeds, SelectiveLossTest, ::testing::Range(1, 17));
 
 }  // namespace
 }  // namespace softrdma::engine

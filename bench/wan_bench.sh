@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# Goodput of a large RDMA WRITE stream over an emulated wide-area link (issue 9, item 2):
+# go-back-N against selective retransmission, at several loss rates.
+#
+#   bash bench/wan_bench.sh            (needs a built build/ tree and perftest's ib_write_bw)
+#
+# Environment:
+#   WAN_RATE     link rate, each direction (1gbit)
+#   WAN_DELAY    one-way delay (10ms: a 20 ms round trip)
+#   WAN_LOSSES   random loss rates in %, each direction (ACKs and NAKs are lost too) ("0 0.1 1")
+#   WAN_MB       MiB written per run: WAN_MB messages of 1 MiB (256)
+#   WAN_MODES    recovery modes ("gbn sel": SOFTRDMA_SELECTIVE_RETX=0 / 1 on both sides)
+#
+# Each run: Debian's unmodified ib_write_bw (-s 1 MiB, -n WAN_MB, tx depth 128, MTU 4096,
+# QP timeout 15 = 134 ms, above the loaded round trip) between two softrdma processes whose
+# devices both carry SOFTRDMA_WAN="delay=…,rate=…,queue=1bdp,loss=…" (the queue holds one
+# bandwidth-delay product, rate × round trip). Goodput = perftest's BW average (MB/sec =
+# 2^20 B/s), as % of the link rate (the link carries headers too: 4096 B of payload per
+# ~4,150 B on the link, so ~98.7 % is the ceiling). Prints a markdown table, then the
+# counters that explain it (packets sent again, selective NAKs, timeouts, emulator drops).
+# Nothing here is a test: figures depend on the machine and its load.
+set -uo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 1
+RATE=${WAN_RATE:-1gbit}
+DELAY=${WAN_DELAY:-10ms}
+LOSSES=${WAN_LOSSES:-"0 0.1 1"}
+MB=${WAN_MB:-256}
+MODES=${WAN_MODES:-"gbn sel"}
+B=build
+[[ -x $B/bin/softrdma ]] || { echo "build first: cmake --build build --target softrdma" >&2; exit 1; }
+command -v ib_write_bw >/dev/null || { echo "needs perftest (ib_write_bw)" >&2; exit 1; }
+OUT=$(mktemp -d /tmp/softrdma-wan-bench.XXXXXX)
+trap 'rm -rf "$OUT"' EXIT
+port=19400
+
+# Link rate in bit/s from "1gbit", "500mbit", "10g".
+rate_bps() {
+  awk -v r="$1" 'BEGIN { n = r + 0; u = tolower(r); sub(/^[0-9.]+/, "", u);
+    m = (u ~ /^g/) ? 1e9 : (u ~ /^m/) ? 1e6 : (u ~ /^k/) ? 1e3 : 1; print n * m }'
+}
+BPS=$(rate_bps "$RATE")
+
+# run MODE LOSS → prints "goodput_MBps pct seconds" and leaves the logs in $OUT/MODE-LOSS.*
+run() {
+  local mode=$1 loss=$2 sel=1
+  [[ $mode == gbn ]] && sel=0
+  local wan="delay=$DELAY,rate=$RATE,queue=1bdp,loss=$loss%,seed=$((port * 7))"
+  local log="$OUT/$mode-$loss"
+  port=$((port + 1))
+  local args=(-d srdma0 -x 0 -s 1048576 -n "$MB" -m 4096 -u 15 -F -p "$port")
+  SOFTRDMA_SELECTIVE_RETX=$sel SOFTRDMA_TRANSPORT=udp timeout 300 \
+    $B/bin/softrdma run --addr 127.0.33.1 --wan "$wan" -- ib_write_bw "${args[@]}" >"$log.srv" 2>&1 &
+  local spid=$!
+  sleep 0.5
+  local t0=$(date +%s.%N)
+  SOFTRDMA_SELECTIVE_RETX=$sel SOFTRDMA_TRANSPORT=udp timeout 300 \
+    $B/bin/softrdma run --addr 127.0.33.2 --wan "$wan" -- ib_write_bw "${args[@]}" 127.0.0.1 \
+    >"$log.cli" 2>&1 &
+  local cpid=$!
+  # The counters of the client's device while it runs (its last snapshot survives the exit).
+  while kill -0 $cpid 2>/dev/null; do
+    $B/bin/softrdma stat --json >"$log.stat.tmp" 2>/dev/null && mv "$log.stat.tmp" "$log.stat"
+    sleep 0.2
+  done
+  wait $cpid $spid
+  local t1=$(date +%s.%N)
+  awk -v bps="$BPS" -v t="$(echo "$t1 - $t0" | bc)" '/BW average/ {getline;
+      printf "%.1f %.1f %.1f\n", $4 * 1048576 / 1e6, 100 * $4 * 1048576 * 8 / bps, t; f = 1; exit}
+      END { if (!f) printf "nan nan %.1f\n", t }' "$log.cli"
+}
+
+# counter NAME FILE → the client device's (127.0.33.2) counter in a `softrdma stat --json`
+# snapshot (0 if absent)
+counter() {
+  python3 - "$1" "$2" <<'PY' 2>/dev/null || echo 0
+import json, sys
+name, path = sys.argv[1], sys.argv[2]
+devs = [d for d in json.load(open(path))["devices"] if d["address"] == "127.0.33.2"]
+print(devs[-1]["counters"].get(name, 0) if devs else 0)
+PY
+}
+
+echo "WAN link: $RATE, one-way delay $DELAY (RTT $(awk -v d="${DELAY%ms}" 'BEGIN{print 2*d}') ms), queue 1 BDP; $MB MiB of 1 MiB RDMA WRITEs"
+echo
+echo "| loss | recovery | goodput MB/s | % of link | wall s | packets sent again | selective NAKs | timeouts |"
+echo "|---|---|---|---|---|---|---|---|"
+for loss in $LOSSES; do
+  for mode in $MODES; do
+    read -r mbps pct secs < <(run "$mode" "$loss")
+    st="$OUT/$mode-$loss.stat"
+    name=$([[ $mode == gbn ]] && echo "go-back-N" || echo "selective")
+    echo "| $loss % | $name | $mbps | $pct | $secs | $(counter retransmitted_pkts "$st") | $(counter selective_nak_rcvd "$st") | $(counter retransmit_timeouts "$st") |"
+  done
+done
+echo
+echo "$(date -u +%F) $(nproc) CPUs, load $(cut -d' ' -f1-3 /proc/loadavg)"
