@@ -169,8 +169,8 @@ inline constexpr Param kParams[] = {
      .max = int64_t{1} << 40,
      .unit = "bytes",
      .empty_is_error = true,
-     .doc = "auto, AllReduce: above SOFTRDMA_CCL_SMALL_BYTES and up to this, Rabenseifner; "
-            "above, the ring"},
+     .doc = "auto, AllReduce with more than 2 ranks: above SOFTRDMA_CCL_SMALL_BYTES and up to "
+            "this, Rabenseifner; above (and with 2 ranks), the ring"},
     {.name = "SOFTRDMA_CCL_EAGER_BYTES",
      .group = Group::kCcl,
      .kind = Kind::kSize,
