@@ -15,7 +15,8 @@ KvProducer::KvProducer(Engine& engine, const PagedKvLayout& layout, void* cache)
   if (!cache) throw std::invalid_argument("kv::KvProducer: null cache");
 }
 
-void KvProducer::save_layer(const KvRequest& r, uint32_t layer) {
+void KvProducer::save_layer(const KvRequest& r, uint32_t layer,
+                            std::span<const TransferRequest> extra) {
   if (r.local_blocks.size() != r.remote_blocks.size() || r.local_blocks.empty())
     throw std::invalid_argument(
         "kv::KvProducer::save_layer: request " + std::to_string(r.id) +
@@ -44,6 +45,7 @@ void KvProducer::save_layer(const KvRequest& r, uint32_t layer) {
       i = j;
     }
   }
+  reqs.insert(reqs.end(), extra.begin(), extra.end());
   const BatchId b = engine_.allocate_batch(reqs.size());
   try {
     engine_.submit_transfer(b, reqs, layer_message(r.id, layer));
@@ -119,6 +121,21 @@ void KvConsumer::wait_for_layer(uint64_t request, uint32_t layer, const std::str
             std::max(std::chrono::duration_cast<std::chrono::milliseconds>(wait),
                      std::chrono::milliseconds(1))))
       take(*n);
+  }
+}
+
+std::optional<Notification> KvConsumer::wait_other(std::chrono::milliseconds timeout) {
+  using Clock = std::chrono::steady_clock;
+  const auto until = Clock::now() + timeout;
+  for (;;) {
+    if (!other_.empty()) {
+      Notification n = std::move(other_.front());
+      other_.erase(other_.begin());
+      return n;
+    }
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - Clock::now());
+    if (left.count() <= 0) return std::nullopt;
+    if (auto n = engine_.wait_notification(left)) take(*n);
   }
 }
 

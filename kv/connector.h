@@ -11,7 +11,9 @@
 
 #include <chrono>
 #include <cstdint>
+#include <optional>
 #include <set>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -36,9 +38,12 @@ class KvProducer {
  public:
   /// `cache` holds `layout.total_bytes()` bytes registered with `engine`.
   KvProducer(Engine& engine, const PagedKvLayout& layout, void* cache);
-  /// Posts `layer` of `request` (non-blocking). Throws std::invalid_argument on a block
-  /// outside the layout or lists of different lengths, KvError when the peer is unreachable.
-  void save_layer(const KvRequest& request, uint32_t layer);
+  /// Posts `layer` of `request` (non-blocking), plus `extra` transfers in the same batch
+  /// (e.g. a table of block checksums), all before the layer's notification. Throws
+  /// std::invalid_argument on a block outside the layout or lists of different lengths,
+  /// KvError when the peer is unreachable.
+  void save_layer(const KvRequest& request, uint32_t layer,
+                  std::span<const TransferRequest> extra = {});
   /// Waits until every saved layer has landed; throws KvError naming the peer on the first
   /// failure, or after `timeout`.
   void wait_for_save(std::chrono::milliseconds timeout);
@@ -64,6 +69,9 @@ class KvConsumer {
   bool layer_ready(uint64_t request, uint32_t layer);
   /// Notifications that were not layer notifications, taken out of the engine's queue.
   std::vector<Notification> take_other_notifications();
+  /// The oldest notification that is not a layer notification, waiting up to `timeout`
+  /// (layer notifications that arrive meanwhile are kept for wait_for_layer).
+  std::optional<Notification> wait_other(std::chrono::milliseconds timeout);
 
  private:
   void take(const Notification& n);
