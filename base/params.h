@@ -305,8 +305,8 @@ inline constexpr Param kParams[] = {
      .kind = Kind::kText,
      .default_text = "—",
      .choices = "tcp://host:port or file:///dir",
-     .doc = "the metadata store the tools and the C API open when not given one: a "
-            "`kv::TcpMetadataServer` (`kv-bench --serve-metadata`) or a shared directory"},
+     .doc = "the metadata store kv-bench and kv-demo open when `--metadata` is not given: a "
+            "`kv::TcpMetadataServer` (`--serve-metadata`) or a shared directory"},
     {.name = "SOFTRDMA_KV_HOST",
      .group = Group::kKv,
      .kind = Kind::kText,

@@ -3,8 +3,8 @@
  * Opaque handles; every call returns KV_OK (0) or a negative KV_ERR_* code, and
  * kv_last_error() gives the message of the calling thread's last failure (naming the peer
  * where one is involved). Units: bytes, milliseconds. Thread-safe like the C++ engine. */
-#ifndef SOFTRDMA_KV_C_H
-#define SOFTRDMA_KV_C_H
+#ifndef KV_C_H_INCLUDED
+#define KV_C_H_INCLUDED
 
 #include <stddef.h>
 #include <stdint.h>
@@ -89,4 +89,4 @@ int kv_get_notification(kv_engine* e, char* peer, size_t peer_cap, void* message
 }
 #endif
 
-#endif /* SOFTRDMA_KV_C_H */
+#endif /* KV_C_H_INCLUDED */
