@@ -7,6 +7,7 @@
 // (ibv_query_gid, ibv_query_pkey, ibv_get_cq_event); functions returning a pointer return
 // NULL and set errno.
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -89,6 +90,18 @@ uint32_t configured_ip() {
   std::string malformed;
   params::read_ipv4(params::kAddr, ip, malformed);
   return ip;
+}
+
+/// Whether every page of [addr, addr+length) is mapped in this process. msync(MS_ASYNC) is
+/// one system call whatever the length (no per-page vector as mincore needs, no copy as
+/// process_vm_readv does): Linux walks the VMAs of the range and answers ENOMEM for a hole,
+/// without writing anything back. A PROT_NONE mapping counts as mapped here (the kernel's
+/// ib_umem_get would fail on it when pinning); softrdma pins nothing.
+bool range_is_mapped(const void* addr, size_t length) {
+  static const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const uintptr_t start = reinterpret_cast<uintptr_t>(addr) & ~(page - 1);
+  const uintptr_t end = reinterpret_cast<uintptr_t>(addr) + length;
+  return ::msync(reinterpret_cast<void*>(start), end - start, MS_ASYNC) == 0;
 }
 
 int err(engine::Status s) {
@@ -261,6 +274,7 @@ int ctx_query_device_ex(ibv_context* ctx, const ibv_query_device_ex_input* input
   ibv_device_attr_ex full{};
   fill_device_attr(to_ctx(ctx), full.orig_attr);
   full.max_dm_size = 0;
+  full.phys_port_cnt_ex = full.orig_attr.phys_port_cnt;  // pyverbs test_phys_port_cnt_ex
   std::memcpy(attr, &full, std::min(attr_size, sizeof full));
   return 0;
 }
@@ -436,8 +450,10 @@ int _ibv_query_gid_ex(ibv_context* ctx, uint32_t port, uint32_t index, ibv_gid_e
 
 ssize_t _ibv_query_gid_table(ibv_context* ctx, ibv_gid_entry* entries, size_t max_entries,
                              uint32_t flags, size_t entry_size) {
-  if (!ctx || flags) return -EINVAL;
-  if (max_entries < 1) return -ENOMEM;
+  // The kernel's query_gid_table (ib_uverbs, rdma_query_gid_table) refuses a buffer too
+  // small for the valid entries with EINVAL (pyverbs test_query_gid_table_bad_flow).
+  if (!ctx || !entries || flags || entry_size == 0) return -EINVAL;
+  if (max_entries < 1) return -EINVAL;
   int r = _ibv_query_gid_ex(ctx, 1, 0, entries, 0, entry_size);
   return r ? -r : 1;
 }
@@ -493,6 +509,11 @@ ibv_mr* ibv_reg_mr_iova2(ibv_pd* pd, void* addr, size_t length, uint64_t iova,
   if (!pd) return fail<ibv_mr>(EINVAL);
   if (engine::Status s = engine::MemoryRegion::validate(addr, length, access); s != engine::kOk)
     return fail<ibv_mr>(err(s));
+  // As ib_umem_get: a range that wraps the address space is EINVAL, one that is not mapped
+  // (e.g. address 0x10) EFAULT.
+  if (reinterpret_cast<uintptr_t>(addr) + length < reinterpret_cast<uintptr_t>(addr))
+    return fail<ibv_mr>(EINVAL);
+  if (length && !range_is_mapped(addr, length)) return fail<ibv_mr>(EFAULT);
   auto* m = new Mr{};
   if (!m->slot.take(*to_ctx(pd->context)->dev, engine::ObjectKind::kMr)) {
     delete m;

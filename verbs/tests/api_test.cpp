@@ -6,6 +6,7 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -124,6 +125,28 @@ TEST_F(Api, GidIsIpv4MappedLoopback) {
   EXPECT_NE(0, ibv_query_gid(d.ctx, kPort, d.port.gid_tbl_len, &g)) << "index past the table";
 }
 
+// pyverbs test_device.py: test_query_gid_table_bad_flow wants -EINVAL for a buffer too
+// small (the kernel's rdma_query_gid_table), test_phys_port_cnt_ex phys_port_cnt_ex equal to
+// phys_port_cnt below 256 ports.
+TEST_F(Api, GidTableAndExtendedDeviceQueryErrnos) {
+  ibv_gid_entry table[2]{};
+  EXPECT_EQ(-EINVAL, ibv_query_gid_table(d.ctx, table, 0, 0)) << "no room for the one entry";
+  EXPECT_EQ(-EINVAL, ibv_query_gid_table(d.ctx, table, 2, 1)) << "unknown flags";
+  ASSERT_EQ(1, ibv_query_gid_table(d.ctx, table, 2, 0));
+  EXPECT_EQ(0, memcmp(table[0].gid.raw, d.gid.raw, 16));
+  ibv_gid_entry e{};
+  EXPECT_EQ(EINVAL, ibv_query_gid_ex(d.ctx, kPort, 0, &e, 1)) << "unknown flags";
+  EXPECT_EQ(EINVAL, ibv_query_gid_ex(d.ctx, kPort + 1, 0, &e, 0)) << "no such port";
+
+  ibv_device_attr_ex ex{};
+  ASSERT_EQ(0, ibv_query_device_ex(d.ctx, nullptr, &ex));
+  EXPECT_EQ(1u, ex.orig_attr.phys_port_cnt);
+  EXPECT_EQ(uint32_t{ex.orig_attr.phys_port_cnt}, ex.phys_port_cnt_ex);
+  ibv_query_device_ex_input in{};
+  in.comp_mask = 1;
+  EXPECT_EQ(EINVAL, ibv_query_device_ex(d.ctx, &in, &ex)) << "unknown input comp_mask";
+}
+
 TEST_F(Api, QueryPkey) {
   __be16 pkey = 0;
   ASSERT_EQ(0, ibv_query_pkey(d.ctx, kPort, 0, &pkey));
@@ -229,6 +252,35 @@ TEST_F(Api, RegMrRemoteRightsNeedLocalWrite) {
   EXPECT_NE(mr->rkey, mr2->rkey) << "two registrations, two keys";
   EXPECT_EQ(0, ibv_dereg_mr(mr2));
   EXPECT_EQ(0, ibv_dereg_mr(mr));
+}
+
+// Real verbs pin the pages (ib_umem_get) and fail with EFAULT on a range that is not
+// mapped; softrdma checks the mapping at registration.
+TEST_F(Api, RegMrOfUnmappedRangeIsEfault) {
+  errno = 0;
+  EXPECT_EQ(nullptr, ibv_reg_mr(d.pd, reinterpret_cast<void*>(0x10), 4096, kAllAccess));
+  EXPECT_EQ(EFAULT, errno);
+  const long page = sysconf(_SC_PAGESIZE);
+  // Three pages with a hole in the middle: the range is refused, each mapped part is not.
+  auto* p = static_cast<char*>(
+      mmap(nullptr, 3 * page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+  ASSERT_NE(MAP_FAILED, p);
+  ASSERT_EQ(0, munmap(p + page, page));
+  errno = 0;
+  EXPECT_EQ(nullptr, ibv_reg_mr(d.pd, p + 100, 2 * page, kAllAccess));
+  EXPECT_EQ(EFAULT, errno);
+  ibv_mr* head = ibv_reg_mr(d.pd, p + 100, page - 100, kAllAccess);
+  ASSERT_NE(nullptr, head) << strerror(errno);
+  ibv_mr* tail = ibv_reg_mr(d.pd, p + 2 * page, page, kAllAccess);
+  ASSERT_NE(nullptr, tail) << strerror(errno);
+  EXPECT_EQ(0, ibv_dereg_mr(head));
+  EXPECT_EQ(0, ibv_dereg_mr(tail));
+  munmap(p, page);
+  munmap(p + 2 * page, page);
+  errno = 0;
+  EXPECT_EQ(nullptr,
+            ibv_reg_mr(d.pd, reinterpret_cast<void*>(~uintptr_t{0} - 10), 4096, kAllAccess));
+  EXPECT_EQ(EINVAL, errno) << "a range that wraps the address space";
 }
 
 TEST_F(Api, DeallocPdInUseIsEbusy) {
