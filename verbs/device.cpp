@@ -1,0 +1,287 @@
+// ibv_device and ibv_context: the device list (one device, srdma0), opening a context on the
+// process's engine device, and the device, port, GID and P_Key queries.
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+#include <mutex>
+#include <string>
+
+#include "base/params.h"
+#include "engine/log.h"
+#include "net/udp_port.h"
+#include "verbs/device_name.h"
+#include "verbs/ops.h"
+
+// verbs.h wraps these exported names in inline helpers; we define the real symbols.
+#undef ibv_get_device_list
+#undef ibv_query_port
+
+using namespace softrdma;
+using namespace softrdma::verbs;
+
+namespace {
+
+constexpr uint32_t kVendorId = 0xffffff;  // as rxe: no IEEE OUI
+constexpr char kFirmware[] = "softrdma-0.1.0";
+
+/// The one device this library exposes. Its identity fields are static; the address it
+/// binds is chosen at ibv_open_device.
+ibv_device g_device = [] {
+  ibv_device d{};
+  d.node_type = IBV_NODE_CA;
+  d.transport_type = IBV_TRANSPORT_IB;
+  std::snprintf(d.name, sizeof d.name, "%s", kDeviceName);
+  std::snprintf(d.dev_name, sizeof d.dev_name, "uverbs0");
+  std::snprintf(d.dev_path, sizeof d.dev_path, "/sys/class/infiniband_verbs/uverbs0");
+  std::snprintf(d.ibdev_path, sizeof d.ibdev_path, "/sys/class/infiniband/%s", kDeviceName);
+  return d;
+}();
+
+std::mutex g_open_mu;
+std::weak_ptr<engine::Device> g_open_device;
+
+/// EUI-64-style GUID from the device address (02:00:a:ff:fe:b:c:d), in network order.
+__be64 guid_for(uint32_t ip) {
+  uint8_t b[8] = {
+      0x02, 0x00, uint8_t(ip >> 24), 0xff, 0xfe, uint8_t(ip >> 16), uint8_t(ip >> 8), uint8_t(ip)};
+  __be64 g;
+  std::memcpy(&g, b, sizeof g);
+  return g;
+}
+
+/// SOFTRDMA_ADDR, for the GUID of a device not yet opened; 127.0.0.1 when unset or malformed
+/// (a malformed address makes ibv_open_device refuse, through DeviceConfig).
+uint32_t configured_ip() {
+  uint32_t ip = (127u << 24) | 1;
+  std::string malformed;
+  params::read_ipv4(params::kAddr, ip, malformed);
+  return ip;
+}
+
+void fill_device_attr(Context* c, ibv_device_attr& a) {
+  using L = engine::DeviceLimits;
+  a = ibv_device_attr{};
+  std::snprintf(a.fw_ver, sizeof a.fw_ver, "%s", kFirmware);
+  a.node_guid = guid_for(c->dev->ip());
+  a.sys_image_guid = a.node_guid;
+  a.max_mr_size = L::kMaxMrSize;
+  a.page_size_cap = 0xfffff000;
+  a.vendor_id = kVendorId;
+  a.vendor_part_id = 0;
+  a.hw_ver = 0;
+  a.max_qp = L::kMaxQp;
+  a.max_qp_wr = L::kMaxQpWr;
+  a.device_cap_flags =
+      IBV_DEVICE_RC_RNR_NAK_GEN | IBV_DEVICE_SYS_IMAGE_GUID | IBV_DEVICE_PORT_ACTIVE_EVENT;
+  a.max_sge = L::kMaxSge;
+  a.max_sge_rd = L::kMaxSge;
+  a.max_cq = L::kMaxCq;
+  a.max_cqe = L::kMaxCqe;
+  a.max_mr = L::kMaxMr;
+  a.max_pd = L::kMaxPd;
+  a.max_qp_rd_atom = L::kMaxQpRdAtom;
+  a.max_res_rd_atom = L::kMaxQpRdAtom * 1024;
+  a.max_qp_init_rd_atom = L::kMaxQpRdAtom;
+  a.atomic_cap = IBV_ATOMIC_HCA;
+  a.max_pkeys = 1;
+  a.local_ca_ack_delay = 15;
+  a.phys_port_cnt = 1;
+}
+
+void fill_port_attr(Context* c, ibv_port_attr& p) {
+  p = ibv_port_attr{};
+  p.state = IBV_PORT_ACTIVE;
+  p.max_mtu = static_cast<ibv_mtu>(c->dev->active_mtu());
+  p.active_mtu = static_cast<ibv_mtu>(c->dev->active_mtu());
+  p.gid_tbl_len = 1;
+  p.port_cap_flags = IBV_PORT_IP_BASED_GIDS;
+  p.max_msg_sz = static_cast<uint32_t>(engine::DeviceLimits::kMaxMsgSize);
+  p.pkey_tbl_len = 1;
+  p.max_vl_num = 1;
+  p.active_width = 2;   // 4X
+  p.active_speed = 32;  // EDR (25 Gb/s per lane): the port claims 100 Gb/s
+  p.phys_state = 5;     // LinkUp
+  p.link_layer = IBV_LINK_LAYER_ETHERNET;
+}
+
+int ctx_query_port(ibv_context* ctx, uint8_t port, ibv_port_attr* attr, size_t attr_len) {
+  if (port != 1) return EINVAL;
+  ibv_port_attr full;
+  fill_port_attr(to_ctx(ctx), full);
+  std::memcpy(attr, &full, std::min(attr_len, sizeof full));
+  return 0;
+}
+
+int ctx_query_device_ex(ibv_context* ctx, const ibv_query_device_ex_input* input,
+                        ibv_device_attr_ex* attr, size_t attr_size) {
+  if (input && input->comp_mask) return EINVAL;
+  ibv_device_attr_ex full{};
+  fill_device_attr(to_ctx(ctx), full.orig_attr);
+  full.max_dm_size = 0;
+  full.phys_port_cnt_ex = full.orig_attr.phys_port_cnt;  // pyverbs test_phys_port_cnt_ex
+  std::memcpy(attr, &full, std::min(attr_size, sizeof full));
+  return 0;
+}
+
+}  // namespace
+
+extern "C" {
+
+ibv_device** ibv_get_device_list(int* num_devices) {
+  auto** list = static_cast<ibv_device**>(std::calloc(2, sizeof(ibv_device*)));
+  if (!list) return fail<ibv_device*>(ENOMEM);
+  list[0] = &g_device;
+  if (num_devices) *num_devices = 1;
+  return list;
+}
+
+void ibv_free_device_list(ibv_device** list) {
+  std::free(list);
+}
+
+const char* ibv_get_device_name(ibv_device* device) {
+  return device ? device->name : nullptr;
+}
+
+__be64 ibv_get_device_guid(ibv_device*) {
+  std::lock_guard lk(g_open_mu);
+  auto dev = g_open_device.lock();
+  return guid_for(dev ? dev->ip() : configured_ip());
+}
+
+int ibv_get_device_index(ibv_device* device) {
+  return device == &g_device ? 0 : -1;
+}
+
+ibv_context* ibv_open_device(ibv_device* device) {
+  if (device != &g_device) return fail<ibv_context>(ENODEV);
+  std::shared_ptr<engine::Device> dev;
+  {
+    std::lock_guard lk(g_open_mu);
+    dev = g_open_device.lock();
+    if (!dev) {
+      engine::DeviceConfig cfg;
+      std::string e;
+      if (!engine::DeviceConfig::from_environment(cfg, e)) {
+        engine::log().error("{}", e);
+        return fail<ibv_context>(EINVAL);
+      }
+      int rc = 0;
+      dev = engine::Device::open(cfg, rc);
+      if (!dev) {
+        engine::log().error("cannot open {}: {} ({})", kDeviceName, std::strerror(rc),
+                            cfg.ip ? "SOFTRDMA_ADDR=" + net::ipv4_to_string(cfg.ip)
+                                   : std::string("no free address in 127.0.0.1-254"));
+        return fail<ibv_context>(rc);
+      }
+      g_open_device = dev;
+    }
+  }
+  auto* c = new Context{};
+  c->dev = std::move(dev);
+  if (::pipe2(c->async_fds, O_CLOEXEC) != 0) {
+    int e = errno;
+    delete c;
+    return fail<ibv_context>(e);
+  }
+  verbs_context& v = c->vctx;
+  v.sz = sizeof(verbs_context);
+  v.query_port = ctx_query_port;
+  v.query_device_ex = ctx_query_device_ex;
+  v.create_qp_ex = ctx_create_qp_ex;
+  ibv_context& ctx = v.context;
+  ctx.device = device;
+  ctx.ops.poll_cq = op_poll_cq;
+  ctx.ops.req_notify_cq = op_req_notify_cq;
+  ctx.ops.post_send = op_post_send;
+  ctx.ops.post_recv = op_post_recv;
+  ctx.ops.post_srq_recv = op_post_srq_recv;
+  ctx.cmd_fd = -1;
+  ctx.async_fd = c->async_fds[0];
+  ctx.num_comp_vectors = 1;
+  pthread_mutex_init(&ctx.mutex, nullptr);
+  ctx.abi_compat = __VERBS_ABI_IS_EXTENDED;
+  return &ctx;
+}
+
+int ibv_close_device(ibv_context* ctx) {
+  Context* c = to_ctx(ctx);
+  ::close(c->async_fds[0]);
+  ::close(c->async_fds[1]);
+  pthread_mutex_destroy(&ctx->mutex);
+  {
+    std::lock_guard lk(g_open_mu);
+    c->dev.reset();  // the last context stops the progress thread and frees the address
+  }
+  delete c;
+  return 0;
+}
+
+int ibv_query_device(ibv_context* ctx, ibv_device_attr* attr) {
+  if (!ctx || !attr) return EINVAL;
+  fill_device_attr(to_ctx(ctx), *attr);
+  return 0;
+}
+
+int ibv_query_port(ibv_context* ctx, uint8_t port, struct _compat_ibv_port_attr* attr) {
+  if (!ctx || !attr) return EINVAL;
+  if (port != 1) return EINVAL;
+  ibv_port_attr full;
+  fill_port_attr(to_ctx(ctx), full);
+  // rdma-core's _compat_ibv_port_attr is ibv_port_attr up to and including `flags`.
+  std::memcpy(attr, &full, offsetof(ibv_port_attr, port_cap_flags2));
+  return 0;
+}
+
+int _ibv_query_gid_ex(ibv_context* ctx, uint32_t port, uint32_t index, ibv_gid_entry* entry,
+                      uint32_t flags, size_t entry_size) {
+  if (!ctx || !entry || flags) return EINVAL;
+  if (port != 1 || index != 0) return EINVAL;
+  ibv_gid_entry e{};
+  engine::Gid g = to_ctx(ctx)->dev->gid();
+  std::memcpy(e.gid.raw, g.raw, 16);
+  e.gid_index = 0;
+  e.port_num = 1;
+  e.gid_type = IBV_GID_TYPE_ROCE_V2;
+  e.ndev_ifindex = 0;
+  std::memcpy(entry, &e, std::min(entry_size, sizeof e));
+  return 0;
+}
+
+ssize_t _ibv_query_gid_table(ibv_context* ctx, ibv_gid_entry* entries, size_t max_entries,
+                             uint32_t flags, size_t entry_size) {
+  // The kernel's query_gid_table (ib_uverbs, rdma_query_gid_table) refuses a buffer too
+  // small for the valid entries with EINVAL (pyverbs test_query_gid_table_bad_flow).
+  if (!ctx || !entries || flags || entry_size == 0) return -EINVAL;
+  if (max_entries < 1) return -EINVAL;
+  int r = _ibv_query_gid_ex(ctx, 1, 0, entries, 0, entry_size);
+  return r ? -r : 1;
+}
+
+int ibv_query_gid(ibv_context* ctx, uint8_t port, int index, ibv_gid* gid) {
+  ibv_gid_entry e;
+  if (index < 0 || _ibv_query_gid_ex(ctx, port, static_cast<uint32_t>(index), &e, 0, sizeof e)) {
+    errno = EINVAL;
+    return -1;
+  }
+  *gid = e.gid;
+  return 0;
+}
+
+int ibv_query_pkey(ibv_context* ctx, uint8_t port, int index, __be16* pkey) {
+  if (!ctx || port != 1 || index != 0 || !pkey) {
+    errno = EINVAL;
+    return -1;
+  }
+  *pkey = htobe16(0xffff);
+  return 0;
+}
+
+int ibv_get_pkey_index(ibv_context* ctx, uint8_t port, __be16 pkey) {
+  if (!ctx || port != 1) return -EINVAL;
+  return be16toh(pkey) == 0xffff ? 0 : -ENOENT;
+}
+
+}  // extern "C"

@@ -1,0 +1,42 @@
+// What the per-object files of verbs/ share: the errno helpers of the C ABI boundary and
+// the ops each object file provides for ibv_open_device to place in ibv_context::ops and
+// verbs_context (the inline verbs of <infiniband/verbs.h> reach them there).
+//
+// Conventions kept from rdma-core: functions returning int return 0 or an errno value
+// (ibv_modify_qp, ibv_post_*, ibv_dealloc_pd, …) unless their man page says -1/errno
+// (ibv_query_gid, ibv_query_pkey, ibv_get_cq_event); functions returning a pointer return
+// NULL and set errno.
+#pragma once
+
+#include <cerrno>
+
+#include "verbs/objects.h"
+
+namespace softrdma::verbs {
+
+/// An engine Status as the positive errno value the C ABI returns.
+inline int err(engine::Status s) {
+  return static_cast<int>(s);
+}
+
+/// Sets errno to `e` and returns NULL: the failure convention of pointer-returning verbs.
+template <class T>
+T* fail(int e) {
+  errno = e;
+  return nullptr;
+}
+
+// cq.cpp: ibv_context::ops.poll_cq / req_notify_cq (ibv_poll_cq, ibv_req_notify_cq).
+int op_poll_cq(ibv_cq* cq, int n, ibv_wc* wc);
+int op_req_notify_cq(ibv_cq* cq, int solicited_only);
+// cq_ex.cpp: verbs_context::create_cq_ex (ibv_create_cq_ex).
+ibv_cq_ex* ctx_create_cq_ex(ibv_context* ctx, ibv_cq_init_attr_ex* attr);
+
+// qp.cpp: ibv_context::ops.post_send / post_recv / post_srq_recv and
+// verbs_context::create_qp_ex (ibv_create_qp_ex).
+int op_post_send(ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad);
+int op_post_recv(ibv_qp* qp, ibv_recv_wr* wr, ibv_recv_wr** bad);
+int op_post_srq_recv(ibv_srq* srq, ibv_recv_wr* wr, ibv_recv_wr** bad);
+ibv_qp* ctx_create_qp_ex(ibv_context* ctx, ibv_qp_init_attr_ex* attr);
+
+}  // namespace softrdma::verbs
