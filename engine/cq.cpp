@@ -1,6 +1,7 @@
 #include "engine/cq.h"
 
 #include <fcntl.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "engine/transport.h"
@@ -48,7 +49,15 @@ bool CompletionQueue::push(const Cqe& cqe, bool solicited) {
     overrun_ = true;  // IBTA 11.4.2.1: CQ overrun is an error of the CQ
     return false;
   }
-  ring_[(head_ + count_) % ring_.size()] = cqe;
+  const size_t slot = (head_ + count_) % ring_.size();
+  ring_[slot] = cqe;
+  if (!times_.empty()) {
+    timespec mono, real;
+    ::clock_gettime(CLOCK_MONOTONIC, &mono);
+    ::clock_gettime(CLOCK_REALTIME, &real);
+    times_[slot] = {uint64_t(mono.tv_sec) * 1000000000u + uint64_t(mono.tv_nsec),
+                    uint64_t(real.tv_sec) * 1000000000u + uint64_t(real.tv_nsec)};
+  }
   ++count_;
   if (arm_ == Arm::kAll ||
       (arm_ == Arm::kSolicited && (solicited || cqe.status != WcStatus::kSuccess))) {
@@ -58,9 +67,15 @@ bool CompletionQueue::push(const Cqe& cqe, bool solicited) {
   return true;
 }
 
-int CompletionQueue::pop_locked(int n, Cqe* out) {
+void CompletionQueue::record_completion_times() {
+  std::lock_guard lk(mu_);
+  times_.assign(ring_.size(), CompletionTime{});
+}
+
+int CompletionQueue::pop_locked(int n, Cqe* out, CompletionTime* times) {
   int k = 0;
   while (k < n && count_ > 0) {
+    if (times) times[k] = times_.empty() ? CompletionTime{} : times_[head_];
     out[k++] = ring_[head_];
     head_ = (head_ + 1) % ring_.size();
     --count_;
@@ -69,16 +84,20 @@ int CompletionQueue::pop_locked(int n, Cqe* out) {
 }
 
 int CompletionQueue::poll(int n, Cqe* out) {
+  return poll(n, out, nullptr);
+}
+
+int CompletionQueue::poll(int n, Cqe* out, CompletionTime* times) {
   if (n <= 0) return 0;
   {
     std::lock_guard lk(mu_);
     if (overrun_) return -1;
-    if (count_ > 0) return pop_locked(n, out);
+    if (count_ > 0) return pop_locked(n, out, times);
   }
   dev_.try_progress();
   std::lock_guard lk(mu_);
   if (overrun_) return -1;
-  return pop_locked(n, out);
+  return pop_locked(n, out, times);
 }
 
 int CompletionQueue::request_notify(bool solicited_only) {

@@ -35,6 +35,12 @@ class CompletionChannel {
   int write_fd_ = -1;
 };
 
+/// When a CQE entered its CQ (ibv_wc_read_completion_ts / _wallclock_ns).
+struct CompletionTime {
+  uint64_t monotonic_ns = 0;  // CLOCK_MONOTONIC
+  uint64_t realtime_ns = 0;   // CLOCK_REALTIME (wall clock)
+};
+
 /// A completion queue: a bounded FIFO of CQEs, produced by the engine under the device
 /// lock, consumed by poll() from application threads.
 class CompletionQueue {
@@ -56,6 +62,14 @@ class CompletionQueue {
   /// device's progress once on the caller's thread (busy-polling callers get packets
   /// processed without waiting for the progress thread). Returns -1 after an overrun.
   int poll(int n, Cqe* out);
+  /// As poll(n, out), and `times[i]` gets the time CQE i was pushed (zeros unless
+  /// record_completion_times() was called before the first push).
+  int poll(int n, Cqe* out, CompletionTime* times);
+
+  /// Stamps every CQE pushed from now on with CLOCK_MONOTONIC and CLOCK_REALTIME (two
+  /// clock reads per completion, so only CQs created with a timestamp wc_flag pay them).
+  /// Call before the CQ is used.
+  void record_completion_times();
 
   /// Arms the CQ: the next completion (or next solicited receive completion when
   /// `solicited_only`) fires one event on the channel. Returns 0.
@@ -65,14 +79,15 @@ class CompletionQueue {
   std::atomic<int> users{0};
 
  private:
-  int pop_locked(int n, Cqe* out);
+  int pop_locked(int n, Cqe* out, CompletionTime* times);
 
   ObjectRegistry& dev_;
   CompletionChannel* channel_;
   void* event_handle_;
   std::mutex mu_;
   std::vector<Cqe> ring_;
-  size_t head_ = 0;  // next to poll
+  std::vector<CompletionTime> times_;  // parallel to ring_ when completion times are recorded
+  size_t head_ = 0;                    // next to poll
   size_t count_ = 0;
   enum class Arm : uint8_t { kNone, kSolicited, kAll } arm_ = Arm::kNone;
   bool overrun_ = false;

@@ -54,6 +54,33 @@ int op_poll_cq(ibv_cq* cq, int n, ibv_wc* wc) {
   return total;
 }
 
+Cq* create_cq(ibv_context* ctx, int cqe, void* cq_context, ibv_comp_channel* channel,
+              int comp_vector, bool record_times) {
+  if (!ctx || cqe < 1 || static_cast<uint32_t>(cqe) > engine::DeviceLimits::kMaxCqe)
+    return fail<Cq>(EINVAL);
+  if (comp_vector < 0 || comp_vector >= ctx->num_comp_vectors) return fail<Cq>(EINVAL);
+  auto* c = new Cq{};
+  if (!c->slot.take(*to_ctx(ctx)->dev, engine::ObjectKind::kCq)) {
+    delete c;
+    return fail<Cq>(ENOMEM);  // max_cq reached
+  }
+  ibv_cq* ib = c->as_cq();
+  c->cq = std::make_unique<engine::CompletionQueue>(
+      *to_ctx(ctx)->dev, static_cast<uint32_t>(cqe),
+      channel ? &to_channel(channel)->channel : nullptr, ib);
+  if (record_times) c->cq->record_completion_times();
+  ib->context = ctx;
+  ib->channel = channel;
+  ib->cq_context = cq_context;
+  ib->cqe = cqe;
+  pthread_mutex_init(&ib->mutex, nullptr);
+  pthread_cond_init(&ib->cond, nullptr);
+  if (channel) ++channel->refcnt;
+  std::lock_guard lk(g_cq_mu);
+  g_live_cqs.insert(ib);
+  return c;
+}
+
 int op_req_notify_cq(ibv_cq* cq, int solicited_only) {
   return to_cq(cq)->cq->request_notify(solicited_only != 0);
 }
@@ -85,28 +112,8 @@ int ibv_destroy_comp_channel(ibv_comp_channel* channel) {
 
 ibv_cq* ibv_create_cq(ibv_context* ctx, int cqe, void* cq_context, ibv_comp_channel* channel,
                       int comp_vector) {
-  if (!ctx || cqe < 1 || static_cast<uint32_t>(cqe) > engine::DeviceLimits::kMaxCqe)
-    return fail<ibv_cq>(EINVAL);
-  if (comp_vector < 0 || comp_vector >= ctx->num_comp_vectors) return fail<ibv_cq>(EINVAL);
-  auto* c = new Cq{};
-  if (!c->slot.take(*to_ctx(ctx)->dev, engine::ObjectKind::kCq)) {
-    delete c;
-    return fail<ibv_cq>(ENOMEM);  // max_cq reached
-  }
-  ibv_cq* ib = c->as_cq();
-  c->cq = std::make_unique<engine::CompletionQueue>(
-      *to_ctx(ctx)->dev, static_cast<uint32_t>(cqe),
-      channel ? &to_channel(channel)->channel : nullptr, ib);
-  ib->context = ctx;
-  ib->channel = channel;
-  ib->cq_context = cq_context;
-  ib->cqe = cqe;
-  pthread_mutex_init(&ib->mutex, nullptr);
-  pthread_cond_init(&ib->cond, nullptr);
-  if (channel) ++channel->refcnt;
-  std::lock_guard lk(g_cq_mu);
-  g_live_cqs.insert(ib);
-  return ib;
+  Cq* c = create_cq(ctx, cqe, cq_context, channel, comp_vector, false);
+  return c ? c->as_cq() : nullptr;
 }
 
 int ibv_resize_cq(ibv_cq*, int) {

@@ -121,6 +121,9 @@ int ctx_query_device_ex(ibv_context* ctx, const ibv_query_device_ex_input* input
   fill_device_attr(to_ctx(ctx), full.orig_attr);
   full.max_dm_size = 0;
   full.phys_port_cnt_ex = full.orig_attr.phys_port_cnt;  // pyverbs test_phys_port_cnt_ex
+  // Completion timestamps count ns of CLOCK_MONOTONIC (cq_ex.cpp): a 1 GHz clock, 64 bits.
+  full.completion_timestamp_mask = ~uint64_t{0};
+  full.hca_core_clock = 1000000;  // kHz
   std::memcpy(attr, &full, std::min(attr_size, sizeof full));
   return 0;
 }
@@ -191,6 +194,8 @@ ibv_context* ibv_open_device(ibv_device* device) {
   v.query_port = ctx_query_port;
   v.query_device_ex = ctx_query_device_ex;
   v.create_qp_ex = ctx_create_qp_ex;
+  v.create_cq_ex = ctx_create_cq_ex;
+  v.query_rt_values = ctx_query_rt_values;
   ibv_context& ctx = v.context;
   ctx.device = device;
   ctx.ops.poll_cq = op_poll_cq;

@@ -6,6 +6,7 @@
 #include <infiniband/verbs.h>
 
 #include <memory>
+#include <mutex>
 
 #include "engine/cq.h"
 #include "engine/device.h"
@@ -68,6 +69,13 @@ struct Cq {
   std::unique_ptr<engine::CompletionQueue> cq;
   Reservation slot;
   std::atomic<unsigned> events_reported{0};
+  // The extended poll (ibv_start_poll … ibv_end_poll, cq_ex.cpp): the CQE the read_*
+  // accessors report, and the lock held from a successful start_poll to end_poll unless
+  // the CQ was created IBV_CREATE_CQ_ATTR_SINGLE_THREADED.
+  engine::Cqe current{};
+  engine::CompletionTime current_time{};
+  std::mutex poll_mu;
+  bool single_threaded = false;
   ibv_cq* as_cq() { return reinterpret_cast<ibv_cq*>(&ibv); }
 };
 

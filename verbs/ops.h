@@ -26,11 +26,18 @@ T* fail(int e) {
   return nullptr;
 }
 
+// cq.cpp: the CQ both ibv_create_cq and ibv_create_cq_ex build (checks `cqe` against
+// max_cqe and `comp_vector`; EINVAL, ENOMEM at max_cq); `record_times` stamps completions.
+// Returns NULL with errno set on failure.
+Cq* create_cq(ibv_context* ctx, int cqe, void* cq_context, ibv_comp_channel* channel,
+              int comp_vector, bool record_times);
 // cq.cpp: ibv_context::ops.poll_cq / req_notify_cq (ibv_poll_cq, ibv_req_notify_cq).
 int op_poll_cq(ibv_cq* cq, int n, ibv_wc* wc);
 int op_req_notify_cq(ibv_cq* cq, int solicited_only);
 // cq_ex.cpp: verbs_context::create_cq_ex (ibv_create_cq_ex).
 ibv_cq_ex* ctx_create_cq_ex(ibv_context* ctx, ibv_cq_init_attr_ex* attr);
+// cq_ex.cpp: verbs_context::query_rt_values (ibv_query_rt_values_ex), the CQ timestamp clock.
+int ctx_query_rt_values(ibv_context* ctx, ibv_values_ex* values);
 
 // qp.cpp: ibv_context::ops.post_send / post_recv / post_srq_recv and
 // verbs_context::create_qp_ex (ibv_create_qp_ex).
