@@ -46,6 +46,7 @@ CompletionQueue::~CompletionQueue() {
 bool CompletionQueue::push(const Cqe& cqe, bool solicited) {
   std::lock_guard lk(mu_);
   if (count_ == ring_.size()) {
+    if (!overrun_ && on_overrun) on_overrun();
     overrun_ = true;  // IBTA 11.4.2.1: CQ overrun is an error of the CQ
     return false;
   }

@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <mutex>
 #include <vector>
 
@@ -77,6 +78,11 @@ class CompletionQueue {
 
   /// QPs that use this CQ; destroy is refused (EBUSY) while > 0.
   std::atomic<int> users{0};
+
+  /// Called once, when the CQ first overruns (IBTA 11.4.2.1; rxe raises IB_EVENT_CQ_ERR
+  /// then), from the thread that pushed, with the CQ's lock held: it must not block or
+  /// touch this CQ. Set before the CQ is used.
+  std::function<void()> on_overrun;
 
  private:
   int pop_locked(int n, Cqe* out, CompletionTime* times);

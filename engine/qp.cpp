@@ -386,6 +386,7 @@ void QueuePair::enter_error(WcStatus status) {
   if (!sq.empty() && status != WcStatus::kWrFlushErr) retire_send(status);
   attr.state = QpState::kErr;
   flush_queues();
+  if (on_error) on_error(status);
 }
 
 }  // namespace softrdma::engine

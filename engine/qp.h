@@ -13,6 +13,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -197,6 +198,12 @@ class QueuePair {
   /// Moves the QP to ERR: the oldest uncompleted WQE completes with `status` (unless it
   /// is kWrFlushErr), everything else on both queues with IBV_WC_WR_FLUSH_ERR.
   void enter_error(WcStatus status);
+  /// Called by enter_error (under the device lock, so it must not block or call back into
+  /// the engine) when the engine moves the QP to ERR, with enter_error's status:
+  /// kWrFlushErr when the responder refused a request (IBTA 9.9.3 class C/D, no WQE to
+  /// report it on), the requester's error status otherwise. ibv_modify_qp to ERR does not
+  /// call it. The verbs layer turns it into an affiliated async event.
+  std::function<void(WcStatus)> on_error;
   /// Completes the head receive WQE.
   void complete_recv(WcStatus status, WcOpcode opcode, uint32_t byte_len, uint32_t imm_be,
                      uint32_t wc_flags, bool solicited);

@@ -69,6 +69,13 @@ Cq* create_cq(ibv_context* ctx, int cqe, void* cq_context, ibv_comp_channel* cha
       *to_ctx(ctx)->dev, static_cast<uint32_t>(cqe),
       channel ? &to_channel(channel)->channel : nullptr, ib);
   if (record_times) c->cq->record_completion_times();
+  c->cq->on_overrun = [ctx, ib] {
+    ibv_async_event e{};
+    e.element.cq = ib;
+    e.event_type = IBV_EVENT_CQ_ERR;
+    post_async_event(ctx, e);
+  };
+  async_target_created(ib);
   ib->context = ctx;
   ib->channel = channel;
   ib->cq_context = cq_context;
@@ -133,6 +140,8 @@ int ibv_destroy_cq(ibv_cq* cq) {
   while (cq->comp_events_completed != c->events_reported.load())
     pthread_cond_wait(&cq->cond, &cq->mutex);
   pthread_mutex_unlock(&cq->mutex);
+  async_target_destroyed(cq);
+  wait_async_acks(&cq->mutex, &cq->cond, &cq->async_events_completed, c->async_reported);
   if (cq->channel) --cq->channel->refcnt;
   pthread_mutex_destroy(&cq->mutex);
   pthread_cond_destroy(&cq->cond);

@@ -189,6 +189,7 @@ ibv_context* ibv_open_device(ibv_device* device) {
     delete c;
     return fail<ibv_context>(e);
   }
+  ::fcntl(c->async_fds[1], F_SETFL, O_NONBLOCK);  // the engine never waits for a reader
   verbs_context& v = c->vctx;
   v.sz = sizeof(verbs_context);
   v.query_port = ctx_query_port;

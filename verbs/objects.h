@@ -20,7 +20,7 @@ namespace softrdma::verbs {
 struct Context {
   verbs_context vctx;
   std::shared_ptr<engine::Device> dev;
-  int async_fds[2] = {-1, -1};  // async_fd is the read end; no events are generated yet
+  int async_fds[2] = {-1, -1};  // async_fd is the read end (async_event.cpp)
 };
 
 /// One object counted against the device's limit (engine::Device::reserve), returned
@@ -69,6 +69,7 @@ struct Cq {
   std::unique_ptr<engine::CompletionQueue> cq;
   Reservation slot;
   std::atomic<unsigned> events_reported{0};
+  std::atomic<unsigned> async_reported{0};  // CQ_ERR events returned by ibv_get_async_event
   // The extended poll (ibv_start_poll … ibv_end_poll, cq_ex.cpp): the CQE the read_*
   // accessors report, and the lock held from a successful start_poll to end_poll unless
   // the CQ was created IBV_CREATE_CQ_ATTR_SINGLE_THREADED.
@@ -84,6 +85,7 @@ struct Qp {
   ibv_qp_ex ibv;
   std::unique_ptr<engine::QueuePair> qp;
   Reservation slot;
+  std::atomic<unsigned> async_reported{0};  // events returned by ibv_get_async_event
   ibv_qp* as_qp() { return &ibv.qp_base; }
 };
 

@@ -46,4 +46,17 @@ int op_post_recv(ibv_qp* qp, ibv_recv_wr* wr, ibv_recv_wr** bad);
 int op_post_srq_recv(ibv_srq* srq, ibv_recv_wr* wr, ibv_recv_wr** bad);
 ibv_qp* ctx_create_qp_ex(ibv_context* ctx, ibv_qp_init_attr_ex* attr);
 
+// async_event.cpp: affiliated asynchronous events.
+/// Marks a QP or CQ handle as one events may name (on create) or may no longer name (first
+/// thing on destroy; events still queued for it are then skipped).
+void async_target_created(const void* object);
+void async_target_destroyed(const void* object);
+/// Queues `event` on ctx's async_fd; never blocks (a full pipe drops it).
+void post_async_event(ibv_context* ctx, const ibv_async_event& event);
+/// Blocks until `*completed` (the handle's acked-event count, guarded by `mu`) reaches
+/// `reported` (events ibv_get_async_event returned for it): ibv_destroy_* call it so that
+/// no event handed to the application names a freed object.
+void wait_async_acks(pthread_mutex_t* mu, pthread_cond_t* cond, const uint32_t* completed,
+                     const std::atomic<unsigned>& reported);
+
 }  // namespace softrdma::verbs

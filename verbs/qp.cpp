@@ -52,6 +52,17 @@ ibv_qp* create_qp_common(ibv_pd* pd, ibv_qp_init_attr_ex* a) {
   ib.qp_type = IBV_QPT_RC;
   pthread_mutex_init(&ib.mutex, nullptr);
   pthread_cond_init(&ib.cond, nullptr);
+  ibv_qp* handle = &ib;
+  q->qp->on_error = [handle](engine::WcStatus status) {
+    // Requester errors reach the application in their error CQE, as on hardware; a request
+    // the responder refused has no WQE to carry it (async_event.cpp).
+    if (status != engine::WcStatus::kWrFlushErr) return;
+    ibv_async_event e{};
+    e.element.qp = handle;
+    e.event_type = IBV_EVENT_QP_FATAL;
+    post_async_event(handle->context, e);
+  };
+  async_target_created(handle);
   return &ib;
 }
 
@@ -237,6 +248,9 @@ int ibv_query_qp(ibv_qp* qp, ibv_qp_attr* attr, int /*mask*/, ibv_qp_init_attr* 
 
 int ibv_destroy_qp(ibv_qp* qp) {
   Qp* q = to_qp(qp);
+  // As libibverbs: every async event returned for this QP must be acked first.
+  async_target_destroyed(qp);
+  wait_async_acks(&qp->mutex, &qp->cond, &qp->events_completed, q->async_reported);
   pthread_mutex_destroy(&qp->mutex);
   pthread_cond_destroy(&qp->cond);
   delete q;

@@ -1,0 +1,116 @@
+// Affiliated asynchronous events (ibv_get_async_event(3)) on the context's async_fd: a CQ
+// overrun raises IBV_EVENT_CQ_ERR, a request the responder refuses (bad R_Key) raises
+// IBV_EVENT_QP_FATAL on the responder's QP only; the requester learns of it from its error
+// CQE alone. Nothing is queued at open, and a destroyed object's queued event is skipped.
+#include <fcntl.h>
+#include <poll.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <thread>
+
+#include "verbs/tests/harness.h"
+
+namespace softrdma::verbs_test {
+namespace {
+
+class AsyncEvents : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_TRUE(open_device(d));
+    // Non-blocking, so that "no event" is a clean EAGAIN, never a hang.
+    const int fl = fcntl(d.ctx->async_fd, F_GETFL);
+    ASSERT_EQ(0, fcntl(d.ctx->async_fd, F_SETFL, fl | O_NONBLOCK));
+  }
+  void TearDown() override { close_device(d); }
+
+  /// Waits up to `ms` for async_fd to become readable and reads one event.
+  bool next_event(ibv_async_event& e, int ms = 5000) {
+    pollfd p{d.ctx->async_fd, POLLIN, 0};
+    if (poll(&p, 1, ms) != 1) return false;
+    return ibv_get_async_event(d.ctx, &e) == 0;
+  }
+
+  Device d;
+};
+
+TEST_F(AsyncEvents, NoneAtOpenAndAsyncFdIsARealFd) {
+  EXPECT_GE(d.ctx->async_fd, 0);
+  pollfd p{d.ctx->async_fd, POLLIN, 0};
+  EXPECT_EQ(0, poll(&p, 1, 50)) << "no event queued at open (rxe sends PORT_ACTIVE only on "
+                                   "a port state change)";
+  ibv_async_event e{};
+  errno = 0;
+  EXPECT_EQ(-1, ibv_get_async_event(d.ctx, &e));
+  EXPECT_EQ(EAGAIN, errno);
+}
+
+TEST_F(AsyncEvents, CqOverrunRaisesCqErrOnce) {
+  ConnOptions o;
+  o.cq_depth = 2;
+  Endpoint a, b;
+  ASSERT_TRUE(connect_pair(d, o, a, b));
+  Buffer buf(4096);
+  ibv_mr* mr = ibv_reg_mr(d.pd, buf.data(), buf.size(), kAllAccess);
+  ASSERT_NE(nullptr, mr);
+  for (uint64_t id = 1; id <= 4; ++id)
+    ASSERT_EQ(0, post_send(a.qp, IBV_WR_RDMA_WRITE, id, buf.data(), 8, mr->lkey, buf.addr() + 1024,
+                           mr->rkey));
+  ibv_async_event e{};
+  ASSERT_TRUE(next_event(e)) << "CQ_ERR expected";
+  EXPECT_EQ(IBV_EVENT_CQ_ERR, e.event_type) << ibv_event_type_str(e.event_type);
+  EXPECT_EQ(a.scq, e.element.cq);
+  ibv_ack_async_event(&e);
+  EXPECT_FALSE(next_event(e, 100))
+      << "one event per overrun, got " << ibv_event_type_str(e.event_type);
+  destroy_endpoint(a);
+  destroy_endpoint(b);
+  EXPECT_EQ(0, ibv_dereg_mr(mr));
+}
+
+TEST_F(AsyncEvents, RefusedRequestRaisesQpFatalOnTheResponder) {
+  Endpoint a, b;
+  ASSERT_TRUE(connect_pair(d, ConnOptions{}, a, b));
+  Buffer buf(4096);
+  ibv_mr* mr = ibv_reg_mr(d.pd, buf.data(), buf.size(), kAllAccess);
+  ASSERT_NE(nullptr, mr);
+  ASSERT_EQ(0, post_send(a.qp, IBV_WR_RDMA_WRITE, 1, buf.data(), 8, mr->lkey, buf.addr(),
+                         mr->rkey + 1000));
+  ibv_wc wc = poll_one(a.scq);
+  EXPECT_EQ(IBV_WC_REM_ACCESS_ERR, wc.status) << describe(wc);
+  ibv_async_event e{};
+  ASSERT_TRUE(next_event(e)) << "QP_FATAL expected";
+  EXPECT_EQ(IBV_EVENT_QP_FATAL, e.event_type) << ibv_event_type_str(e.event_type);
+  EXPECT_EQ(b.qp, e.element.qp) << "the responder's QP, not the requester's";
+  EXPECT_EQ(IBV_QPS_ERR, qp_state(b.qp));
+  ibv_ack_async_event(&e);
+  EXPECT_FALSE(next_event(e, 100))
+      << "no event for the requester, got " << ibv_event_type_str(e.event_type);
+  destroy_endpoint(a);
+  destroy_endpoint(b);
+  EXPECT_EQ(0, ibv_dereg_mr(mr));
+}
+
+TEST_F(AsyncEvents, EventOfADestroyedQpIsSkipped) {
+  Endpoint a, b;
+  ASSERT_TRUE(connect_pair(d, ConnOptions{}, a, b));
+  Buffer buf(4096);
+  ibv_mr* mr = ibv_reg_mr(d.pd, buf.data(), buf.size(), kAllAccess);
+  ASSERT_NE(nullptr, mr);
+  ASSERT_EQ(0, post_send(a.qp, IBV_WR_RDMA_WRITE, 1, buf.data(), 8, mr->lkey, buf.addr(),
+                         mr->rkey + 1000));
+  EXPECT_EQ(IBV_WC_REM_ACCESS_ERR, poll_one(a.scq).status);
+  pollfd p{d.ctx->async_fd, POLLIN, 0};
+  ASSERT_EQ(1, poll(&p, 1, 5000)) << "the QP_FATAL is queued";
+  destroy_endpoint(b);  // before the event was read: nothing to wait for
+  ibv_async_event e{};
+  errno = 0;
+  EXPECT_EQ(-1, ibv_get_async_event(d.ctx, &e))
+      << "skipped, got " << ibv_event_type_str(e.event_type);
+  EXPECT_EQ(EAGAIN, errno);
+  destroy_endpoint(a);
+  EXPECT_EQ(0, ibv_dereg_mr(mr));
+}
+
+}  // namespace
+}  // namespace softrdma::verbs_test
