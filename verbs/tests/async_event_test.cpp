@@ -31,7 +31,20 @@ class AsyncEvents : public ::testing::Test {
     return ibv_get_async_event(d.ctx, &e) == 0;
   }
 
+  /// Connects a to b and lets a WRITE to b with a wrong R_Key: b's responder refuses it
+  /// (NAK, b to ERR), a gets IBV_WC_REM_ACCESS_ERR. `mr` is the buffer's registration.
+  void write_with_bad_rkey(Endpoint& a, Endpoint& b, ibv_mr*& mr) {
+    ASSERT_TRUE(connect_pair(d, ConnOptions{}, a, b));
+    mr = ibv_reg_mr(d.pd, buf.data(), buf.size(), kAllAccess);
+    ASSERT_NE(nullptr, mr);
+    ASSERT_EQ(0, post_send(a.qp, IBV_WR_RDMA_WRITE, 1, buf.data(), 8, mr->lkey, buf.addr(),
+                           mr->rkey + 1000));
+    ibv_wc wc = poll_one(a.scq);
+    ASSERT_EQ(IBV_WC_REM_ACCESS_ERR, wc.status) << describe(wc);
+  }
+
   Device d;
+  Buffer buf{4096};
 };
 
 TEST_F(AsyncEvents, NoneAtOpenAndAsyncFdIsARealFd) {
@@ -70,14 +83,8 @@ TEST_F(AsyncEvents, CqOverrunRaisesCqErrOnce) {
 
 TEST_F(AsyncEvents, RefusedRequestRaisesQpFatalOnTheResponder) {
   Endpoint a, b;
-  ASSERT_TRUE(connect_pair(d, ConnOptions{}, a, b));
-  Buffer buf(4096);
-  ibv_mr* mr = ibv_reg_mr(d.pd, buf.data(), buf.size(), kAllAccess);
-  ASSERT_NE(nullptr, mr);
-  ASSERT_EQ(0, post_send(a.qp, IBV_WR_RDMA_WRITE, 1, buf.data(), 8, mr->lkey, buf.addr(),
-                         mr->rkey + 1000));
-  ibv_wc wc = poll_one(a.scq);
-  EXPECT_EQ(IBV_WC_REM_ACCESS_ERR, wc.status) << describe(wc);
+  ibv_mr* mr = nullptr;
+  ASSERT_NO_FATAL_FAILURE(write_with_bad_rkey(a, b, mr));
   ibv_async_event e{};
   ASSERT_TRUE(next_event(e)) << "QP_FATAL expected";
   EXPECT_EQ(IBV_EVENT_QP_FATAL, e.event_type) << ibv_event_type_str(e.event_type);
@@ -93,13 +100,8 @@ TEST_F(AsyncEvents, RefusedRequestRaisesQpFatalOnTheResponder) {
 
 TEST_F(AsyncEvents, EventOfADestroyedQpIsSkipped) {
   Endpoint a, b;
-  ASSERT_TRUE(connect_pair(d, ConnOptions{}, a, b));
-  Buffer buf(4096);
-  ibv_mr* mr = ibv_reg_mr(d.pd, buf.data(), buf.size(), kAllAccess);
-  ASSERT_NE(nullptr, mr);
-  ASSERT_EQ(0, post_send(a.qp, IBV_WR_RDMA_WRITE, 1, buf.data(), 8, mr->lkey, buf.addr(),
-                         mr->rkey + 1000));
-  EXPECT_EQ(IBV_WC_REM_ACCESS_ERR, poll_one(a.scq).status);
+  ibv_mr* mr = nullptr;
+  ASSERT_NO_FATAL_FAILURE(write_with_bad_rkey(a, b, mr));
   pollfd p{d.ctx->async_fd, POLLIN, 0};
   ASSERT_EQ(1, poll(&p, 1, 5000)) << "the QP_FATAL is queued";
   destroy_endpoint(b);  // before the event was read: nothing to wait for
