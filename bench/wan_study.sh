@@ -2,7 +2,7 @@
 # wan_study.sh — the training-vs-inference study over an emulated wide-area link
 # (docs/wide-area.md, "The study"). Two sites on this machine: A = 127.0.0.1–2 (prefill,
 # ranks 0–1), B = 127.0.0.3–4 (decode, ranks 2–3); one link A <-> B whose one-way delay is
-# RTT/2, with random loss on each direction, a rate limit and a one-BDP queue.
+# RTT/2, with random loss on each direction, a rate limit and a queue of max(1 BDP, 4 MiB).
 #
 #   Training: 4 ranks of build/bin/wan_study train, per point and per mode (ring, hier,
 #     hier-bf16, local-sgd); each step = compute sleep + AllReduce (sum→avg, float32).
@@ -79,7 +79,7 @@ run_ranks() {
   for ((r = 0; r < n; r++)); do
     RANK=$r WORLD_SIZE=$n MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
       SOFTRDMA_ADDR=${addrs[r]} SOFTRDMA_WAN=$topo SOFTRDMA_CCL_SITE=${sites[r]} \
-      SOFTRDMA_SELECTIVE_RETX=$retx SOFTRDMA_CCL_IB_TIMEOUT=17 SOFTRDMA_CCL_TIMEOUT_MS=120000 \
+      SOFTRDMA_SELECTIVE_RETX=$retx SOFTRDMA_CCL_IB_TIMEOUT=$ib_timeout SOFTRDMA_CCL_TIMEOUT_MS=120000 \
       timeout 600 "$tool" "$@" >"$OUT/rank$r.out" 2>"$OUT/rank$r.err" &
     pids+=($!)
   done
@@ -94,14 +94,25 @@ run_ranks() {
   cat "$OUT/rank$printer.out"
 }
 
+# queue_bytes RATE RTT_MS → the bottleneck's FIFO: one bandwidth-delay product, at least
+# 4 MiB (a shallower queue at small RTTs tail-drops the ring's 2 MiB in flight per link every
+# step — without congestion control, item 3 of the issue — and the study would measure
+# retransmit timeouts instead of distance).
+queue_bytes() {
+  local bps=${1%gbit}
+  awk -v g="$bps" -v r="$2" 'BEGIN{b = g * 1e9 / 8 * r / 1000; m = 4 * 1048576; printf "%d", (b > m ? b : m)}'
+}
+
 for rate in $RATES; do
   for rtt in $RTTS; do
     for loss in $LOSSES; do
       cat >"$topo" <<TOPO
 site A 127.0.0.1-127.0.0.2
 site B 127.0.0.3-127.0.0.4
-link A <-> B delay=$(awk "BEGIN{print $rtt/2}")ms rate=$rate queue=1bdp loss=${loss}%
+link A <-> B delay=$(awk "BEGIN{print $rtt/2}")ms rate=$rate loss=${loss}% queue=$(queue_bytes "$rate" "$rtt")
 TOPO
+      # QP ACK timeout 4.096 µs·2^x above twice the loaded round trip (RTT + a full queue).
+      ib_timeout=$(awk -v r="$rtt" 'BEGIN{x = 14; while (4.096e-3 * 2^x < 2 * (r + 70)) x++; print x}')
       for retx in 0 1; do
         for mode in $MODES; do
           line=$(run_ranks 4 $retx 0 A@127.0.0.1 A@127.0.0.2 B@127.0.0.3 B@127.0.0.4 -- \
@@ -127,7 +138,7 @@ TOPO
     done
   done
 done
-rm -f "$OUT"/rank*.out "$OUT"/rank*.err
+rm -f "$OUT"/rank*.out "$OUT"/rank*.err "$topo"
 
 # The CSV must hold one row per run, each with a positive time.
 words() { set -- $1; echo $#; }
