@@ -82,7 +82,15 @@ std::span<const Param> all() {
 }
 
 std::string_view group_name(Group group) {
-  return group == Group::kDevice ? "device" : "ccl";
+  switch (group) {
+    case Group::kDevice:
+      return "device";
+    case Group::kCcl:
+      return "ccl";
+    case Group::kKv:
+      return "kv";
+  }
+  return {};
 }
 
 std::string accepted(const Param& p) {

@@ -30,9 +30,9 @@
 
 namespace softrdma::params {
 
-/// Who reads a parameter: the device (engine/ inside the drop-in libibverbs.so.1) or the
-/// collectives library (ccl/).
-enum class Group : uint8_t { kDevice, kCcl };
+/// Who reads a parameter: the device (engine/ inside the drop-in libibverbs.so.1), the
+/// collectives library (ccl/) or the KV-cache transfer engine (kv/).
+enum class Group : uint8_t { kDevice, kCcl, kKv };
 
 /// How a value is written.
 enum class Kind : uint8_t {
@@ -187,8 +187,8 @@ inline constexpr Param kParams[] = {
      .max = int64_t{1} << 40,
      .unit = "bytes",
      .empty_is_error = true,
-     .doc = "auto, AllReduce: above SOFTRDMA_CCL_SMALL_BYTES and up to this, Rabenseifner; "
-            "above, the ring"},
+     .doc = "auto, AllReduce with more than 2 ranks: above SOFTRDMA_CCL_SMALL_BYTES and up to "
+            "this, Rabenseifner; above (and with 2 ranks), the ring"},
     {.name = "SOFTRDMA_CCL_EAGER_BYTES",
      .group = Group::kCcl,
      .kind = Kind::kSize,
@@ -347,6 +347,105 @@ inline constexpr Param kParams[] = {
      .max = 10'000,
      .unit = "µs",
      .doc = "nap between polls while waiting (then 10 ms sleeps after 20 ms idle)"},
+
+    // ---- kv (KV-cache transfer engine) -------------------------------------------------------
+    {.name = "SOFTRDMA_KV_METADATA",
+     .group = Group::kKv,
+     .kind = Kind::kText,
+     .default_text = "—",
+     .choices = "tcp://host:port or file:///dir",
+     .doc = "the metadata store kv-bench and kv-demo open when `--metadata` is not given: a "
+            "`kv::TcpMetadataServer` (`--serve-metadata`) or a shared directory"},
+    {.name = "SOFTRDMA_KV_HOST",
+     .group = Group::kKv,
+     .kind = Kind::kText,
+     .default_text = "the device's IPv4 address",
+     .choices = "a host name or address",
+     .doc = "the address an engine's handshake listener binds and advertises (TCP, where peers "
+            "exchange QP numbers)"},
+    {.name = "SOFTRDMA_KV_IB_DEVICE",
+     .group = Group::kKv,
+     .kind = Kind::kText,
+     .default_text = "first device",
+     .choices = "a verbs device name",
+     .doc = "verbs device name"},
+    {.name = "SOFTRDMA_KV_IB_GID_INDEX",
+     .group = Group::kKv,
+     .kind = Kind::kInteger,
+     .default_value = 0,
+     .default_text = "0",
+     .min = 0,
+     .max = 255,
+     .doc = "GID index (RoCE)"},
+    {.name = "SOFTRDMA_KV_QPS",
+     .group = Group::kKv,
+     .kind = Kind::kInteger,
+     .default_value = 2,
+     .default_text = "2",
+     .min = 1,
+     .max = 16,
+     .unit = "QPs",
+     .empty_is_error = true,
+     .doc = "RC QPs per peer; slices are striped over them (Mooncake: 2). The engine that opens "
+            "the connection decides"},
+    {.name = "SOFTRDMA_KV_SLICE_BYTES",
+     .group = Group::kKv,
+     .kind = Kind::kSize,
+     .default_value = 256 * 1024,
+     .default_text = "256k",
+     .min = 4096,
+     .max = int64_t{1} << 30,
+     .unit = "bytes",
+     .empty_is_error = true,
+     .doc = "transfers are cut into slices of this size (one work request each; a tail of at "
+            "most a quarter slice joins the slice before it, as in Mooncake)"},
+    {.name = "SOFTRDMA_KV_MAX_WR",
+     .group = Group::kKv,
+     .kind = Kind::kInteger,
+     .default_value = 32,
+     .default_text = "32",
+     .min = 1,
+     .max = 1024,
+     .unit = "WRs",
+     .empty_is_error = true,
+     .doc = "slices outstanding per QP; the rest wait in the engine's queue"},
+    {.name = "SOFTRDMA_KV_IB_TIMEOUT",
+     .group = Group::kKv,
+     .kind = Kind::kInteger,
+     .default_value = 14,
+     .default_text = "14",
+     .min = 1,
+     .max = 31,
+     .doc = "QP ACK timeout exponent: 4.096 µs·2^x per retry (14 ≈ 67 ms; set it above the RTT "
+            "on long links)"},
+    {.name = "SOFTRDMA_KV_IB_RETRY_CNT",
+     .group = Group::kKv,
+     .kind = Kind::kInteger,
+     .default_value = 7,
+     .default_text = "7",
+     .min = 0,
+     .max = 7,
+     .doc = "retransmissions before a peer is declared dead: a transfer to a dead peer fails "
+            "after about (retry_cnt + 1) ACK timeouts (14/7: ~0.5 s)"},
+    {.name = "SOFTRDMA_KV_SPIN_US",
+     .group = Group::kKv,
+     .kind = Kind::kInteger,
+     .default_value = 50,
+     .default_text = "50",
+     .min = 0,
+     .max = 10'000'000,
+     .unit = "µs",
+     .doc = "how long the engine's progress thread busy-polls its CQ after a completion before "
+            "it sleeps on the completion channel"},
+    {.name = "SOFTRDMA_KV_CONNECT_TIMEOUT_MS",
+     .group = Group::kKv,
+     .kind = Kind::kInteger,
+     .default_value = 10000,
+     .default_text = "10000",
+     .min = 1,
+     .max = 86'400'000,
+     .unit = "ms",
+     .doc = "bound on one handshake with a peer (TCP connect, QP exchange)"},
 };
 
 /// The registered parameter called `name`; a name not in kParams does not compile.
@@ -389,6 +488,17 @@ inline constexpr const Param& kCclIbRetryCnt = by_name("SOFTRDMA_CCL_IB_RETRY_CN
 inline constexpr const Param& kCclIbMaxWrite = by_name("SOFTRDMA_CCL_IB_MAX_WRITE");
 inline constexpr const Param& kCclSpinUs = by_name("SOFTRDMA_CCL_SPIN_US");
 inline constexpr const Param& kCclNapUs = by_name("SOFTRDMA_CCL_NAP_US");
+inline constexpr const Param& kKvMetadata = by_name("SOFTRDMA_KV_METADATA");
+inline constexpr const Param& kKvHost = by_name("SOFTRDMA_KV_HOST");
+inline constexpr const Param& kKvIbDevice = by_name("SOFTRDMA_KV_IB_DEVICE");
+inline constexpr const Param& kKvIbGidIndex = by_name("SOFTRDMA_KV_IB_GID_INDEX");
+inline constexpr const Param& kKvQps = by_name("SOFTRDMA_KV_QPS");
+inline constexpr const Param& kKvSliceBytes = by_name("SOFTRDMA_KV_SLICE_BYTES");
+inline constexpr const Param& kKvMaxWr = by_name("SOFTRDMA_KV_MAX_WR");
+inline constexpr const Param& kKvIbTimeout = by_name("SOFTRDMA_KV_IB_TIMEOUT");
+inline constexpr const Param& kKvIbRetryCnt = by_name("SOFTRDMA_KV_IB_RETRY_CNT");
+inline constexpr const Param& kKvSpinUs = by_name("SOFTRDMA_KV_SPIN_US");
+inline constexpr const Param& kKvConnectTimeoutMs = by_name("SOFTRDMA_KV_CONNECT_TIMEOUT_MS");
 
 /// Every registered parameter, in table order.
 std::span<const Param> all();
@@ -434,7 +544,7 @@ std::string markdown_table(Group group);
 /// Plain text for a terminal, `width` columns: each parameter's name, default and accepted
 /// values on one line, its doc indented below.
 std::string help_text(Group group, size_t width = 80);
-/// "device" / "ccl".
+/// "device" / "ccl" / "kv".
 std::string_view group_name(Group group);
 
 }  // namespace softrdma::params

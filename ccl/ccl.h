@@ -90,7 +90,8 @@ struct Config {
   size_t chunk_bytes = 512 * 1024;  ///< pipeline chunk of the ring, bytes
   int depth = 4;                    ///< chunks in flight per peer
   size_t small_bytes = 64 * 1024;   ///< auto: at or below this, the latency algorithm
-  /// auto, AllReduce: above small_bytes and at or below this, Rabenseifner; above, the ring.
+  /// auto, AllReduce with more than 2 ranks: above small_bytes and at or below this,
+  /// Rabenseifner; above (and with 2 ranks), the ring.
   size_t medium_bytes = 1024 * 1024;
   /// The longest site name (bytes), so that names travel in fixed 64-byte slots.
   static constexpr size_t kMaxSiteName = 63;

@@ -145,8 +145,10 @@ struct Communicator::Impl {
   /// The algorithm family for `c` (docs/collectives.md has the decision table): the ring
   /// (or chain) for large transfers, the log2(n)-message algorithms (recursive doubling,
   /// binomial trees, Bruck, recursive halving) below small_bytes or when some ranks would
-  /// own no element, and for AllReduce Rabenseifner in between (up to medium_bytes). Sizes
-  /// are per rank's buffer, except AllGather / ReduceScatter: the whole n-block buffer.
+  /// own no element, and for AllReduce with more than 2 ranks Rabenseifner in between (up to
+  /// medium_bytes; with 2 ranks it moves what the ring moves, unpipelined, and measured 1.1–2×
+  /// slower — bench/ccl_tune.sh, docs/collectives.md). Sizes are per rank's buffer, except
+  /// AllGather / ReduceScatter: the whole n-block buffer.
   /// A forced SOFTRDMA_CCL_ALGO applies where the collective has that algorithm;
   /// rabenseifner elsewhere means auto.
   /// AllReduce runs hierarchically when forced, and under auto when the ranks span several
@@ -165,7 +167,8 @@ struct Communicator::Impl {
     const size_t bytes = whole ? c.total_bytes : c.block_bytes;
     if (bytes <= config.small_bytes || c.count < static_cast<size_t>(size))
       return Algorithm::kRecursiveDoubling;
-    if (has_rabenseifner && bytes <= config.medium_bytes) return Algorithm::kRabenseifner;
+    if (has_rabenseifner && size > 2 && bytes <= config.medium_bytes)
+      return Algorithm::kRabenseifner;
     return Algorithm::kRing;
   }
 

@@ -407,4 +407,67 @@ uint16_t float_to_bfloat16(float f) {
   return f2bf(f);
 }
 
+// ---- element access for tools and tests ----------------------------------------------
+
+void store_element(void* p, DataType t, size_t i, double v) {
+  switch (t) {
+    case DataType::kInt8:
+      static_cast<int8_t*>(p)[i] = static_cast<int8_t>(v);
+      break;
+    case DataType::kUint8:
+      static_cast<uint8_t*>(p)[i] = static_cast<uint8_t>(v);
+      break;
+    case DataType::kInt32:
+      static_cast<int32_t*>(p)[i] = static_cast<int32_t>(v);
+      break;
+    case DataType::kUint32:
+      static_cast<uint32_t*>(p)[i] = static_cast<uint32_t>(v);
+      break;
+    case DataType::kInt64:
+      static_cast<int64_t*>(p)[i] = static_cast<int64_t>(v);
+      break;
+    case DataType::kUint64:
+      static_cast<uint64_t*>(p)[i] = static_cast<uint64_t>(v);
+      break;
+    case DataType::kFloat16:
+      static_cast<uint16_t*>(p)[i] = float_to_half(static_cast<float>(v));
+      break;
+    case DataType::kBfloat16:
+      static_cast<uint16_t*>(p)[i] = float_to_bfloat16(static_cast<float>(v));
+      break;
+    case DataType::kFloat32:
+      static_cast<float*>(p)[i] = static_cast<float>(v);
+      break;
+    case DataType::kFloat64:
+      static_cast<double*>(p)[i] = v;
+      break;
+  }
+}
+
+double load_element(const void* p, DataType t, size_t i) {
+  switch (t) {
+    case DataType::kInt8:
+      return static_cast<const int8_t*>(p)[i];
+    case DataType::kUint8:
+      return static_cast<const uint8_t*>(p)[i];
+    case DataType::kInt32:
+      return static_cast<const int32_t*>(p)[i];
+    case DataType::kUint32:
+      return static_cast<const uint32_t*>(p)[i];
+    case DataType::kInt64:
+      return static_cast<double>(static_cast<const int64_t*>(p)[i]);
+    case DataType::kUint64:
+      return static_cast<double>(static_cast<const uint64_t*>(p)[i]);
+    case DataType::kFloat16:
+      return half_to_float(static_cast<const uint16_t*>(p)[i]);
+    case DataType::kBfloat16:
+      return bfloat16_to_float(static_cast<const uint16_t*>(p)[i]);
+    case DataType::kFloat32:
+      return static_cast<const float*>(p)[i];
+    case DataType::kFloat64:
+      return static_cast<const double*>(p)[i];
+  }
+  return 0;
+}
+
 }  // namespace softrdma::ccl

@@ -53,4 +53,13 @@ float bfloat16_to_float(uint16_t b);
 /// float32 → bfloat16 bits, round to nearest, ties to even; NaN → quiet NaN (sign kept).
 uint16_t float_to_bfloat16(float f);
 
+/// Element `i` of a buffer of `t` as a double (exact for every type but 64-bit integers
+/// beyond ±2^53; float16/bfloat16 through float32): for tools and tests that fill and check
+/// typed buffers without a switch of their own.
+double load_element(const void* p, DataType t, size_t i);
+/// Stores `v` at element `i` of a buffer of `t`: float types rounded to nearest (through
+/// float32 for float16/bfloat16), integer types truncated toward zero (values out of the
+/// type's range are the caller's error, as with static_cast).
+void store_element(void* p, DataType t, size_t i, double v);
+
 }  // namespace softrdma::ccl

@@ -293,16 +293,17 @@ struct ParamsOptions {
 /// `softrdma params`: the registry, one group after the other.
 int cmd_params(const ParamsOptions& o) {
   bool first = true;
-  for (params::Group g : {params::Group::kDevice, params::Group::kCcl}) {
+  for (params::Group g : {params::Group::kDevice, params::Group::kCcl, params::Group::kKv}) {
     const std::string name(params::group_name(g));
     if (!o.groups.empty() && std::find(o.groups.begin(), o.groups.end(), name) == o.groups.end())
       continue;
     // One group in Markdown is exactly the docs' table (no heading), so it can be pasted.
     if (!o.markdown || o.groups.size() != 1)
       fmt::print("{}{}\n", first ? "" : "\n",
-                 g == params::Group::kDevice
-                     ? "device (libibverbs.so.1, read when srdma0 opens):"
-                     : "ccl (collectives, read when a communicator starts):");
+                 g == params::Group::kDevice ? "device (libibverbs.so.1, read when srdma0 opens):"
+                 : g == params::Group::kCcl
+                     ? "ccl (collectives, read when a communicator starts):"
+                     : "kv (KV-cache transfer engine, read when a kv::Engine starts):");
     fmt::print("{}", o.markdown ? params::markdown_table(g) : params::help_text(g));
     first = false;
   }
@@ -315,7 +316,8 @@ int main(int argc, char** argv) {
   const std::string env_help =
       "Environment read by the library (`softrdma run` sets it from its options):\n" +
       params::help_text(params::Group::kDevice) +
-      "\n`softrdma params` lists every SOFTRDMA_* variable, the collectives' (ccl) too.\n"
+      "\n`softrdma params` lists every SOFTRDMA_* variable, the collectives' (ccl) and the KV "
+      "engine's (kv) too.\n"
       "\n"
       "Example (two shells; pingpong's TCP exchange goes to 127.0.0.1):\n"
       "  softrdma run --addr 127.0.0.2 -- ibv_rc_pingpong -g 0\n"
@@ -411,11 +413,12 @@ int main(int argc, char** argv) {
       "params", "list every SOFTRDMA_* environment variable: default, accepted values, meaning");
   prm->footer(
       "One registry (base/params.h) defines each variable; the library and the collectives\n"
-      "read them through it, and README.md / docs/collectives.md hold its --markdown tables\n"
-      "(base_tests fails when they differ).");
+      "read them through it, and README.md / docs/collectives.md / docs/kv.md hold its\n"
+      "--markdown tables (base_tests fails when they differ).");
   prm->add_flag("--markdown", po.markdown, "print Markdown tables (the docs' format)");
-  prm->add_option("GROUP", po.groups, "only these groups: device (the library), ccl (collectives)")
-      ->check(CLI::IsMember({"device", "ccl"}));
+  prm->add_option("GROUP", po.groups,
+                  "only these groups: device (the library), ccl (collectives), kv (KV engine)")
+      ->check(CLI::IsMember({"device", "ccl", "kv"}));
 
   try {
     app.parse(argc, argv);

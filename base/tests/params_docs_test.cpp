@@ -1,6 +1,6 @@
-// The docs list the registry: README.md's device table and docs/collectives.md's ccl table
-// are exactly params::markdown_table(), and every SOFTRDMA_* name used anywhere in the tree
-// is either registered or one of the build-time names below.
+// The docs list the registry: README.md's device table, docs/collectives.md's ccl table and
+// docs/kv.md's kv table are exactly params::markdown_table(), and every SOFTRDMA_* name used
+// anywhere in the tree is either registered or one of the build-time names below.
 #include <gtest/gtest.h>
 
 #include <cctype>
@@ -48,6 +48,13 @@ TEST(Docs, CollectivesDocListsTheCclParametersFromTheRegistry) {
             generated_block(fs::path(SOFTRDMA_SOURCE_DIR) / "docs" / "collectives.md", Group::kCcl))
       << "docs/collectives.md is out of date: paste `build/bin/softrdma params --markdown ccl` "
          "between its <!-- params:ccl --> markers";
+}
+
+TEST(Docs, KvDocListsTheKvParametersFromTheRegistry) {
+  EXPECT_EQ(markdown_table(Group::kKv),
+            generated_block(fs::path(SOFTRDMA_SOURCE_DIR) / "docs" / "kv.md", Group::kKv))
+      << "docs/kv.md is out of date: paste `build/bin/softrdma params --markdown kv` "
+         "between its <!-- params:kv --> markers";
 }
 
 TEST(Docs, EverySoftrdmaVariableInTheTreeIsRegistered) {

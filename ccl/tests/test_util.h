@@ -86,65 +86,12 @@ inline bool is_signed(DataType t) {
 
 /// Element i of a typed buffer as a double (exact for every value the tests use).
 inline double load(DataType t, const void* p, size_t i) {
-  switch (t) {
-    case DataType::kInt8:
-      return static_cast<const int8_t*>(p)[i];
-    case DataType::kUint8:
-      return static_cast<const uint8_t*>(p)[i];
-    case DataType::kInt32:
-      return static_cast<const int32_t*>(p)[i];
-    case DataType::kUint32:
-      return static_cast<const uint32_t*>(p)[i];
-    case DataType::kInt64:
-      return static_cast<double>(static_cast<const int64_t*>(p)[i]);
-    case DataType::kUint64:
-      return static_cast<double>(static_cast<const uint64_t*>(p)[i]);
-    case DataType::kFloat16:
-      return half_to_float(static_cast<const uint16_t*>(p)[i]);
-    case DataType::kBfloat16:
-      return bfloat16_to_float(static_cast<const uint16_t*>(p)[i]);
-    case DataType::kFloat32:
-      return static_cast<const float*>(p)[i];
-    case DataType::kFloat64:
-      return static_cast<const double*>(p)[i];
-  }
-  return 0;
+  return load_element(p, t, i);
 }
 
 /// Stores v (rounded to nearest for the float types, truncated for integers) at element i.
 inline void store(DataType t, void* p, size_t i, double v) {
-  switch (t) {
-    case DataType::kInt8:
-      static_cast<int8_t*>(p)[i] = static_cast<int8_t>(v);
-      break;
-    case DataType::kUint8:
-      static_cast<uint8_t*>(p)[i] = static_cast<uint8_t>(v);
-      break;
-    case DataType::kInt32:
-      static_cast<int32_t*>(p)[i] = static_cast<int32_t>(v);
-      break;
-    case DataType::kUint32:
-      static_cast<uint32_t*>(p)[i] = static_cast<uint32_t>(v);
-      break;
-    case DataType::kInt64:
-      static_cast<int64_t*>(p)[i] = static_cast<int64_t>(v);
-      break;
-    case DataType::kUint64:
-      static_cast<uint64_t*>(p)[i] = static_cast<uint64_t>(v);
-      break;
-    case DataType::kFloat16:
-      static_cast<uint16_t*>(p)[i] = float_to_half(static_cast<float>(v));
-      break;
-    case DataType::kBfloat16:
-      static_cast<uint16_t*>(p)[i] = float_to_bfloat16(static_cast<float>(v));
-      break;
-    case DataType::kFloat32:
-      static_cast<float*>(p)[i] = static_cast<float>(v);
-      break;
-    case DataType::kFloat64:
-      static_cast<double*>(p)[i] = v;
-      break;
-  }
+  store_element(p, t, i, v);
 }
 
 /// The input of `rank` at element i, chosen so no result overflows any type: sums of 8 are

@@ -122,67 +122,6 @@ Args parse_args(int argc, char** argv) {
 
 // ---- element values -----------------------------------------------------------------------
 
-void store(void* p, DataType t, size_t i, double v) {
-  switch (t) {
-    case DataType::kInt8:
-      static_cast<int8_t*>(p)[i] = static_cast<int8_t>(v);
-      break;
-    case DataType::kUint8:
-      static_cast<uint8_t*>(p)[i] = static_cast<uint8_t>(v);
-      break;
-    case DataType::kInt32:
-      static_cast<int32_t*>(p)[i] = static_cast<int32_t>(v);
-      break;
-    case DataType::kUint32:
-      static_cast<uint32_t*>(p)[i] = static_cast<uint32_t>(v);
-      break;
-    case DataType::kInt64:
-      static_cast<int64_t*>(p)[i] = static_cast<int64_t>(v);
-      break;
-    case DataType::kUint64:
-      static_cast<uint64_t*>(p)[i] = static_cast<uint64_t>(v);
-      break;
-    case DataType::kFloat16:
-      static_cast<uint16_t*>(p)[i] = float_to_half(static_cast<float>(v));
-      break;
-    case DataType::kBfloat16:
-      static_cast<uint16_t*>(p)[i] = float_to_bfloat16(static_cast<float>(v));
-      break;
-    case DataType::kFloat32:
-      static_cast<float*>(p)[i] = static_cast<float>(v);
-      break;
-    case DataType::kFloat64:
-      static_cast<double*>(p)[i] = v;
-      break;
-  }
-}
-
-double load(const void* p, DataType t, size_t i) {
-  switch (t) {
-    case DataType::kInt8:
-      return static_cast<const int8_t*>(p)[i];
-    case DataType::kUint8:
-      return static_cast<const uint8_t*>(p)[i];
-    case DataType::kInt32:
-      return static_cast<const int32_t*>(p)[i];
-    case DataType::kUint32:
-      return static_cast<const uint32_t*>(p)[i];
-    case DataType::kInt64:
-      return static_cast<double>(static_cast<const int64_t*>(p)[i]);
-    case DataType::kUint64:
-      return static_cast<double>(static_cast<const uint64_t*>(p)[i]);
-    case DataType::kFloat16:
-      return half_to_float(static_cast<const uint16_t*>(p)[i]);
-    case DataType::kBfloat16:
-      return bfloat16_to_float(static_cast<const uint16_t*>(p)[i]);
-    case DataType::kFloat32:
-      return static_cast<const float*>(p)[i];
-    case DataType::kFloat64:
-      return static_cast<const double*>(p)[i];
-  }
-  return 0;
-}
-
 bool is_float(DataType t) {
   return t == DataType::kFloat16 || t == DataType::kBfloat16 || t == DataType::kFloat32 ||
          t == DataType::kFloat64;
@@ -503,7 +442,7 @@ void Bench::init_data(const Counts& c, DataType t, const Values& v, bool in_plac
   // gathered vector; ReduceScatter and AllToAll inputs span the whole vector.
   const uint64_t base =
       kColl.in_place_send_at_rank_slot ? static_cast<uint64_t>(rank_) * c.param : 0;
-  for (size_t i = 0; i < c.send; ++i) store(sp, t, i, v.input(rank_, base + i));
+  for (size_t i = 0; i < c.send; ++i) store_element(sp, t, i, v.input(rank_, base + i));
 }
 
 int64_t Bench::check(const Counts& c, DataType t, const Values& v, int root, bool in_place) const {
@@ -512,7 +451,7 @@ int64_t Bench::check(const Counts& c, DataType t, const Values& v, int root, boo
   int64_t wrong = 0;
   const size_t count = kColl.result_count(c, rank_, root);
   for (size_t i = 0; i < count; ++i)
-    if (!v.matches(load(rp, t, i), kColl.expected(v, i, c.param, rank_, root, n_))) ++wrong;
+    if (!v.matches(load_element(rp, t, i), kColl.expected(v, i, c.param, rank_, root, n_))) ++wrong;
   return wrong;
 }
 

@@ -1,0 +1,480 @@
+// kv::Engine's connections: the verbs device, RC QPs per peer and the handshake that
+// connects them. The engine that first needs a peer (open_segment, notify) opens a TCP
+// connection to the peer's handshake listener (address in its metadata record), sends its
+// QP numbers and PSNs, and gets the peer's; both sides then take their QPs INIT → RTR → RTS
+// (IBTA vol. 1 ch. 10.3; the same steps as ccl/verbs_setup.cpp). Mooncake's
+// handshake-over-RPC (transfer_metadata.cpp, sendHandshake) works the same way.
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <random>
+
+#include "kv/engine_impl.h"
+
+namespace softrdma::kv {
+
+using detail::Peer;
+using detail::PeerState;
+using detail::Qp;
+using detail::QpSetInfo;
+
+namespace {
+
+constexpr uint32_t kRequestMagic = 0x484b5653;  // "SVKH"
+constexpr uint32_t kReplyMagic = 0x524b5653;    // "SVKR"
+constexpr uint32_t kVersion = 1;
+enum : uint32_t { kOk = 0, kBusy = 1, kRefused = 2 };
+
+std::string errno_text(int e) {
+  return std::strerror(e);
+}
+
+// "127.0.0.4" for a RoCE GID holding an IPv4 address, the IPv6 text of other GIDs,
+// "lid N" on InfiniBand.
+std::string gid_text(const uint8_t* g, uint8_t link_layer, uint16_t lid) {
+  static const uint8_t kV4Prefix[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+  char buf[INET6_ADDRSTRLEN] = {};
+  if (std::memcmp(g, kV4Prefix, 12) == 0) return inet_ntop(AF_INET, g + 12, buf, sizeof buf);
+  const bool zero = std::all_of(g, g + 16, [](uint8_t b) { return b == 0; });
+  if (zero || link_layer == IBV_LINK_LAYER_INFINIBAND) return "lid " + std::to_string(lid);
+  return inet_ntop(AF_INET6, g, buf, sizeof buf);
+}
+
+void put_set(std::string& s, const QpSetInfo& q) {
+  s.append(reinterpret_cast<const char*>(q.gid), 16);
+  net::put_u32(s, q.lid);
+  net::put_u32(s, q.link_layer);
+  net::put_u32(s, q.mtu);
+  net::put_u32(s, static_cast<uint32_t>(q.qpns.size()));
+  for (size_t i = 0; i < q.qpns.size(); ++i) {
+    net::put_u32(s, q.qpns[i]);
+    net::put_u32(s, q.psns[i]);
+  }
+}
+
+// Reads a QP set at `at`; throws std::out_of_range when the message is short.
+QpSetInfo get_set(std::string_view s, size_t& at) {
+  QpSetInfo q;
+  if (s.size() < at + 32) throw std::out_of_range("short QP set");
+  std::memcpy(q.gid, s.data() + at, 16);
+  at += 16;
+  q.lid = net::get_u32(s, at);
+  q.link_layer = net::get_u32(s, at + 4);
+  q.mtu = net::get_u32(s, at + 8);
+  const uint32_t n = net::get_u32(s, at + 12);
+  at += 16;
+  if (n == 0 || n > 16) throw std::out_of_range("QP count out of range");
+  for (uint32_t i = 0; i < n; ++i, at += 8) {
+    q.qpns.push_back(net::get_u32(s, at));
+    q.psns.push_back(net::get_u32(s, at + 4));
+  }
+  return q;
+}
+
+std::string get_bytes(std::string_view s, size_t& at) {
+  const uint32_t n = net::get_u32(s, at);
+  if (s.size() < at + 4 + n) throw std::out_of_range("short string");
+  std::string out(s.substr(at + 4, n));
+  at += 4 + n;
+  return out;
+}
+
+// One length-prefixed frame.
+bool send_frame(int fd, const std::string& body, net::Clock::time_point deadline) {
+  std::string f;
+  net::put_bytes(f, body);
+  return net::send_all(fd, f, deadline);
+}
+
+bool recv_frame(int fd, std::string& body, net::Clock::time_point deadline) {
+  std::string len;
+  if (!net::recv_exact(fd, 4, len, deadline)) return false;
+  const uint32_t n = net::get_u32(len, 0);
+  if (n > 65536) return false;
+  return net::recv_exact(fd, n, body, deadline);
+}
+
+}  // namespace
+
+// ---- device -------------------------------------------------------------------------------
+
+void Engine::Impl::open_device() {
+  int num = 0;
+  ibv_device** list = ibv_get_device_list(&num);
+  if (!list) fail_local("no verbs device (ibv_get_device_list: " + errno_text(errno) + ")");
+  ibv_device* chosen = nullptr;
+  for (int i = 0; i < num && !chosen; ++i)
+    if (opt.device.empty() || opt.device == ibv_get_device_name(list[i])) chosen = list[i];
+  if (!chosen) {
+    ibv_free_device_list(list);
+    fail_local(opt.device.empty() ? "no verbs device"
+                                  : "no verbs device named '" + opt.device + "'");
+  }
+  ctx = ibv_open_device(chosen);
+  const int open_errno = errno;
+  ibv_free_device_list(list);
+  if (!ctx) fail_local("ibv_open_device: " + errno_text(open_errno));
+  ibv_port_attr pa{};
+  if (int e = ibv_query_port(ctx, opt.port, &pa)) fail_local("ibv_query_port: " + errno_text(e));
+  if (pa.state != IBV_PORT_ACTIVE)
+    fail_local("port " + std::to_string(opt.port) + " is not active");
+  link_layer = pa.link_layer;
+  active_mtu = pa.active_mtu;
+  lid = pa.lid;
+  if (pa.max_msg_sz) max_msg = std::min<uint64_t>(max_msg, pa.max_msg_sz);
+  if (int e = ibv_query_gid(ctx, opt.port, opt.gid_index, &gid))
+    fail_local("ibv_query_gid(index " + std::to_string(opt.gid_index) + "): " + errno_text(e));
+  device_addr = gid_text(gid.raw, link_layer, lid);
+  ibv_device_attr da{};
+  if (int e = ibv_query_device(ctx, &da)) fail_local("ibv_query_device: " + errno_text(e));
+  max_rd_atomic = static_cast<uint8_t>(std::clamp(da.max_qp_init_rd_atom, 1, 16));
+  max_dest_rd_atomic = static_cast<uint8_t>(std::clamp(da.max_qp_rd_atom, 1, 16));
+  pd = ibv_alloc_pd(ctx);
+  if (!pd) fail_local("ibv_alloc_pd: " + errno_text(errno));
+  channel = ibv_create_comp_channel(ctx);
+  if (!channel) fail_local("ibv_create_comp_channel: " + errno_text(errno));
+  fcntl(channel->fd, F_SETFL, fcntl(channel->fd, F_GETFL) | O_NONBLOCK);
+  cq_capacity = 16384;
+  if (da.max_cqe > 0) cq_capacity = std::min(cq_capacity, da.max_cqe);
+  cq = ibv_create_cq(ctx, cq_capacity, nullptr, channel, 0);
+  if (!cq) fail_local("ibv_create_cq(" + std::to_string(cq_capacity) + "): " + errno_text(errno));
+  wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (wake_fd < 0) fail_local("eventfd: " + errno_text(errno));
+}
+
+void Engine::Impl::close_device() {
+  stop = true;
+  if (wake_fd >= 0) {
+    const uint64_t one = 1;
+    [[maybe_unused]] ssize_t n = write(wake_fd, &one, sizeof one);
+  }
+  if (progress_thread.joinable()) progress_thread.join();
+  // Shutting the listening socket down wakes the listener's poll at once.
+  if (listener) ::shutdown(listener.get(), SHUT_RDWR);
+  if (listener_thread.joinable()) listener_thread.join();
+  listener = net::Fd();
+  for (auto& q : qps)
+    if (q->qp) ibv_destroy_qp(q->qp);
+  qps.clear();
+  qp_by_num.clear();
+  for (auto& [n, p] : peers) {
+    if (p->recv_mr) ibv_dereg_mr(p->recv_mr);
+    if (p->send_mr) ibv_dereg_mr(p->send_mr);
+  }
+  peers.clear();
+  for (auto& [a, r] : regions) ibv_dereg_mr(r->mr);
+  regions.clear();
+  regions_by_name.clear();
+  if (cq) ibv_destroy_cq(cq);
+  cq = nullptr;
+  if (channel) ibv_destroy_comp_channel(channel);
+  channel = nullptr;
+  if (pd) ibv_dealloc_pd(pd);
+  pd = nullptr;
+  if (ctx) ibv_close_device(ctx);
+  ctx = nullptr;
+  if (wake_fd >= 0) close(wake_fd);
+  wake_fd = -1;
+}
+
+// ---- QPs ----------------------------------------------------------------------------------
+
+Peer& Engine::Impl::peer_entry(const std::string& peer) {
+  auto it = peers.find(peer);
+  if (it != peers.end()) return *it->second;
+  auto p = std::make_unique<Peer>();
+  p->name = peer;
+  p->desc = "'" + peer + "'";
+  register_notify_buffers(*p);
+  Peer& ref = *p;
+  peers[peer] = std::move(p);
+  return ref;
+}
+
+void Engine::Impl::register_notify_buffers(Peer& p) {
+  const int local_write = IBV_ACCESS_LOCAL_WRITE;
+  p.recv_buf.assign(size_t{detail::kNotifySlots} * detail::kSlotBytes, 0);
+  p.send_buf.assign(size_t{detail::kNotifySlots} * detail::kSlotBytes, 0);
+  p.recv_mr = ibv_reg_mr(pd, p.recv_buf.data(), p.recv_buf.size(), local_write);
+  p.send_mr = ibv_reg_mr(pd, p.send_buf.data(), p.send_buf.size(), local_write);
+  if (!p.recv_mr || !p.send_mr)
+    fail_local("ibv_reg_mr(notification buffers): " + errno_text(errno));
+  for (uint32_t s = 0; s < detail::kNotifySlots; ++s)
+    p.free_send_slots.push_back(detail::kNotifySlots - 1 - s);
+}
+
+std::vector<Qp*> Engine::Impl::create_qps(Peer& p, uint32_t n) {
+  const uint32_t send_wr = opt.max_wr + detail::kNotifySlots + 8;
+  const int per_qp = static_cast<int>(send_wr + detail::kNotifySlots);
+  if (cq_reserved + per_qp * static_cast<int>(n) > cq_capacity)
+    throw KvError("kv engine '" + name + "': too many connections for the CQ (" +
+                      std::to_string(cq_capacity) + " entries) to add peer " + p.desc,
+                  p.name);
+  std::random_device rd;
+  std::vector<Qp*> set;
+  for (uint32_t i = 0; i < n; ++i) {
+    ibv_qp_init_attr ia{};
+    ia.send_cq = cq;
+    ia.recv_cq = cq;
+    ia.qp_type = IBV_QPT_RC;
+    ia.cap.max_send_wr = send_wr;
+    ia.cap.max_recv_wr = detail::kNotifySlots;
+    ia.cap.max_send_sge = 1;
+    ia.cap.max_recv_sge = 1;
+    ibv_qp* raw = ibv_create_qp(pd, &ia);
+    ibv_qp_attr a{};
+    a.qp_state = IBV_QPS_INIT;
+    a.port_num = opt.port;
+    a.qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
+    const int e =
+        raw ? ibv_modify_qp(raw, &a,
+                            IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS)
+            : errno;
+    if (!raw || e) {
+      if (raw) ibv_destroy_qp(raw);
+      for (Qp* q : set) destroy_qp(q);
+      throw KvError(
+          "kv engine '" + name + "': creating a QP for peer " + p.desc + ": " + errno_text(e),
+          p.name);
+    }
+    auto q = std::make_unique<Qp>();
+    q->qp = raw;
+    q->peer = &p;
+    q->index = i;
+    qp_by_num[raw->qp_num] = q.get();
+    set.push_back(q.get());
+    qps.push_back(std::move(q));
+    cq_reserved += per_qp;
+  }
+  psns.clear();
+  for (uint32_t i = 0; i < n; ++i) psns.push_back(rd() & 0xffffff);
+  return set;
+}
+
+QpSetInfo Engine::Impl::local_info(const std::vector<Qp*>& set) const {
+  QpSetInfo i;
+  std::memcpy(i.gid, gid.raw, 16);
+  i.lid = lid;
+  i.link_layer = link_layer;
+  i.mtu = active_mtu;
+  for (size_t k = 0; k < set.size(); ++k) {
+    i.qpns.push_back(set[k]->qp->qp_num);
+    i.psns.push_back(psns.size() > k ? psns[k] : 0);
+  }
+  return i;
+}
+
+void Engine::Impl::destroy_qp(Qp* q) {
+  qp_by_num.erase(q->qp->qp_num);
+  ibv_destroy_qp(q->qp);
+  cq_reserved -= static_cast<int>(opt.max_wr + 2 * detail::kNotifySlots + 8);
+  auto it = std::find_if(qps.begin(), qps.end(), [q](const auto& u) { return u.get() == q; });
+  if (it != qps.end()) qps.erase(it);
+}
+
+void Engine::Impl::install_qps(Peer& p, const std::vector<Qp*>& set, const QpSetInfo& remote,
+                               const std::vector<uint32_t>& my_psns, detail::DueCallbacks& due) {
+  if (remote.qpns.size() != set.size())
+    throw KvError("kv engine '" + name + "': peer " + p.desc + " answered with " +
+                      std::to_string(remote.qpns.size()) + " QPs for " + std::to_string(set.size()),
+                  p.name);
+  for (size_t i = 0; i < set.size(); ++i) {
+    ibv_qp_attr a{};
+    a.qp_state = IBV_QPS_RTR;
+    a.path_mtu = static_cast<ibv_mtu>(std::min<uint32_t>(active_mtu, remote.mtu));
+    a.dest_qp_num = remote.qpns[i];
+    a.rq_psn = remote.psns[i];
+    a.max_dest_rd_atomic = max_dest_rd_atomic;
+    a.min_rnr_timer = 12;
+    a.ah_attr.port_num = opt.port;
+    a.ah_attr.dlid = static_cast<uint16_t>(remote.lid);
+    if (link_layer == IBV_LINK_LAYER_ETHERNET || remote.link_layer == IBV_LINK_LAYER_ETHERNET) {
+      a.ah_attr.is_global = 1;
+      std::memcpy(a.ah_attr.grh.dgid.raw, remote.gid, 16);
+      a.ah_attr.grh.sgid_index = static_cast<uint8_t>(opt.gid_index);
+      a.ah_attr.grh.hop_limit = 64;
+    }
+    if (int e = ibv_modify_qp(set[i]->qp, &a,
+                              IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
+                                  IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER))
+      throw KvError("kv engine '" + name + "': QP to RTR for peer " + p.desc + ": " + errno_text(e),
+                    p.name);
+    ibv_qp_attr s{};
+    s.qp_state = IBV_QPS_RTS;
+    s.timeout = opt.ib_timeout;
+    s.retry_cnt = opt.retry_cnt;
+    s.rnr_retry = 7;
+    s.sq_psn = my_psns[i];
+    s.max_rd_atomic = max_rd_atomic;
+    if (int e = ibv_modify_qp(set[i]->qp, &s,
+                              IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
+                                  IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC))
+      throw KvError("kv engine '" + name + "': QP to RTS for peer " + p.desc + ": " + errno_text(e),
+                    p.name);
+  }
+  // The old set (a peer that restarted or reconnects after a failure) goes.
+  if (!p.qps.empty()) fail_peer(p, "the connection was replaced by a new handshake", due);
+  p.desc = "'" + p.name + "' (" +
+           gid_text(remote.gid, static_cast<uint8_t>(remote.link_layer),
+                    static_cast<uint16_t>(remote.lid)) +
+           ")";
+  p.qps = set;
+  p.state = PeerState::kConnected;
+  p.broken_reason.clear();
+  for (uint32_t s = 0; s < detail::kNotifySlots; ++s) post_recv(*set[0], s);
+  cv.notify_all();
+}
+
+// ---- handshake ----------------------------------------------------------------------------
+
+void Engine::Impl::start_listener() {
+  listen_host = opt.host;
+  if (listen_host.empty()) {
+    in_addr a{};
+    listen_host = inet_pton(AF_INET, device_addr.c_str(), &a) == 1 ? device_addr : "127.0.0.1";
+  }
+  listener = net::listen_tcp(listen_host, 0, listen_port);
+  listener_thread = std::thread([this] {
+    while (!stop) {
+      net::Fd fd = net::accept_tcp(listener.get(), 100);
+      if (fd) serve_handshake(std::move(fd));
+    }
+  });
+}
+
+void Engine::Impl::serve_handshake(net::Fd fd) {
+  const auto deadline = net::Clock::now() + opt.connect_timeout;
+  std::string req;
+  if (!recv_frame(fd.get(), req, deadline)) return;
+  std::string reply;
+  net::put_u32(reply, kReplyMagic);
+  detail::DueCallbacks due;
+  try {
+    size_t at = 8;
+    if (req.size() < 8 || net::get_u32(req, 0) != kRequestMagic || net::get_u32(req, 4) != kVersion)
+      throw std::out_of_range("not a kv handshake of version " + std::to_string(kVersion));
+    const std::string from = get_bytes(req, at);
+    const QpSetInfo remote = get_set(req, at);
+    std::unique_lock lk(mu);
+    Peer& p = peer_entry(from);
+    if (p.state == PeerState::kConnecting && name < from) {
+      // Both sides are connecting: the engine with the smaller name initiates.
+      net::put_u32(reply, kBusy);
+      net::put_bytes(reply, {});
+    } else {
+      std::vector<Qp*> set = create_qps(p, static_cast<uint32_t>(remote.qpns.size()));
+      const std::vector<uint32_t> mine = psns;
+      try {
+        install_qps(p, set, remote, mine, due);
+      } catch (...) {
+        for (Qp* q : set) destroy_qp(q);
+        throw;
+      }
+      net::put_u32(reply, kOk);
+      net::put_bytes(reply, {});
+      put_set(reply, local_info(set));
+    }
+  } catch (const std::exception& e) {
+    reply.resize(4);
+    net::put_u32(reply, kRefused);
+    net::put_bytes(reply, e.what());
+  }
+  send_frame(fd.get(), reply, deadline);
+  for (auto& [cb, args] : due) cb(args.first, args.second);
+}
+
+Peer& Engine::Impl::ensure_connected(std::unique_lock<std::mutex>& lk, const std::string& peer,
+                                     const detail::PeerRecord* record) {
+  Peer& p = peer_entry(peer);
+  const auto until = Clock::now() + opt.connect_timeout;
+  const std::string who = "kv engine '" + name + "': peer '" + peer + "'";
+  while (p.state == PeerState::kConnecting)
+    if (cv.wait_until(lk, until) == std::cv_status::timeout)
+      throw KvError(who + ": handshake still running after " +
+                        std::to_string(opt.connect_timeout.count()) + " ms",
+                    peer);
+  if (p.state == PeerState::kConnected) return p;
+
+  p.state = PeerState::kConnecting;
+  std::vector<Qp*> set;
+  try {
+    set = create_qps(p, opt.qps_per_peer);
+  } catch (...) {
+    p.state = PeerState::kBroken;
+    cv.notify_all();
+    throw;
+  }
+  const std::vector<uint32_t> mine = psns;
+  std::string req;
+  net::put_u32(req, kRequestMagic);
+  net::put_u32(req, kVersion);
+  net::put_bytes(req, name);
+  put_set(req, local_info(set));
+  lk.unlock();
+
+  std::string error, reply;
+  uint32_t status = kRefused;
+  QpSetInfo remote;
+  try {
+    std::optional<detail::PeerRecord> fetched;
+    if (!record) {
+      std::optional<std::string> text = store->get("softrdma-kv/" + peer);
+      if (!text) throw std::runtime_error("no engine '" + peer + "' in " + store->describe());
+      fetched = detail::parse_record(*text);
+      record = &*fetched;
+    }
+    const auto deadline = net::Clock::now() + opt.connect_timeout;
+    net::Fd fd = net::connect_tcp(record->host, record->port, deadline, false);
+    if (!send_frame(fd.get(), req, deadline) || !recv_frame(fd.get(), reply, deadline))
+      throw std::runtime_error("the handshake with " + record->host + ":" +
+                               std::to_string(record->port) + " (pid " +
+                               std::to_string(record->pid) + ") got no answer");
+    size_t at = 8;
+    if (reply.size() < 8 || net::get_u32(reply, 0) != kReplyMagic)
+      throw std::runtime_error("malformed handshake reply");
+    status = net::get_u32(reply, 4);
+    const std::string text = get_bytes(reply, at);
+    if (status == kRefused) throw std::runtime_error("refused the handshake: " + text);
+    if (status == kOk) remote = get_set(reply, at);
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+
+  lk.lock();
+  detail::DueCallbacks due;
+  auto drop = [&](const std::string& why) {
+    for (Qp* q : set) destroy_qp(q);
+    if (p.state == PeerState::kConnecting) p.state = PeerState::kBroken;
+    p.broken_reason = why;
+    cv.notify_all();
+    throw KvError(who + ": " + why, peer);
+  };
+  if (!error.empty()) drop(error);
+  if (status == kBusy) {
+    // The peer is connecting to this engine at the same time and wins: its handshake
+    // arrives at this engine's listener.
+    for (Qp* q : set) destroy_qp(q);
+    set.clear();
+    if (!cv.wait_until(lk, until, [&] { return p.state == PeerState::kConnected; }))
+      drop("the peer's own handshake did not arrive");
+    return p;
+  }
+  try {
+    install_qps(p, set, remote, mine, due);
+  } catch (const std::exception& e) {
+    drop(e.what());
+  }
+  if (!due.empty()) {
+    lk.unlock();
+    for (auto& [cb, args] : due) cb(args.first, args.second);
+    lk.lock();
+  }
+  return p;
+}
+
+}  // namespace softrdma::kv

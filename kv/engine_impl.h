@@ -1,0 +1,248 @@
+// kv::Engine's inside, shared by engine.cpp (the API: segments, batches, notifications,
+// the metadata record), connection.cpp (device, QPs, the handshake) and progress.cpp (the
+// progress thread: posting slices, completions, failures).
+//
+// Locking: one mutex `mu` guards every table below. The progress thread takes it per batch
+// of completions; the API takes it per call; neither holds it across network I/O (the
+// handshake and the metadata store are talked to with `mu` released). Callbacks run with
+// `mu` released.
+#pragma once
+
+#include <infiniband/verbs.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "kv/engine.h"
+#include "kv/socket.h"
+
+namespace softrdma::kv {
+
+using Clock = std::chrono::steady_clock;
+
+namespace detail {
+
+/// Notification buffers per peer: slots of kSlotBytes (a u32 length, then the message).
+constexpr uint32_t kNotifySlots = 64;
+constexpr uint32_t kSlotBytes = 1024;
+static_assert(Engine::kMaxNotifyBytes + 4 <= kSlotBytes);
+
+/// What a work request is, in the low 3 bits of its wr_id; the rest is a Slice pointer
+/// (kData) or a slot index (kNotifySend, kRecv) or a probe sequence number (kProbe).
+enum class WrKind : uint64_t { kData = 0, kNotifySend = 1, kRecv = 2, kProbe = 3 };
+constexpr uint64_t kKindMask = 7;
+
+struct Batch;
+struct Qp;
+struct Peer;
+
+/// A local registration (a Segment plus its MR). `refs` counts register_memory calls;
+/// `inflight` the slices that use it.
+struct Region {
+  Segment seg;
+  ibv_mr* mr = nullptr;
+  int refs = 1;
+  uint64_t inflight = 0;
+};
+
+/// One work request's worth of a transfer.
+struct Slice {
+  Batch* batch = nullptr;
+  Region* region = nullptr;
+  Qp* qp = nullptr;
+  uint64_t local = 0;
+  uint64_t remote = 0;
+  uint32_t lkey = 0;
+  uint32_t rkey = 0;
+  uint32_t length = 0;
+  Opcode opcode = Opcode::kWrite;
+};
+
+struct Batch {
+  BatchId id = 0;
+  size_t capacity = 0;
+  size_t transfers = 0;
+  uint64_t bytes_total = 0;
+  uint64_t bytes_done = 0;
+  size_t slices_left = 0;    ///< slices submitted and not yet finished
+  std::deque<Slice> slices;  ///< stable addresses: wr_ids point at them
+  std::string notify;        ///< sent to notify_peer when the batch completes
+  std::string notify_peer;
+  bool failed = false;
+  std::string error;
+  std::string error_peer;
+  BatchCallback callback;
+};
+
+/// One RC QP to a peer. Owned by Impl::qps (not by the peer): a QP replaced after a failure
+/// lives on, in the error state, until its flushed work requests are all polled.
+struct Qp {
+  ibv_qp* qp = nullptr;
+  Peer* peer = nullptr;
+  uint32_t index = 0;             ///< position in the peer's set (0 carries notifications)
+  uint32_t outstanding = 0;       ///< send work requests posted and not yet completed
+  uint32_t data_outstanding = 0;  ///< of which data slices (bounded by max_wr)
+  uint32_t recvs_posted = 0;
+  std::deque<Slice*> queue;  ///< slices waiting for a free send slot
+  bool retired = false;
+};
+
+enum class PeerState : uint8_t { kIdle, kConnecting, kConnected, kBroken };
+
+/// What this engine knows about another engine.
+struct Peer {
+  std::string name;
+  std::string desc;  ///< "'decode' (127.0.0.3)" for messages
+  PeerState state = PeerState::kIdle;
+  std::string broken_reason;
+  std::vector<Qp*> qps;  ///< the current set (empty unless connected)
+  uint32_t stripe = 0;   ///< next QP for a slice
+  // Notification buffers (registered once, reused across reconnections).
+  std::vector<char> recv_buf, send_buf;
+  ibv_mr* recv_mr = nullptr;
+  ibv_mr* send_mr = nullptr;
+  std::vector<uint32_t> free_send_slots;
+  std::deque<std::string> pending_notify;  ///< waiting for a free send slot
+  uint64_t probes_sent = 0, probes_done = 0;
+};
+
+/// Connection details of one side of a handshake.
+struct QpSetInfo {
+  uint8_t gid[16] = {};
+  uint32_t lid = 0;
+  uint32_t link_layer = 0;
+  uint32_t mtu = 0;
+  std::vector<uint32_t> qpns, psns;
+};
+
+/// A peer's published record (parse_record / Impl::record_text).
+struct PeerRecord {
+  uint32_t pid = 0;
+  std::string host;  ///< handshake listener
+  uint16_t port = 0;
+  std::string device;  ///< device address, for messages
+  std::vector<Segment> segments;
+  std::vector<uint32_t> rkeys;  ///< parallel to segments
+};
+
+/// Callbacks due (run by the progress thread once mu is released), with their arguments.
+using DueCallbacks = std::vector<std::pair<BatchCallback, std::pair<BatchId, BatchStatus>>>;
+
+/// Parses a record published by record_text(); throws std::runtime_error when malformed.
+PeerRecord parse_record(const std::string& text);
+
+}  // namespace detail
+
+struct Engine::Impl {
+  using Peer = detail::Peer;
+  using Qp = detail::Qp;
+  using Batch = detail::Batch;
+  using Region = detail::Region;
+
+  std::string name;
+  EngineOptions opt;
+  std::shared_ptr<MetadataStore> store;
+
+  // ---- device (connection.cpp) ----
+  ibv_context* ctx = nullptr;
+  ibv_pd* pd = nullptr;
+  ibv_comp_channel* channel = nullptr;
+  ibv_cq* cq = nullptr;
+  int cq_capacity = 0;
+  int cq_reserved = 0;  ///< CQ entries the QPs may need (a connection is refused beyond)
+  ibv_gid gid{};
+  uint16_t lid = 0;
+  uint8_t link_layer = 0;
+  uint8_t active_mtu = 0;
+  uint64_t max_msg = 1u << 30;
+  uint8_t max_rd_atomic = 1, max_dest_rd_atomic = 1;
+  std::string device_addr;
+
+  // ---- handshake listener ----
+  std::string listen_host;
+  uint16_t listen_port = 0;
+  net::Fd listener;
+  std::thread listener_thread;
+
+  // ---- progress ----
+  int wake_fd = -1;  ///< eventfd: wakes the progress thread (stop)
+  std::thread progress_thread;
+  std::atomic<bool> stop{false};
+
+  // ---- tables (guarded by mu) ----
+  mutable std::mutex mu;
+  std::condition_variable cv;  ///< batch finished, notification arrived, peer state changed
+  std::map<uint64_t, std::unique_ptr<Region>> regions;  ///< by start address
+  std::map<std::string, Region*, std::less<>> regions_by_name;
+  uint64_t next_segment = 1;
+  std::map<std::string, std::unique_ptr<Peer>, std::less<>> peers;
+  std::vector<std::unique_ptr<Qp>> qps;
+  std::unordered_map<uint32_t, Qp*> qp_by_num;
+  struct OpenSegment {
+    std::string peer;
+    Segment seg;
+    uint32_t rkey = 0;
+  };
+  std::map<SegmentHandle, OpenSegment> open_segments;
+  SegmentHandle next_handle = 1;
+  std::map<BatchId, std::unique_ptr<Batch>> batches;
+  BatchId next_batch = 1;
+  std::deque<Notification> inbox;
+  std::mutex publish_mu;  ///< serialises record publications (store I/O outside mu)
+
+  // ---- engine.cpp ----
+  std::string record_text() const;  // with mu held
+  void publish();                   // without mu
+  [[noreturn]] void fail_local(const std::string& what) const;
+
+  // ---- connection.cpp ----
+  void open_device();
+  void close_device();
+  void start_listener();
+  void serve_handshake(net::Fd fd);
+  /// Connects to `peer` if not connected (the handshake, mu released meanwhile) and returns
+  /// it; `lk` holds mu on entry and exit. Throws KvError naming the peer.
+  Peer& ensure_connected(std::unique_lock<std::mutex>& lk, const std::string& peer,
+                         const detail::PeerRecord* record);
+  Peer& peer_entry(const std::string& peer);
+  /// Creates `n` QPs in INIT; throws KvError.
+  std::vector<Qp*> create_qps(Peer& p, uint32_t n);
+  /// INIT → RTR → RTS against `remote`; posts the notification receives on QP 0 and makes
+  /// `set` the peer's current set (an older set fails over to `due`). Throws KvError.
+  void install_qps(Peer& p, const std::vector<Qp*>& set, const detail::QpSetInfo& remote,
+                   const std::vector<uint32_t>& my_psns, detail::DueCallbacks& due);
+  detail::QpSetInfo local_info(const std::vector<Qp*>& set) const;
+  void destroy_qp(Qp* q);
+  void register_notify_buffers(Peer& p);
+  std::vector<uint32_t> psns;  ///< scratch for create_qps
+
+  // ---- progress.cpp ----
+  void start_progress();
+  void progress_loop();
+  /// Handles `n` completions; appends batches whose callback is due to `done`.
+  void handle_completions(const ibv_wc* wc, int n, detail::DueCallbacks& due);
+  /// Posts queued slices of `q` up to max_wr outstanding; a failed post fails the peer.
+  void pump(Qp& q, detail::DueCallbacks& due);
+  void post_notify(Peer& p, detail::DueCallbacks& due);
+  void post_recv(Qp& q, uint32_t slot);
+  void post_probe(Peer& p);
+  void slice_done(detail::Slice& s, bool ok, const std::string& error, const std::string& peer,
+                  detail::DueCallbacks& due);
+  void batch_finished(Batch& b, detail::DueCallbacks& due);
+  /// Marks the peer broken: its QPs go to the error state (flushing what they hold), queued
+  /// slices fail, pending notifications are dropped.
+  void fail_peer(Peer& p, const std::string& reason, detail::DueCallbacks& due);
+  void reap_retired();
+  BatchStatus status_of(const Batch& b) const;
+  std::chrono::milliseconds retry_bound() const;
+};
+
+}  // namespace softrdma::kv

@@ -1,0 +1,227 @@
+// Two engines in one process (one srdma0; QPs to each other over the device's own address):
+// every byte of WRITE and READ batches verified, striping over QPs, callbacks, notifications
+// in order, the registration cache.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <thread>
+
+#include "kv/engine.h"
+#include "kv/tests/kv_test_util.h"
+
+namespace softrdma::kv {
+namespace {
+
+using namespace std::chrono_literals;
+using test::fill;
+using test::first_mismatch;
+
+class TwoEngines : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    a = std::make_unique<Engine>("a", store.store(), test::test_options());
+    b = std::make_unique<Engine>("b", store.store(), test::test_options());
+  }
+  // Submits `reqs` as one batch on `e`, waits and expects success.
+  static void run_batch(Engine& e, const std::vector<TransferRequest>& reqs,
+                        std::string_view notify = {}) {
+    const BatchId id = e.allocate_batch(reqs.size());
+    e.submit_transfer(id, reqs, notify);
+    const BatchStatus s = e.wait(id, 30s);
+    ASSERT_EQ(BatchState::kCompleted, s.state) << s.error;
+    uint64_t total = 0;
+    for (const auto& r : reqs) total += r.length;
+    EXPECT_EQ(total, s.bytes_done);
+    EXPECT_EQ(total, s.bytes_total);
+    e.free_batch(id);
+  }
+  test::TempStore store;
+  std::unique_ptr<Engine> a, b;
+};
+
+TEST_F(TwoEngines, WriteBatchesPlaceEveryByteAtUnalignedOffsets) {
+  const size_t kBuf = 4 << 20;
+  std::vector<uint8_t> src(kBuf), dst(kBuf + 64);
+  a->register_memory(src.data(), src.size(), "cpu:0", "src");
+  b->register_memory(dst.data(), dst.size(), "cpu:0", "dst");
+  const SegmentHandle h = a->open_segment("b", "dst");
+  for (size_t size : {size_t{1}, size_t{7}, size_t{4095}, size_t{4097}, size_t{65536 + 3},
+                      size_t{(1 << 20) + 17}, size_t{3 << 20}}) {
+    const size_t src_off = 5, dst_off = 13 + size % 29;
+    std::fill(dst.begin(), dst.end(), 0xEE);
+    fill(src.data() + src_off, size, size);
+    run_batch(*a, {{Opcode::kWrite, src.data() + src_off, h, dst_off, size}});
+    EXPECT_EQ(-1, first_mismatch(dst.data() + dst_off, size, size)) << size << " bytes";
+    // Nothing outside the range was touched.
+    for (size_t i = 0; i < dst_off; ++i) ASSERT_EQ(0xEE, dst[i]) << size;
+    for (size_t i = dst_off + size; i < dst.size(); ++i) ASSERT_EQ(0xEE, dst[i]) << size;
+  }
+}
+
+TEST_F(TwoEngines, ReadBatchesFetchEveryByteAtUnalignedOffsets) {
+  const size_t kBuf = 4 << 20;
+  std::vector<uint8_t> remote(kBuf), local(kBuf + 64);
+  b->register_memory(remote.data(), remote.size(), "cpu:0", "remote");
+  a->register_memory(local.data(), local.size());
+  const SegmentHandle h = a->open_segment("b", "remote");
+  for (size_t size : {size_t{1}, size_t{3}, size_t{4096}, size_t{65535}, size_t{(2 << 20) + 1}}) {
+    const size_t roff = 11, loff = 3 + size % 13;
+    fill(remote.data() + roff, size, size * 3);
+    std::fill(local.begin(), local.end(), 0xEE);
+    run_batch(*a, {{Opcode::kRead, local.data() + loff, h, roff, size}});
+    EXPECT_EQ(-1, first_mismatch(local.data() + loff, size, size * 3)) << size << " bytes";
+    for (size_t i = 0; i < loff; ++i) ASSERT_EQ(0xEE, local[i]);
+    for (size_t i = loff + size; i < local.size(); ++i) ASSERT_EQ(0xEE, local[i]);
+  }
+}
+
+TEST_F(TwoEngines, ManySmallBlocksInOneBatch) {
+  const size_t kBlocks = 600, kBlock = 1000;
+  std::vector<uint8_t> src(kBlocks * kBlock), dst(kBlocks * 1024);
+  a->register_memory(src.data(), src.size());
+  b->register_memory(dst.data(), dst.size(), "cpu:0", "blocks");
+  const SegmentHandle h = a->open_segment("b", "blocks");
+  std::vector<TransferRequest> reqs;
+  for (size_t i = 0; i < kBlocks; ++i) {
+    fill(src.data() + i * kBlock, kBlock, i);
+    // Block i lands in slot (i * 7) % kBlocks, at an odd offset inside the slot.
+    reqs.push_back(
+        {Opcode::kWrite, src.data() + i * kBlock, h, ((i * 7) % kBlocks) * 1024 + 3, kBlock});
+  }
+  run_batch(*a, reqs);
+  for (size_t i = 0; i < kBlocks; ++i)
+    ASSERT_EQ(-1, first_mismatch(dst.data() + ((i * 7) % kBlocks) * 1024 + 3, kBlock, i)) << i;
+}
+
+TEST_F(TwoEngines, MixedReadWriteBatch) {
+  std::vector<uint8_t> local(1 << 20), remote(1 << 20);
+  a->register_memory(local.data(), local.size());
+  b->register_memory(remote.data(), remote.size(), "cpu:0", "r");
+  const SegmentHandle h = a->open_segment("b", "r");
+  // First half of each buffer: WRITE a→b; second half: READ b→a.
+  const size_t half = local.size() / 2;
+  fill(local.data(), half, 1);
+  fill(remote.data() + half, half, 2);
+  std::vector<TransferRequest> reqs;
+  for (size_t off = 0; off < half; off += 100'000) {
+    const size_t n = std::min<size_t>(100'000, half - off);
+    reqs.push_back({Opcode::kWrite, local.data() + off, h, off, n});
+    reqs.push_back({Opcode::kRead, local.data() + half + off, h, half + off, n});
+  }
+  run_batch(*a, reqs);
+  EXPECT_EQ(-1, first_mismatch(remote.data(), half, 1));
+  EXPECT_EQ(-1, first_mismatch(local.data() + half, half, 2));
+}
+
+TEST_F(TwoEngines, LargeWriteAndReadBack64MiB) {
+  const size_t kSize = 64 << 20;
+  std::vector<uint8_t> src(kSize), dst(kSize), back(kSize);
+  a->register_memory(src.data(), src.size());
+  a->register_memory(back.data(), back.size());
+  b->register_memory(dst.data(), dst.size(), "cpu:0", "big");
+  const SegmentHandle h = a->open_segment("b", "big");
+  fill(src.data(), kSize, 64);
+  run_batch(*a, {{Opcode::kWrite, src.data(), h, 0, kSize}});
+  EXPECT_EQ(-1, first_mismatch(dst.data(), kSize, 64));
+  run_batch(*a, {{Opcode::kRead, back.data(), h, 0, kSize}});
+  EXPECT_EQ(-1, first_mismatch(back.data(), kSize, 64));
+}
+
+TEST_F(TwoEngines, CallbackRunsOnceWhenTheBatchFinishes) {
+  std::vector<uint8_t> src(1 << 20), dst(1 << 20);
+  a->register_memory(src.data(), src.size());
+  b->register_memory(dst.data(), dst.size(), "cpu:0", "d");
+  const SegmentHandle h = a->open_segment("b", "d");
+  std::atomic<int> calls{0};
+  std::atomic<uint64_t> bytes{0};
+  const BatchId id = a->allocate_batch(1);
+  a->on_complete(id, [&](BatchId got, const BatchStatus& s) {
+    EXPECT_EQ(id, got);
+    EXPECT_EQ(BatchState::kCompleted, s.state);
+    bytes = s.bytes_done;
+    ++calls;
+  });
+  a->submit_transfer(id,
+                     std::vector<TransferRequest>{{Opcode::kWrite, src.data(), h, 0, src.size()}});
+  ASSERT_EQ(BatchState::kCompleted, a->wait(id, 30s).state);
+  for (int i = 0; i < 500 && calls == 0; ++i) std::this_thread::sleep_for(1ms);
+  EXPECT_EQ(1, calls.load());
+  EXPECT_EQ(src.size(), bytes.load());
+  // Set on a finished batch: runs at once, on this thread.
+  bool now = false;
+  a->on_complete(id, [&](BatchId, const BatchStatus&) { now = true; });
+  EXPECT_TRUE(now);
+  a->free_batch(id);
+}
+
+TEST_F(TwoEngines, NotificationsArriveInOrderPerPeer) {
+  for (int i = 0; i < 300; ++i) a->notify("b", "n" + std::to_string(i));
+  std::vector<std::string> got;
+  while (got.size() < 300) {
+    auto n = b->wait_notification(10s);
+    ASSERT_TRUE(n.has_value()) << "after " << got.size();
+    EXPECT_EQ("a", n->peer);
+    got.push_back(n->message);
+  }
+  for (int i = 0; i < 300; ++i) ASSERT_EQ("n" + std::to_string(i), got[i]);
+  // And back the other way over the same connection.
+  b->notify("a", std::string(Engine::kMaxNotifyBytes, 'x'));
+  auto back = a->wait_notification(10s);
+  ASSERT_TRUE(back.has_value());
+  EXPECT_EQ("b", back->peer);
+  EXPECT_EQ(Engine::kMaxNotifyBytes, back->message.size());
+}
+
+TEST_F(TwoEngines, BatchNotificationMeansTheDataLanded) {
+  const size_t kSize = 8 << 20;
+  std::vector<uint8_t> src(kSize), dst(kSize);
+  a->register_memory(src.data(), src.size());
+  b->register_memory(dst.data(), dst.size(), "cpu:0", "d");
+  const SegmentHandle h = a->open_segment("b", "d");
+  for (uint64_t round = 0; round < 3; ++round) {
+    fill(src.data(), kSize, 100 + round);
+    const BatchId id = a->allocate_batch(4);
+    std::vector<TransferRequest> reqs;
+    for (size_t q = 0; q < 4; ++q)
+      reqs.push_back({Opcode::kWrite, src.data() + q * kSize / 4, h, q * kSize / 4, kSize / 4});
+    a->submit_transfer(id, reqs, "round " + std::to_string(round));
+    auto n = b->wait_notification(30s);
+    ASSERT_TRUE(n.has_value());
+    EXPECT_EQ("round " + std::to_string(round), n->message);
+    // No wait on a's side: the notification alone says the bytes are there.
+    EXPECT_EQ(-1, first_mismatch(dst.data(), kSize, 100 + round));
+    ASSERT_EQ(BatchState::kCompleted, a->wait(id, 30s).state);
+    a->free_batch(id);
+  }
+}
+
+TEST_F(TwoEngines, RegistrationCacheCountsReferences) {
+  std::vector<uint8_t> buf(4096);
+  const Segment s1 = b->register_memory(buf.data(), buf.size(), "cpu:0", "x");
+  const Segment s2 = b->register_memory(buf.data(), buf.size());
+  EXPECT_EQ("x", s2.name);
+  EXPECT_EQ(s1.addr, s2.addr);
+  EXPECT_EQ(1u, b->segments().size());
+  b->deregister_memory("x");
+  EXPECT_NO_THROW(a->open_segment("b", "x"));  // one reference left
+  b->deregister_memory("x");
+  EXPECT_TRUE(b->segments().empty());
+  EXPECT_THROW(a->open_segment("b", "x"), KvError);
+}
+
+TEST_F(TwoEngines, SegmentInfoIsThePublishedSegment) {
+  std::vector<uint8_t> buf(12345);
+  b->register_memory(buf.data(), buf.size(), "cuda:3", "gpu-ish");
+  const SegmentHandle h = a->open_segment("b", "gpu-ish");
+  const Segment s = a->segment_info(h);
+  EXPECT_EQ("gpu-ish", s.name);
+  EXPECT_EQ(12345u, s.length);
+  EXPECT_EQ("cuda:3", s.location);
+  EXPECT_EQ(reinterpret_cast<uint64_t>(buf.data()), s.addr);
+  a->close_segment(h);
+  EXPECT_THROW(a->segment_info(h), std::invalid_argument);
+}
+
+}  // namespace
+}  // namespace softrdma::kv

@@ -1,0 +1,173 @@
+// Engines in separate processes (fork; each opens its own srdma0 on its own 127.0.0.x): a
+// transfer between them, and a peer killed in the middle of a batch — the batch fails
+// naming it within a bounded time, and nothing hangs. The gtest process itself opens no
+// device: it forks both sides and coordinates them through pipes.
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdio>
+#include <functional>
+#include <thread>
+
+#include "kv/engine.h"
+#include "kv/tests/kv_test_util.h"
+
+namespace softrdma::kv {
+namespace {
+
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+
+/// A forked child running `fn`; its exit code is 0 when fn returned, 1 when it threw (the
+/// message goes to stderr, which the test shows).
+struct Child {
+  pid_t pid = -1;
+  explicit Child(const std::function<void()>& fn) {
+    std::fflush(stdout);
+    std::fflush(stderr);
+    pid = fork();
+    if (pid == 0) {
+      int code = 0;
+      try {
+        fn();
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "child %d: %s\n", getpid(), e.what());
+        code = 1;
+      }
+      std::fflush(stderr);
+      _exit(code);
+    }
+  }
+  // Exit code, or -1 if it had to be killed at the deadline (or died by a signal).
+  int wait_for(std::chrono::seconds deadline) {
+    const auto until = Clock::now() + deadline;
+    while (Clock::now() < until) {
+      int st = 0;
+      if (waitpid(pid, &st, WNOHANG) == pid) {
+        pid = -1;
+        return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+      }
+      std::this_thread::sleep_for(5ms);
+    }
+    kill(pid, SIGKILL);
+    waitpid(pid, nullptr, 0);
+    pid = -1;
+    return -1;
+  }
+  ~Child() {
+    if (pid > 0) {
+      kill(pid, SIGKILL);
+      waitpid(pid, nullptr, 0);
+    }
+  }
+};
+
+/// A pipe carrying one-byte signals between processes.
+struct Signal {
+  int fd[2];
+  Signal() {
+    if (pipe(fd) != 0) throw std::runtime_error("pipe");
+  }
+  ~Signal() {
+    close(fd[0]);
+    close(fd[1]);
+  }
+  void raise() { [[maybe_unused]] ssize_t n = write(fd[1], "x", 1); }
+  bool wait(std::chrono::milliseconds timeout) {
+    pollfd p{fd[0], POLLIN, 0};
+    if (poll(&p, 1, static_cast<int>(timeout.count())) <= 0) return false;
+    char c;
+    return read(fd[0], &c, 1) == 1;
+  }
+};
+
+TEST(Processes, WriteWithNotificationBetweenTwoProcesses) {
+  test::TempStore store;
+  const size_t kSize = 8 << 20;
+  Child target([&] {
+    std::vector<uint8_t> buf(kSize);
+    Engine e("target", store.store(), test::test_options());
+    e.register_memory(buf.data(), buf.size(), "cpu:0", "buf");
+    auto n = e.wait_notification(60s);
+    if (!n || n->peer != "initiator" || n->message != "done")
+      throw std::runtime_error("no notification 'done' from 'initiator'");
+    if (int64_t at = test::first_mismatch(buf.data(), kSize, 5); at >= 0)
+      throw std::runtime_error("byte " + std::to_string(at) + " differs");
+  });
+  Child initiator([&] {
+    std::vector<uint8_t> buf(kSize);
+    test::fill(buf.data(), kSize, 5);
+    Engine e("initiator", store.store(), test::test_options());
+    e.register_memory(buf.data(), buf.size());
+    SegmentHandle h = 0;
+    for (int i = 0; i < 500 && !h; ++i) {  // the target may not have registered yet
+      try {
+        h = e.open_segment("target", "buf");
+      } catch (const KvError&) {
+        std::this_thread::sleep_for(10ms);
+      }
+    }
+    if (!h) throw std::runtime_error("target never published 'buf'");
+    const BatchId b = e.allocate_batch(1);
+    e.submit_transfer(b, std::vector<TransferRequest>{{Opcode::kWrite, buf.data(), h, 0, kSize}},
+                      "done");
+    const BatchStatus s = e.wait(b, 60s);
+    if (s.state != BatchState::kCompleted) throw std::runtime_error("batch: " + s.error);
+  });
+  EXPECT_EQ(0, initiator.wait_for(60s));
+  EXPECT_EQ(0, target.wait_for(60s));
+}
+
+TEST(Processes, APeerKilledMidBatchFailsTheBatchNamingItWithinTheRetryBound) {
+  test::TempStore store;
+  const size_t kSize = 16 << 20;
+  Signal target_ready, in_flight;
+  Child target([&] {
+    std::vector<uint8_t> buf(kSize);
+    Engine e("victim", store.store(), test::test_options());
+    e.register_memory(buf.data(), buf.size(), "cpu:0", "buf");
+    target_ready.raise();
+    std::this_thread::sleep_for(120s);  // killed long before
+  });
+  ASSERT_TRUE(target_ready.wait(30s));
+  Child initiator([&] {
+    std::vector<uint8_t> buf(kSize);
+    Engine e("survivor", store.store(), test::test_options());
+    e.register_memory(buf.data(), buf.size());
+    const SegmentHandle h = e.open_segment("victim", "buf");
+    // 64 × 16 MiB = 1 GiB: still running when the victim dies.
+    const BatchId b = e.allocate_batch(64);
+    e.submit_transfer(b,
+                      std::vector<TransferRequest>(64, {Opcode::kWrite, buf.data(), h, 0, kSize}));
+    while (e.get_status(b).bytes_done == 0) std::this_thread::sleep_for(1ms);
+    in_flight.raise();
+    const auto t0 = Clock::now();
+    const BatchStatus s = e.wait(b, 20s);
+    const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0);
+    std::fprintf(stderr, "failed after %lld ms: %s\n", static_cast<long long>(ms.count()),
+                 s.error.c_str());
+    if (s.state != BatchState::kFailed) throw std::runtime_error("the batch did not fail");
+    if (s.peer != "victim" || s.error.find("'victim'") == std::string::npos)
+      throw std::runtime_error("the error does not name the victim: " + s.error);
+    if (ms > 5s) throw std::runtime_error("took " + std::to_string(ms.count()) + " ms");
+    e.free_batch(b);  // nothing is left in flight
+    bool threw = false;
+    try {
+      e.check_peer("victim");
+    } catch (const KvError& err) {
+      threw = err.peer() == "victim";
+    }
+    if (!threw) throw std::runtime_error("check_peer did not name the dead peer");
+  });
+  ASSERT_TRUE(in_flight.wait(30s));
+  kill(target.pid, SIGKILL);
+  EXPECT_EQ(0, initiator.wait_for(30s));
+}
+
+}  // namespace
+}  // namespace softrdma::kv
