@@ -155,8 +155,8 @@ inline constexpr Param kParams[] = {
      .kind = Kind::kText,
      .default_text = "unset",
      .choices = "a site name, at most 63 characters",
-     .doc = "the site (data centre) of this rank; when set (on every rank, or on none), ranks "
-            "exchange sites at their first AllReduce and `auto` runs the hierarchical AllReduce "
+     .doc = "the site (data centre) of this rank; ranks exchange sites at their first "
+            "AllReduce (unset ranks form one site) and `auto` runs the hierarchical AllReduce "
             "when they span several sites (docs/wide-area.md, WAN-aware collectives)"},
     {.name = "SOFTRDMA_CCL_WAN_COMPRESS",
      .group = Group::kCcl,

@@ -116,11 +116,13 @@ struct Communicator::Impl {
     }
   }
 
-  // Whether this AllReduce needs every rank's site first: with a site named or the
-  // hierarchical algorithm forced (both must agree on all ranks: the exchange is collective).
+  // Whether this AllReduce needs every rank's site first: the first AllReduce of every
+  // communicator exchanges them, whatever this rank's settings — the exchange is collective,
+  // so making it depend on SOFTRDMA_CCL_SITE would leave a rank that sets it waiting for
+  // ranks that do not (one 64-byte-per-rank AllGather, once; not for 0 elements, which no
+  // rank communicates for).
   bool needs_sites(const detail::CollectiveCall& c) const {
-    return c.op == Collective::kAllReduce && size > 1 && sites.empty() &&
-           (config.algorithm == Algorithm::kHierarchical || !config.site.empty());
+    return c.op == Collective::kAllReduce && c.count > 0 && size > 1 && sites.empty();
   }
 
   // AllGather (Bruck) of the fixed-size site names, in a collective of its own.

@@ -155,6 +155,16 @@ TEST(HierarchicalAuto, ChosenWhenSitesHoldSeveralRanksOnly) {
   EXPECT_LE(compressed_error(one_site, Algorithm::kAuto, WanCompression::kBfloat16), 1e-6);
 }
 
+// Ranks that name no site still take part in the site exchange (it is collective): two
+// ranks in "a" and two unnamed ranks form two sites, and auto runs the hierarchical path.
+TEST(HierarchicalAuto, RanksWithoutASiteJoinTheExchange) {
+  const Layout half_named{"HalfNamed", {"a", "a", "", ""}};
+  EXPECT_GT(compressed_error(half_named, Algorithm::kAuto, WanCompression::kBfloat16),
+            std::ldexp(1.0, -8) / 64);
+  const Layout none_named{"NoneNamed", {"", "", "", ""}};
+  EXPECT_LE(compressed_error(none_named, Algorithm::kAuto, WanCompression::kBfloat16), 1e-6);
+}
+
 TEST(HierarchicalConfig, SiteAndCompressionComeFromTheEnvironment) {
   ::setenv("SOFTRDMA_CCL_SITE", "guizhou", 1);
   ::setenv("SOFTRDMA_CCL_WAN_COMPRESS", "BF16", 1);
