@@ -143,12 +143,30 @@ inline constexpr Param kParams[] = {
      .group = Group::kCcl,
      .kind = Kind::kChoice,
      .default_text = "auto",
-     .choices = "ring|rd|recursive_doubling|rabenseifner|auto",
+     .choices = "ring|rd|recursive_doubling|rabenseifner|hierarchical|auto",
      .ignore_case = true,
      .doc = "algorithm family: `ring` (bandwidth; chain for Broadcast/Reduce), `rd` = the "
             "log2(n)-message algorithms (recursive doubling, binomial trees, Bruck, recursive "
-            "halving), `rabenseifner` (AllReduce; elsewhere as auto), `auto` by size and rank "
-            "count (docs/collectives.md)"},
+            "halving), `rabenseifner` (AllReduce; elsewhere as auto), `hierarchical` (AllReduce "
+            "by site, SOFTRDMA_CCL_SITE; elsewhere as auto), `auto` by size, rank count and "
+            "sites (docs/collectives.md)"},
+    {.name = "SOFTRDMA_CCL_SITE",
+     .group = Group::kCcl,
+     .kind = Kind::kText,
+     .default_text = "unset",
+     .choices = "a site name, at most 63 characters",
+     .doc = "the site (data centre) of this rank; ranks exchange sites at their first "
+            "AllReduce (unset ranks form one site) and `auto` runs the hierarchical AllReduce "
+            "when they span several sites (docs/wide-area.md, WAN-aware collectives)"},
+    {.name = "SOFTRDMA_CCL_WAN_COMPRESS",
+     .group = Group::kCcl,
+     .kind = Kind::kChoice,
+     .default_text = "none",
+     .choices = "none|fp16|bf16",
+     .ignore_case = true,
+     .doc = "hierarchical AllReduce of float32: the leaders' AllReduce between sites runs on "
+            "the buffer rounded to float16 / bfloat16 (half the wide-area bytes; precision cost "
+            "in docs/wide-area.md)"},
     {.name = "SOFTRDMA_CCL_SMALL_BYTES",
      .group = Group::kCcl,
      .kind = Kind::kSize,
@@ -448,6 +466,8 @@ inline constexpr const Param& kGso = by_name("SOFTRDMA_GSO");
 inline constexpr const Param& kSpinUs = by_name("SOFTRDMA_SPIN_US");
 inline constexpr const Param& kSelectiveRetx = by_name("SOFTRDMA_SELECTIVE_RETX");
 inline constexpr const Param& kCclAlgo = by_name("SOFTRDMA_CCL_ALGO");
+inline constexpr const Param& kCclSite = by_name("SOFTRDMA_CCL_SITE");
+inline constexpr const Param& kCclWanCompress = by_name("SOFTRDMA_CCL_WAN_COMPRESS");
 inline constexpr const Param& kCclSmallBytes = by_name("SOFTRDMA_CCL_SMALL_BYTES");
 inline constexpr const Param& kCclMediumBytes = by_name("SOFTRDMA_CCL_MEDIUM_BYTES");
 inline constexpr const Param& kCclEagerBytes = by_name("SOFTRDMA_CCL_EAGER_BYTES");

@@ -6,6 +6,8 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
+#include <span>
 
 #include "ccl/ccl.h"
 #include "ccl/context.h"
@@ -18,6 +20,25 @@ namespace softrdma::ccl::detail {
 /// bandwidth-optimal. kAvg divides each segment once, by its owner, before the all-gather.
 void all_reduce_ring(Context& ctx, const void* send, void* recv, size_t count, DataType type,
                      RedOp op);
+
+/// The ring AllReduce above among a subset of ranks: `ranks` lists the ring in order (this
+/// rank once among them, at least 2 entries), `in` / `out` are registered regions of `count`
+/// elements (in.ptr == out.ptr: in place), transfers use tag `phase`. kAvg divides by
+/// ctx.size(), so it is meant for the whole communicator. Errors: PeerError;
+/// std::logic_error when this rank is not in `ranks`.
+void all_reduce_ring_among(Context& ctx, std::span<const int> ranks, const Region& in,
+                           const Region& out, size_t count, DataType type, RedOp op, uint8_t phase);
+
+/// Hierarchical AllReduce (allreduce_hierarchical.cpp): `sites[r]` is rank r's site number.
+/// Inside each site a pipelined chain reduces to the site's leader (its lowest rank); the
+/// leaders run the ring AllReduce among themselves — on the buffer rounded to float16 /
+/// bfloat16 when `compress` says so and the type is float32 —, then each leader broadcasts
+/// down a chain inside its site (Horovod's hierarchical allreduce; NCCL's two-level tree).
+/// Only the leaders' ring crosses sites: 2(L−1) steps for L sites instead of the flat ring's
+/// 2(n−1), and each leader sends 2(L−1)/L of the buffer there. kAvg sums and divides once,
+/// by ctx.size(), on the leaders.
+void all_reduce_hierarchical(Context& ctx, std::span<const int> sites, WanCompression compress,
+                             const void* send, void* recv, size_t count, DataType type, RedOp op);
 
 /// Recursive-doubling AllReduce for any rank count (allreduce_recursive_doubling.cpp):
 /// the extra ranks of a non-power-of-two group fold their data into a partner first,
@@ -35,10 +56,17 @@ void all_reduce_recursive_doubling(Context& ctx, const void* send, void* recv, s
 void all_reduce_rabenseifner(Context& ctx, const void* send, void* recv, size_t count,
                              DataType type, RedOp op);
 
+/// Position of this rank in `ranks`; std::logic_error naming ctx.op() when it is absent.
+int position_among(const Context& ctx, std::span<const int> ranks);
+
 /// Pipelined chain Broadcast root → root+1 → … → root−1 (broadcast.cpp): every link
 /// carries the buffer once, chunked, so time ≈ size/bandwidth + (n−2)·chunk latency.
 void broadcast_chain(Context& ctx, const void* send, void* recv, size_t count, DataType type,
                      int root);
+/// The chain Broadcast along `chain` (chain[0] the root, this rank once among them): the root
+/// sends `src`, the others receive into `out` and forward from there; tag `phase`.
+void broadcast_chain_among(Context& ctx, std::span<const int> chain, const Region& src,
+                           const Region& out, size_t count, DataType type, uint8_t phase);
 /// Binomial-tree Broadcast (broadcast.cpp): ⌈log2 n⌉ rounds of whole-buffer messages.
 void broadcast_binomial(Context& ctx, const void* send, void* recv, size_t count, DataType type,
                         int root);
@@ -47,6 +75,11 @@ void broadcast_binomial(Context& ctx, const void* send, void* recv, size_t count
 /// reduces the incoming chunk with its own and forwards it.
 void reduce_chain(Context& ctx, const void* send, void* recv, size_t count, DataType type, RedOp op,
                   int root);
+/// The chain Reduce along `chain` (its last entry the root, this rank once among them): the
+/// first rank sends `in`, the others reduce the incoming chunk with `in` and forward it, the
+/// root reduces into `out` (out may be `in`); tag `phase`. kAvg divides by ctx.size().
+void reduce_chain_among(Context& ctx, std::span<const int> chain, const Region& in,
+                        const Region& out, size_t count, DataType type, RedOp op, uint8_t phase);
 /// Binomial-tree Reduce (reduce_root.cpp): ⌈log2 n⌉ rounds of whole-buffer messages.
 void reduce_binomial(Context& ctx, const void* send, void* recv, size_t count, DataType type,
                      RedOp op, int root);

@@ -4,6 +4,14 @@
 // r holds the full result of segment r+1; in the last n−1 steps (all-gather) received
 // chunks are final and only copied. What a rank sends in step s ≥ 1 is what it received in
 // step s−1, chunk by chunk, which is what lets chunks of consecutive steps overlap.
+//
+// The ring may be any subset of the communicator's ranks in any order (all_reduce_ring_among):
+// "rank r" above is then position r in that list.
+#include <numeric>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
 #include "ccl/algorithms.h"
 #include "ccl/pipeline.h"
 
@@ -11,16 +19,33 @@ namespace softrdma::ccl::detail {
 
 void all_reduce_ring(Context& ctx, const void* send, void* recv, size_t count, DataType type,
                      RedOp op) {
-  const int n = ctx.size();
-  const int r = ctx.rank();
   const size_t ts = type_size(type);
-  const bool in_place = send == recv;
   const Region out = ctx.user(recv, count * ts);
-  const Region in = in_place ? out : ctx.user(send, count * ts);
+  const Region in = send == recv ? out : ctx.user(send, count * ts);
+  std::vector<int> ranks(static_cast<size_t>(ctx.size()));
+  std::iota(ranks.begin(), ranks.end(), 0);
+  all_reduce_ring_among(ctx, ranks, in, out, count, type, op, 0);
+}
+
+int position_among(const Context& ctx, std::span<const int> ranks) {
+  for (size_t i = 0; i < ranks.size(); ++i)
+    if (ranks[i] == ctx.rank()) return static_cast<int>(i);
+  throw std::logic_error(std::string(ctx.op()) + ": rank " + std::to_string(ctx.rank()) +
+                         " is not in the group it runs a step of");
+}
+
+void all_reduce_ring_among(Context& ctx, std::span<const int> ranks, const Region& in,
+                           const Region& out, size_t count, DataType type, RedOp op,
+                           uint8_t phase) {
+  const int n = static_cast<int>(ranks.size());
+  const int r = position_among(ctx, ranks);
+  const size_t ts = type_size(type);
+  const bool in_place = in.ptr == out.ptr;
 
   Pipeline p;
-  p.send_peer = mod(r + 1, n);
-  p.recv_peer = mod(r - 1, n);
+  p.send_peer = ranks[static_cast<size_t>(mod(r + 1, n))];
+  p.recv_peer = ranks[static_cast<size_t>(mod(r - 1, n))];
+  p.phase = phase;
   p.type = type;
   p.op = op;
   for (int s = 0; s < 2 * n - 2; ++s) {

@@ -12,27 +12,38 @@ namespace softrdma::ccl::detail {
 void broadcast_chain(Context& ctx, const void* send, void* recv, size_t count, DataType type,
                      int root) {
   const int n = ctx.size();
-  const int r = ctx.rank();
-  const int pos = mod(r - root, n);
   const size_t bytes = count * type_size(type);
   const Region out = ctx.user(recv, bytes);
+  const bool is_root = ctx.rank() == root;
+  const Region src = is_root && send != recv ? ctx.user(send, bytes) : out;
+  std::vector<int> chain(static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) chain[static_cast<size_t>(i)] = mod(root + i, n);
+  broadcast_chain_among(ctx, chain, src, out, count, type, 0);
+  if (is_root && send != recv) std::memcpy(recv, send, bytes);
+}
+
+void broadcast_chain_among(Context& ctx, std::span<const int> chain, const Region& src,
+                           const Region& out, size_t count, DataType type, uint8_t phase) {
+  const int n = static_cast<int>(chain.size());
+  const int pos = position_among(ctx, chain);
 
   Pipeline p;
   p.type = type;
+  p.phase = phase;
   if (pos == 0) {
-    p.send_peer = mod(r + 1, n);
+    p.send_peer = chain[1];
     PipelineSend snd;
     snd.elems = count;
-    snd.src = send == recv ? out : ctx.user(send, bytes);
+    snd.src = src;
     p.sends.push_back(snd);
   } else {
-    p.recv_peer = mod(r - 1, n);
+    p.recv_peer = chain[static_cast<size_t>(pos - 1)];
     PipelineRecv rcv;
     rcv.elems = count;
     rcv.dst = out;
     p.recvs.push_back(rcv);
     if (pos < n - 1) {
-      p.send_peer = mod(r + 1, n);
+      p.send_peer = chain[static_cast<size_t>(pos + 1)];
       PipelineSend snd;
       snd.elems = count;
       snd.src = out;
@@ -41,7 +52,6 @@ void broadcast_chain(Context& ctx, const void* send, void* recv, size_t count, D
     }
   }
   run_pipeline(ctx, p);
-  if (pos == 0 && send != recv) std::memcpy(recv, send, bytes);
 }
 
 // MPICH's binomial broadcast on ranks relative to the root: a rank receives from the rank

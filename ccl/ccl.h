@@ -51,7 +51,7 @@ bool parse_type(const std::string& s, DataType& out);
 bool parse_op(const std::string& s, RedOp& out);
 
 /// Algorithm choice (NCCL_ALGO-like; environment
-/// SOFTRDMA_CCL_ALGO=ring|rd|rabenseifner|auto).
+/// SOFTRDMA_CCL_ALGO=ring|rd|rabenseifner|hierarchical|auto).
 enum class Algorithm : uint8_t {
   kAuto,               ///< by message size and rank count
   kRing,               ///< pipelined ring (bandwidth)
@@ -60,10 +60,22 @@ enum class Algorithm : uint8_t {
   /// rank count (Thakur, Rabenseifner, Gropp 2005); collectives without such a variant take
   /// their kAuto choice.
   kRabenseifner,
+  /// AllReduce by site (Config::site): reduce inside each site to its leader, AllReduce
+  /// among the leaders, broadcast inside each site (the two-level AllReduce of Horovod's
+  /// HOROVOD_HIERARCHICAL_ALLREDUCE and NCCL's tree across nodes); other collectives take
+  /// their kAuto choice.
+  kHierarchical,
 };
 
+/// Compression of the wide-area hop of the hierarchical AllReduce (environment
+/// SOFTRDMA_CCL_WAN_COMPRESS=none|fp16|bf16): float32 data is rounded to this type (nearest,
+/// ties to even) for the leaders' AllReduce and widened back; other types are sent as they
+/// are.
+enum class WanCompression : uint8_t { kNone, kFloat16, kBfloat16 };
+
 /// Tunables (environment SOFTRDMA_CCL_CHUNK_BYTES, SOFTRDMA_CCL_DEPTH, SOFTRDMA_CCL_ALGO,
-/// SOFTRDMA_CCL_TIMEOUT_MS override the defaults).
+/// SOFTRDMA_CCL_SITE, SOFTRDMA_CCL_WAN_COMPRESS, SOFTRDMA_CCL_TIMEOUT_MS override the
+/// defaults).
 struct Config {
   /// The bounds every Config must respect (validated by the Communicator; the environment
   /// parser refuses values outside them). A chunk is at least one byte (the algorithms round
@@ -81,6 +93,15 @@ struct Config {
   /// auto, AllReduce with more than 2 ranks: above small_bytes and at or below this,
   /// Rabenseifner; above (and with 2 ranks), the ring.
   size_t medium_bytes = 1024 * 1024;
+  /// The longest site name (bytes), so that names travel in fixed 64-byte slots.
+  static constexpr size_t kMaxSiteName = 63;
+  /// This rank's site (data centre), "" = unnamed. When it is set, or the algorithm is
+  /// kHierarchical, the ranks exchange their sites at the first AllReduce (every rank must
+  /// then have it set, or the algorithm forced: the exchange is a collective); ranks with
+  /// the same name form one site, unnamed ranks one more.
+  std::string site;
+  /// Rounding of the leaders' AllReduce in the hierarchical AllReduce (float32 only).
+  WanCompression wan_compress = WanCompression::kNone;
   /// Reads the SOFTRDMA_CCL_* variables over the defaults; throws std::invalid_argument on
   /// malformed values.
   static Config from_environment();

@@ -61,6 +61,14 @@ struct Communicator::Impl {
   std::vector<uint64_t> send_seq;
   std::vector<uint64_t> recv_seq;
   detail::Group group;
+  // Site number of every rank (ranks with equal Config::site share one, numbered by first
+  // appearance); empty until exchanged at the first AllReduce that needs it.
+  std::vector<int> sites;
+  int site_count = 0;
+  // The names as exchanged: one slot of kSiteSlot bytes per rank, NUL-padded. A member, so
+  // its registration stays valid in the cache for the communicator's life.
+  std::vector<char> site_names;
+  static constexpr size_t kSiteSlot = Config::kMaxSiteName + 1;
   // After a failure in the middle of an operation the ranks disagree about what was
   // transferred; like an NCCL communicator in error, this one refuses further work.
   bool failed = false;
@@ -108,6 +116,34 @@ struct Communicator::Impl {
     }
   }
 
+  // Whether this AllReduce needs every rank's site first: the first AllReduce of every
+  // communicator exchanges them, whatever this rank's settings — the exchange is collective,
+  // so making it depend on SOFTRDMA_CCL_SITE would leave a rank that sets it waiting for
+  // ranks that do not (one 64-byte-per-rank AllGather, once; not for 0 elements, which no
+  // rank communicates for).
+  bool needs_sites(const detail::CollectiveCall& c) const {
+    return c.op == Collective::kAllReduce && c.count > 0 && size > 1 && sites.empty();
+  }
+
+  // AllGather (Bruck) of the fixed-size site names, in a collective of its own.
+  void exchange_sites() {
+    site_names.assign(static_cast<size_t>(size) * kSiteSlot, '\0');
+    char* own = site_names.data() + static_cast<size_t>(rank) * kSiteSlot;
+    std::memcpy(own, config.site.data(), config.site.size());
+    Context ctx = collective("AllReduce");
+    detail::all_gather_bruck(ctx, own, site_names.data(), kSiteSlot, DataType::kUint8);
+    std::vector<std::string> names;
+    sites.assign(static_cast<size_t>(size), 0);
+    for (size_t q = 0; q < sites.size(); ++q) {
+      const std::string name(site_names.data() + q * kSiteSlot);
+      size_t id = 0;
+      while (id < names.size() && names[id] != name) ++id;
+      if (id == names.size()) names.push_back(name);
+      sites[q] = static_cast<int>(id);
+    }
+    site_count = static_cast<int>(names.size());
+  }
+
   /// The algorithm family for `c` (docs/collectives.md has the decision table): the ring
   /// (or chain) for large transfers, the log2(n)-message algorithms (recursive doubling,
   /// binomial trees, Bruck, recursive halving) below small_bytes or when some ranks would
@@ -117,9 +153,16 @@ struct Communicator::Impl {
   /// AllGather / ReduceScatter: the whole n-block buffer.
   /// A forced SOFTRDMA_CCL_ALGO applies where the collective has that algorithm;
   /// rabenseifner elsewhere means auto.
+  /// AllReduce runs hierarchically when forced, and under auto when the ranks span several
+  /// sites and some site holds more than one rank (one rank per site gains nothing over the
+  /// flat algorithms), whatever the size: the wide-area round trips dominate at every size.
   Algorithm pick(const detail::CollectiveCall& c) const {
     const bool has_rabenseifner = c.op == Collective::kAllReduce;
-    if (config.algorithm != Algorithm::kAuto &&
+    if (has_rabenseifner && !sites.empty() &&
+        (config.algorithm == Algorithm::kHierarchical ||
+         (config.algorithm == Algorithm::kAuto && site_count > 1 && site_count < size)))
+      return Algorithm::kHierarchical;
+    if (config.algorithm != Algorithm::kAuto && config.algorithm != Algorithm::kHierarchical &&
         (config.algorithm != Algorithm::kRabenseifner || has_rabenseifner))
       return config.algorithm;
     const bool whole = c.op == Collective::kAllGather || c.op == Collective::kReduceScatter;
@@ -165,6 +208,7 @@ struct Communicator::Impl {
       return;
     }
     run(op, [&] {
+      if (needs_sites(c)) exchange_sites();
       Context ctx = collective(op);
       if (!t.moves_data) {
         if (size > 1) dispatch(ctx, c);
@@ -202,6 +246,11 @@ struct Communicator::Impl {
     const bool ring = algo == Algorithm::kRing;
     switch (c.op) {
       case Collective::kAllReduce:
+        if (algo == Algorithm::kHierarchical) {
+          detail::all_reduce_hierarchical(ctx, sites, config.wan_compress, c.send, c.recv, c.count,
+                                          c.type, c.red);
+          return;
+        }
         (ring ? detail::all_reduce_ring
          : algo == Algorithm::kRabenseifner
              ? detail::all_reduce_rabenseifner

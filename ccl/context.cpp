@@ -13,6 +13,7 @@ void validate_config(const Config& c) {
     case Algorithm::kRing:
     case Algorithm::kRecursiveDoubling:
     case Algorithm::kRabenseifner:
+    case Algorithm::kHierarchical:
       break;
     default:
       throw std::invalid_argument("Config: unknown algorithm value " +
@@ -21,6 +22,12 @@ void validate_config(const Config& c) {
   if (c.chunk_bytes == 0 || c.chunk_bytes > Config::kMaxChunkBytes)
     throw std::invalid_argument("Config: chunk_bytes " + std::to_string(c.chunk_bytes) +
                                 " outside [1, 1 GiB]");
+  if (c.site.size() > Config::kMaxSiteName || c.site.find('\0') != std::string::npos)
+    throw std::invalid_argument("Config: site '" + c.site +
+                                "' longer than 63 characters or holding a NUL");
+  if (static_cast<unsigned>(c.wan_compress) > static_cast<unsigned>(WanCompression::kBfloat16))
+    throw std::invalid_argument("Config: unknown wan_compress value " +
+                                std::to_string(static_cast<int>(c.wan_compress)));
   if (c.depth < 1 || c.depth > Config::kMaxDepth)
     throw std::invalid_argument("Config: depth " + std::to_string(c.depth) + " outside [1, " +
                                 std::to_string(Config::kMaxDepth) + "]");
@@ -108,7 +115,13 @@ Region Context::user(const void* p, size_t bytes) {
 
 Region Context::scratch(size_t bytes) {
   Region r;
-  pins_.push_back(scratch_.get(bytes, r));
+  pins_.push_back(scratch_.get(reserved_ + bytes, r));
+  return r.at(reserved_);
+}
+
+Region Context::scratch_reserve(size_t bytes) {
+  const Region r = scratch(bytes);
+  reserved_ += (bytes + 63) / 64 * 64;  // keeps the next region 64-byte aligned
   return r;
 }
 

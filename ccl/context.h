@@ -103,8 +103,12 @@ class Context {
   /// Context is destroyed).
   Region user(const void* p, size_t bytes);
   /// Scratch memory of at least `bytes` (contents undefined), valid until this Context is
-  /// destroyed even if it is called again.
+  /// destroyed even if it is called again. Successive calls may return the same memory
+  /// (the arena is one block), except what scratch_reserve() set aside.
   Region scratch(size_t bytes);
+  /// Scratch memory of at least `bytes` that later scratch() calls of this Context never
+  /// overlap (an algorithm's own buffer that lives while it runs pipelines).
+  Region scratch_reserve(size_t bytes);
 
   /// The tag of transfer `index` of sub-phase `phase` of this operation. Per ordered pair of
   /// ranks, (phase, index mod 2^24) must be unique among the transfers in flight.
@@ -132,6 +136,7 @@ class Context {
   ScratchArena& scratch_;
   const char* op_;
   uint64_t tag_base_;
+  size_t reserved_ = 0;  // bytes at the arena's start set aside by scratch_reserve()
   int rank_;
   int size_;
   std::vector<std::shared_ptr<void>> pins_;

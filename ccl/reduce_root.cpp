@@ -2,6 +2,7 @@
 // Non-root ranks never write the user's buffers (NCCL: recvbuff is only significant on the
 // root), so their partial results live in scratch.
 #include <cstring>
+#include <vector>
 
 #include "ccl/algorithms.h"
 #include "ccl/pipeline.h"
@@ -15,28 +16,37 @@ namespace softrdma::ccl::detail {
 void reduce_chain(Context& ctx, const void* send, void* recv, size_t count, DataType type, RedOp op,
                   int root) {
   const int n = ctx.size();
-  const int r = ctx.rank();
-  const int pos = mod(r - root - 1, n);  // 0: start of the chain; n−1: the root
   const size_t bytes = count * type_size(type);
   const Region in = ctx.user(send, bytes);
+  const Region out = ctx.rank() != root || recv == send ? in : ctx.user(recv, bytes);
+  std::vector<int> chain(static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) chain[static_cast<size_t>(i)] = mod(root + 1 + i, n);
+  reduce_chain_among(ctx, chain, in, out, count, type, op, 0);
+}
+
+void reduce_chain_among(Context& ctx, std::span<const int> chain, const Region& in,
+                        const Region& out, size_t count, DataType type, RedOp op, uint8_t phase) {
+  const int n = static_cast<int>(chain.size());
+  const int pos = position_among(ctx, chain);  // 0: start of the chain; n−1: the root
 
   Pipeline p;
   p.type = type;
   p.op = op;
+  p.phase = phase;
   if (pos == 0) {
-    p.send_peer = mod(r + 1, n);
+    p.send_peer = chain[1];
     PipelineSend snd;
     snd.elems = count;
     snd.src = in;
     p.sends.push_back(snd);
   } else {
-    p.recv_peer = mod(r - 1, n);
+    p.recv_peer = chain[static_cast<size_t>(pos - 1)];
     PipelineRecv rcv;
     rcv.elems = count;
     rcv.base = in.ptr;
     if (pos < n - 1) {
       rcv.mode = RecvMode::kReduceForward;
-      p.send_peer = mod(r + 1, n);
+      p.send_peer = chain[static_cast<size_t>(pos + 1)];
       PipelineSend snd;
       snd.elems = count;
       snd.after_recv = 0;
@@ -44,7 +54,7 @@ void reduce_chain(Context& ctx, const void* send, void* recv, size_t count, Data
       p.sends.push_back(snd);
     } else {
       rcv.mode = RecvMode::kReduce;
-      rcv.dst = recv == send ? in : ctx.user(recv, bytes);
+      rcv.dst = out;
       rcv.scale = op == RedOp::kAvg;
     }
     p.recvs.push_back(rcv);

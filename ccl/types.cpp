@@ -107,7 +107,17 @@ Algorithm algorithm_from_environment(Algorithm def) {
   if (a == "ring") return Algorithm::kRing;
   if (a == "rd" || a == "recursive_doubling") return Algorithm::kRecursiveDoubling;
   if (a == "rabenseifner") return Algorithm::kRabenseifner;
+  if (a == "hierarchical") return Algorithm::kHierarchical;
   return Algorithm::kAuto;
+}
+
+// SOFTRDMA_CCL_WAN_COMPRESS; `def` when unset.
+WanCompression compression_from_environment(WanCompression def) {
+  if (params::raw(params::kCclWanCompress) == nullptr) return def;
+  const std::string a = params::text(params::kCclWanCompress);
+  if (a == "fp16") return WanCompression::kFloat16;
+  if (a == "bf16") return WanCompression::kBfloat16;
+  return WanCompression::kNone;
 }
 
 }  // namespace
@@ -122,6 +132,10 @@ Config Config::from_environment() {
       params::integer(params::kCclSmallBytes, static_cast<int64_t>(c.small_bytes)));
   c.medium_bytes = static_cast<size_t>(
       params::integer(params::kCclMediumBytes, static_cast<int64_t>(c.medium_bytes)));
+  if (const char* site = params::raw(params::kCclSite)) c.site = site;
+  if (c.site.size() > Config::kMaxSiteName)
+    throw std::invalid_argument("SOFTRDMA_CCL_SITE: longer than 63 characters: '" + c.site + "'");
+  c.wan_compress = compression_from_environment(c.wan_compress);
   // SOFTRDMA_CCL_TIMEOUT_MS is read by the transports (it sets Transport::timeout()).
   return c;
 }

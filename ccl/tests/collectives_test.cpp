@@ -85,6 +85,7 @@ Config config_for(Algorithm a) {
       c.depth = 2;
       break;
     case Algorithm::kRabenseifner:
+    case Algorithm::kHierarchical:
       c.chunk_bytes = 512;
       c.depth = 2;
       break;
@@ -106,6 +107,8 @@ const char* algo_name(Algorithm a) {
       return "rd";
     case Algorithm::kRabenseifner:
       return "rabenseifner";
+    case Algorithm::kHierarchical:
+      return "hierarchical";
     case Algorithm::kAuto:
       break;
   }
@@ -396,6 +399,10 @@ std::vector<Case> all_cases() {
     v.push_back({Coll::kAllReduce, n, Algorithm::kRabenseifner});
   for (int n : {5, 6, 7}) v.push_back({Coll::kAllReduce, n, Algorithm::kRecursiveDoubling});
   v.push_back({Coll::kBroadcast, 3, Algorithm::kRabenseifner});
+  // Forced hierarchical without sites: every rank in one unnamed site (chain reduce and
+  // broadcast only); elsewhere it means auto.
+  v.push_back({Coll::kAllReduce, 4, Algorithm::kHierarchical});
+  v.push_back({Coll::kReduceScatter, 3, Algorithm::kHierarchical});
   return v;
 }
 

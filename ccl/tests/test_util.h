@@ -24,9 +24,21 @@ namespace softrdma::ccl::testing {
 /// Runs fn(comm) on `n` threads, rank r with the Communicator of LoopbackFabric rank r.
 /// A rank that throws is killed on the fabric, so its peers fail fast instead of waiting
 /// out the timeout. Returns "" or the first failure, "rank r: what".
+inline std::string run_ranks(int n, const std::function<Config(int)>& config_of,
+                             const std::function<void(Communicator&)>& fn,
+                             std::chrono::milliseconds timeout = std::chrono::seconds(60),
+                             LoopbackFabric* fabric = nullptr);
 inline std::string run_ranks(int n, const Config& cfg, const std::function<void(Communicator&)>& fn,
                              std::chrono::milliseconds timeout = std::chrono::seconds(60),
                              LoopbackFabric* fabric = nullptr) {
+  return run_ranks(
+      n, [&](int) { return cfg; }, fn, timeout, fabric);
+}
+
+/// As above, rank r with the Config config_of(r) (e.g. its own Config::site).
+inline std::string run_ranks(int n, const std::function<Config(int)>& config_of,
+                             const std::function<void(Communicator&)>& fn,
+                             std::chrono::milliseconds timeout, LoopbackFabric* fabric) {
   LoopbackFabric own(n, timeout);
   LoopbackFabric& f = fabric != nullptr ? *fabric : own;
   std::vector<std::string> errors(static_cast<size_t>(n));
@@ -34,7 +46,7 @@ inline std::string run_ranks(int n, const Config& cfg, const std::function<void(
   for (int r = 0; r < n; ++r) {
     threads.emplace_back([&, r] {
       try {
-        Communicator comm(f.transport(r), cfg);
+        Communicator comm(f.transport(r), config_of(r));
         fn(comm);
       } catch (const std::exception& e) {
         errors[static_cast<size_t>(r)] = e.what();
