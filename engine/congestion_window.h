@@ -85,6 +85,16 @@ class CongestionWindow {
     psns_ = std::max<uint32_t>(1, next);
     acked_ = 0;
   }
+  /// A request was dropped locally: the same-host ring towards the peer was full with
+  /// `in_flight` PSNs outstanding (the ring, not the path, is the bottleneck: no BDP floor).
+  /// The window becomes half of what was in flight (at most half the window), and congestion
+  /// avoidance continues from there, as TCP does on a local device-queue drop.
+  void on_local_drop(uint32_t in_flight) {
+    const uint32_t next = std::max<uint32_t>(1, std::min(psns_, in_flight) / 2);
+    ssthresh_ = std::max<uint32_t>(2, next);
+    psns_ = next;
+    acked_ = 0;
+  }
   /// The retransmit timer fired (nothing came back): start again from one PSN, slow start
   /// up to half the window that timed out.
   void on_timeout() {

@@ -56,6 +56,7 @@ namespace softrdma::engine {
   X(sent_shm_pkts, "packets sent through the same-host shared-memory path")                        \
   X(rcvd_shm_pkts, "packets received through the same-host shared-memory path")                    \
   X(shm_drops, "packets dropped: peer's shared-memory ring full (or no mailbox, shm only)")        \
+  X(shm_ring_full_resends, "QPs sent back to a request a full same-host ring dropped")             \
   X(rcvd_gro_batches, "UDP GRO receives (several RoCEv2 packets in one datagram buffer)")
 
 /// The live counters of one device. Lives in shared memory; every field is a relaxed

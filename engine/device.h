@@ -183,6 +183,12 @@ class Device final : public Transport, public ObjectRegistry {
                         uint16_t ip_id_hint, bool from_shm, const wire::IcrcVerdict& v);
   wire::Ipv4UdpTuple rx_tuple(const net::RxDatagram& d, uint16_t ip_id_hint) const;
   void send_queued();  // sends tx_ (shared memory or GSO runs per peer), ACKs excluded
+  /// Requests that found a peer's same-host ring full were dropped here, so this device
+  /// knows the loss at once (a NIC would have back-pressured): each QP concerned goes back
+  /// to its first dropped PSN with its window at half of what was in flight, and sends again
+  /// now — instead of waiting for the responder's NAK, or for the retransmit
+  /// timeout when the drops were the tail of a burst (kv-bench saw 67 ms stalls).
+  void recover_ring_full();
   size_t receive_shm_locked();
   void run_timers_locked(uint64_t now);
   void wake();
@@ -200,12 +206,15 @@ class Device final : public Transport, public ObjectRegistry {
     bool icrc_done;
     bool taken;  // by the WAN emulator (dropped, or held as a copy): not sent from here
     uint8_t pad;
+    uint8_t opcode;  // BTH fields of the packet, for recover_ring_full()
+    uint32_t dest_qpn;
+    uint32_t psn;
   };
   void compute_icrc(TxSlot& s);  // over the slot's gather list, for IPv4 id 0
-  enum class ShmOutcome : uint8_t { kSent, kUseUdp, kDropped };
+  enum class ShmOutcome : uint8_t { kSent, kUseUdp, kDropped, kRingFull };
   /// One packet to `dst_ip` through the same-host rings (counted, captured when sent):
-  /// kUseUdp when the peer has no mailbox and UDP is allowed; kDropped on a full ring (or
-  /// no mailbox under SOFTRDMA_TRANSPORT=shm).
+  /// kUseUdp when the peer has no mailbox and UDP is allowed; kRingFull (dropped) on a full
+  /// ring; kDropped with no mailbox under SOFTRDMA_TRANSPORT=shm.
   ShmOutcome send_shm(uint32_t dst_ip, std::span<const iovec> iov);
   std::vector<uint8_t> shm_capture_;  // a same-host packet as recorded, with its ICRC
 
@@ -279,6 +288,11 @@ class Device final : public Transport, public ObjectRegistry {
 
   std::vector<TxSlot> tx_;
   size_t tx_count_ = 0;
+  /// (dest QPN, dst ip, PSN) of requests dropped on a full same-host ring, oldest first.
+  struct RingFullDrop {
+    uint32_t dest_qpn, dst_ip, psn;
+  };
+  std::vector<RingFullDrop> ring_full_;
   std::vector<iovec> tx_iov_;  // send_queued(): every run's gather list
   std::vector<net::TxDatagram> tx_batch_;
   std::vector<std::pair<size_t, size_t>> tx_ranges_;

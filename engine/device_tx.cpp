@@ -55,6 +55,9 @@ void Device::transmit(wire::Headers h, uint32_t dst_ip, std::span<const iovec> p
   s.iov.push_back({s.trailer, size_t{pad} + wire::kIcrcBytes});
   s.dst_ip = dst_ip;
   s.udp_len = static_cast<uint32_t>(udp_len);
+  s.opcode = h.bth.opcode;
+  s.dest_qpn = h.bth.dest_qpn;
+  s.psn = h.bth.psn;
   ++tx_count_;
   bump(counters_->sent_pkts);
   bump(counters_->sent_bytes, udp_len);
@@ -90,9 +93,38 @@ void Device::flush() {
   }
   ack_dirty_.clear();
   send_queued();
+  recover_ring_full();
   // The ACKs are out: the completions of the messages they acknowledge may be seen now.
   for (const HeldCompletion& h : held_completions_) h.cq->push(h.cqe, h.solicited);
   held_completions_.clear();
+}
+
+void Device::recover_ring_full() {
+  if (ring_full_.empty()) return;
+  std::vector<RingFullDrop> drops;
+  drops.swap(ring_full_);
+  std::vector<QueuePair*> rewound;
+  for (const RingFullDrop& d : drops) {
+    // The sending QP: the one connected to (dst ip, dest QPN). A linear scan, but only on a
+    // full ring, never per packet.
+    QueuePair* qp = nullptr;
+    for (auto& [qpn, q] : qps_)
+      if (q->attr.dest_qp_num == d.dest_qpn && q->remote_ip == d.dst_ip) qp = q;
+    if (qp == nullptr || qp->attr.state != QpState::kRts) continue;
+    if (std::find(rewound.begin(), rewound.end(), qp) != rewound.end()) continue;
+    // Still outstanding and not already sent again (a later rewind or ACK moved past it)?
+    if (wire::psn_diff(d.psn, qp->comp.psn) < 0 || wire::psn_diff(d.psn, qp->req.psn) >= 0)
+      continue;
+    const int32_t in_flight = wire::psn_diff(qp->req.psn, qp->comp.psn);
+    qp->req.window.on_local_drop(static_cast<uint32_t>(std::max(in_flight, 1)));
+    bump(counters_->shm_ring_full_resends);
+    requester::rewind(*qp, d.psn);
+    rewound.push_back(qp);
+  }
+  // Sent again now (the ring may have room by then; if not, the next flush tries again with
+  // a halved window).
+  for (QueuePair* qp : rewound) requester::run(*qp, *this);
+  send_queued();  // what this pass drops again is taken up by the next flush
 }
 
 void Device::deliver_recv_completion(CompletionQueue& cq, const Cqe& cqe, bool solicited) {
@@ -107,9 +139,10 @@ Device::ShmOutcome Device::send_shm(uint32_t dst_ip, std::span<const iovec> iov)
   if (r == net::ShmSendResult::kNoPeer && path_ != PacketPath::kShm) return ShmOutcome::kUseUdp;
   if (r != net::ShmSendResult::kSent) {
     // A full ring, or (SOFTRDMA_TRANSPORT=shm) no mailbox: lost, as a full socket buffer
-    // loses a datagram; RC retransmission recovers it or errors the QP.
+    // loses a datagram; RC retransmission recovers it or errors the QP (a full ring's
+    // requests at once: recover_ring_full()).
     bump(counters_->shm_drops);
-    return ShmOutcome::kDropped;
+    return r == net::ShmSendResult::kFull ? ShmOutcome::kRingFull : ShmOutcome::kDropped;
   }
   bump(counters_->sent_shm_pkts);
   if (pcap_) {
@@ -156,6 +189,11 @@ void Device::send_queued() {
         break;
       case ShmOutcome::kUseUdp:
         udp_slots_.push_back(k);
+        break;
+      case ShmOutcome::kRingFull:
+        if (const wire::OpcodeInfo* info = wire::opcode_info(s.opcode);
+            info && (info->mask & wire::kIsRequest))
+          ring_full_.push_back({s.dest_qpn, s.dst_ip, s.psn});
         break;
       case ShmOutcome::kDropped:
         break;
