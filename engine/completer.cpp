@@ -276,10 +276,70 @@ void on_response(QueuePair& qp, const wire::Packet& pkt, Transport& t) {
   requester::run(qp, t);
 }
 
+uint64_t resend_check_ns(const QueuePair& qp) {
+  const uint64_t srtt = qp.req.window.srtt_ns();
+  return srtt ? std::max<uint64_t>(1'000'000, srtt + srtt / 2) : 0;
+}
+
+void on_cnp(QueuePair& qp, Transport& t) {
+  bump(t.counters().cnp_rcvd);
+  if (!qp.req.cc_on) return;  // counted only: this device does not pace (SOFTRDMA_CC=none)
+  const uint64_t cuts = qp.req.rate.cuts();
+  qp.req.rate.set_min_rtt(qp.req.window.min_rtt_ns());
+  qp.req.rate.on_cnp(t.now_ns(), qp.req.window.delivery_rate() * qp.mtu);
+  if (qp.req.rate.cuts() != cuts) {
+    bump(t.counters().dcqcn_rate_cuts);
+    log().debug("qp {:#x}: CNP, rate {:.1f} Mbit/s (target {:.1f}, alpha {:.3f})", qp.qpn(),
+                qp.req.rate.rate() * 8e3, qp.req.rate.target() * 8e3, qp.req.rate.alpha());
+  }
+  qp.req.window.on_congestion_notified();
+}
+
+namespace {
+
+// Resends still unacknowledged resend_check_ns() after they left were lost as well: send
+// each once more (and watch it again), without a go-back-N or a window collapse. Only
+// PSNs beyond comp.psn can be still missing; acknowledged ones are forgotten.
+void check_resends(QueuePair& qp, Transport& t, uint64_t now) {
+  qp.comp.resend_check_ns = 0;
+  const uint64_t check = resend_check_ns(qp);
+  auto& resent = qp.comp.resent;
+  if (!check || qp.req.rnr_wait) {
+    resent.clear();
+    return;
+  }
+  for (size_t n = resent.size(); n > 0 && !resent.empty(); --n) {
+    const CompleterState::Resent r = resent.front();
+    if (psn_diff(r.psn, qp.comp.psn) < 0) {
+      resent.pop_front();
+      continue;
+    }
+    if (r.sent_ns + check > now) break;
+    resent.pop_front();
+    if (psn_diff(r.psn, qp.req.psn) >= 0) continue;  // a rewind since: it goes out anyway
+    log().debug("qp {:#x}: resend of psn {:#x} unacknowledged after {} us: again", qp.qpn(), r.psn,
+                (now - r.sent_ns) / 1000);
+    bump(t.counters().resend_again_pkts);
+    requester::resend(qp, t, r.psn);  // pushes it back with the new time
+  }
+  while (!resent.empty() && psn_diff(resent.front().psn, qp.comp.psn) < 0) resent.pop_front();
+  if (!resent.empty()) {
+    qp.comp.resend_check_ns = std::max(now + 1, resent.front().sent_ns + check);
+    t.timer_armed(qp, qp.comp.resend_check_ns);
+  }
+}
+
+}  // namespace
+
 void on_timer(QueuePair& qp, Transport& t, uint64_t now) {
   if (qp.comp.rnr_ns && now >= qp.comp.rnr_ns) {
     qp.comp.rnr_ns = 0;
     qp.req.rnr_wait = false;
+    requester::run(qp, t);
+  }
+  if (qp.comp.resend_check_ns && now >= qp.comp.resend_check_ns) check_resends(qp, t, now);
+  if (qp.comp.pace_ns && now >= qp.comp.pace_ns) {
+    qp.comp.pace_ns = 0;
     requester::run(qp, t);
   }
   if (!qp.comp.timer_ns || now < qp.comp.timer_ns) return;

@@ -565,6 +565,14 @@ void on_request(QueuePair& qp, const wire::Packet& pkt, Transport& t) {
   }
 }
 
+void on_congestion_experienced(QueuePair& qp, Transport& t) {
+  const uint64_t now = t.now_ns();
+  if (qp.resp.last_cnp_ns && now - qp.resp.last_cnp_ns < kMinTimeBetweenCnpsNs) return;
+  qp.resp.last_cnp_ns = now;
+  t.transmit(wire::cnp_headers(qp.attr.dest_qp_num), qp.remote_ip, {}, 0);
+  bump(t.counters().cnp_sent);
+}
+
 void flush_ack(QueuePair& qp, Transport& t) {
   if (!qp.resp.ack_pending) return;
   qp.resp.ack_pending = false;
