@@ -31,6 +31,9 @@ void note_progress(QueuePair& qp, Transport& t, uint32_t old_psn) {
     qp.comp.recovery_psn = kNoPsn;  // everything sent before the loss is acknowledged
   auto& inflight = qp.comp.rd_atomic_inflight;
   while (!inflight.empty() && psn_diff(inflight.front(), qp.comp.psn) < 0) inflight.pop_front();
+  auto& resent = qp.comp.resent;
+  while (!resent.empty() && psn_diff(resent.front().psn, qp.comp.psn) < 0) resent.pop_front();
+  if (resent.empty()) qp.comp.resend_check_ns = 0;
   // A late ACK or response can acknowledge PSNs the requester, after a go-back-N rewind,
   // was about to send again: move it forward so its next PSN and the WQE/offset it sends
   // from stay in step.

@@ -48,7 +48,8 @@ struct DcqcnParams {
 };
 
 /// One QP's DCQCN reaction point: current rate Rc, target rate Rt, α, the stage counters
-/// of the timer and the byte counter (paper fig. 7).
+/// of the timer and the byte counter (paper fig. 7). Idle at the line rate until the first
+/// CNP; from then on α decays and the rate recovers on the timer and the byte counter.
 class DcqcnRate {
  public:
   DcqcnRate() : DcqcnRate(DcqcnParams{}) {}
@@ -71,19 +72,27 @@ class DcqcnRate {
   /// recently, the starting point when it was unpaced. Rt ← Rc, Rc ← Rc·(1 − α/2)
   /// (at most by min_dec_factor), α ← (1 − g)·α + g; the timer and byte counter restart.
   void on_cnp(uint64_t now_ns, double measured_rate) {
+    if (!active_) {
+      // The reaction point starts at the first CNP, α at 1 (mlx5 allocates a QP's rate
+      // limiter then, with initial_alpha_value 1023/1023).
+      active_ = true;
+      alpha_updated_ns_ = timer_start_ns_ = now_ns;
+    }
     advance(now_ns);
     if (rc_ == 0) {
       rc_ = rt_ = measured_rate > 0 ? measured_rate : p_.min_rate;
       last_cut_ns_ = 0;
     }
-    // α rises on every CNP (it measures how often they come), the rate falls once per
-    // reduce period.
+    // The rate falls once per reduce period by the α the CNPs so far measured; α rises on
+    // every CNP (it measures how often they come) — the paper's order: cut, then update α.
+    const uint64_t gap = std::max(p_.reduce_period_ns, min_rtt_ns_);
+    const bool cut = !cuts_ || now_ns - last_cut_ns_ >= gap;
+    const double alpha = alpha_;
     alpha_ = (1 - p_.g) * alpha_ + p_.g;
     alpha_updated_ns_ = now_ns;
-    const uint64_t gap = std::max(p_.reduce_period_ns, min_rtt_ns_);
-    if (cuts_ && now_ns - last_cut_ns_ < gap) return;
+    if (!cut) return;
     rt_ = rc_;
-    rc_ = std::max({p_.min_rate, rc_ * std::max(1 - alpha_ / 2, p_.min_dec_factor)});
+    rc_ = std::max({p_.min_rate, rc_ * std::max(1 - alpha / 2, p_.min_dec_factor)});
     last_cut_ns_ = now_ns;
     ++cuts_;
     timer_count_ = byte_count_ = 0;
@@ -94,7 +103,7 @@ class DcqcnRate {
   /// `bytes` sent at `now_ns`: the byte counter's stage advances every byte_reset bytes.
   void on_sent(uint64_t bytes, uint64_t now_ns) {
     advance(now_ns);
-    if (rc_ == 0) return;
+    if (!active_) return;
     bytes_ += bytes;
     while (bytes_ >= p_.byte_reset) {
       bytes_ -= p_.byte_reset;
@@ -105,13 +114,18 @@ class DcqcnRate {
 
   /// Applies the α decays and timer increases due by `now_ns`.
   void advance(uint64_t now_ns) {
-    if (rc_ == 0) return;
+    if (!active_ || now_ns < alpha_updated_ns_) return;
     if (now_ns > alpha_updated_ns_ + p_.alpha_period_ns) {
       const uint64_t n = (now_ns - alpha_updated_ns_) / p_.alpha_period_ns;
       for (uint64_t i = 0; i < n && alpha_ > 1e-9; ++i) alpha_ *= 1 - p_.g;
       alpha_updated_ns_ += n * p_.alpha_period_ns;
     }
-    while (now_ns >= timer_start_ns_ + p_.timer_ns && !at_line_rate()) {
+    // Bounded: an idle QP catches up at most kMaxTimerEvents increases at once.
+    for (int i = 0; now_ns >= timer_start_ns_ + p_.timer_ns && !at_line_rate(); ++i) {
+      if (i == kMaxTimerEvents) {
+        timer_start_ns_ = now_ns;
+        break;
+      }
       timer_start_ns_ += p_.timer_ns;
       ++timer_count_;
       increase();
@@ -120,15 +134,16 @@ class DcqcnRate {
   }
 
  private:
+  static constexpr int kMaxTimerEvents = 4096;
   bool at_line_rate() const { return p_.line_rate > 0 && rc_ >= p_.line_rate; }
 
-  // A rate-increase event (paper fig. 7): fast recovery while both counters are below F,
-  // hyper increase once both passed it, additive increase in between.
+  // A rate-increase event (paper fig. 7), the counter already stepped: the first F events
+  // of both are fast recovery, hyper increase once both passed F, additive in between.
   void increase() {
     const uint32_t f = p_.fast_recovery_steps;
     const uint64_t hi = std::max(timer_count_, byte_count_);
     const uint64_t lo = std::min(timer_count_, byte_count_);
-    if (hi < f) {
+    if (hi <= f) {
       // fast recovery: towards the rate before the cut
     } else if (lo > f) {
       rt_ += double(lo - f) * p_.hai_rate;
@@ -141,6 +156,7 @@ class DcqcnRate {
 
   DcqcnParams p_;
   double rc_ = 0, rt_ = 0;
+  bool active_ = false;  // a CNP arrived: the timers and the byte counter run
   double alpha_ = 1;  // mlx5 initial_alpha_value 1023/1023
   uint64_t alpha_updated_ns_ = 0;
   uint64_t timer_start_ns_ = 0;
