@@ -65,7 +65,15 @@ class DcqcnRate {
   uint64_t cuts() const { return cuts_; }
   const DcqcnParams& params() const { return p_; }
 
-  /// The smallest round trip measured, ns: the least time between two rate cuts.
+  /// The smallest round trip measured, ns: the least time between two rate cuts, and the
+  /// least rate-increase period (the timer T, and the byte counter B as bytes sent in one
+  /// round trip at the current rate). The paper's T = 55 µs and B assume microsecond round
+  /// trips; on a 20 ms link they would raise the rate to the line rate hundreds of times
+  /// before one CNP could say it is too high, and the queue would overflow every round
+  /// trip (measured: more tail drops than without congestion control). DCQCN's feedback
+  /// loop is only stable when its increase steps are slower than the feedback delay (Zhu
+  /// et al., "ECN or Delay", CoNEXT 2016, section 4) — one increase step per round trip,
+  /// as AIMD in TCP.
   void set_min_rtt(uint64_t rtt_ns) { min_rtt_ns_ = rtt_ns; }
 
   /// A CNP for this QP at `now_ns`; `measured_rate` (B/ns) is what the QP delivered
@@ -105,8 +113,9 @@ class DcqcnRate {
     advance(now_ns);
     if (!active_) return;
     bytes_ += bytes;
-    while (bytes_ >= p_.byte_reset) {
-      bytes_ -= p_.byte_reset;
+    const uint64_t b = byte_period();
+    while (bytes_ >= b) {
+      bytes_ -= b;
       ++byte_count_;
       increase();
     }
@@ -121,20 +130,25 @@ class DcqcnRate {
       alpha_updated_ns_ += n * p_.alpha_period_ns;
     }
     // Bounded: an idle QP catches up at most kMaxTimerEvents increases at once.
-    for (int i = 0; now_ns >= timer_start_ns_ + p_.timer_ns && !at_line_rate(); ++i) {
+    const uint64_t t = timer_period();
+    for (int i = 0; now_ns >= timer_start_ns_ + t && !at_line_rate(); ++i) {
       if (i == kMaxTimerEvents) {
         timer_start_ns_ = now_ns;
         break;
       }
-      timer_start_ns_ += p_.timer_ns;
+      timer_start_ns_ += t;
       ++timer_count_;
       increase();
     }
-    if (at_line_rate()) timer_start_ns_ = std::max(timer_start_ns_, now_ns - p_.timer_ns);
+    if (at_line_rate()) timer_start_ns_ = std::max(timer_start_ns_, now_ns - t);
   }
 
  private:
   static constexpr int kMaxTimerEvents = 4096;
+  uint64_t timer_period() const { return std::max(p_.timer_ns, min_rtt_ns_); }
+  uint64_t byte_period() const {
+    return std::max<uint64_t>(p_.byte_reset, uint64_t(rc_ * double(min_rtt_ns_)));
+  }
   bool at_line_rate() const { return p_.line_rate > 0 && rc_ >= p_.line_rate; }
 
   // A rate-increase event (paper fig. 7), the counter already stepped: the first F events
@@ -157,7 +171,7 @@ class DcqcnRate {
   DcqcnParams p_;
   double rc_ = 0, rt_ = 0;
   bool active_ = false;  // a CNP arrived: the timers and the byte counter run
-  double alpha_ = 1;  // mlx5 initial_alpha_value 1023/1023
+  double alpha_ = 1;     // mlx5 initial_alpha_value 1023/1023
   uint64_t alpha_updated_ns_ = 0;
   uint64_t timer_start_ns_ = 0;
   uint64_t timer_count_ = 0, byte_count_ = 0;
