@@ -31,9 +31,9 @@ void note_progress(QueuePair& qp, Transport& t, uint32_t old_psn) {
     qp.comp.recovery_psn = kNoPsn;  // everything sent before the loss is acknowledged
   auto& inflight = qp.comp.rd_atomic_inflight;
   while (!inflight.empty() && psn_diff(inflight.front(), qp.comp.psn) < 0) inflight.pop_front();
+  qp.comp.head_since_ns = now;
   auto& resent = qp.comp.resent;
   while (!resent.empty() && psn_diff(resent.front().psn, qp.comp.psn) < 0) resent.pop_front();
-  if (resent.empty()) qp.comp.resend_check_ns = 0;
   // A late ACK or response can acknowledge PSNs the requester, after a go-back-N rewind,
   // was about to send again: move it forward so its next PSN and the WQE/offset it sends
   // from stay in step.
@@ -300,36 +300,38 @@ void on_cnp(QueuePair& qp, Transport& t) {
 
 namespace {
 
-// Resends still unacknowledged resend_check_ns() after they left were lost as well: send
-// each once more (and watch it again), without a go-back-N or a window collapse. Only
-// PSNs beyond comp.psn can be still missing; acknowledged ones are forgotten.
+// Selective mode: the oldest unacknowledged PSN, with no ACK moving past it for
+// resend_check_ns() since it became the oldest or was last resent, is sent (again): its
+// resend was lost, or the selective NAK naming it was (the responder reports each gap once).
+// No go-back-N and no window collapse, unlike the retransmit timeout (IRN's RTO_low plays
+// this part, Mittal et al. 2018, 3.1). Only the head: the cumulative ACK stuck there says
+// the responder still misses it, while a resent PSN beyond it may have been placed out of
+// order — the ACK cannot tell, and resending all of those fed the queue that dropped them
+// (measured: as many resends again as tail drops at 0 % loss). When the ACK moves on, the
+// next head is judged in its turn.
 void check_resends(QueuePair& qp, Transport& t, uint64_t now) {
   qp.comp.resend_check_ns = 0;
   const uint64_t check = resend_check_ns(qp);
   auto& resent = qp.comp.resent;
-  if (!check || qp.req.rnr_wait) {
-    resent.clear();
-    return;
-  }
-  for (size_t n = resent.size(); n > 0 && !resent.empty(); --n) {
-    const CompleterState::Resent r = resent.front();
-    if (psn_diff(r.psn, qp.comp.psn) < 0) {
-      resent.pop_front();
-      continue;
-    }
-    if (r.sent_ns + check > now) break;
-    resent.pop_front();
-    if (psn_diff(r.psn, qp.req.psn) >= 0) continue;  // a rewind since: it goes out anyway
-    log().debug("qp {:#x}: resend of psn {:#x} unacknowledged after {} us: again", qp.qpn(), r.psn,
-                (now - r.sent_ns) / 1000);
+  std::erase_if(resent,
+                [&](const CompleterState::Resent& r) { return psn_diff(r.psn, qp.comp.psn) < 0; });
+  const bool outstanding =
+      psn_diff(qp.req.psn, qp.comp.psn) > 0 && !qp.sq.empty() && qp.sq.front().started;
+  if (!check || !outstanding || qp.req.rnr_wait || !t.selective_retransmit()) return;
+  uint64_t last = qp.comp.head_since_ns;
+  for (const CompleterState::Resent& r : resent)
+    if (r.psn == qp.comp.psn) last = std::max(last, r.sent_ns);
+  if (now >= last + check) {
+    log().debug(
+        "qp {:#x}: psn {:#x} unacknowledged {} us after it was last sent or became the "
+        "oldest: again",
+        qp.qpn(), qp.comp.psn, (now - last) / 1000);
     bump(t.counters().resend_again_pkts);
-    requester::resend(qp, t, r.psn);  // pushes it back with the new time
+    requester::resend(qp, t, qp.comp.psn);  // records the resend, and so re-arms
+    last = now;
   }
-  while (!resent.empty() && psn_diff(resent.front().psn, qp.comp.psn) < 0) resent.pop_front();
-  if (!resent.empty()) {
-    qp.comp.resend_check_ns = std::max(now + 1, resent.front().sent_ns + check);
-    t.timer_armed(qp, qp.comp.resend_check_ns);
-  }
+  qp.comp.resend_check_ns = std::max(now + 1, last + check);
+  t.timer_armed(qp, qp.comp.resend_check_ns);
 }
 
 }  // namespace

@@ -101,17 +101,20 @@ struct CompleterState {
   uint32_t recovery_psn = kNoPsn;
   /// The pacer holds the requester until this time, ns (0: not waiting).
   uint64_t pace_ns = 0;
-  /// Selective recovery: PSNs resent and when, oldest first. One still unacknowledged
-  /// resend_check_ns() after its resend was lost again: it is sent once more, without the
-  /// retransmit timer's go-back-N and window collapse (IRN resends on SACK evidence alone;
-  /// here the evidence is time since the resend, as RACK's, RFC 8985).
+  /// Selective recovery: PSNs resent and when, oldest first (acknowledged ones are dropped
+  /// lazily). The oldest unacknowledged PSN, unacknowledged resend_check_ns() after it was
+  /// last resent or became the oldest, is sent once more — its resend or the selective NAK
+  /// naming it was lost — without the retransmit timer's go-back-N and window collapse
+  /// (IRN's RTO_low; the evidence is time, as RACK's, RFC 8985).
   struct Resent {
     uint32_t psn;
     uint64_t sent_ns;
   };
   std::deque<Resent> resent;
-  /// Time of the next check of `resent`, ns (0: none armed).
+  /// Time of the next check of the oldest unacknowledged PSN, ns (0: none armed).
   uint64_t resend_check_ns = 0;
+  /// When `psn` last moved (an ACK or response acknowledged something), ns.
+  uint64_t head_since_ns = 0;
 };
 
 /// What the responder executed for one READ or ATOMIC request, kept so a duplicate of it
@@ -289,9 +292,10 @@ void on_timer(QueuePair& qp, Transport& t, uint64_t now_ns);
 /// A RoCEv2 CNP for this QP (the responder saw a CE-marked request of ours): the DCQCN
 /// rate is cut (when this QP paces) and the window leaves slow start.
 void on_cnp(QueuePair& qp, Transport& t);
-/// A lost resend is resent when unacknowledged this long after its resend, ns: 1.5 × the
-/// smallest measured round trip (at least 1 ms, the retransmit timer's floor; 0 before any
-/// round trip is measured, when only the retransmit timer recovers).
+/// Selective mode: the oldest unacknowledged PSN is sent again when nothing moved it for this
+/// long since it became the oldest or was last resent, ns: 1.5 × the smoothed round trip
+/// (at least 1 ms; 0 before any round trip is measured, when only the retransmit timer
+/// recovers).
 uint64_t resend_check_ns(const QueuePair& qp);
 }  // namespace completer
 

@@ -299,6 +299,15 @@ void run(QueuePair& qp, Transport& t) {
   if (sent) {
     const uint64_t now = t.now_ns();
     qp.comp.last_progress_ns = now;
+    if (wire::psn_diff(qp.req.psn, qp.comp.psn) > 0 && !qp.comp.resend_check_ns &&
+        t.selective_retransmit()) {
+      // Watch the oldest PSN (completer::on_timer): lost resends and lost selective NAKs.
+      if (const uint64_t check = completer::resend_check_ns(qp)) {
+        if (!qp.comp.head_since_ns) qp.comp.head_since_ns = now;
+        qp.comp.resend_check_ns = now + check;
+        t.timer_armed(qp, qp.comp.resend_check_ns);
+      }
+    }
     const uint64_t rto = qp.retransmit_timeout_ns();
     if (rto && !qp.comp.timer_ns) {
       qp.comp.timer_ns = now + rto;
@@ -359,7 +368,7 @@ uint32_t resend(QueuePair& qp, Transport& t, uint32_t psn) {
   bump(t.counters().retransmitted_pkts);
   bump(t.counters().selective_retransmitted_pkts);
   qp.req.timed_psn = kNoPsn;
-  // Watch it: a resend lost too is sent again after resend_check_ns (completer::on_timer).
+  // Watch it: a resend lost too is sent again (completer::on_timer).
   const uint64_t now = t.now_ns();
   qp.comp.resent.push_back({psn, now});
   if (const uint64_t check = completer::resend_check_ns(qp); check && !qp.comp.resend_check_ns) {
