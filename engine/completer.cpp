@@ -108,7 +108,10 @@ void on_selective_nak(QueuePair& qp, const wire::Packet& pkt, Transport& t) {
   if (psn_diff(r.first, qp.comp.psn) < 0) r.first = qp.comp.psn;
   if (qp.req.rnr_wait) return;  // the RNR retry goes back to comp.psn and sends it all
   if (qp.comp.recovery_psn == kNoPsn || psn_diff(r.first, qp.comp.recovery_psn) >= 0) {
-    qp.req.window.on_sequence_nak();
+    // Paced by DCQCN, a loss is only a loss: the rate answers congestion (CNPs come before
+    // the queue overflows), the window keeps what is in flight — IRN's split of loss
+    // recovery from congestion control (Mittal et al. 2018, 3.3). Otherwise TCP's halving.
+    if (!qp.req.cc_on) qp.req.window.on_sequence_nak();
     qp.comp.recovery_psn = qp.req.max_psn;
   }
   log().debug("qp {:#x}: selective NAK {:#x}…{:#x} (comp.psn {:#x} req.psn {:#x} cwnd {})",
