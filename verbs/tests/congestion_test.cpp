@@ -28,21 +28,6 @@ struct CcRun {
   uint64_t ecn_ce_rcvd = 0, cnp_sent = 0;  // the responder's
 };
 
-bool have(const char* tool) {
-  return std::system((std::string("command -v ") + tool + " >/dev/null 2>&1").c_str()) == 0;
-}
-
-std::string slurp(const std::string& cmd) {
-  std::string out;
-  FILE* p = ::popen(cmd.c_str(), "r");
-  if (!p) return out;
-  char buf[4096];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
-  ::pclose(p);
-  return out;
-}
-
 // Two requesters (site a) each WRITE 12 MiB in 1 MiB messages to one responder (site b)
 // through a 200 Mbit/s, 10 ms RTT link; `cc` is SOFTRDMA_CC of every role; requester 0
 // captures to `pcap` when it is not empty.
@@ -76,14 +61,7 @@ CcRun bulk_through_bottleneck(const std::string& cc, const std::string& pcap) {
       std::memset(r.buf(), r.index() + 1, kBytes);
       const Counters before = r.counters();
       r.barrier();
-      Link& l = r.link();
-      for (size_t m = 0; m < kMessages; ++m)
-        ASSERT_EQ(SendWr(IBV_WR_RDMA_WRITE, m)
-                      .add_sge(r.buf() + m * kMessage, kMessage, r.lkey())
-                      .remote(l.remote.addr + m * kMessage, l.remote.rkey)
-                      .post(l.ep.qp),
-                  0);
-      for (size_t m = 0; m < kMessages; ++m) poll_success(l.ep.scq, m, IBV_WC_RDMA_WRITE, 60s);
+      write_stream(r, kMessage, kMessages);
       ASSERT_FALSE(::testing::Test::HasFatalFailure());
       r.barrier();  // both done: the responder may read its counters
       const Growth g{before, r.counters()};
@@ -155,15 +133,15 @@ TEST(Congestion, CeMarksDrawCnpsAndDcqcnOverflowsTheSharedQueueLessThanTheWindow
   // after the BTH (a 74-byte Ethernet frame). Wireshark names opcode 0x80 "CNP" (the
   // InfiniBand congestion-control annex A10); 0x81, the RoCEv2 CNP of annex A17.9.3 that
   // RoCE NICs send, it shows as "Unknown OpCode" up to at least 4.0.
-  if (!have("tshark")) {
+  if (!have_tool("tshark")) {
     std::filesystem::remove(pcap);
     GTEST_SKIP() << "tshark is not installed: the CNP decode check is skipped";
   }
-  const std::string text =
-      slurp("tshark -r '" + pcap +
-            "' -Y 'infiniband.bth.opcode == 0x81' -T fields -E separator=, "
-            "-e infiniband.bth.opcode -e infiniband.bth.destqp -e infiniband.bth.psn -e frame.len "
-            "2>/dev/null");
+  const std::string text = command_output(
+      "tshark -r '" + pcap +
+      "' -Y 'infiniband.bth.opcode == 0x81' -T fields -E separator=, "
+      "-e infiniband.bth.opcode -e infiniband.bth.destqp -e infiniband.bth.psn -e frame.len "
+      "2>/dev/null");
   std::filesystem::remove(pcap);
   std::istringstream lines(text);
   std::string line, qpn;
