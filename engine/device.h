@@ -92,8 +92,8 @@ struct DeviceConfig {
   CongestionControl cc = CongestionControl::kAuto;
 
   /// Reads SOFTRDMA_ADDR, SOFTRDMA_NETEM, SOFTRDMA_WAN, SOFTRDMA_PCAP, SOFTRDMA_GSO,
-  /// SOFTRDMA_SPIN_US, SOFTRDMA_SELECTIVE_RETX and SOFTRDMA_TRANSPORT. Returns false with `error`
-  /// set when a variable is malformed.
+  /// SOFTRDMA_SPIN_US, SOFTRDMA_SELECTIVE_RETX, SOFTRDMA_CC and SOFTRDMA_TRANSPORT. Returns false
+  /// with `error` set when a variable is malformed.
   static bool from_environment(DeviceConfig& out, std::string& error);
 };
 
