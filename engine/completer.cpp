@@ -99,6 +99,7 @@ void fast_retry(QueuePair& qp, Transport& t) {
 // window halves once per recovery episode (the first loss of what was in flight then).
 void on_selective_nak(QueuePair& qp, const wire::Packet& pkt, Transport& t) {
   bump(t.counters().selective_nak_rcvd);
+  qp.comp.peer_selective = true;
   PsnRange r{pkt.hdr.bth.psn, pkt.hdr.aeth.msn & wire::kPsnMask};
   if (psn_diff(r.last, r.first) < 0 || psn_diff(r.last, qp.req.max_psn) >= 0) {
     bump(t.counters().rcvd_malformed);  // not a range of PSNs sent: a forged or broken NAK
@@ -320,7 +321,7 @@ void check_resends(QueuePair& qp, Transport& t, uint64_t now) {
                 [&](const CompleterState::Resent& r) { return psn_diff(r.psn, qp.comp.psn) < 0; });
   const bool outstanding =
       psn_diff(qp.req.psn, qp.comp.psn) > 0 && !qp.sq.empty() && qp.sq.front().started;
-  if (!check || !outstanding || qp.req.rnr_wait || !t.selective_retransmit()) return;
+  if (!check || !outstanding || qp.req.rnr_wait || !qp.comp.peer_selective) return;
   uint64_t last = qp.comp.head_since_ns;
   for (const CompleterState::Resent& r : resent)
     if (r.psn == qp.comp.psn) last = std::max(last, r.sent_ns);

@@ -115,6 +115,10 @@ struct CompleterState {
   uint64_t resend_check_ns = 0;
   /// When `psn` last moved (an ACK or response acknowledged something), ns.
   uint64_t head_since_ns = 0;
+  /// The responder has sent a selective NAK: it keeps what arrives around a gap, so resending
+  /// the oldest PSN alone (resend_check_ns) can fill it. Against a go-back-N responder that
+  /// resend would only be dropped again; recovery stays IBTA's (NAK or timeout).
+  bool peer_selective = false;
 };
 
 /// What the responder executed for one READ or ATOMIC request, kept so a duplicate of it

@@ -303,7 +303,7 @@ void run(QueuePair& qp, Transport& t) {
     const uint64_t now = t.now_ns();
     qp.comp.last_progress_ns = now;
     if (wire::psn_diff(qp.req.psn, qp.comp.psn) > 0 && !qp.comp.resend_check_ns &&
-        t.selective_retransmit()) {
+        qp.comp.peer_selective) {
       // Watch the oldest PSN (completer::on_timer): lost resends and lost selective NAKs.
       if (const uint64_t check = completer::resend_check_ns(qp)) {
         if (!qp.comp.head_since_ns) qp.comp.head_since_ns = now;
