@@ -322,6 +322,14 @@ void check_resends(QueuePair& qp, Transport& t, uint64_t now) {
   const bool outstanding =
       psn_diff(qp.req.psn, qp.comp.psn) > 0 && !qp.sq.empty() && qp.sq.front().started;
   if (!check || !outstanding || qp.req.rnr_wait || !qp.comp.peer_selective) return;
+  // A READ or atomic at the head is left to its own recovery (a response out of order goes
+  // back to it; the retransmit timer): resending its request draws a duplicate READ's whole
+  // chunk of responses each time (measured: retry_cnt exhausted under periodic loss).
+  if (qp.sq.front().info().read_or_atomic) {
+    qp.comp.resend_check_ns = now + check;
+    t.timer_armed(qp, qp.comp.resend_check_ns);
+    return;
+  }
   uint64_t last = qp.comp.head_since_ns;
   for (const CompleterState::Resent& r : resent)
     if (r.psn == qp.comp.psn) last = std::max(last, r.sent_ns);
