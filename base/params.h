@@ -127,6 +127,15 @@ inline constexpr Param kParams[] = {
             "requests carry a reserved BTH bit; a responder with it on keeps WRITE segments "
             "that arrive out of order and NAKs only the missing PSNs. 0: go-back-N only, as "
             "with any other RoCE peer"},
+    {.name = "SOFTRDMA_CC",
+     .group = Group::kDevice,
+     .kind = Kind::kChoice,
+     .default_text = "auto",
+     .choices = "auto|dcqcn|none",
+     .doc = "congestion control of requesters (docs/wide-area.md): `dcqcn` = DCQCN's reaction "
+            "point (Zhu et al., SIGCOMM 2015) paces each QP, cut by RoCEv2 CNPs; `none` = the "
+            "congestion window only; `auto` = `dcqcn` when a SOFTRDMA_WAN link marks ECN "
+            "(`ecn=`), else `none`"},
     {.name = "SOFTRDMA_SPIN_US",
      .group = Group::kDevice,
      .kind = Kind::kInteger,
@@ -465,6 +474,7 @@ inline constexpr const Param& kTransport = by_name("SOFTRDMA_TRANSPORT");
 inline constexpr const Param& kGso = by_name("SOFTRDMA_GSO");
 inline constexpr const Param& kSpinUs = by_name("SOFTRDMA_SPIN_US");
 inline constexpr const Param& kSelectiveRetx = by_name("SOFTRDMA_SELECTIVE_RETX");
+inline constexpr const Param& kCc = by_name("SOFTRDMA_CC");
 inline constexpr const Param& kCclAlgo = by_name("SOFTRDMA_CCL_ALGO");
 inline constexpr const Param& kCclSite = by_name("SOFTRDMA_CCL_SITE");
 inline constexpr const Param& kCclWanCompress = by_name("SOFTRDMA_CCL_WAN_COMPRESS");

@@ -9,7 +9,11 @@
 #   WAN_DELAY    one-way delay (10ms: a 20 ms round trip)
 #   WAN_LOSSES   random loss rates in %, each direction (ACKs and NAKs are lost too) ("0 0.1 1")
 #   WAN_MB       MiB written per run: WAN_MB messages of 1 MiB (256)
-#   WAN_MODES    recovery modes ("gbn sel": SOFTRDMA_SELECTIVE_RETX=0 / 1 on both sides)
+#   WAN_MODES    recovery and congestion control ("gbn sel gbn+dcqcn sel+dcqcn"): gbn / sel =
+#                SOFTRDMA_SELECTIVE_RETX=0 / 1 on both sides; +dcqcn adds SOFTRDMA_CC=dcqcn and
+#                ECN marking on the link above WAN_ECN of backlog (the others: SOFTRDMA_CC=none,
+#                no marking)
+#   WAN_ECN      ECN marking threshold for the +dcqcn modes (0.25bdp)
 #
 # Each run: Debian's unmodified ib_write_bw (-s 1 MiB, -n WAN_MB, tx depth 128, MTU 4096,
 # QP timeout 15 = 134 ms, above the loaded round trip) between two softrdma processes whose
@@ -25,7 +29,8 @@ RATE=${WAN_RATE:-1gbit}
 DELAY=${WAN_DELAY:-10ms}
 LOSSES=${WAN_LOSSES:-"0 0.1 1"}
 MB=${WAN_MB:-256}
-MODES=${WAN_MODES:-"gbn sel"}
+MODES=${WAN_MODES:-"gbn sel gbn+dcqcn sel+dcqcn"}
+ECN=${WAN_ECN:-0.25bdp}
 B=build
 [[ -x $B/bin/softrdma ]] || { echo "build first: cmake --build build --target softrdma" >&2; exit 1; }
 command -v ib_write_bw >/dev/null || { echo "needs perftest (ib_write_bw)" >&2; exit 1; }
@@ -42,18 +47,19 @@ BPS=$(rate_bps "$RATE")
 
 # run MODE LOSS → prints "goodput_MBps pct seconds" and leaves the logs in $OUT/MODE-LOSS.*
 run() {
-  local mode=$1 loss=$2 sel=1
-  [[ $mode == gbn ]] && sel=0
+  local mode=$1 loss=$2 sel=1 cc=none
+  [[ $mode == gbn* ]] && sel=0
   local wan="delay=$DELAY,rate=$RATE,queue=1bdp,loss=$loss%,seed=$((port * 7))"
+  [[ $mode == *+dcqcn ]] && cc=dcqcn && wan="$wan,ecn=$ECN"
   local log="$OUT/$mode-$loss"
   port=$((port + 1))
   local args=(-d srdma0 -x 0 -s 1048576 -n "$MB" -m 4096 -u 15 -F -p "$port")
-  SOFTRDMA_SELECTIVE_RETX=$sel SOFTRDMA_TRANSPORT=udp timeout 300 \
+  SOFTRDMA_CC=$cc SOFTRDMA_SELECTIVE_RETX=$sel SOFTRDMA_TRANSPORT=udp timeout 300 \
     $B/bin/softrdma run --addr 127.0.33.1 --wan "$wan" -- ib_write_bw "${args[@]}" >"$log.srv" 2>&1 &
   local spid=$!
   sleep 0.5
   local t0=$(date +%s.%N)
-  SOFTRDMA_SELECTIVE_RETX=$sel SOFTRDMA_TRANSPORT=udp timeout 300 \
+  SOFTRDMA_CC=$cc SOFTRDMA_SELECTIVE_RETX=$sel SOFTRDMA_TRANSPORT=udp timeout 300 \
     $B/bin/softrdma run --addr 127.0.33.2 --wan "$wan" -- ib_write_bw "${args[@]}" 127.0.0.1 \
     >"$log.cli" 2>&1 &
   local cpid=$!
@@ -82,14 +88,15 @@ PY
 
 echo "WAN link: $RATE, one-way delay $DELAY (RTT $(awk -v d="${DELAY%ms}" 'BEGIN{print 2*d}') ms), queue 1 BDP; $MB MiB of 1 MiB RDMA WRITEs"
 echo
-echo "| loss | recovery | goodput MB/s | % of link | wall s | packets sent again | selective NAKs | timeouts |"
-echo "|---|---|---|---|---|---|---|---|"
+echo "| loss | recovery | CC | goodput MB/s | % of link | wall s | packets sent again | resends sent again | selective NAKs | timeouts | queue drops | CNPs |"
+echo "|---|---|---|---|---|---|---|---|---|---|---|---|"
 for loss in $LOSSES; do
   for mode in $MODES; do
     read -r mbps pct secs < <(run "$mode" "$loss")
     st="$OUT/$mode-$loss.stat"
-    name=$([[ $mode == gbn ]] && echo "go-back-N" || echo "selective")
-    echo "| $loss % | $name | $mbps | $pct | $secs | $(counter retransmitted_pkts "$st") | $(counter selective_nak_rcvd "$st") | $(counter retransmit_timeouts "$st") |"
+    name=$([[ $mode == gbn* ]] && echo "go-back-N" || echo "selective")
+    cc=$([[ $mode == *+dcqcn ]] && echo "DCQCN" || echo "none")
+    echo "| $loss % | $name | $cc | $mbps | $pct | $secs | $(counter retransmitted_pkts "$st") | $(counter resend_again_pkts "$st") | $(counter selective_nak_rcvd "$st") | $(counter retransmit_timeouts "$st") | $(counter wan_dropped_queue "$st") | $(counter cnp_rcvd "$st") |"
   done
 done
 echo

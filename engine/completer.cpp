@@ -31,6 +31,9 @@ void note_progress(QueuePair& qp, Transport& t, uint32_t old_psn) {
     qp.comp.recovery_psn = kNoPsn;  // everything sent before the loss is acknowledged
   auto& inflight = qp.comp.rd_atomic_inflight;
   while (!inflight.empty() && psn_diff(inflight.front(), qp.comp.psn) < 0) inflight.pop_front();
+  qp.comp.head_since_ns = now;
+  auto& resent = qp.comp.resent;
+  while (!resent.empty() && psn_diff(resent.front().psn, qp.comp.psn) < 0) resent.pop_front();
   // A late ACK or response can acknowledge PSNs the requester, after a go-back-N rewind,
   // was about to send again: move it forward so its next PSN and the WQE/offset it sends
   // from stay in step.
@@ -96,6 +99,7 @@ void fast_retry(QueuePair& qp, Transport& t) {
 // window halves once per recovery episode (the first loss of what was in flight then).
 void on_selective_nak(QueuePair& qp, const wire::Packet& pkt, Transport& t) {
   bump(t.counters().selective_nak_rcvd);
+  qp.comp.peer_selective = true;
   PsnRange r{pkt.hdr.bth.psn, pkt.hdr.aeth.msn & wire::kPsnMask};
   if (psn_diff(r.last, r.first) < 0 || psn_diff(r.last, qp.req.max_psn) >= 0) {
     bump(t.counters().rcvd_malformed);  // not a range of PSNs sent: a forged or broken NAK
@@ -105,7 +109,10 @@ void on_selective_nak(QueuePair& qp, const wire::Packet& pkt, Transport& t) {
   if (psn_diff(r.first, qp.comp.psn) < 0) r.first = qp.comp.psn;
   if (qp.req.rnr_wait) return;  // the RNR retry goes back to comp.psn and sends it all
   if (qp.comp.recovery_psn == kNoPsn || psn_diff(r.first, qp.comp.recovery_psn) >= 0) {
-    qp.req.window.on_sequence_nak();
+    // Paced by DCQCN, a loss is only a loss: the rate answers congestion (CNPs come before
+    // the queue overflows), the window keeps what is in flight — IRN's split of loss
+    // recovery from congestion control (Mittal et al. 2018, 3.3). Otherwise TCP's halving.
+    if (!qp.req.cc_on) qp.req.window.on_sequence_nak();
     qp.comp.recovery_psn = qp.req.max_psn;
   }
   log().debug("qp {:#x}: selective NAK {:#x}…{:#x} (comp.psn {:#x} req.psn {:#x} cwnd {})",
@@ -276,10 +283,80 @@ void on_response(QueuePair& qp, const wire::Packet& pkt, Transport& t) {
   requester::run(qp, t);
 }
 
+uint64_t resend_check_ns(const QueuePair& qp) {
+  const uint64_t srtt = qp.req.window.srtt_ns();
+  return srtt ? std::max<uint64_t>(1'000'000, srtt + srtt / 2) : 0;
+}
+
+void on_cnp(QueuePair& qp, Transport& t) {
+  bump(t.counters().cnp_rcvd);
+  if (!qp.req.cc_on) return;  // counted only: this device does not pace (SOFTRDMA_CC=none)
+  const uint64_t cuts = qp.req.rate.cuts();
+  qp.req.rate.set_min_rtt(qp.req.window.min_rtt_ns());
+  qp.req.rate.on_cnp(t.now_ns(), qp.req.window.delivery_rate() * qp.mtu);
+  if (qp.req.rate.cuts() != cuts) {
+    bump(t.counters().dcqcn_rate_cuts);
+    log().debug("qp {:#x}: CNP, rate {:.1f} Mbit/s (target {:.1f}, alpha {:.3f})", qp.qpn(),
+                qp.req.rate.rate() * 8e3, qp.req.rate.target() * 8e3, qp.req.rate.alpha());
+  }
+  qp.req.window.on_congestion_notified();
+}
+
+namespace {
+
+// Selective mode: the oldest unacknowledged PSN, with no ACK moving past it for
+// resend_check_ns() since it became the oldest or was last resent, is sent (again): its
+// resend was lost, or the selective NAK naming it was (the responder reports each gap once).
+// No go-back-N and no window collapse, unlike the retransmit timeout (IRN's RTO_low plays
+// this part, Mittal et al. 2018, 3.1). Only the head: the cumulative ACK stuck there says
+// the responder still misses it, while a resent PSN beyond it may have been placed out of
+// order — the ACK cannot tell, and resending all of those fed the queue that dropped them
+// (measured: as many resends again as tail drops at 0 % loss). When the ACK moves on, the
+// next head is judged in its turn.
+void check_resends(QueuePair& qp, Transport& t, uint64_t now) {
+  qp.comp.resend_check_ns = 0;
+  const uint64_t check = resend_check_ns(qp);
+  auto& resent = qp.comp.resent;
+  std::erase_if(resent,
+                [&](const CompleterState::Resent& r) { return psn_diff(r.psn, qp.comp.psn) < 0; });
+  const bool outstanding =
+      psn_diff(qp.req.psn, qp.comp.psn) > 0 && !qp.sq.empty() && qp.sq.front().started;
+  if (!check || !outstanding || qp.req.rnr_wait || !qp.comp.peer_selective) return;
+  // A READ or atomic at the head is left to its own recovery (a response out of order goes
+  // back to it; the retransmit timer): resending its request draws a duplicate READ's whole
+  // chunk of responses each time (measured: retry_cnt exhausted under periodic loss).
+  if (qp.sq.front().info().read_or_atomic) {
+    qp.comp.resend_check_ns = now + check;
+    t.timer_armed(qp, qp.comp.resend_check_ns);
+    return;
+  }
+  uint64_t last = qp.comp.head_since_ns;
+  for (const CompleterState::Resent& r : resent)
+    if (r.psn == qp.comp.psn) last = std::max(last, r.sent_ns);
+  if (now >= last + check) {
+    log().debug(
+        "qp {:#x}: psn {:#x} unacknowledged {} us after it was last sent or became the "
+        "oldest: again",
+        qp.qpn(), qp.comp.psn, (now - last) / 1000);
+    bump(t.counters().resend_again_pkts);
+    requester::resend(qp, t, qp.comp.psn);  // records the resend, and so re-arms
+    last = now;
+  }
+  qp.comp.resend_check_ns = std::max(now + 1, last + check);
+  t.timer_armed(qp, qp.comp.resend_check_ns);
+}
+
+}  // namespace
+
 void on_timer(QueuePair& qp, Transport& t, uint64_t now) {
   if (qp.comp.rnr_ns && now >= qp.comp.rnr_ns) {
     qp.comp.rnr_ns = 0;
     qp.req.rnr_wait = false;
+    requester::run(qp, t);
+  }
+  if (qp.comp.resend_check_ns && now >= qp.comp.resend_check_ns) check_resends(qp, t, now);
+  if (qp.comp.pace_ns && now >= qp.comp.pace_ns) {
+    qp.comp.pace_ns = 0;
     requester::run(qp, t);
   }
   if (!qp.comp.timer_ns || now < qp.comp.timer_ns) return;

@@ -41,14 +41,24 @@ class CongestionWindow {
   /// The path's bandwidth-delay product, PSNs: the largest recent delivery rate × the
   /// smallest round trip (0 until both are measured).
   uint32_t bdp_psns() const {
+    return static_cast<uint32_t>(std::min<double>(kMaxPsns, delivery_rate() * double(min_rtt_ns_)));
+  }
+  /// Smoothed round trip, ns (RFC 6298 2.3: SRTT ← 7/8·SRTT + 1/8·sample; 0: none yet).
+  uint64_t srtt_ns() const { return srtt_ns_; }
+  /// The largest recent delivery rate, PSNs per ns (0 until measured).
+  double delivery_rate() const {
     double best = 0;
     for (double r : rates_) best = std::max(best, r);
-    return static_cast<uint32_t>(std::min<double>(kMaxPsns, best * double(min_rtt_ns_)));
+    return best;
   }
   /// A round trip measured on a PSN sent once (Karn's rule: never on a resent one), ns.
   void on_rtt_sample(uint64_t rtt_ns) {
     if (rtt_ns && (!min_rtt_ns_ || rtt_ns < min_rtt_ns_)) min_rtt_ns_ = rtt_ns;
+    if (rtt_ns) srtt_ns_ = srtt_ns_ ? (7 * srtt_ns_ + rtt_ns) / 8 : rtt_ns;
   }
+  /// A congestion signal that is not a loss (a RoCEv2 CNP): leave slow start, keep the
+  /// window (the DCQCN pacer does the slowing down).
+  void on_congestion_notified() { ssthresh_ = std::max<uint32_t>(2, std::min(ssthresh_, psns_)); }
   /// `n` PSNs newly acknowledged at `now_ns`: the delivery rate sample.
   void on_delivered(uint32_t n, uint64_t now_ns) {
     if (!interval_start_ns_) interval_start_ns_ = now_ns;
@@ -108,6 +118,7 @@ class CongestionWindow {
   uint32_t ssthresh_ = kMaxPsns;
   uint32_t acked_ = 0;  // PSNs acknowledged since the last additive increase
   uint64_t min_rtt_ns_ = 0;
+  uint64_t srtt_ns_ = 0;
   uint64_t interval_start_ns_ = 0;   // current delivery-rate interval
   uint64_t delivered_ = 0;           // PSNs acknowledged in it
   double rates_[kRateSamples] = {};  // PSNs per ns, recent intervals

@@ -51,6 +51,12 @@ namespace softrdma::engine {
   X(wan_duplicated, "packets an emulated WAN link duplicated")                                     \
   X(wan_corrupted, "packets an emulated WAN link corrupted (one bit flipped)")                     \
   X(wan_reordered, "packets an emulated WAN link sent ahead of others (reorder)")                  \
+  X(ecn_ce_rcvd, "packets received with the IPv4 ECN field Congestion Experienced")                \
+  X(cnp_sent, "RoCEv2 CNPs sent (a CE-marked request; at most one per QP per 50 us)")              \
+  X(cnp_rcvd, "RoCEv2 CNPs received by a requester")                                               \
+  X(dcqcn_rate_cuts, "DCQCN rate cuts (CNPs that lowered a QP's rate)")                            \
+  X(paced_waits, "times a requester waited for its DCQCN pacer")                                   \
+  X(resend_again_pkts, "lost resends sent again ~1.5 RTT after the resend (selective)")            \
   X(send_err, "sendmsg failures")                                                                  \
   X(sent_gso_batches, "UDP GSO sends (several RoCEv2 packets in one sendmsg)")                     \
   X(sent_shm_pkts, "packets sent through the same-host shared-memory path")                        \

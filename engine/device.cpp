@@ -71,15 +71,22 @@ uint8_t ib_mtu_for(uint32_t netdev_mtu) {
 bool DeviceConfig::from_environment(DeviceConfig& out, std::string& error) {
   // Each variable, its default and its range live in the registry (base/params.h).
   DeviceConfig c = out;
-  std::string transport;
+  std::string transport, cc;
   int64_t spin_us = -1;
   if (!params::read_ipv4(params::kAddr, c.ip, error) ||
       !params::read_text(params::kPcap, c.pcap_path, error) ||
       !params::read_text(params::kTransport, transport, error) ||
       !params::read_integer(params::kSpinUs, spin_us, error) ||
       !params::read_flag(params::kGso, c.udp_offload, error) ||
-      !params::read_flag(params::kSelectiveRetx, c.selective_retx, error))
+      !params::read_flag(params::kSelectiveRetx, c.selective_retx, error) ||
+      !params::read_text(params::kCc, cc, error))
     return false;
+  if (cc == "dcqcn")
+    c.cc = CongestionControl::kDcqcn;
+  else if (cc == "none")
+    c.cc = CongestionControl::kNone;
+  else if (cc == "auto")
+    c.cc = CongestionControl::kAuto;
   if (transport == "auto")
     c.path = PacketPath::kAuto;
   else if (transport == "udp")
@@ -130,6 +137,19 @@ std::unique_ptr<Device> Device::open(const DeviceConfig& cfg, int& err) {
   d->path_ = cfg.path;
   d->spin_ns_ = cfg.spin_ns;
   d->selective_retx_ = cfg.selective_retx;
+  bool wan_marks = false;
+  for (const net::WanTopology::Link& l : cfg.wan.links) wan_marks |= l.params.ecn_bytes != 0;
+  d->dcqcn_ =
+      cfg.cc == CongestionControl::kDcqcn || (cfg.cc == CongestionControl::kAuto && wan_marks);
+  d->ecn_capable_ = wan_marks || d->dcqcn_;
+  d->wan_topo_ = cfg.wan;
+  if (d->ecn_capable_) {
+    // ECT(0) out, and the received TOS (IP_RECVTOS) in: a CE mark draws a CNP.
+    if (int e = d->port_.set_ecn_capable(); e != 0)
+      log().warn("cannot send ECN-capable packets (IP_TOS): {}", std::strerror(e));
+    d->port_.enable_header_info();
+    d->tx_tos_ = d->port_.tx_tos();
+  }
   if (cfg.path != PacketPath::kUdp) {
     // The UDP bind above made this process the address's owner; the mailbox only joins it.
     if (int e = d->shm_.open(d->ip(), cfg.shm); e != 0) {
@@ -296,6 +316,17 @@ void Device::unregister_mr(uint32_t key) {
 MemoryRegion* Device::find_mr(uint32_t key) {
   auto it = mrs_.find(key);
   return it == mrs_.end() ? nullptr : it->second;
+}
+
+bool Device::congestion_control(uint32_t dst_ip, DcqcnParams& out) const {
+  if (!dcqcn_) return false;
+  out = DcqcnParams{};
+  // The emulated link stands for this sender's path to the peer: its rate is the line rate
+  // DCQCN starts from and recovers to (a NIC starts at its port's speed). Without one, the
+  // QP is unpaced until its first CNP.
+  if (const net::WanTopology::Link* l = wan_topo_.link_for(ip(), dst_ip))
+    out.line_rate = double(l->params.rate_bps) / 8 / 1e9;
+  return true;
 }
 
 }  // namespace softrdma::engine

@@ -52,6 +52,13 @@ enum class PacketPath : uint8_t {
   kShm,   ///< shared memory only: packets to a peer without a mailbox are dropped
 };
 
+/// SOFTRDMA_CC: how requesters pace themselves (docs/wide-area.md, "Congestion control").
+enum class CongestionControl : uint8_t {
+  kAuto,   ///< DCQCN when an emulated WAN link marks ECN (`ecn=` in SOFTRDMA_WAN), else none
+  kNone,   ///< only the congestion window
+  kDcqcn,  ///< DCQCN reaction point per QP (engine/dcqcn.h), driven by CNPs
+};
+
 /// How to open a device.
 struct DeviceConfig {
   /// IPv4 address to bind (host order); 0 picks the first free 127.0.0.x, x = 1…254.
@@ -81,10 +88,12 @@ struct DeviceConfig {
   uint64_t spin_ns = 20'000;
   /// Selective retransmission with softrdma peers that ask for it (SOFTRDMA_SELECTIVE_RETX).
   bool selective_retx = true;
+  /// Congestion control of this device's requesters (SOFTRDMA_CC).
+  CongestionControl cc = CongestionControl::kAuto;
 
   /// Reads SOFTRDMA_ADDR, SOFTRDMA_NETEM, SOFTRDMA_WAN, SOFTRDMA_PCAP, SOFTRDMA_GSO,
-  /// SOFTRDMA_SPIN_US, SOFTRDMA_SELECTIVE_RETX and SOFTRDMA_TRANSPORT. Returns false with `error`
-  /// set when a variable is malformed.
+  /// SOFTRDMA_SPIN_US, SOFTRDMA_SELECTIVE_RETX, SOFTRDMA_CC and SOFTRDMA_TRANSPORT. Returns false
+  /// with `error` set when a variable is malformed.
   static bool from_environment(DeviceConfig& out, std::string& error);
 };
 
@@ -93,13 +102,12 @@ struct DeviceConfig {
 /// outcome but kAccept drops the packet and bumps the counter named beside it.
 enum class RxCheck : uint8_t {
   kAccept,
-  kMalformed,               ///< truncated, too long or unparsable (rcvd_malformed)
-  kIcrcMismatch,            ///< ICRC wrong for every IPv4 id (rcvd_icrc_err)
-  kCongestionNotification,  ///< a CNP: no rate control yet, ignored (not counted)
-  kBadPkey,                 ///< P_Key outside the default partition (rcvd_malformed)
-  kUnknownQpn,              ///< no QP with the BTH destination QPN (rcvd_unknown_qpn)
-  kBadState,                ///< the QP's state takes no request/response now (rcvd_bad_state)
-  kWrongSource,             ///< source address is not the QP's peer (rcvd_addr_err)
+  kMalformed,     ///< truncated, too long or unparsable (rcvd_malformed)
+  kIcrcMismatch,  ///< ICRC wrong for every IPv4 id (rcvd_icrc_err)
+  kBadPkey,       ///< P_Key outside the default partition (rcvd_malformed)
+  kUnknownQpn,    ///< no QP with the BTH destination QPN (rcvd_unknown_qpn)
+  kBadState,      ///< the QP's state takes no request/response now (rcvd_bad_state)
+  kWrongSource,   ///< source address is not the QP's peer (rcvd_addr_err)
 };
 /// The outcome's name, e.g. "unknown QPN".
 const char* to_string(RxCheck c);
@@ -157,6 +165,7 @@ class Device final : public Transport, public ObjectRegistry {
   /// flush() has sent the coalesced ACKs (see Transport).
   void deliver_recv_completion(CompletionQueue& cq, const Cqe& cqe, bool solicited) override;
   bool selective_retransmit() const override { return selective_retx_; }
+  bool congestion_control(uint32_t dst_ip, DcqcnParams& out) const override;
 
   /// Sends everything queued by transmit(), then the coalesced ACKs (device lock held).
   void flush() override;
@@ -205,6 +214,7 @@ class Device final : public Transport, public ObjectRegistry {
     uint32_t icrc;     // for IPv4 id 0, once icrc_done
     bool icrc_done;
     bool taken;  // by the WAN emulator (dropped, or held as a copy): not sent from here
+    bool ce;     // the WAN emulator marked it Congestion Experienced
     uint8_t pad;
     uint8_t opcode;  // BTH fields of the packet, for recover_ring_full()
     uint32_t dest_qpn;
@@ -214,8 +224,9 @@ class Device final : public Transport, public ObjectRegistry {
   enum class ShmOutcome : uint8_t { kSent, kUseUdp, kDropped, kRingFull };
   /// One packet to `dst_ip` through the same-host rings (counted, captured when sent):
   /// kUseUdp when the peer has no mailbox and UDP is allowed; kRingFull (dropped) on a full
-  /// ring; kDropped with no mailbox under SOFTRDMA_TRANSPORT=shm.
-  ShmOutcome send_shm(uint32_t dst_ip, std::span<const iovec> iov);
+  /// ring; kDropped with no mailbox under SOFTRDMA_TRANSPORT=shm. `ce`: it carries the CE
+  /// mark.
+  ShmOutcome send_shm(uint32_t dst_ip, std::span<const iovec> iov, bool ce);
   std::vector<uint8_t> shm_capture_;  // a same-host packet as recorded, with its ICRC
 
   std::mutex mu_;
@@ -240,6 +251,11 @@ class Device final : public Transport, public ObjectRegistry {
   std::atomic<uint64_t> last_rx_ns_{0};  // last packet received (any path)
   uint64_t spin_ns_ = 20'000;            // progress thread's ring polling after traffic
   bool selective_retx_ = true;           // DeviceConfig::selective_retx
+  bool dcqcn_ = false;                   // DeviceConfig::cc resolved
+  // Sends ECT(0) and lets the WAN emulator's CE marks reach the peer: on when a link of the
+  // topology marks ECN (a RoCEv2 NIC with ECN enabled).
+  bool ecn_capable_ = false;
+  net::WanTopology wan_topo_;  // for the line rate towards a peer (congestion_control())
   std::unique_ptr<net::Netem> netem_;
   // Wide-area link emulation (SOFTRDMA_WAN): shapes queued packets in send_queued(), and
   // its timed queue is released by release_wan() from every progress round.

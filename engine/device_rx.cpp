@@ -49,7 +49,6 @@ constexpr std::atomic<uint64_t> Counters::*kRxCheckCounter[] = {
     nullptr,                      // kAccept (counted as rcvd_pkts once delivered)
     &Counters::rcvd_malformed,    // kMalformed
     &Counters::rcvd_icrc_err,     // kIcrcMismatch
-    nullptr,                      // kCongestionNotification
     &Counters::rcvd_malformed,    // kBadPkey
     &Counters::rcvd_unknown_qpn,  // kUnknownQpn
     &Counters::rcvd_bad_state,    // kBadState
@@ -61,8 +60,8 @@ static_assert(std::size(kRxCheckCounter) == size_t(RxCheck::kWrongSource) + 1);
 
 const char* to_string(RxCheck c) {
   static constexpr const char* kNames[] = {
-      "accepted",  "malformed",   "ICRC mismatch",       "congestion notification",
-      "bad P_Key", "unknown QPN", "QP state refuses it", "not from the QP's peer"};
+      "accepted",    "malformed",           "ICRC mismatch",         "bad P_Key",
+      "unknown QPN", "QP state refuses it", "not from the QP's peer"};
   static_assert(std::size(kNames) == size_t(RxCheck::kWrongSource) + 1);
   return kNames[static_cast<size_t>(c)];
 }
@@ -129,8 +128,6 @@ void Device::capture_received(const net::RxDatagram& d, const uint8_t* data, siz
 }
 
 RxCheck Device::check_header(const wire::Packet& pkt) const {
-  if (pkt.info->mask & wire::kIsCnp)
-    return RxCheck::kCongestionNotification;  // no rate control yet
   if ((pkt.hdr.bth.pkey & 0x7fff) != (wire::kDefaultPkey & 0x7fff)) return RxCheck::kBadPkey;
   return RxCheck::kAccept;
 }
@@ -172,7 +169,13 @@ void Device::handle_packet(const net::RxDatagram& d, const uint8_t* data, size_t
   }
   bump(counters_->rcvd_pkts);
   bump(counters_->rcvd_bytes, length);
+  if (pkt.info->mask & wire::kIsCnp) return completer::on_cnp(*qp, *this);
+  // RFC 3168's Congestion Experienced (an emulated link's queue marked it): the responder
+  // notifies the requester with a CNP (DCQCN's notification point).
+  const bool ce = (d.tos & 0x3) == 0x3;
+  if (ce) bump(counters_->ecn_ce_rcvd);
   if (pkt.info->mask & wire::kIsRequest) {
+    if (ce) responder::on_congestion_experienced(*qp, *this);
     holding_completions_ = true;
     responder::on_request(*qp, pkt, *this);
     holding_completions_ = false;
@@ -189,8 +192,9 @@ size_t Device::receive_shm_locked() {
   d.ttl = tx_ttl_;
   d.tos = tx_tos_;
   const size_t n = shm_.poll(
-      [&](uint32_t src_ip, std::span<const uint8_t> bytes) {
+      [&](uint32_t src_ip, std::span<const uint8_t> bytes, bool ce) {
         d.src_ip = src_ip;
+        d.tos = static_cast<uint8_t>(tx_tos_ | (ce ? 0x3 : 0));
         d.data = const_cast<uint8_t*>(bytes.data());
         d.length = bytes.size();
         bump(counters_->rcvd_shm_pkts);

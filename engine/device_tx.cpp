@@ -47,6 +47,7 @@ void Device::transmit(wire::Headers h, uint32_t dst_ip, std::span<const iovec> p
   std::memset(s.trailer, 0, sizeof s.trailer);
   s.icrc_done = false;
   s.taken = false;
+  s.ce = false;
   s.pad = pad;
   s.iov.clear();
   s.iov.push_back({s.hdr, hlen});
@@ -134,8 +135,8 @@ void Device::deliver_recv_completion(CompletionQueue& cq, const Cqe& cqe, bool s
     cq.push(cqe, solicited);
 }
 
-Device::ShmOutcome Device::send_shm(uint32_t dst_ip, std::span<const iovec> iov) {
-  const net::ShmSendResult r = shm_.send(dst_ip, iov.data(), iov.size());
+Device::ShmOutcome Device::send_shm(uint32_t dst_ip, std::span<const iovec> iov, bool ce) {
+  const net::ShmSendResult r = shm_.send(dst_ip, iov.data(), iov.size(), ce);
   if (r == net::ShmSendResult::kNoPeer && path_ != PacketPath::kShm) return ShmOutcome::kUseUdp;
   if (r != net::ShmSendResult::kSent) {
     // A full ring, or (SOFTRDMA_TRANSPORT=shm) no mailbox: lost, as a full socket buffer
@@ -147,7 +148,8 @@ Device::ShmOutcome Device::send_shm(uint32_t dst_ip, std::span<const iovec> iov)
   bump(counters_->sent_shm_pkts);
   if (pcap_) {
     // As if it had crossed the wire unsegmented: id 0, DF, the socket's TTL and TOS.
-    pcap_->record({ip(), dst_ip, wire::kRoceV2Port, wire::kRoceV2Port, 0, true, tx_ttl_, tx_tos_},
+    pcap_->record({ip(), dst_ip, wire::kRoceV2Port, wire::kRoceV2Port, 0, true, tx_ttl_,
+                   static_cast<uint8_t>(tx_tos_ | (ce ? 0x3 : 0))},
                   iov);
     pcap_dirty_ = true;
   }
@@ -183,7 +185,7 @@ void Device::send_queued() {
     if (pcap_) compute_icrc(s);
     const uint32_t icrc = pcap_ ? s.icrc : 0;
     for (int b = 0; b < 4; ++b) s.trailer[s.pad + b] = static_cast<uint8_t>(icrc >> (8 * b));
-    switch (send_shm(s.dst_ip, s.iov)) {
+    switch (send_shm(s.dst_ip, s.iov, s.ce)) {
       case ShmOutcome::kSent:
         shm_sent = true;
         break;
@@ -216,8 +218,10 @@ void Device::send_queued() {
     const uint32_t seg = head.udp_len;
     size_t j = i + 1, total = seg;
     if (port_.gso()) {
+      // (A CE-marked packet differs in its IPv4 header: it ends a run, as GRO ends one.)
       while (j < nudp && j - i < net::kMaxGsoSegments && tx_[udp_slots_[j]].dst_ip == head.dst_ip &&
-             tx_[udp_slots_[j - 1]].udp_len == seg && tx_[udp_slots_[j]].udp_len <= seg &&
+             tx_[udp_slots_[j]].ce == head.ce && tx_[udp_slots_[j - 1]].udp_len == seg &&
+             tx_[udp_slots_[j]].udp_len <= seg &&
              total + tx_[udp_slots_[j]].udp_len <= net::kMaxGsoBytes) {
         total += tx_[udp_slots_[j]].udp_len;
         ++j;
@@ -233,16 +237,16 @@ void Device::send_queued() {
       if (pcap_) {
         // What crosses the wire: id 0 from this unconnected DF socket, k for GSO segment
         // k; DF, the socket's TTL and TOS.
-        pcap_->record(
-            {ip(), s.dst_ip, wire::kRoceV2Port, wire::kRoceV2Port, id, true, tx_ttl_, tx_tos_},
-            s.iov);
+        pcap_->record({ip(), s.dst_ip, wire::kRoceV2Port, wire::kRoceV2Port, id, true, tx_ttl_,
+                       static_cast<uint8_t>(tx_tos_ | (s.ce ? 0x3 : 0))},
+                      s.iov);
         pcap_dirty_ = true;
       }
       tx_iov_.insert(tx_iov_.end(), s.iov.begin(), s.iov.end());
     }
     ranges.emplace_back(first_iov, tx_iov_.size() - first_iov);
-    tx_batch_.push_back(
-        {nullptr, 0, head.dst_ip, wire::kRoceV2Port, static_cast<uint16_t>(j - i > 1 ? seg : 0)});
+    tx_batch_.push_back({nullptr, 0, head.dst_ip, wire::kRoceV2Port,
+                         static_cast<uint16_t>(j - i > 1 ? seg : 0), head.ce});
     if (j - i > 1) bump(counters_->sent_gso_batches);
     i = j;
   }
@@ -274,6 +278,7 @@ bool Device::shape_queued(uint64_t now) {
     bool ce = false;
     const net::WanVerdict v = wan_.submit(s.dst_ip, s.iov.data(), s.iov.size(), s.udp_len, now, ce);
     s.taken = v != net::WanVerdict::kSendNow;
+    s.ce = ce && ecn_capable_;  // RFC 3168: a router marks only ECN-capable packets
     kept += !s.taken;
   }
   const net::WanCounters& after = wan_.counters();
@@ -296,17 +301,19 @@ void Device::release_wan(uint64_t now) {
   wan_.release(now, [&](const net::WanShaper::Packet& p) {
     iovec iov{const_cast<uint8_t*>(p.bytes.data()), p.bytes.size()};
     const std::span<const iovec> one(&iov, 1);
+    const bool ce = p.ecn_ce && ecn_capable_;
     if (shm_.is_open()) {
-      const ShmOutcome o = send_shm(p.dst_ip, one);
+      const ShmOutcome o = send_shm(p.dst_ip, one, ce);
       shm_sent |= o == ShmOutcome::kSent;
       if (o != ShmOutcome::kUseUdp) return;
     }
     if (pcap_) {  // what crosses the wire: a lone datagram, id 0, DF
-      pcap_->record(
-          {ip(), p.dst_ip, wire::kRoceV2Port, wire::kRoceV2Port, 0, true, tx_ttl_, tx_tos_}, one);
+      pcap_->record({ip(), p.dst_ip, wire::kRoceV2Port, wire::kRoceV2Port, 0, true, tx_ttl_,
+                     static_cast<uint8_t>(tx_tos_ | (ce ? 0x3 : 0))},
+                    one);
       pcap_dirty_ = true;
     }
-    const net::TxDatagram dg{&iov, 1, p.dst_ip, wire::kRoceV2Port, 0};
+    const net::TxDatagram dg{&iov, 1, p.dst_ip, wire::kRoceV2Port, 0, ce};
     size_t errors = 0;
     port_.send_batch(std::span<const net::TxDatagram>(&dg, 1), errors);
     if (errors) bump(counters_->send_err, errors);

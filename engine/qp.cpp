@@ -109,6 +109,8 @@ uint64_t QueuePair::retransmit_timeout_ns() const {
 uint64_t QueuePair::next_deadline() const {
   uint64_t d = comp.timer_ns;
   if (comp.rnr_ns && (!d || comp.rnr_ns < d)) d = comp.rnr_ns;
+  if (comp.pace_ns && (!d || comp.pace_ns < d)) d = comp.pace_ns;
+  if (comp.resend_check_ns && (!d || comp.resend_check_ns < d)) d = comp.resend_check_ns;
   return d;
 }
 

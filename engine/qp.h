@@ -72,6 +72,12 @@ struct RequesterState {
   /// resend cancels the measurement (Karn's rule).
   uint32_t timed_psn = kNoPsn;
   uint64_t timed_ns = 0;
+  /// DCQCN (Transport::congestion_control): the reaction point's rate and the pacer that
+  /// holds packets to it. `cc_checked`: the transport was asked (at the first run in RTS).
+  bool cc_checked = false;
+  bool cc_on = false;
+  DcqcnRate rate;
+  Pacer pacer;
 };
 
 /// Completer progress (rxe's qp->comp).
@@ -94,6 +100,26 @@ struct CompleterState {
   /// the episode began); further selective NAKs below it do not halve it again, as one
   /// TCP NewReno recovery episode (RFC 6582). kNoPsn: not in recovery.
   uint32_t recovery_psn = kNoPsn;
+  /// The pacer holds the requester until this time, ns (0: not waiting).
+  uint64_t pace_ns = 0;
+  /// Selective recovery: PSNs resent and when, oldest first (acknowledged ones are dropped
+  /// lazily). The oldest unacknowledged PSN, unacknowledged resend_check_ns() after it was
+  /// last resent or became the oldest, is sent once more — its resend or the selective NAK
+  /// naming it was lost — without the retransmit timer's go-back-N and window collapse
+  /// (IRN's RTO_low; the evidence is time, as RACK's, RFC 8985).
+  struct Resent {
+    uint32_t psn;
+    uint64_t sent_ns;
+  };
+  std::deque<Resent> resent;
+  /// Time of the next check of the oldest unacknowledged PSN, ns (0: none armed).
+  uint64_t resend_check_ns = 0;
+  /// When `psn` last moved (an ACK or response acknowledged something), ns.
+  uint64_t head_since_ns = 0;
+  /// The responder has sent a selective NAK: it keeps what arrives around a gap, so resending
+  /// the oldest PSN alone (resend_check_ns) can fill it. Against a go-back-N responder that
+  /// resend would only be dropped again; recovery stays IBTA's (NAK or timeout).
+  bool peer_selective = false;
 };
 
 /// What the responder executed for one READ or ATOMIC request, kept so a duplicate of it
@@ -126,6 +152,8 @@ struct ResponderState {
   uint32_t write_first_psn = 0;   ///< PSN of the current WRITE's first packet
   bool ack_pending = false;       ///< coalesced ACK to send at the end of the batch
   uint32_t ack_psn = 0;
+  /// When this QP last sent a CNP, ns (0: never).
+  uint64_t last_cnp_ns = 0;
   /// READs and atomics executed, newest last; at most max(16, max_dest_rd_atomic).
   std::deque<ResponderResource> resources;
   /// Selective retransmission: packets kept beyond the expected PSN and the gaps reported;
@@ -270,8 +298,16 @@ inline constexpr uint32_t kReadChunkPsns = 32;
 namespace completer {
 /// Handles one response packet addressed to this QP.
 void on_response(QueuePair& qp, const wire::Packet& pkt, Transport& t);
-/// Fires expired timers (retransmit, RNR back-off).
+/// Fires expired timers (retransmit, RNR back-off, pacing, lost resends).
 void on_timer(QueuePair& qp, Transport& t, uint64_t now_ns);
+/// A RoCEv2 CNP for this QP (the responder saw a CE-marked request of ours): the DCQCN
+/// rate is cut (when this QP paces) and the window leaves slow start.
+void on_cnp(QueuePair& qp, Transport& t);
+/// Selective mode: the oldest unacknowledged PSN is sent again when nothing moved it for this
+/// long since it became the oldest or was last resent, ns: 1.5 × the smoothed round trip
+/// (at least 1 ms; 0 before any round trip is measured, when only the retransmit timer
+/// recovers).
+uint64_t resend_check_ns(const QueuePair& qp);
 }  // namespace completer
 
 /// Responder: executes incoming requests against the QP's receive queue and MRs.
@@ -295,6 +331,13 @@ RequestCheck check_request(const QueuePair& qp, const wire::Packet& pkt);
 void on_request(QueuePair& qp, const wire::Packet& pkt, Transport& t);
 /// Sends the coalesced ACK, if one is pending (end of a receive batch).
 void flush_ack(QueuePair& qp, Transport& t);
+/// A request for this QP arrived CE-marked: send the requester a RoCEv2 CNP (IBTA vol 1
+/// annex A17.9.3: BTH opcode 0x81, DestQP = the requester's QP, 16 reserved bytes, ICRC),
+/// at most one per kMinTimeBetweenCnpsNs per QP (the notification point of DCQCN).
+void on_congestion_experienced(QueuePair& qp, Transport& t);
+/// The least time between two CNPs of one QP, ns (mlx5's NP default min_time_between_cnps,
+/// 50 µs; Zhu et al. 2015, 3.1: "at most once every 50 µs").
+inline constexpr uint64_t kMinTimeBetweenCnpsNs = 50'000;
 }  // namespace responder
 
 }  // namespace softrdma::engine

@@ -55,6 +55,39 @@ void gather(const std::vector<iovec>& local, uint64_t offset, uint64_t len,
   }
 }
 
+// Bytes a request packet carries besides its payload, as the pacer counts them: BTH 12 +
+// ICRC 4 + 4 (a RETH's 16 bytes spread over a message's first packets, pad) — the UDP
+// payload, which is what an emulated link's `rate` serialises (net/link_emulator.h), so a
+// QP paced at the link's rate fills it without queueing. (An upper bound of 60, with the
+// IPv4 and UDP headers, left ~1.4 % of the link unused.)
+constexpr uint64_t kPacketOverheadBytes = 20;
+
+// DCQCN pacing: whether the pacer holds the next packet now. If it does, the QP's timer is
+// armed for when it may go (completer::on_timer runs the requester again then).
+bool paced_out(QueuePair& qp, Transport& t) {
+  if (!qp.req.cc_on) return false;
+  const uint64_t now = t.now_ns();
+  qp.req.rate.advance(now);
+  const double rate = qp.req.rate.rate();
+  if (qp.req.pacer.may_send(rate, now)) return false;
+  const uint64_t at = qp.req.pacer.next_send_ns(rate);
+  if (qp.comp.pace_ns != at) {
+    qp.comp.pace_ns = at;
+    t.timer_armed(qp, at);
+  }
+  bump(t.counters().paced_waits);
+  return true;
+}
+
+// A packet of `payload` bytes left: the pacer's bucket and DCQCN's byte counter.
+void note_paced(QueuePair& qp, Transport& t, uint64_t payload) {
+  if (!qp.req.cc_on) return;
+  const uint64_t now = t.now_ns();
+  const uint64_t bytes = payload + kPacketOverheadBytes;
+  qp.req.pacer.on_sent(bytes, qp.req.rate.rate(), now);
+  qp.req.rate.on_sent(bytes, now);
+}
+
 wire::Headers base_headers(const QueuePair& qp, Transport& t, Opcode op, uint32_t psn) {
   wire::Headers h;
   h.bth.opcode = static_cast<uint8_t>(op);
@@ -107,6 +140,7 @@ bool send_data_packet(QueuePair& qp, SendWqe& w, Transport& t, std::vector<iovec
   const bool fills = wire::psn_diff(qp.req.psn, qp.comp.psn) + 1 >= int32_t(qp.req.window.psns());
   const bool ack_req = fills || ++qp.req.noack_pkts >= kAckEvery;
   const uint32_t pay = emit_data_packet(qp, w, t, iov, qp.req.psn, off, ack_req);
+  note_paced(qp, t, pay);
   if (ack_req || off + pay == w.length) qp.req.noack_pkts = 0;
   note_sent(qp, t, 1);
   qp.req.offset = off + pay;
@@ -134,6 +168,7 @@ uint64_t emit_read_request(QueuePair& qp, SendWqe& w, Transport& t, uint32_t psn
 bool send_read_request(QueuePair& qp, SendWqe& w, Transport& t) {
   const uint64_t off = qp.req.offset;
   const uint64_t chunk = emit_read_request(qp, w, t, qp.req.psn, off);
+  note_paced(qp, t, 0);
   const uint32_t n = psns_for(chunk, qp.mtu);
   qp.comp.rd_atomic_inflight.push_back(wire::psn_add(qp.req.psn, n - 1));
   note_sent(qp, t, n);
@@ -154,6 +189,7 @@ void emit_atomic(QueuePair& qp, SendWqe& w, Transport& t, uint32_t psn) {
 
 void send_atomic(QueuePair& qp, SendWqe& w, Transport& t) {
   emit_atomic(qp, w, t, qp.req.psn);
+  note_paced(qp, t, 0);
   qp.comp.rd_atomic_inflight.push_back(qp.req.psn);
   note_sent(qp, t, 1);
 }
@@ -193,9 +229,15 @@ uint64_t find_wqe(QueuePair& qp, uint32_t psn) {
 void run(QueuePair& qp, Transport& t) {
   if (qp.attr.state != QpState::kRts && qp.attr.state != QpState::kSqd) return;
   if (qp.req.rnr_wait) return;
+  if (!qp.req.cc_checked) {
+    qp.req.cc_checked = true;
+    DcqcnParams p;
+    qp.req.cc_on = t.congestion_control(qp.remote_ip, p);
+    if (qp.req.cc_on) qp.req.rate = DcqcnRate(p);
+  }
   const size_t max_rd = std::max<size_t>(1, qp.attr.max_rd_atomic);
   std::vector<iovec> iov;
-  bool sent = false;
+  bool sent = false, paced = false;
   // What selective NAKs reported missing goes first; it is inside the window already.
   while (!qp.req.retx.empty()) {
     PsnRange& r = qp.req.retx.front();
@@ -204,6 +246,7 @@ void run(QueuePair& qp, Transport& t) {
       qp.req.retx.pop_front();  // nothing left, or not sent since a rewind: sent anew below
       continue;
     }
+    if ((paced = paced_out(qp, t))) break;
     const uint32_t n = resend(qp, t, r.first);
     if (n == 0) {
       qp.req.retx.pop_front();
@@ -212,7 +255,7 @@ void run(QueuePair& qp, Transport& t) {
     sent = true;
     r.first = wire::psn_add(r.first, n);
   }
-  while (qp.req.next < qp.sq_end()) {
+  while (!paced && qp.req.next < qp.sq_end()) {
     SendWqe& w = qp.wqe(qp.req.next);
     if (!w.started) {
       if (qp.attr.state == QpState::kSqd) break;  // draining: no new WQE starts
@@ -236,6 +279,7 @@ void run(QueuePair& qp, Transport& t) {
     bool done = false;
     const WrOpcodeInfo& info = w.info();
     if (info.read_or_atomic && qp.comp.rd_atomic_inflight.size() >= max_rd) break;
+    if (paced_out(qp, t)) break;
     switch (info.cls) {
       case WrClass::kRead:
         done = send_read_request(qp, w, t);
@@ -258,6 +302,15 @@ void run(QueuePair& qp, Transport& t) {
   if (sent) {
     const uint64_t now = t.now_ns();
     qp.comp.last_progress_ns = now;
+    if (wire::psn_diff(qp.req.psn, qp.comp.psn) > 0 && !qp.comp.resend_check_ns &&
+        qp.comp.peer_selective) {
+      // Watch the oldest PSN (completer::on_timer): lost resends and lost selective NAKs.
+      if (const uint64_t check = completer::resend_check_ns(qp)) {
+        if (!qp.comp.head_since_ns) qp.comp.head_since_ns = now;
+        qp.comp.resend_check_ns = now + check;
+        t.timer_armed(qp, qp.comp.resend_check_ns);
+      }
+    }
     const uint64_t rto = qp.retransmit_timeout_ns();
     if (rto && !qp.comp.timer_ns) {
       qp.comp.timer_ns = now + rto;
@@ -286,6 +339,7 @@ void rewind(QueuePair& qp, uint32_t psn) {
   qp.req.psn = psn;
   qp.req.noack_pkts = 0;
   qp.req.retx.clear();  // go-back-N sends everything from `psn` again anyway
+  qp.comp.resent.clear();
   qp.req.timed_psn = kNoPsn;
   // Requests at or after `psn` will be sent again; their credits return now.
   auto& inflight = qp.comp.rd_atomic_inflight;
@@ -298,6 +352,7 @@ uint32_t resend(QueuePair& qp, Transport& t, uint32_t psn) {
   SendWqe& w = qp.wqe(idx);
   const uint64_t off = uint64_t(wire::psn_diff(psn, w.first_psn)) * qp.mtu;
   uint32_t n = 1;
+  uint64_t pay = 0;
   switch (w.info().cls) {
     case WrClass::kRead:
       n = psns_for(emit_read_request(qp, w, t, psn, off), qp.mtu);
@@ -308,13 +363,21 @@ uint32_t resend(QueuePair& qp, Transport& t, uint32_t psn) {
     case WrClass::kSend:
     case WrClass::kWrite: {
       std::vector<iovec> iov;
-      emit_data_packet(qp, w, t, iov, psn, off, false);
+      pay = emit_data_packet(qp, w, t, iov, psn, off, false);
       break;
     }
   }
+  note_paced(qp, t, pay);
   bump(t.counters().retransmitted_pkts);
   bump(t.counters().selective_retransmitted_pkts);
   qp.req.timed_psn = kNoPsn;
+  // Watch it: a resend lost too is sent again (completer::on_timer).
+  const uint64_t now = t.now_ns();
+  qp.comp.resent.push_back({psn, now});
+  if (const uint64_t check = completer::resend_check_ns(qp); check && !qp.comp.resend_check_ns) {
+    qp.comp.resend_check_ns = now + check;
+    t.timer_armed(qp, qp.comp.resend_check_ns);
+  }
   return n;
 }
 

@@ -382,6 +382,14 @@ void on_out_of_sequence(QueuePair& qp, uint32_t psn, Transport& t) {
 // when it lacks the WQE). Completions and every in-order effect keep the IBTA order.
 
 void send_selective_nak(QueuePair& qp, Transport& t, uint32_t first, uint32_t last) {
+  if (first == qp.resp.epsn) {
+    // The gap at the expected PSN: acknowledge what came before it first (a selective NAK
+    // acknowledges nothing, and coalesced ACKs may not have said it yet), so the
+    // requester's oldest unacknowledged PSN is the missing one — what it watches to resend
+    // a lost resend or the PSNs of a lost NAK (completer::resend_check_ns).
+    qp.resp.ack_pending = false;
+    send_ack(qp, t, wire::aeth_ack(), psn_add(first, wire::kPsnMask));
+  }
   wire::Headers h;
   h.bth.opcode = static_cast<uint8_t>(Opcode::kAcknowledge);
   h.bth.dest_qpn = qp.attr.dest_qp_num;
@@ -563,6 +571,14 @@ void on_request(QueuePair& qp, const wire::Packet& pkt, Transport& t) {
     for (uint32_t p = psn; p != qp.resp.epsn; p = psn_add(p, 1)) qp.resp.ooo->clear(p);
     advance_over_placed(qp, t);
   }
+}
+
+void on_congestion_experienced(QueuePair& qp, Transport& t) {
+  const uint64_t now = t.now_ns();
+  if (qp.resp.last_cnp_ns && now - qp.resp.last_cnp_ns < kMinTimeBetweenCnpsNs) return;
+  qp.resp.last_cnp_ns = now;
+  t.transmit(wire::cnp_headers(qp.attr.dest_qp_num), qp.remote_ip, {}, 0);
+  bump(t.counters().cnp_sent);
 }
 
 void flush_ack(QueuePair& qp, Transport& t) {

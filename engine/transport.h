@@ -9,6 +9,7 @@
 #include <span>
 
 #include "engine/counters.h"
+#include "engine/dcqcn.h"
 #include "wire/roce.h"
 
 namespace softrdma::engine {
@@ -52,6 +53,14 @@ class Transport {
   /// NAKs, responders keep out-of-order packets of requesters that do and report the gaps
   /// (docs/wide-area.md). The default is off.
   virtual bool selective_retransmit() const { return false; }
+  /// Whether requesters towards `dst_ip` (host order) pace their packets with DCQCN
+  /// (SOFTRDMA_CC); if so `out` gets the reaction point's parameters (the line rate: the
+  /// rate of the emulated link towards `dst_ip`, when there is one). The default is off.
+  virtual bool congestion_control(uint32_t dst_ip, DcqcnParams& out) const {
+    (void)dst_ip;
+    (void)out;
+    return false;
+  }
 };
 
 }  // namespace softrdma::engine

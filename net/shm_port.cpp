@@ -53,11 +53,15 @@ namespace {
 constexpr uint64_t kMagic = 0x314d48534d445253ull;  // "SRDMSHM1"
 // 2: records carry no ICRC (the engine computes it only for packets that cross a wire or a
 // capture file), so a version-1 peer must not be talked to over shared memory.
-constexpr uint32_t kVersion = 2;
+// 3: bit 31 of a record's length word is the ECN CE mark (kRecordCe); a version-2 reader
+// would take such a record for a broken ring.
+constexpr uint32_t kVersion = 3;
 constexpr uint64_t kPage = 4096;
 constexpr uint64_t kAlign = 64;  // record alignment, bytes
 constexpr uint64_t kRecordHeader = 8;
 constexpr uint32_t kWrapMarker = 0xFFFFFFFFu;
+// Record header word 0: the packet length (≤ 1 GiB / 4) | this bit when CE-marked.
+constexpr uint32_t kRecordCe = 0x80000000u;
 constexpr uint64_t kMinRingBytes = 64u << 10;
 constexpr uint64_t kMaxRingBytes = 1ull << 30;
 
@@ -541,7 +545,7 @@ bool ShmPort::claim_ring(Peer& p, uint64_t now) {
   return false;
 }
 
-ShmSendResult ShmPort::send(uint32_t dst_ip, const iovec* iov, size_t iovcnt) {
+ShmSendResult ShmPort::send(uint32_t dst_ip, const iovec* iov, size_t iovcnt, bool ecn_ce) {
   auto no_peer = [&] {
     ++stats_.no_peer;
     return ShmSendResult::kNoPeer;
@@ -599,7 +603,7 @@ ShmSendResult ShmPort::send(uint32_t dst_ip, const iovec* iov, size_t iovcnt) {
     p.tail += pad;
     pos = 0;
   }
-  uint32_t rh[2] = {static_cast<uint32_t>(len), ip_};
+  uint32_t rh[2] = {static_cast<uint32_t>(len) | (ecn_ce ? kRecordCe : 0), ip_};
   uint8_t* dst = p.data + pos;
   std::memcpy(dst, rh, sizeof rh);
   dst += kRecordHeader;
@@ -767,13 +771,14 @@ size_t ShmPort::poll_impl(PacketFn fn, void* ctx, size_t budget) {
         c->head.store(head, std::memory_order_release);
         continue;
       }
-      uint64_t len = rh[0];
+      uint64_t len = rh[0] & ~kRecordCe;
       uint64_t need = align_up(kRecordHeader + len, kAlign);
       if (len > max_len || pos + need > cap || need > avail) {
         broken = true;
         break;
       }
-      fn(ctx, rh[1], std::span<const uint8_t>(d + pos + kRecordHeader, len));
+      fn(ctx, rh[1], std::span<const uint8_t>(d + pos + kRecordHeader, len),
+         (rh[0] & kRecordCe) != 0);
       ++done;
       ++stats_.packets_in;
       stats_.bytes_in += len;

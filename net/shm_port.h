@@ -134,7 +134,9 @@ class ShmPort {
   /// whose mailbox is closed, whose owner pid died (checked every liveness_check_ns) or that
   /// took our ring away is unmapped and looked up again (a restarted receiver has a new
   /// file and epoch). Never blocks. Returns kSent, kFull (dropped) or kNoPeer (not written).
-  ShmSendResult send(uint32_t dst_ip, const iovec* iov, size_t iovcnt);
+  /// `ecn_ce`: the packet carries the Congestion Experienced mark an emulated link put on it
+  /// (the IPv4 ECN field a UDP datagram would have carried), delivered with the record.
+  ShmSendResult send(uint32_t dst_ip, const iovec* iov, size_t iovcnt, bool ecn_ce = false);
 
   /// Sends a 1-byte doorbell datagram to every peer written to since the last call whose
   /// receiver has not noted polling within its threshold (the one it published with
@@ -173,16 +175,24 @@ class ShmPort {
   /// still arrive, as datagrams of a dead sender do); a malformed ring is counted in
   /// stats().broken_rings, quarantined and its records discarded.
   /// `on_packet` may call send() (e.g. to answer with an ACK) but not poll() or close().
+  /// An `on_packet` that also takes a third argument, `bool ecn_ce`, is told whether the
+  /// record carries the Congestion Experienced mark (send()'s `ecn_ce`).
   template <class F>
   size_t poll(F&& on_packet, size_t budget) {
     using Fn = std::remove_reference_t<F>;
-    return poll_impl([](void* ctx, uint32_t src,
-                        std::span<const uint8_t> bytes) { (*static_cast<Fn*>(ctx))(src, bytes); },
-                     const_cast<void*>(static_cast<const void*>(&on_packet)), budget);
+    return poll_impl(
+        [](void* ctx, uint32_t src, std::span<const uint8_t> bytes, bool ce) {
+          if constexpr (std::is_invocable_v<Fn&, uint32_t, std::span<const uint8_t>, bool>)
+            (*static_cast<Fn*>(ctx))(src, bytes, ce);
+          else
+            (*static_cast<Fn*>(ctx))(src, bytes);
+        },
+        const_cast<void*>(static_cast<const void*>(&on_packet)), budget);
   }
 
  private:
-  using PacketFn = void (*)(void* ctx, uint32_t src_ip, std::span<const uint8_t> bytes);
+  using PacketFn = void (*)(void* ctx, uint32_t src_ip, std::span<const uint8_t> bytes,
+                            bool ecn_ce);
   struct Peer;
   using MailboxHeader = detail::ShmMailboxHeader;
   using RingCtl = detail::ShmRingCtl;

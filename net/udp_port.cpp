@@ -80,7 +80,7 @@ bool UdpPort::enable_gro() {
 size_t UdpPort::send_batch(std::span<const TxDatagram> batch, size_t& errors) {
   errors = 0;
   constexpr size_t kMax = 64;
-  constexpr size_t kCtl = CMSG_SPACE(sizeof(uint16_t));
+  constexpr size_t kCtl = CMSG_SPACE(sizeof(uint16_t)) + CMSG_SPACE(sizeof(int));
   std::array<mmsghdr, kMax> msgs;
   std::array<sockaddr_in, kMax> addrs;
   alignas(cmsghdr) std::array<std::array<uint8_t, kCtl>, kMax> ctl;
@@ -130,7 +130,7 @@ size_t UdpPort::send_batch(std::span<const TxDatagram> batch, size_t& errors) {
       split.reserve(ranges.size());
       for (size_t i = 0; i < ranges.size(); ++i)
         split.push_back({split_iov.data() + ranges[i].first, ranges[i].second, owner[i]->dst_ip,
-                         owner[i]->dst_port, 0});
+                         owner[i]->dst_port, 0, owner[i]->ecn_ce});
       batch = split;
     }
   }
@@ -148,14 +148,26 @@ size_t UdpPort::send_batch(std::span<const TxDatagram> batch, size_t& errors) {
       msgs[i].msg_hdr.msg_namelen = sizeof(sockaddr_in);
       msgs[i].msg_hdr.msg_iov = const_cast<iovec*>(d.iov);
       msgs[i].msg_hdr.msg_iovlen = d.iov_count;
-      if (d.segment_size) {
+      if (d.segment_size || d.ecn_ce) {
         msgs[i].msg_hdr.msg_control = ctl[i].data();
-        msgs[i].msg_hdr.msg_controllen = kCtl;
+        msgs[i].msg_hdr.msg_controllen = (d.segment_size ? CMSG_SPACE(sizeof(uint16_t)) : 0) +
+                                         (d.ecn_ce ? CMSG_SPACE(sizeof(int)) : 0);
         cmsghdr* c = CMSG_FIRSTHDR(&msgs[i].msg_hdr);
-        c->cmsg_level = SOL_UDP;
-        c->cmsg_type = UDP_SEGMENT;
-        c->cmsg_len = CMSG_LEN(sizeof(uint16_t));
-        std::memcpy(CMSG_DATA(c), &d.segment_size, sizeof(uint16_t));
+        if (d.segment_size) {
+          c->cmsg_level = SOL_UDP;
+          c->cmsg_type = UDP_SEGMENT;
+          c->cmsg_len = CMSG_LEN(sizeof(uint16_t));
+          std::memcpy(CMSG_DATA(c), &d.segment_size, sizeof(uint16_t));
+          c = CMSG_NXTHDR(&msgs[i].msg_hdr, c);
+        }
+        if (d.ecn_ce) {
+          // ip(7) IP_TOS as ancillary data: this datagram's TOS byte, ECN bits CE.
+          const int tos = tos_ | 0x3;
+          c->cmsg_level = IPPROTO_IP;
+          c->cmsg_type = IP_TOS;
+          c->cmsg_len = CMSG_LEN(sizeof(int));
+          std::memcpy(CMSG_DATA(c), &tos, sizeof tos);
+        }
       }
     }
     int r = ::sendmmsg(fd_, msgs.data(), static_cast<unsigned>(n), MSG_DONTWAIT);
@@ -187,6 +199,13 @@ void UdpPort::enable_header_info() {
   setsockopt(fd_, IPPROTO_IP, IP_RECVTTL, &on, sizeof on);
   setsockopt(fd_, IPPROTO_IP, IP_RECVTOS, &on, sizeof on);
   header_info_ = true;
+}
+
+int UdpPort::set_ecn_capable() {
+  const int tos = (tos_ & ~0x3) | 0x2;  // ECT(0)
+  if (setsockopt(fd_, IPPROTO_IP, IP_TOS, &tos, sizeof tos) != 0) return errno;
+  tos_ = static_cast<uint8_t>(tos);
+  return 0;
 }
 
 uint8_t UdpPort::tx_ttl() const {

@@ -29,6 +29,10 @@ struct TxDatagram {
   uint32_t dst_ip = 0;
   uint16_t dst_port = 0;
   uint16_t segment_size = 0;  ///< 0: one datagram; else GSO segment size, bytes
+  /// Leaves with the IPv4 ECN field set to Congestion Experienced (RFC 3168: 0b11) — the
+  /// mark an emulated link's queue put on it (an IP_TOS cmsg on this one datagram; with
+  /// segment_size, on every segment). false: the socket's TOS (set_ecn_capable()).
+  bool ecn_ce = false;
 };
 
 /// Most segments one GSO send may carry (the kernel's UDP_MAX_SEGMENTS is 64 or more).
@@ -92,6 +96,9 @@ class UdpPort {
   /// Asks the kernel to report each received datagram's IPv4 TTL and TOS (IP_RECVTTL,
   /// IP_RECVTOS) — packet capture wants the headers that crossed the wire.
   void enable_header_info();
+  /// Sends ECN-capable transport, ECT(0) (RFC 3168: ECN field 0b10, what RoCEv2 NICs with
+  /// ECN on send), in every datagram's IPv4 header from now on. Returns 0 or an errno.
+  int set_ecn_capable();
   /// This socket's outgoing IPv4 TTL and TOS.
   uint8_t tx_ttl() const;
   uint8_t tx_tos() const;
@@ -104,6 +111,7 @@ class UdpPort {
   int fd_ = -1;
   uint32_t ip_ = 0;
   bool header_info_ = false;
+  uint8_t tos_ = 0;  // the TOS byte this socket sends (set_ecn_capable())
   bool gso_ = false;
   bool gro_ = false;
 };

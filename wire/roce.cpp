@@ -276,6 +276,16 @@ size_t encode_headers(const Headers& h, std::span<uint8_t> out) noexcept {
   return info->header_bytes;
 }
 
+Headers cnp_headers(uint32_t dest_qpn) noexcept {
+  Headers h;
+  h.bth.opcode = static_cast<uint8_t>(Opcode::kCnp);
+  h.bth.mig_req = false;
+  h.bth.becn = true;
+  h.bth.dest_qpn = dest_qpn & kQpnMask;
+  h.bth.psn = 0;
+  return h;
+}
+
 uint32_t rnr_timer_usec(uint8_t code) noexcept {
   return kRnrTimerUsec[code & 0x1f];
 }

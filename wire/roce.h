@@ -185,6 +185,12 @@ ParseError parse(std::span<const uint8_t> udp_payload, Packet& out) noexcept;
 /// the opcode is unknown or `out` is too small. pad_count is written as given.
 size_t encode_headers(const Headers& h, std::span<uint8_t> out) noexcept;
 
+/// The headers of a RoCEv2 Congestion Notification Packet to `dest_qpn` (IBTA vol 1,
+/// annex A17.9.3): BTH opcode 0x81, BECN set, PSN 0, MigReq 0, the default P_Key, then
+/// the 16 reserved bytes (zero, written by encode_headers()) and the ICRC. What mlx5 NICs
+/// send and Wireshark's InfiniBand dissector shows as "CNP".
+Headers cnp_headers(uint32_t dest_qpn) noexcept;
+
 /// Pad bytes needed after `payload_bytes` of data to reach a 4-byte boundary (9.2.3).
 constexpr uint8_t pad_for(size_t payload_bytes) noexcept {
   return static_cast<uint8_t>((4 - (payload_bytes & 3)) & 3);

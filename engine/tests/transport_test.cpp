@@ -81,11 +81,17 @@ class FakeTransport : public Transport {
   uint64_t now_ns() override { return now_; }
   void timer_armed(QueuePair&, uint64_t) override {}
   bool selective_retransmit() const override { return selective; }
+  bool congestion_control(uint32_t, DcqcnParams& out) const override {
+    out = dcqcn_params;
+    return dcqcn;
+  }
 
   void advance(uint64_t ns) { now_ += ns; }
   std::deque<std::vector<uint8_t>> sent;
   Counters counters_;
   bool selective = false;  ///< SOFTRDMA_SELECTIVE_RETX of this side
+  bool dcqcn = false;      ///< SOFTRDMA_CC=dcqcn on this side
+  DcqcnParams dcqcn_params;
 
  private:
   FakeDevice& dev_;
@@ -699,7 +705,7 @@ TEST(CongestionWindowTest, LossDoesNotShrinkTheWindowBelowTwoMeasuredBdps) {
   }
   EXPECT_NEAR(double(w.bdp_psns()), 600.0, 2.0);
   for (int i = 0; i < 20; ++i) w.on_acked(w.psns());  // slow start far beyond
-  for (int i = 0; i < 5; ++i) w.on_sequence_nak();  // halving: 2^16 → 2^11
+  for (int i = 0; i < 5; ++i) w.on_sequence_nak();    // halving: 2^16 → 2^11
   EXPECT_EQ(w.psns(), 2048u);
   w.on_sequence_nak();  // not to 1,024: two BDPs are 1,200
   EXPECT_EQ(w.psns(), 2 * w.bdp_psns());
@@ -749,7 +755,9 @@ TEST_F(TransportTest, SelectiveNakNamesOnlyTheLostPsnsAndOnlyThoseAreSentAgain) 
   for (const auto& bytes : ta->sent)
     resent.push_back(uint32_t(wire::psn_diff(parse(bytes).hdr.bth.psn, kSqPsn)));
   EXPECT_EQ(resent, (std::vector<uint32_t>{2, 3, 7, 12, 13, 14}));
-  EXPECT_EQ(a->req.window.psns(), CongestionWindow::kInitialPsns / 2) << "halved once, not thrice";
+  // The ACK of +0…+1 sent before the first NAK grew it by 2 (slow start), then halved once.
+  EXPECT_EQ(a->req.window.psns(), (CongestionWindow::kInitialPsns + 2) / 2)
+      << "halved once, not thrice";
   settle();
   auto c = drain();
   ASSERT_EQ(c.size(), 2u);
@@ -759,6 +767,92 @@ TEST_F(TransportTest, SelectiveNakNamesOnlyTheLostPsnsAndOnlyThoseAreSentAgain) 
   EXPECT_EQ(ta->counters_.retransmitted_pkts.load(), 6u);
   EXPECT_EQ(b->resp.epsn, wire::psn_add(kSqPsn, 15));
   EXPECT_FALSE(b->resp.in_write);
+}
+
+// A resend lost as well is sent again ~1.5 smoothed RTTs after it left — well before the
+// retransmit timeout — and the window is not collapsed to one PSN (issue 9: at 1 % loss
+// every lost resend used to wait for the 134 ms timer and restart from one PSN).
+TEST_F(TransportTest, ALostResendIsSentAgainAfterOneAndAHalfRttsWithoutATimeout) {
+  ta->selective = tb->selective = true;
+  constexpr uint64_t kRtt = 10'000'000;  // 10 ms
+  // A first message measures the round trip.
+  ASSERT_EQ(post(*a, WrOpcode::kRdmaWrite, 0, kMtu, 0, 1), kOk);
+  ta->advance(kRtt);
+  settle();
+  ASSERT_EQ(a->req.window.srtt_ns(), kRtt);
+  ASSERT_EQ(completer::resend_check_ns(*a), kRtt * 3 / 2);
+  // Then 8 packets; +3 (PSNs counted from kSqPsn) is lost, and so is its first resend.
+  ASSERT_EQ(post(*a, WrOpcode::kRdmaWrite, kMtu, 8 * kMtu, kMtu, 2), kOk);
+  lose(*ta, {3});
+  deliver(*ta, *b, *tb);
+  deliver(*tb, *a, *ta);  // the selective NAK: +3 is resent at once...
+  ASSERT_EQ(ta->sent.size(), 1u);
+  EXPECT_EQ(parse(ta->sent[0]).hdr.bth.psn, wire::psn_add(kSqPsn, 3));
+  ta->sent.clear();  // ...and lost
+  const uint32_t window = a->req.window.psns();
+  // Not before 1.5 RTT...
+  ta->advance(kRtt * 3 / 2 - 1000);
+  {
+    std::lock_guard lk(dev->mutex());
+    completer::on_timer(*a, *ta, ta->now_ns());
+  }
+  EXPECT_TRUE(ta->sent.empty());
+  // ...but then, long before the retransmit timeout (67 ms at timeout 14).
+  ASSERT_LT(kRtt * 3 / 2, a->retransmit_timeout_ns());
+  ta->advance(2000);
+  ASSERT_NE(a->next_deadline(), 0u);
+  ASSERT_LE(a->next_deadline(), ta->now_ns());
+  {
+    std::lock_guard lk(dev->mutex());
+    completer::on_timer(*a, *ta, ta->now_ns());
+  }
+  ASSERT_EQ(ta->sent.size(), 1u);
+  EXPECT_EQ(parse(ta->sent[0]).hdr.bth.psn, wire::psn_add(kSqPsn, 3));
+  EXPECT_EQ(ta->counters_.resend_again_pkts.load(), 1u);
+  EXPECT_EQ(ta->counters_.retransmit_timeouts.load(), 0u);
+  EXPECT_EQ(a->req.window.psns(), window) << "the window is not collapsed";
+  settle();
+  auto c = drain();
+  ASSERT_EQ(c.size(), 2u);
+  EXPECT_EQ(c[1].wr_id, 2u);
+  EXPECT_EQ(std::memcmp(dst.data(), src.data(), 9 * kMtu), 0);
+  EXPECT_EQ(ta->counters_.retransmitted_pkts.load(), 2u);  // the loss and the lost resend
+  EXPECT_TRUE(a->comp.resent.empty());
+}
+
+// A CE-marked request draws one CNP to the requester's QP, then none for 50 µs; the
+// requester counts it and, pacing with DCQCN, cuts its rate.
+TEST_F(TransportTest, ACeMarkedRequestDrawsARateLimitedCnpThatCutsTheRequestersRate) {
+  ta->dcqcn = true;
+  ta->dcqcn_params.line_rate = 1e9 / 8 / 1e9;  // 1 Gbit/s
+  a->req.cc_checked = false;  // the move to RTS asked before the test set it
+  ASSERT_EQ(post(*a, WrOpcode::kRdmaWrite, 0, 4 * kMtu, 0, 1), kOk);
+  ASSERT_TRUE(a->req.cc_on);
+  ASSERT_EQ(ta->sent.size(), 4u);
+  {
+    std::lock_guard lk(dev->mutex());
+    for (int i = 0; i < 3; ++i) responder::on_congestion_experienced(*b, *tb);
+  }
+  ASSERT_EQ(tb->sent.size(), 1u);
+  const wire::Packet cnp = parse(tb->sent[0]);
+  EXPECT_EQ(cnp.hdr.bth.opcode, 0x81);
+  EXPECT_EQ(cnp.hdr.bth.dest_qpn, a->qpn());
+  EXPECT_TRUE(cnp.hdr.bth.becn);
+  EXPECT_EQ(tb->sent[0].size(), wire::kBthBytes + 16 + wire::kIcrcBytes);
+  EXPECT_EQ(tb->counters_.cnp_sent.load(), 1u);
+  tb->advance(responder::kMinTimeBetweenCnpsNs);
+  {
+    std::lock_guard lk(dev->mutex());
+    responder::on_congestion_experienced(*b, *tb);
+    completer::on_cnp(*a, *ta);
+  }
+  EXPECT_EQ(tb->counters_.cnp_sent.load(), 2u);
+  EXPECT_EQ(ta->counters_.cnp_rcvd.load(), 1u);
+  EXPECT_EQ(ta->counters_.dcqcn_rate_cuts.load(), 1u);
+  EXPECT_DOUBLE_EQ(a->req.rate.rate(), ta->dcqcn_params.line_rate / 2);
+  tb->sent.clear();
+  settle();
+  EXPECT_EQ(drain().size(), 1u);
 }
 
 TEST_F(TransportTest, SelectiveNakIsNotSentToARequesterThatDidNotAsk) {

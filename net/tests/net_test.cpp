@@ -95,6 +95,40 @@ TEST(UdpPort, LoopbackBatchRoundTrip) {
   EXPECT_EQ(big[0], 9);
 }
 
+// An ECN-capable socket sends ECT(0); a datagram sent with ecn_ce carries CE (RFC 3168),
+// and the receiver reads both from IP_RECVTOS — how an emulated link's mark reaches the peer.
+TEST(UdpPort, EcnCapableSendsEct0AndCeMarkedDatagramsCarryCe) {
+  uint32_t a = 0;
+  ASSERT_TRUE(ipv4_from_string("127.0.0.1", a));
+  UdpPort tx, rx;
+  ASSERT_EQ(rx.bind(a, 0, 1 << 20), 0);
+  ASSERT_EQ(tx.bind(a, 0, 1 << 20), 0);
+  ASSERT_EQ(tx.set_ecn_capable(), 0);
+  EXPECT_EQ(tx.tx_tos() & 0x3, 0x2);
+  rx.enable_header_info();
+  sockaddr_in sa{};
+  socklen_t len = sizeof sa;
+  ASSERT_EQ(getsockname(rx.fd(), reinterpret_cast<sockaddr*>(&sa), &len), 0);
+  const uint16_t port = ntohs(sa.sin_port);
+  std::array<uint8_t, 4> p{1, 2, 3, 4};
+  iovec v{p.data(), p.size()};
+  TxDatagram d[2] = {{&v, 1, a, port, 0, false}, {&v, 1, a, port, 0, true}};
+  size_t errors = 0;
+  ASSERT_EQ(tx.send_batch(d, errors), 2u);
+  EXPECT_EQ(errors, 0u);
+  std::array<uint8_t, 16> b0{}, b1{};
+  RxDatagram slots[2] = {{b0.data(), b0.size()}, {b1.data(), b1.size()}};
+  size_t got = 0;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (got < 2 && std::chrono::steady_clock::now() < deadline) {
+    got += rx.recv_batch(std::span(slots + got, 2 - got));
+    if (got < 2) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  ASSERT_EQ(got, 2u);
+  EXPECT_EQ(slots[0].tos & 0x3, 0x2) << "ECT(0)";
+  EXPECT_EQ(slots[1].tos & 0x3, 0x3) << "CE";
+}
+
 TEST(UdpPort, SecondBindOnSameAddressFails) {
   uint32_t a = 0;
   ASSERT_TRUE(ipv4_from_string("127.0.0.1", a));

@@ -217,6 +217,30 @@ TEST_F(ShmPortTest, RoundTripOddSizesWithWrapAround) {
   EXPECT_NE(::stat(shm_mailbox_path(cfg, b_ip).c_str(), &st), 0);  // unlinked
 }
 
+// A record sent CE-marked is delivered with the mark (a poll callback that takes it);
+// the others without, and two-argument callbacks still work.
+TEST_F(ShmPortTest, CeMarkTravelsWithTheRecord) {
+  const uint32_t a_ip = ip_of(1, 1), b_ip = ip_of(1, 2);
+  ShmPort a, b;
+  ASSERT_EQ(a.open(a_ip, cfg), 0);
+  ASSERT_EQ(b.open(b_ip, cfg), 0);
+  const std::vector<uint8_t> pkt = make_packet(7, 100);
+  iovec v{const_cast<uint8_t*>(pkt.data()), pkt.size()};
+  ASSERT_EQ(a.send(b_ip, &v, 1, false), ShmSendResult::kSent);
+  ASSERT_EQ(a.send(b_ip, &v, 1, true), ShmSendResult::kSent);
+  ASSERT_EQ(a.send(b_ip, &v, 1), ShmSendResult::kSent);
+  std::vector<bool> marks;
+  b.poll(
+      [&](uint32_t src, std::span<const uint8_t> bytes, bool ce) {
+        EXPECT_EQ(src, a_ip);
+        EXPECT_EQ(std::vector<uint8_t>(bytes.begin(), bytes.end()), pkt);
+        marks.push_back(ce);
+      },
+      16);
+  EXPECT_EQ(marks, (std::vector<bool>{false, true, false}));
+  EXPECT_EQ(b.stats().broken_rings, 0u);
+}
+
 TEST_F(ShmPortTest, PollBudgetAndEmptyPoll) {
   const uint32_t a_ip = ip_of(1, 3), b_ip = ip_of(1, 4);
   ShmPort a, b;

@@ -50,25 +50,10 @@ struct Decoded {
   }
 };
 
-std::string run_capture(const std::string& cmd) {
-  std::string out;
-  FILE* p = ::popen(cmd.c_str(), "r");
-  if (!p) return out;
-  char buf[4096];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
-  ::pclose(p);
-  return out;
-}
-
-bool have(const char* tool) {
-  return std::system((std::string("command -v ") + tool + " >/dev/null 2>&1").c_str()) == 0;
-}
-
 /// tshark's view of every RoCEv2 packet in `file`.
 std::vector<Decoded> decode(const std::string& file) {
   std::vector<Decoded> out;
-  const std::string text = run_capture(
+  const std::string text = command_output(
       "tshark -r '" + file +
       "' -Y infiniband -T fields -E separator=, -e ip.src -e ip.dst -e infiniband.bth.opcode "
       "-e infiniband.bth.destqp -e infiniband.bth.psn -e infiniband.invariant.crc 2>/dev/null");
@@ -128,7 +113,8 @@ using Env = std::vector<std::pair<std::string, std::string>>;
 // loopback records the same traffic and must decode to the same packets.
 void exchange_and_check(const Env& path_env, bool compare_tcpdump, std::vector<Decoded>* out,
                         const char* requester = kRequester, const char* responder = kResponder) {
-  if (!have("tshark")) FAIL() << "tshark is missing: install Debian's tshark (scripts/deps.sh)";
+  if (!have_tool("tshark"))
+    FAIL() << "tshark is missing: install Debian's tshark (scripts/deps.sh)";
   static int run = 0;
   const auto dir = std::filesystem::temp_directory_path() /
                    ("softrdma-capture-" + std::to_string(::getpid()) + "-" + std::to_string(++run));
@@ -138,7 +124,7 @@ void exchange_and_check(const Env& path_env, bool compare_tcpdump, std::vector<D
 
   // tcpdump needs CAP_NET_RAW; CI runs as root. Without it that half is skipped, loudly.
   pid_t tcpdump = -1;
-  const bool can_tcpdump = compare_tcpdump && have("tcpdump") && ::geteuid() == 0;
+  const bool can_tcpdump = compare_tcpdump && have_tool("tcpdump") && ::geteuid() == 0;
   if (can_tcpdump) {
     tcpdump = ::fork();
     if (tcpdump == 0) {

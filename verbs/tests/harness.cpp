@@ -1017,4 +1017,30 @@ void run_in_one_process(std::function<void(Role&)> fn, seconds deadline) {
   run_roles(s);
 }
 
+void write_stream(Role& r, size_t message, size_t count) {
+  Link& l = r.link();
+  for (size_t m = 0; m < count; ++m)
+    ASSERT_EQ(SendWr(IBV_WR_RDMA_WRITE, m)
+                  .add_sge(r.buf() + m * message, static_cast<uint32_t>(message), r.lkey())
+                  .remote(l.remote.addr + m * message, l.remote.rkey)
+                  .post(l.ep.qp),
+              0);
+  for (size_t m = 0; m < count; ++m) poll_success(l.ep.scq, m, IBV_WC_RDMA_WRITE, 60s);
+}
+
+bool have_tool(const char* tool) {
+  return std::system((std::string("command -v ") + tool + " >/dev/null 2>&1").c_str()) == 0;
+}
+
+std::string command_output(const std::string& cmd) {
+  std::string out;
+  FILE* p = ::popen(cmd.c_str(), "r");
+  if (!p) return out;
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+  ::pclose(p);
+  return out;
+}
+
 }  // namespace softrdma::verbs_test

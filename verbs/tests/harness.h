@@ -381,4 +381,13 @@ class Role {
   int ctl_fd_ = -1;
 };
 
+/// Posts `count` RDMA WRITEs of `message` bytes each from r.buf() to the same offsets of
+/// the peer's buffer over r.link(), wr_id = index, and waits up to 60 s for each completion
+/// (a fatal test failure otherwise). A bulk stream for the wide-area tests.
+void write_stream(Role& r, size_t message, size_t count);
+/// Whether `tool` is on PATH.
+bool have_tool(const char* tool);
+/// What `cmd` (run by popen) writes to stdout; empty when it cannot run.
+std::string command_output(const std::string& cmd);
+
 }  // namespace softrdma::verbs_test

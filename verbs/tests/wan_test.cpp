@@ -144,15 +144,8 @@ TEST_P(WanBulkWrite, LossyLongLinkDeliversEveryByteInEitherRecoveryMode) {
     fill_pattern(r.buf(), kBytes, kSeed);
     const Counters before = r.counters();
     r.barrier();
-    Link& l = r.link();
     const auto t0 = Clock::now();
-    for (size_t m = 0; m < kMessages; ++m)
-      ASSERT_EQ(SendWr(IBV_WR_RDMA_WRITE, m)
-                    .add_sge(r.buf() + m * kMessage, kMessage, r.lkey())
-                    .remote(l.remote.addr + m * kMessage, l.remote.rkey)
-                    .post(l.ep.qp),
-                0);
-    for (size_t m = 0; m < kMessages; ++m) poll_success(l.ep.scq, m, IBV_WC_RDMA_WRITE, 60s);
+    write_stream(r, kMessage, kMessages);
     ASSERT_FALSE(::testing::Test::HasFatalFailure());
     const double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
     r.send_value(1, uint32_t{1});

@@ -145,6 +145,31 @@ TEST(OpcodeTable, Rows) {
   }
 }
 
+// A RoCEv2 CNP (IBTA annex A17.9.3): opcode 0x81, BECN, MigReq 0, PSN 0, the default
+// P_Key, DestQP, then 16 zero bytes; it parses back as a CNP to that QP.
+TEST(Cnp, EncodesAsAnnexA17AndParsesBack) {
+  std::array<uint8_t, kMaxTransportHeaderBytes> out{};
+  out.fill(0xee);
+  const size_t n = encode_headers(cnp_headers(0x123456), out);
+  ASSERT_EQ(n, kBthBytes + 16);
+  EXPECT_EQ(out[0], 0x81);
+  EXPECT_EQ(out[1], 0x00);  // SE 0, M 0, pad 0, TVer 0
+  EXPECT_EQ(out[2] << 8 | out[3], kDefaultPkey);
+  EXPECT_EQ(out[4], 0x40);  // BECN
+  EXPECT_EQ(out[5] << 16 | out[6] << 8 | out[7], 0x123456);
+  EXPECT_EQ(out[8], 0);
+  EXPECT_EQ(out[9] | out[10] | out[11], 0);  // PSN 0
+  for (size_t i = kBthBytes; i < n; ++i) EXPECT_EQ(out[i], 0) << i;
+  std::vector<uint8_t> bytes(out.begin(), out.begin() + static_cast<ptrdiff_t>(n));
+  bytes.resize(n + kIcrcBytes, 0);
+  Packet p;
+  ASSERT_EQ(parse(bytes, p), ParseError::kOk);
+  EXPECT_TRUE(p.info->mask & kIsCnp);
+  EXPECT_EQ(p.hdr.bth.dest_qpn, 0x123456u);
+  EXPECT_TRUE(p.hdr.bth.becn);
+  EXPECT_TRUE(p.payload.empty());
+}
+
 TEST(Parse, RoundTripEveryOpcode) {
   for (Opcode o : kAllOpcodes) {
     const OpcodeInfo* info = opcode_info(op(o));
