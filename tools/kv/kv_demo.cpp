@@ -11,8 +11,11 @@
 // a table on the decode side; decode recomputes every block's checksum and compares, so a
 // byte lost or misplaced anywhere is reported. Exposed hand-off = time from the end of the
 // last layer's compute to the moment decode holds the whole cache:
-//   prefill's view: last compute → every WRITE of the request acknowledged;
-//   decode's view:  (last layer's notification − start notification) − compute time.
+//   prefill's view: last compute → every WRITE of the request acknowledged (RC: an
+//                   acknowledged WRITE is in decode's memory) — the figure summarised;
+//   decode's view:  (last layer's notification − start notification) − compute time, a
+//                   column only: the start notification's own delay shifts it (under load
+//                   or sanitizers it can even go below zero).
 #include <fmt/core.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -261,7 +264,7 @@ int run_prefill(const Options& o, std::shared_ptr<MetadataStore> store) {
                  r.compute_ms, r.exposed_prefill_ms, r.exposed_decode_ms, r.checked - r.bad,
                  r.checked);
       std::fflush(stdout);
-      sm.exposed.push_back(r.exposed_decode_ms);
+      sm.exposed.push_back(r.exposed_prefill_ms);
       sm.bad += r.bad;
     }
     sums.push_back(sm);
@@ -270,7 +273,9 @@ int run_prefill(const Options& o, std::shared_ptr<MetadataStore> store) {
   // One layer's transfer time, from the whole-cache runs: their exposed time is the whole
   // cache's transfer.
   double whole = 0, layer_transfer = 0;
-  fmt::print("\nTTFT hand-off exposed beyond the last layer's compute (decode's view, median):\n");
+  fmt::print(
+      "\nTTFT hand-off exposed beyond the last layer's compute (last WRITE acknowledged, "
+      "median):\n");
   for (Summary& sm : sums) {
     const double med = tool::percentile(sm.exposed, 0.5);
     if (sm.mode == "whole") {
