@@ -161,8 +161,12 @@ TEST_P(WanBulkWrite, LossyLongLinkDeliversEveryByteInEitherRecoveryMode) {
       EXPECT_EQ(0u, g["rcvd_seq_err"]) << "a go-back-N NAK in selective mode";
       // Each lost request is sent again about once; a lost retransmission or a WRITE whose
       // first packet was lost (its later segments cannot be placed) costs a few more.
-      // Packets a full same-host ring dropped (shm_drops, under load) are losses too.
-      EXPECT_LE(g["retransmitted_pkts"], 4 * (g["wan_dropped_loss"] + g["shm_drops"]) + 64)
+      // Resends the responder did not name in a selective NAK (go-back-N after a timeout,
+      // lost resends) stay within a small multiple of the losses counted on this side: the
+      // link's and a full same-host ring's. Losses nobody counts here — a receive socket
+      // buffer overflowing under load — show up as selective NAKs and their exact resends.
+      EXPECT_LE(g["retransmitted_pkts"], g["selective_retransmitted_pkts"] +
+                                             4 * (g["wan_dropped_loss"] + g["shm_drops"]) + 64)
           << "selective mode resent far more than the link lost";
     } else {
       EXPECT_EQ(0u, g["selective_nak_rcvd"]);
