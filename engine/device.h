@@ -166,6 +166,9 @@ class Device final : public Transport, public ObjectRegistry {
   void deliver_recv_completion(CompletionQueue& cq, const Cqe& cqe, bool solicited) override;
   bool selective_retransmit() const override { return selective_retx_; }
   bool congestion_control(uint32_t dst_ip, DcqcnParams& out) const override;
+  /// Packets to `dst_ip` wait in the same-host backlog (net::ShmPort::backlogged).
+  bool path_busy(uint32_t dst_ip) override;
+  void wait_for_path(QueuePair& qp) override;
 
   /// Sends everything queued by transmit(), then the coalesced ACKs (device lock held).
   void flush() override;
@@ -198,6 +201,10 @@ class Device final : public Transport, public ObjectRegistry {
   /// now — instead of waiting for the responder's NAK, or for the retransmit
   /// timeout when the drops were the tail of a burst (kv-bench saw 67 ms stalls).
   void recover_ring_full();
+  /// Writes the same-host backlogs into their rings as room appears, and runs again the
+  /// requesters that held back for them (wait_for_path) once their peer's backlog is empty.
+  /// While a backlog remains, the next progress round is at most kBacklogPollNs away.
+  void drain_backlog(uint64_t now);
   size_t receive_shm_locked();
   void run_timers_locked(uint64_t now);
   void wake();
@@ -221,11 +228,11 @@ class Device final : public Transport, public ObjectRegistry {
     uint32_t psn;
   };
   void compute_icrc(TxSlot& s);  // over the slot's gather list, for IPv4 id 0
-  enum class ShmOutcome : uint8_t { kSent, kUseUdp, kDropped, kRingFull };
+  enum class ShmOutcome : uint8_t { kSent, kQueued, kUseUdp, kDropped, kRingFull };
   /// One packet to `dst_ip` through the same-host rings (counted, captured when sent):
-  /// kUseUdp when the peer has no mailbox and UDP is allowed; kRingFull (dropped) on a full
-  /// ring; kDropped with no mailbox under SOFTRDMA_TRANSPORT=shm. `ce`: it carries the CE
-  /// mark.
+  /// kUseUdp when the peer has no mailbox and UDP is allowed; kQueued when it waits in the
+  /// peer's backlog (the ring was full); kRingFull (dropped) when the backlog is full too; kDropped
+  /// with no mailbox under SOFTRDMA_TRANSPORT=shm. `ce`: it carries the CE mark.
   ShmOutcome send_shm(uint32_t dst_ip, std::span<const iovec> iov, bool ce);
   std::vector<uint8_t> shm_capture_;  // a same-host packet as recorded, with its ICRC
 
@@ -241,6 +248,9 @@ class Device final : public Transport, public ObjectRegistry {
   /// UDP counts as idle after this long without a packet; while it is, pollers check the
   /// socket at most every kUdpCheckNs.
   static constexpr uint64_t kUdpIdleNs = 1'000'000, kUdpCheckNs = 20'000;
+  /// How often a same-host backlog is retried while it lasts, ns: a 4 MiB ring drains in
+  /// ~1 ms at 4 GB/s, so 50 µs refills it long before the receiver runs dry.
+  static constexpr uint64_t kBacklogPollNs = 50'000;
   /// All recent traffic was on the same-host path (no UDP packet for kUdpIdleNs).
   bool udp_quiet(uint64_t now) const {
     return shm_.is_open() &&
@@ -309,7 +319,8 @@ class Device final : public Transport, public ObjectRegistry {
     uint32_t dest_qpn, dst_ip, psn;
   };
   std::vector<RingFullDrop> ring_full_;
-  std::vector<iovec> tx_iov_;  // send_queued(): every run's gather list
+  std::vector<uint32_t> path_waiters_;  // QPNs that held back for a same-host backlog
+  std::vector<iovec> tx_iov_;           // send_queued(): every run's gather list
   std::vector<net::TxDatagram> tx_batch_;
   std::vector<std::pair<size_t, size_t>> tx_ranges_;
   std::vector<std::vector<uint8_t>> rx_buffers_;

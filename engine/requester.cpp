@@ -79,6 +79,14 @@ bool paced_out(QueuePair& qp, Transport& t) {
   return true;
 }
 
+// Whether the path to the peer is paused (packets to it wait in the device's same-host
+// backlog): then nothing new is queued and the device runs the QP again once they left.
+bool held_back(QueuePair& qp, Transport& t) {
+  if (!t.path_busy(qp.remote_ip)) return false;
+  t.wait_for_path(qp);
+  return true;
+}
+
 // A packet of `payload` bytes left: the pacer's bucket and DCQCN's byte counter.
 void note_paced(QueuePair& qp, Transport& t, uint64_t payload) {
   if (!qp.req.cc_on) return;
@@ -246,7 +254,7 @@ void run(QueuePair& qp, Transport& t) {
       qp.req.retx.pop_front();  // nothing left, or not sent since a rewind: sent anew below
       continue;
     }
-    if ((paced = paced_out(qp, t))) break;
+    if ((paced = paced_out(qp, t) || held_back(qp, t))) break;
     const uint32_t n = resend(qp, t, r.first);
     if (n == 0) {
       qp.req.retx.pop_front();
@@ -279,7 +287,7 @@ void run(QueuePair& qp, Transport& t) {
     bool done = false;
     const WrOpcodeInfo& info = w.info();
     if (info.read_or_atomic && qp.comp.rd_atomic_inflight.size() >= max_rd) break;
-    if (paced_out(qp, t)) break;
+    if (paced_out(qp, t) || held_back(qp, t)) break;
     switch (info.cls) {
       case WrClass::kRead:
         done = send_read_request(qp, w, t);

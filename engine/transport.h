@@ -53,6 +53,16 @@ class Transport {
   /// NAKs, responders keep out-of-order packets of requesters that do and report the gaps
   /// (docs/wide-area.md). The default is off.
   virtual bool selective_retransmit() const { return false; }
+  /// Whether packets to `dst_ip` (host order) are waiting to leave the device (a full
+  /// same-host ring's backlog): a requester then sends nothing new and calls wait_for_path();
+  /// the device runs it again once they have left. A lossless link's pause (PFC), where the
+  /// sender can see the receiver's free space. The default: never.
+  virtual bool path_busy(uint32_t dst_ip) {
+    (void)dst_ip;
+    return false;
+  }
+  /// Registers `qp` to be run again (requester::run) when path_busy(its peer) turns false.
+  virtual void wait_for_path(QueuePair& qp) { (void)qp; }
   /// Whether requesters towards `dst_ip` (host order) pace their packets with DCQCN
   /// (SOFTRDMA_CC); if so `out` gets the reaction point's parameters (the line rate: the
   /// rate of the emulated link towards `dst_ip`, when there is one). The default is off.
