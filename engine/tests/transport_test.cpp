@@ -86,8 +86,14 @@ class FakeTransport : public Transport {
     return dcqcn;
   }
 
+  bool path_busy(uint32_t) override { return sent.size() >= busy_after; }
+  void wait_for_path(QueuePair& qp) override { path_waiters.push_back(&qp); }
+
   void advance(uint64_t ns) { now_ += ns; }
   std::deque<std::vector<uint8_t>> sent;
+  /// path_busy() once this many packets are queued in `sent` (a paused same-host path).
+  size_t busy_after = SIZE_MAX;
+  std::vector<QueuePair*> path_waiters;  ///< wait_for_path() calls
   Counters counters_;
   bool selective = false;  ///< SOFTRDMA_SELECTIVE_RETX of this side
   bool dcqcn = false;      ///< SOFTRDMA_CC=dcqcn on this side
@@ -769,6 +775,34 @@ TEST_F(TransportTest, SelectiveNakNamesOnlyTheLostPsnsAndOnlyThoseAreSentAgain) 
   EXPECT_FALSE(b->resp.in_write);
 }
 
+// A paused path (a full same-host ring's backlog): the requester queues nothing more, asks
+// to be run again, and when run again continues where it stopped — nothing lost, nothing
+// sent twice, no window cut.
+TEST_F(TransportTest, RequesterHoldsBackWhileThePathIsBusyAndResumesWhereItStopped) {
+  ta->busy_after = 3;
+  const uint32_t window = a->req.window.psns();
+  ASSERT_EQ(post(*a, WrOpcode::kRdmaWrite, 0, 10 * kMtu, 0, 1), kOk);
+  ASSERT_EQ(ta->sent.size(), 3u);
+  ASSERT_EQ(ta->path_waiters.size(), 1u);
+  EXPECT_EQ(ta->path_waiters[0], a.get());
+  deliver(*ta, *b, *tb);  // the path drains
+  ta->busy_after = SIZE_MAX;
+  ta->path_waiters.clear();
+  {
+    std::lock_guard lk(dev->mutex());
+    requester::run(*a, *ta);
+  }
+  EXPECT_EQ(ta->sent.size(), 7u);
+  EXPECT_TRUE(ta->path_waiters.empty());
+  settle();
+  auto c = drain();
+  ASSERT_EQ(c.size(), 1u);
+  EXPECT_EQ(c[0].status, WcStatus::kSuccess);
+  EXPECT_EQ(std::memcmp(dst.data(), src.data(), 10 * kMtu), 0);
+  EXPECT_EQ(ta->counters_.retransmitted_pkts.load(), 0u);
+  EXPECT_GE(a->req.window.psns(), window);
+}
+
 // A resend lost as well is sent again ~1.5 smoothed RTTs after it left — well before the
 // retransmit timeout — and the window is not collapsed to one PSN (issue 9: at 1 % loss
 // every lost resend used to wait for the 134 ms timer and restart from one PSN).
@@ -825,7 +859,7 @@ TEST_F(TransportTest, ALostResendIsSentAgainAfterOneAndAHalfRttsWithoutATimeout)
 TEST_F(TransportTest, ACeMarkedRequestDrawsARateLimitedCnpThatCutsTheRequestersRate) {
   ta->dcqcn = true;
   ta->dcqcn_params.line_rate = 1e9 / 8 / 1e9;  // 1 Gbit/s
-  a->req.cc_checked = false;  // the move to RTS asked before the test set it
+  a->req.cc_checked = false;                   // the move to RTS asked before the test set it
   ASSERT_EQ(post(*a, WrOpcode::kRdmaWrite, 0, 4 * kMtu, 0, 1), kOk);
   ASSERT_TRUE(a->req.cc_on);
   ASSERT_EQ(ta->sent.size(), 4u);
