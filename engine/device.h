@@ -332,6 +332,10 @@ class Device final : public Transport, public ObjectRegistry {
   std::atomic<uint64_t> last_inline_poll_ns_{0};  // last try_progress by an app thread
   bool socket_watched_ = true;                    // progress thread's epoll has the socket
   std::atomic<uint64_t> sleep_until_ns_{0};
+  /// The progress thread told same-host senders it sleeps (note_sleeping) and sleeps until
+  /// its next timer, not just through a poller's window. The first application poll after
+  /// that wakes it (see try_progress).
+  std::atomic<bool> thread_asleep_{false};
   std::thread thread_;
 };
 

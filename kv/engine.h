@@ -134,8 +134,12 @@ class Engine {
   /// listener cannot be opened, std::runtime_error when the store cannot be reached.
   Engine(std::string name, std::shared_ptr<MetadataStore> store,
          const EngineOptions& options = EngineOptions::from_environment());
-  /// Removes the record, stops the threads, destroys QPs and deregisters everything.
-  /// Transfers still in flight are abandoned (their batches are not reported).
+  /// Lingers until the send work requests already posted to connected peers (notifications
+  /// included) have completed — so a notify() right before destruction reaches its peer,
+  /// as an RC SEND does once acknowledged — bounded by the time a dead peer takes to be
+  /// declared dead ((retry_cnt + 1) × 4.096 µs·2^ib_timeout, at most connect_timeout);
+  /// then removes the record, stops the threads, destroys QPs and deregisters everything.
+  /// Transfers still in flight after that are abandoned (their batches are not reported).
   ~Engine();
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
