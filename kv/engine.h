@@ -55,7 +55,7 @@ struct EngineOptions {
   int gid_index = 0;                  ///< GID index (RoCE)
   uint32_t qps_per_peer = 2;          ///< RC QPs per peer (slices are striped over them)
   uint64_t slice_bytes = 256 * 1024;  ///< bytes per work request (the tail ≤ ¼ slice merges)
-  uint32_t max_wr = 32;               ///< slices outstanding per QP
+  uint32_t max_wr = 256;              ///< slices outstanding per QP (cover the BDP)
   uint8_t ib_timeout = 14;            ///< ACK timeout exponent: 4.096 µs·2^x
   uint8_t retry_cnt = 7;              ///< retransmissions before a peer counts as dead
   /// Address the handshake listener binds and advertises; empty: the device's IPv4 address
