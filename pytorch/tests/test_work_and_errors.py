@@ -14,7 +14,7 @@ WORK = ["async_all_reduce", "future_then", "pending_irecv", "exchange_both_ways"
         "batch_isend_irecv", "irecv_does_not_block_collective", "second_group",
         "tags_keep_order"]
 REFUSALS = ["refuse_band", "refuse_bxor_reduce_scatter", "refuse_bool_reduction",
-            "refuse_complex_reduction", "refuse_any_source", "refuse_non_contiguous",
+            "refuse_int16_reduction", "refuse_any_source", "refuse_non_contiguous",
             "refuse_bad_tag", "refuse_size_mismatch", "usable_after_refusals"]
 
 
