@@ -371,6 +371,60 @@ struct ProcessGroupSoftrdma::Impl {
     }
   }
 
+  // send (is_send) or recv of tensors[0] to / from `peer`: checked here, posted by the
+  // worker with the next tag of (peer, tag) in this direction, polled until complete.
+  c10::intrusive_ptr<c10d::Work> point_to_point(bool is_send, std::vector<at::Tensor>& tensors,
+                                                int peer, int tag) {
+    const char* op = is_send ? "send" : "recv";
+    const at::Tensor t = single(tensors, op);
+    check_rank(peer, size, is_send ? "destination rank" : "source rank", op);
+    if (peer == rank) refuse(op, std::string(op) + " to or from this rank itself");
+    if (tag < 0 || tag >= kMaxTag) refuse(op, "tag must lie in [0, 2^22)");
+    return enqueue(
+        is_send ? OpType::SEND : OpType::RECV, is_send ? "softrdma:send" : "softrdma:recv", {t},
+        nullptr, [this, is_send, t, peer, tag](Transfers& x) {
+          x.op = is_send ? "Send" : "Recv";
+          const uint64_t seq = (is_send ? send_seq : recv_seq)[{peer, tag}]++;
+          post(x, is_send, peer, t, kPointToPoint | (uint64_t(tag) << 40) | (seq & kP2pSeqMask));
+        });
+  }
+
+  // gather (to_root): rank r's mine[0] lands in lists[0][r] at the root; scatter: the
+  // root's lists[0][r] lands in rank r's mine[0]. One transfer per non-root rank.
+  c10::intrusive_ptr<c10d::Work> rooted(bool to_root, std::vector<at::Tensor>& mine,
+                                        std::vector<std::vector<at::Tensor>>& lists,
+                                        int64_t root_rank) {
+    const char* op = to_root ? "gather" : "scatter";
+    const at::Tensor t = single(mine, op);
+    check_rank(static_cast<int>(root_rank), size, "root", op);
+    const int root = static_cast<int>(root_rank);
+    std::vector<at::Tensor> list;
+    if (rank == root) {
+      if (lists.size() != 1 || lists[0].size() != static_cast<size_t>(size))
+        refuse(op, "the root expects one list of world_size tensors");
+      check_same(lists[0], t, op, true);
+      list = lists[0];
+    } else if (!lists.empty() && !lists[0].empty()) {
+      refuse(op, "only the root takes a list of tensors");
+    }
+    return enqueue(to_root ? OpType::GATHER : OpType::SCATTER,
+                   to_root ? "softrdma:gather" : "softrdma:scatter", to_root ? list : mine,
+                   [this, to_root, t, list, root] {
+                     Transfers x;
+                     x.op = to_root ? "Gather" : "Scatter";
+                     const uint64_t tag = next_collective_tag();
+                     if (rank != root) {
+                       post(x, to_root, root, t, tag);
+                     } else {
+                       for (int r = 0; r < size; ++r)
+                         if (r != root) post(x, !to_root, r, list[static_cast<size_t>(r)], tag);
+                       (to_root ? list[static_cast<size_t>(root)] : t)
+                           .copy_(to_root ? t : list[static_cast<size_t>(root)]);
+                     }
+                     wait_all(x);
+                   });
+  }
+
   // ---- transfers on the Transport ---------------------------------------------------------
 
   void post(Transfers& x, bool is_send, int peer, const at::Tensor& t, uint64_t tag) {
@@ -590,65 +644,13 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSoftrdma::allgather_coalesced(
 c10::intrusive_ptr<c10d::Work> ProcessGroupSoftrdma::gather(
     std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
     const c10d::GatherOptions& opts) {
-  constexpr const char* kOp = "gather";
-  const at::Tensor in = single(inputs, kOp);
-  check_rank(static_cast<int>(opts.rootRank), getSize(), "root", kOp);
-  const int root = static_cast<int>(opts.rootRank);
-  std::vector<at::Tensor> out;
-  if (getRank() == root) {
-    if (outputs.size() != 1 || outputs[0].size() != static_cast<size_t>(getSize()))
-      refuse(kOp, "the root expects one list of world_size output tensors");
-    check_same(outputs[0], in, kOp, true);
-    out = outputs[0];
-  } else if (!outputs.empty() && !outputs[0].empty()) {
-    refuse(kOp, "only the root takes output tensors");
-  }
-  Impl* impl = impl_.get();
-  return impl_->enqueue(OpType::GATHER, "softrdma:gather", out, [impl, in, out, root] {
-    Transfers x;
-    x.op = "Gather";
-    const uint64_t tag = impl->next_collective_tag();
-    if (impl->rank != root) {
-      impl->post(x, true, root, in, tag);
-    } else {
-      for (int r = 0; r < impl->size; ++r)
-        if (r != root) impl->post(x, false, r, out[static_cast<size_t>(r)], tag);
-      out[static_cast<size_t>(root)].copy_(in);
-    }
-    impl->wait_all(x);
-  });
+  return impl_->rooted(true, inputs, outputs, opts.rootRank);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupSoftrdma::scatter(
     std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
     const c10d::ScatterOptions& opts) {
-  constexpr const char* kOp = "scatter";
-  const at::Tensor out = single(outputs, kOp);
-  check_rank(static_cast<int>(opts.rootRank), getSize(), "root", kOp);
-  const int root = static_cast<int>(opts.rootRank);
-  std::vector<at::Tensor> in;
-  if (getRank() == root) {
-    if (inputs.size() != 1 || inputs[0].size() != static_cast<size_t>(getSize()))
-      refuse(kOp, "the root expects one list of world_size input tensors");
-    check_same(inputs[0], out, kOp, true);
-    in = inputs[0];
-  } else if (!inputs.empty() && !inputs[0].empty()) {
-    refuse(kOp, "only the root takes input tensors");
-  }
-  Impl* impl = impl_.get();
-  return impl_->enqueue(OpType::SCATTER, "softrdma:scatter", {out}, [impl, in, out, root] {
-    Transfers x;
-    x.op = "Scatter";
-    const uint64_t tag = impl->next_collective_tag();
-    if (impl->rank != root) {
-      impl->post(x, false, root, out, tag);
-    } else {
-      for (int r = 0; r < impl->size; ++r)
-        if (r != root) impl->post(x, true, r, in[static_cast<size_t>(r)], tag);
-      out.copy_(in[static_cast<size_t>(root)]);
-    }
-    impl->wait_all(x);
-  });
+  return impl_->rooted(false, outputs, inputs, opts.rootRank);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupSoftrdma::reduce_scatter(
@@ -790,36 +792,12 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSoftrdma::barrier(const c10d::Barrier
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupSoftrdma::send(std::vector<at::Tensor>& tensors,
                                                           int dst_rank, int tag) {
-  constexpr const char* kOp = "send";
-  const at::Tensor t = single(tensors, kOp);
-  check_rank(dst_rank, getSize(), "destination rank", kOp);
-  if (dst_rank == getRank()) refuse(kOp, "send to this rank itself");
-  if (tag < 0 || tag >= kMaxTag) refuse(kOp, "tag must lie in [0, 2^22)");
-  Impl* impl = impl_.get();
-  return impl_->enqueue(OpType::SEND, "softrdma:send", {t}, nullptr,
-                        [impl, t, dst_rank, tag](Transfers& x) {
-                          x.op = "Send";
-                          const uint64_t seq = impl->send_seq[{dst_rank, tag}]++;
-                          impl->post(x, true, dst_rank, t,
-                                     kPointToPoint | (uint64_t(tag) << 40) | (seq & kP2pSeqMask));
-                        });
+  return impl_->point_to_point(true, tensors, dst_rank, tag);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupSoftrdma::recv(std::vector<at::Tensor>& tensors,
                                                           int src_rank, int tag) {
-  constexpr const char* kOp = "recv";
-  const at::Tensor t = single(tensors, kOp);
-  check_rank(src_rank, getSize(), "source rank", kOp);
-  if (src_rank == getRank()) refuse(kOp, "recv from this rank itself");
-  if (tag < 0 || tag >= kMaxTag) refuse(kOp, "tag must lie in [0, 2^22)");
-  Impl* impl = impl_.get();
-  return impl_->enqueue(OpType::RECV, "softrdma:recv", {t}, nullptr,
-                        [impl, t, src_rank, tag](Transfers& x) {
-                          x.op = "Recv";
-                          const uint64_t seq = impl->recv_seq[{src_rank, tag}]++;
-                          impl->post(x, false, src_rank, t,
-                                     kPointToPoint | (uint64_t(tag) << 40) | (seq & kP2pSeqMask));
-                        });
+  return impl_->point_to_point(false, tensors, src_rank, tag);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupSoftrdma::recvAnysource(std::vector<at::Tensor>&, int) {

@@ -95,7 +95,9 @@ class ShardedLayer(nn.Module):
     def _gather(self):
         # Steps 2 and 3: AllGather into the (re)allocated storage of the full vector.
         self.full.storage().resize_(self.full.numel())
-        all_gather_flat(self.full, self.shard.detach(), self.group)
+        # Through .data: a write autograd does not version (it would otherwise refuse the
+        # backward, as the saved views of self.full seem modified in place).
+        all_gather_flat(self.full.data, self.shard.detach(), self.group)
 
     def _params(self, full):
         views, off = [], 0

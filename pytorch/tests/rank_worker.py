@@ -146,13 +146,13 @@ def run_collectives(checks, quick):
                     root = world - 1
                     y = x.clone()
                     dist.reduce(y, dst=root, op=OPS[op])
-                    if rank != root:
-                        return same(y, x)  # non-roots keep their input
-                    def g():
+                    def g():  # every rank joins Gloo's Reduce too
                         z = x.clone()
                         dist.reduce(z, dst=root, op=OPS[op], group=gloo)
                         return z
                     ref, src = gloo_or(g, lambda: reduce_all(ins, op, world))
+                    if rank != root:
+                        return same(y, x)  # non-roots keep their input
                     ok, d = same(y, ref)
                     return ok, f"vs {src}: {d}"
 
