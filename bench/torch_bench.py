@@ -9,8 +9,10 @@ Run under torchrun (bench/torch_bench.sh does, through `softrdma run`):
     build/bin/softrdma run -- torchrun --redirects 1 --tee 1 --nproc_per_node 2 \\
         bench/torch_bench.py [--max-bytes 64M] [--csv FILE]
 
-Each timed iteration is: barrier (Gloo), start clock, one operation, stop clock; the time
-of an iteration is the slowest rank's, and each size reports the median over iterations.
+Per size and backend: 5 rounds of (Gloo barrier, then N/5 operations back to back, N from
+200 at small sizes down to 5 at 64 MiB); a round's time per operation is the slowest rank's;
+each size reports the median round (nccl-tests times loops the same way; single timed
+operations would mostly measure the skew of the barrier's exit).
 Gloo in PyTorch 1.13 has no reduce_scatter: its column is what a Gloo user runs instead,
 all_reduce of the whole input then keeping this rank's block ("gloo*").
 """
@@ -31,10 +33,12 @@ def parse_size(s):
 
 
 def sizes(lo, hi, factor):
+    """lo, lo·factor, … up to hi, and hi itself."""
     s = lo
-    while s <= hi:
+    while s < hi:
         yield s
         s *= factor
+    yield hi
 
 
 def iterations(nbytes, budget_bytes=256 << 20, lo=5, hi=200):
@@ -67,16 +71,19 @@ def bus_factor(coll, world):
     return 2 * (world - 1) / world if coll == "all_reduce" else (world - 1) / world
 
 
-def time_op(op, iters, sync_group):
-    """Median over iterations of the slowest rank's time (seconds)."""
+def time_op(op, iters, sync_group, repeats=5):
+    """Seconds per operation: `repeats` rounds of (barrier, iters/repeats operations back to
+    back), each round's time per operation taken from the slowest rank; the median round."""
     for _ in range(2):  # warm-up: registrations, algorithm scratch
         op()
-    times = torch.zeros(iters, dtype=torch.float64)
-    for i in range(iters):
+    k = max(1, iters // repeats)
+    times = torch.zeros(repeats, dtype=torch.float64)
+    for i in range(repeats):
         dist.barrier(group=sync_group)
         t0 = time.perf_counter()
-        op()
-        times[i] = time.perf_counter() - t0
+        for _ in range(k):
+            op()
+        times[i] = (time.perf_counter() - t0) / k
     dist.all_reduce(times, op=dist.ReduceOp.MAX, group=sync_group)
     return statistics.median(times.tolist())
 
@@ -99,8 +106,8 @@ def main():
     rows = []
     for coll in a.collectives.split(","):
         if rank == 0:
-            print(f"# {coll}, {world} ranks, float32; time = median of the slowest rank's "
-                  f"per-operation time; busbw GB/s (1e9 B/s)")
+            print(f"# {coll}, {world} ranks, float32; time = µs per operation (median of 5 "
+                  f"rounds, slowest rank); busbw GB/s (1e9 B/s)")
             print(f"# {'bytes':>10} {'iters':>6} {'softrdma_us':>12} {'gloo_us':>12} "
                   f"{'softrdma_busbw':>15} {'gloo_busbw':>11} {'gloo/softrdma':>14}", flush=True)
         for nbytes in sizes(parse_size(a.min_bytes), parse_size(a.max_bytes), a.factor):

@@ -72,11 +72,11 @@ plot_micro() {
         >"$OUT/$coll.$n.dat"
     done
     gnuplot <<EOF
-set terminal pngcairo size 800,500
+set terminal pngcairo size 800,500 noenhanced
 set output "$PLOT/pytorch_$coll.png"
 set title "torch.distributed $coll, float32: softrdma backend vs Gloo (medians)"
 set logscale x 2
-set format x "%.0s%cB"
+set format x "%.0b %BB"
 set xlabel "size (bytes)"
 set ylabel "bus bandwidth (GB/s)"
 set key top left

@@ -138,12 +138,20 @@ RedOp reduction_op(const c10d::ReduceOp& op, const char* name) {
                    " is not supported (supported: SUM, PRODUCT, MIN, MAX, AVG)");
 }
 
-/// The tensors of `v` concatenated into one new flat tensor.
-at::Tensor pack(const std::vector<at::Tensor>& v) {
-  std::vector<at::Tensor> parts;
-  parts.reserve(v.size());
-  for (const at::Tensor& t : v) parts.push_back(t.reshape({-1}));
-  return at::cat(parts);
+/// Copies the tensors of `v` one after the other into `dst` (flat, large enough).
+at::Tensor pack(const std::vector<at::Tensor>& v, at::Tensor dst) {
+  int64_t off = 0;
+  for (const at::Tensor& t : v) {
+    dst.narrow(0, off, t.numel()).view(t.sizes()).copy_(t);
+    off += t.numel();
+  }
+  return dst;
+}
+
+int64_t total_numel(const std::vector<at::Tensor>& v) {
+  int64_t n = 0;
+  for (const at::Tensor& t : v) n += t.numel();
+  return n;
 }
 
 /// Copies consecutive runs of `from` into the tensors of `to`.
@@ -246,6 +254,7 @@ struct ProcessGroupSoftrdma::Impl {
 
   // Worker thread only.
   std::deque<Pending> pending;
+  std::vector<uint8_t> scratch_bytes[2];
   uint64_t collective_transfers = 0;
   std::map<std::pair<int, int>, uint64_t> send_seq;  // (peer, tag) → sends posted
   std::map<std::pair<int, int>, uint64_t> recv_seq;  // (peer, tag) → recvs posted
@@ -425,6 +434,17 @@ struct ProcessGroupSoftrdma::Impl {
                    });
   }
 
+  // A flat tensor of `numel` elements of `dtype` in packing buffer `slot` (0 or 1; worker
+  // thread only, valid until the next call for that slot). The buffers only grow, so the
+  // list forms of the collectives neither page-fault a fresh buffer nor register a new one
+  // (ccl's registration cache hits) on every call.
+  at::Tensor scratch(int64_t numel, at::ScalarType dtype, int slot = 0) {
+    std::vector<uint8_t>& b = scratch_bytes[slot];
+    const size_t bytes = static_cast<size_t>(numel) * c10::elementSize(dtype);
+    if (b.size() < bytes) b.resize(std::max(bytes, 2 * b.size()));
+    return at::from_blob(b.data(), {numel}, at::TensorOptions().dtype(dtype));
+  }
+
   // ---- transfers on the Transport ---------------------------------------------------------
 
   void post(Transfers& x, bool is_send, int peer, const at::Tensor& t, uint64_t tag) {
@@ -531,12 +551,13 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSoftrdma::allreduce_coalesced(
   }
   const DataType type = reduction_type(tensors[0], kOp);
   const RedOp op = reduction_op(opts.reduceOp, kOp);
-  ccl::Communicator& c = *impl_->comm;
+  Impl* impl = impl_.get();
   return impl_->enqueue(OpType::ALLREDUCE_COALESCED, "softrdma:all_reduce_coalesced", tensors,
-                        [&c, tensors, type, op]() mutable {
-                          at::Tensor buf = pack(tensors);
-                          c.all_reduce(buf.data_ptr(), buf.data_ptr(),
-                                       static_cast<size_t>(buf.numel()), type, op);
+                        [impl, tensors, type, op]() mutable {
+                          at::Tensor buf = pack(tensors, impl->scratch(total_numel(tensors),
+                                                                       tensors[0].scalar_type()));
+                          impl->comm->all_reduce(buf.data_ptr(), buf.data_ptr(),
+                                                 static_cast<size_t>(buf.numel()), type, op);
                           unpack(buf, tensors);
                         });
 }
@@ -582,12 +603,13 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSoftrdma::allgather(
   check_same(outputs[0], in, kOp, false);
   std::vector<at::Tensor> out = outputs[0];
   const int n = getSize();
-  ccl::Communicator& c = *impl_->comm;
-  return impl_->enqueue(OpType::ALLGATHER, "softrdma:all_gather", out, [&c, in, out, n]() mutable {
-    at::Tensor buf = at::empty({n * in.numel()}, in.options());
-    c.all_gather(in.data_ptr(), buf.data_ptr(), in.nbytes(), DataType::kUint8);
-    unpack(buf, out);
-  });
+  Impl* impl = impl_.get();
+  return impl_->enqueue(
+      OpType::ALLGATHER, "softrdma:all_gather", out, [impl, in, out, n]() mutable {
+        at::Tensor buf = impl->scratch(n * in.numel(), in.scalar_type());
+        impl->comm->all_gather(in.data_ptr(), buf.data_ptr(), in.nbytes(), DataType::kUint8);
+        unpack(buf, out);
+      });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupSoftrdma::_allgather_base(
@@ -629,14 +651,16 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSoftrdma::allgather_coalesced(
       out.push_back(list[i]);
     }
   }
-  ccl::Communicator& c = *impl_->comm;
+  Impl* impl = impl_.get();
   const int n = getSize();
   return impl_->enqueue(OpType::ALLGATHER_COALESCED, "softrdma:all_gather_coalesced", out,
-                        [&c, inputs, out, n]() mutable {
-                          at::Tensor in = pack(inputs);
-                          at::Tensor buf = at::empty({n * in.numel()}, in.options());
-                          c.all_gather(in.data_ptr(), buf.data_ptr(), in.nbytes(),
-                                       DataType::kUint8);
+                        [impl, inputs, out, n]() mutable {
+                          const at::ScalarType dt = inputs[0].scalar_type();
+                          const int64_t count = total_numel(inputs);
+                          at::Tensor in = pack(inputs, impl->scratch(count, dt, 0));
+                          at::Tensor buf = impl->scratch(n * count, dt, 1);
+                          impl->comm->all_gather(in.data_ptr(), buf.data_ptr(), in.nbytes(),
+                                                 DataType::kUint8);
                           unpack(buf, out);
                         });
 }
@@ -664,13 +688,13 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSoftrdma::reduce_scatter(
   const DataType type = reduction_type(out, kOp);
   const RedOp op = reduction_op(opts.reduceOp, kOp);
   std::vector<at::Tensor> in = inputs[0];
-  ccl::Communicator& c = *impl_->comm;
-  return impl_->enqueue(OpType::REDUCE_SCATTER, "softrdma:reduce_scatter", {out},
-                        [&c, in, out, type, op] {
-                          at::Tensor buf = pack(in);
-                          c.reduce_scatter(buf.data_ptr(), out.data_ptr(),
-                                           static_cast<size_t>(out.numel()), type, op);
-                        });
+  Impl* impl = impl_.get();
+  return impl_->enqueue(
+      OpType::REDUCE_SCATTER, "softrdma:reduce_scatter", {out}, [impl, in, out, type, op] {
+        at::Tensor buf = pack(in, impl->scratch(total_numel(in), out.scalar_type()));
+        impl->comm->reduce_scatter(buf.data_ptr(), out.data_ptr(), static_cast<size_t>(out.numel()),
+                                   type, op);
+      });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupSoftrdma::_reduce_scatter_base(
@@ -770,11 +794,12 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSoftrdma::alltoall(std::vector<at::Te
   std::vector<at::Tensor> in = inputs;
   std::vector<at::Tensor> out = outputs;
   if (equal) {
-    ccl::Communicator& c = *impl_->comm;
-    return impl_->enqueue(OpType::ALLTOALL, "softrdma:all_to_all", out, [&c, in, out]() mutable {
-      at::Tensor send = pack(in);
-      at::Tensor recv = at::empty_like(send);
-      c.all_to_all(send.data_ptr(), recv.data_ptr(), in[0].nbytes(), DataType::kUint8);
+    Impl* impl = impl_.get();
+    return impl_->enqueue(OpType::ALLTOALL, "softrdma:all_to_all", out, [impl, in, out]() mutable {
+      const at::ScalarType dt = in[0].scalar_type();
+      at::Tensor send = pack(in, impl->scratch(total_numel(in), dt, 0));
+      at::Tensor recv = impl->scratch(send.numel(), dt, 1);
+      impl->comm->all_to_all(send.data_ptr(), recv.data_ptr(), in[0].nbytes(), DataType::kUint8);
       unpack(recv, out);
     });
   }
