@@ -9,8 +9,8 @@
 #             CSV in $OUT/micro.csv, plots docs/pytorch_{all_reduce,all_gather,
 #             reduce_scatter}.png (gnuplot)
 #   steps     the three training examples (DDP, ZeRO-1, FSDP-style) with 2 and 4 ranks,
-#             STEPS steps each with --backend softrdma,gloo: median step time per backend and
-#             the largest difference of the two loss curves
+#             STEPS steps each with --backend softrdma,gloo and gloo,softrdma: median step
+#             time per backend and the largest difference of the two loss curves
 #   accuracy  each example for EPOCHS epochs with 2 ranks over softrdma: test accuracy
 #   wan       the DDP example between two emulated sites (one rank each, A = 127.0.60.1,
 #             B = 127.0.60.2; SOFTRDMA_WAN link A <-> B with one-way delay RTT/2 at RATE):
@@ -91,11 +91,15 @@ EOF
 }
 
 steps() {
+  local n ex order
   for n in 2 4; do
     for ex in ddp zero fsdp; do
-      echo "## $ex, $n ranks, $STEPS steps"
-      trun "$n" "pytorch/examples/train_$ex.py" --backend softrdma,gloo --epochs 1 \
-        --max-steps "$STEPS" --no-eval 2>&1 | grep '^\[default0\]' | sed 's/^\[default0\]://'
+      # Both orders: the backend that trains second finds warm caches and allocator.
+      for order in softrdma,gloo gloo,softrdma; do
+        echo "## $ex, $n ranks, $STEPS steps, --backend $order"
+        trun "$n" "pytorch/examples/train_$ex.py" --backend "$order" --epochs 1 \
+          --max-steps "$STEPS" --no-eval 2>&1 | grep '^\[default0\]' | sed 's/^\[default0\]://'
+      done
     done
   done
 }
