@@ -6,8 +6,8 @@
 #
 #   micro     bench/torch_bench.py with 2 and 4 ranks: all_reduce, all_gather, reduce_scatter
 #             of float32 tensors 8 B … 64 MiB (×8), median times, busbw, Gloo/softrdma ratio;
-#             CSV in $OUT/micro.csv, plots docs/pytorch_{all_reduce,all_gather,
-#             reduce_scatter}.png (gnuplot)
+#             RUNS runs, then per size the median over them: a markdown table, CSV in
+#             $OUT/micro.csv, plots docs/pytorch_{all_reduce,all_gather,reduce_scatter}.png
 #   steps     the three training examples (DDP, ZeRO-1, FSDP-style) with 2 and 4 ranks,
 #             STEPS steps each with --backend softrdma,gloo and gloo,softrdma: median step
 #             time per backend and the largest difference of the two loss curves
@@ -21,7 +21,7 @@
 # docs/pytorch.md). Hold /tmp/softrdma-test.lock while it runs when others share the host.
 #
 # Environment [defaults]: BUILD [build], OUT [/tmp/softrdma-torch-bench], PORT [29540],
-# STEPS [40], EPOCHS [3], WAN_RTTS ["0 5 20 50"] (ms), RATE [1gbit], WAN_STEPS [30],
+# RUNS [3], STEPS [40], EPOCHS [3], WAN_RTTS ["0 5 20 50"] (ms), RATE [1gbit], WAN_STEPS [30],
 # PYTHON [/usr/bin/python3], PLOT [docs] ("" for no plots).
 set -uo pipefail
 
@@ -30,6 +30,7 @@ BUILD=${BUILD:-build}
 OUT=${OUT:-/tmp/softrdma-torch-bench}
 PORT=${PORT:-29540}
 STEPS=${STEPS:-40}
+RUNS=${RUNS:-3}
 EPOCHS=${EPOCHS:-3}
 WAN_RTTS=${WAN_RTTS:-"0 5 20 50"}
 RATE=${RATE:-1gbit}
@@ -55,13 +56,47 @@ trun() {
 }
 
 micro() {
-  rm -f "$OUT/micro.csv"
-  for n in 2 4; do
-    echo "## micro-benchmark, $n ranks"
-    trun "$n" bench/torch_bench.py --csv "$OUT/micro.csv" 2>&1 | grep -v '^\[default[1-9]' |
-      sed 's/^\[default0\]://' | grep -v -e '^WARNING' -e '^\*\*\*' -e 'OMP_NUM_THREADS'
+  local run n
+  for ((run = 1; run <= RUNS; run++)); do
+    rm -f "$OUT/micro.$run.csv"
+    for n in 2 4; do
+      echo "## micro-benchmark, $n ranks, run $run of $RUNS"
+      trun "$n" bench/torch_bench.py --csv "$OUT/micro.$run.csv" 2>&1 |
+        grep -v '^\[default[1-9]' | sed 's/^\[default0\]://' |
+        grep -v -e '^WARNING' -e '^\*\*\*' -e 'OMP_NUM_THREADS'
+    done
   done
+  median_micro
   [[ -n $PLOT ]] && plot_micro
+}
+
+# $OUT/micro.csv: per collective, rank count and size, the median over the runs of each
+# column (ratio recomputed from the median times); printed as a markdown table.
+median_micro() {
+  "$PYTHON" - "$OUT" "$RUNS" <<'EOF'
+import csv, statistics, sys
+out, runs = sys.argv[1], int(sys.argv[2])
+rows = {}
+for r in range(1, runs + 1):
+    try:
+        f = open(f"{out}/micro.{r}.csv")
+    except OSError:
+        continue
+    for row in csv.DictReader(f):
+        rows.setdefault((row["collective"], int(row["ranks"]), int(row["bytes"])), []).append(row)
+cols = ["softrdma_s", "gloo_s", "softrdma_busbw", "gloo_busbw"]
+with open(f"{out}/micro.csv", "w") as f:
+    f.write("collective,ranks,bytes,runs,softrdma_s,gloo_s,softrdma_busbw,gloo_busbw,gloo_over_softrdma\n")
+    print(f"## medians over {runs} runs")
+    print("| collective | ranks | bytes | softrdma µs | Gloo µs | softrdma busbw GB/s | Gloo busbw GB/s | Gloo / softrdma time |")
+    print("|---|---|---|---|---|---|---|---|")
+    for (c, n, b), rs in sorted(rows.items()):
+        m = {k: statistics.median(float(x[k]) for x in rs) for k in cols}
+        ratio = m["gloo_s"] / m["softrdma_s"]
+        f.write(f"{c},{n},{b},{len(rs)},{m['softrdma_s']},{m['gloo_s']},{m['softrdma_busbw']},{m['gloo_busbw']},{ratio}\n")
+        print(f"| {c} | {n} | {b} | {m['softrdma_s'] * 1e6:.1f} | {m['gloo_s'] * 1e6:.1f} | "
+              f"{m['softrdma_busbw']:.3f} | {m['gloo_busbw']:.3f} | {ratio:.2f} |")
+EOF
 }
 
 plot_micro() {
