@@ -418,8 +418,8 @@ def run_work(checks):
         return torch.all(recv == float(prv)).item(), ""
 
     def irecv_does_not_block_collective():
-        # Rank 0 posts an irecv that rank 1 answers only after an AllReduce: the AllReduce
-        # queued behind the irecv must complete first.
+        # Rank 0 posts an irecv that rank 1 answers only after an AllReduce (and after rank 0
+        # has looked at the irecv): the AllReduce queued behind the irecv must complete first.
         if world < 2 or rank > 1:
             dist.all_reduce(torch.ones(1))
             return True, ""
@@ -429,12 +429,13 @@ def run_work(checks):
             t = torch.ones(1)
             dist.all_reduce(t)
             before = w.is_completed()
+            store.set("work/irecv-checked", "1")
             w.wait()
             return (not before) and t.item() == world and torch.all(buf == 9).item(), \
                 f"irecv completed before the AllReduce: {before}"
         t = torch.ones(1)
         dist.all_reduce(t)
-        time.sleep(0.1)
+        store.wait(["work/irecv-checked"])
         dist.send(torch.full((8,), 9.0), 0, tag=9)
         return t.item() == world, ""
 
