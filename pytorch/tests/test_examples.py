@@ -6,7 +6,6 @@ the FSDP-style loop train the same network on the same batches, so their curves 
 agree with each other (to 1e-4: FSDP averages by ReduceScatter then divide, DDP divides
 then AllReduces)."""
 
-import json
 import os
 
 import pytest
