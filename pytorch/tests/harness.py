@@ -8,6 +8,7 @@ when the deadline passes, so a hang ends as a failure, never as a stuck test."""
 import dataclasses
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -71,6 +72,7 @@ def launch(build_dir, nranks, argv, timeout=150, env=None, result_flag="--result
             with open(results[r]) as f:
                 result = json.load(f)
         ranks.append(Rank(r, codes[r], text, result))
+    shutil.rmtree(tmp, ignore_errors=True)
     return ranks
 
 
