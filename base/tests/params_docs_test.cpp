@@ -64,7 +64,8 @@ TEST(Docs, EverySoftrdmaVariableInTheTreeIsRegistered) {
       "SOFTRDMA_FUZZ_FLAGS", "SOFTRDMA_VERSION",       "SOFTRDMA_HAVE_ISAL",
       "SOFTRDMA_COUNTERS",   "SOFTRDMA_COUNTER_FIELD", "SOFTRDMA_COUNTER_NAME",
       "SOFTRDMA_IVDEP",      "SOFTRDMA_AVX2",          "SOFTRDMA_CCL_X86_DISPATCH",
-      "SOFTRDMA_SOURCE_DIR"};
+      "SOFTRDMA_SOURCE_DIR", "SOFTRDMA_TORCH",         "SOFTRDMA_PYTHON",
+      "SOFTRDMA_PYTHON_DIR", "SOFTRDMA_DROPIN_DIR"};
   std::set<std::string> registered;
   for (const Param& p : all()) registered.emplace(p.name);
 
