@@ -32,6 +32,16 @@ class FakeDevice : public ObjectRegistry {
     qps_[next_qpn_] = qp;
     return next_qpn_++;
   }
+  bool register_qp_at(QueuePair* qp, uint32_t qpn) override { return qps_.emplace(qpn, qp).second; }
+  uint32_t register_srq(SharedReceiveQueue* srq) override {
+    srqs_[next_srqn_] = srq;
+    return next_srqn_++;
+  }
+  void unregister_srq(uint32_t srqn) override { srqs_.erase(srqn); }
+  SharedReceiveQueue* find_srq(uint32_t srqn) {
+    auto it = srqs_.find(srqn);
+    return it == srqs_.end() ? nullptr : it->second;
+  }
   void unregister_qp(uint32_t qpn) override { qps_.erase(qpn); }
   uint32_t register_mr(MemoryRegion* mr) override {
     next_key_ += 0x100;
@@ -56,7 +66,9 @@ class FakeDevice : public ObjectRegistry {
   std::mutex mu_;
   std::unordered_map<uint32_t, QueuePair*> qps_;
   std::unordered_map<uint32_t, MemoryRegion*> mrs_;
+  std::unordered_map<uint32_t, SharedReceiveQueue*> srqs_;
   uint32_t next_qpn_ = 0x100;
+  uint32_t next_srqn_ = 1;
   uint32_t next_key_ = 0;
 };
 
@@ -77,6 +89,7 @@ class FakeTransport : public Transport {
   }
   void flush() override {}
   MemoryRegion* find_mr(uint32_t key) override { return dev_.find_mr(key); }
+  SharedReceiveQueue* find_srq(uint32_t srqn) override { return dev_.find_srq(srqn); }
   Counters& counters() override { return counters_; }
   uint64_t now_ns() override { return now_; }
   void timer_armed(QueuePair&, uint64_t) override {}
@@ -825,7 +838,7 @@ TEST_F(TransportTest, ALostResendIsSentAgainAfterOneAndAHalfRttsWithoutATimeout)
 TEST_F(TransportTest, ACeMarkedRequestDrawsARateLimitedCnpThatCutsTheRequestersRate) {
   ta->dcqcn = true;
   ta->dcqcn_params.line_rate = 1e9 / 8 / 1e9;  // 1 Gbit/s
-  a->req.cc_checked = false;  // the move to RTS asked before the test set it
+  a->req.cc_checked = false;                   // the move to RTS asked before the test set it
   ASSERT_EQ(post(*a, WrOpcode::kRdmaWrite, 0, 4 * kMtu, 0, 1), kOk);
   ASSERT_TRUE(a->req.cc_on);
   ASSERT_EQ(ta->sent.size(), 4u);
