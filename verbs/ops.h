@@ -19,6 +19,24 @@ inline int err(engine::Status s) {
   return static_cast<int>(s);
 }
 
+/// Posts a chain of receive WRs one by one through `post(wr_id, sges, num_sge)` (an engine
+/// Status): stops at the first refusal, which `*bad` then names (ibv_post_recv(3),
+/// ibv_post_srq_recv). A negative num_sge is EINVAL.
+template <class Post>
+int post_recv_chain(ibv_recv_wr* wr, ibv_recv_wr** bad, Post&& post) {
+  for (ibv_recv_wr* w = wr; w; w = w->next) {
+    const engine::Status st = w->num_sge < 0
+                                  ? std::errc::invalid_argument
+                                  : post(w->wr_id, reinterpret_cast<const engine::Sge*>(w->sg_list),
+                                         static_cast<uint32_t>(w->num_sge));
+    if (st != engine::kOk) {
+      if (bad) *bad = w;
+      return err(st);
+    }
+  }
+  return 0;
+}
+
 /// Sets errno to `e` and returns NULL: the failure convention of pointer-returning verbs.
 template <class T>
 T* fail(int e) {

@@ -169,17 +169,9 @@ int op_post_send(ibv_qp* ibqp, ibv_send_wr* wr, ibv_send_wr** bad) {
 
 int op_post_recv(ibv_qp* ibqp, ibv_recv_wr* wr, ibv_recv_wr** bad) {
   engine::QueuePair& qp = *to_qp(ibqp)->qp;
-  for (ibv_recv_wr* w = wr; w; w = w->next) {
-    engine::Status st =
-        w->num_sge < 0 ? std::errc::invalid_argument
-                       : qp.post_recv(w->wr_id, reinterpret_cast<const engine::Sge*>(w->sg_list),
-                                      static_cast<uint32_t>(w->num_sge));
-    if (st != engine::kOk) {
-      if (bad) *bad = w;
-      return err(st);
-    }
-  }
-  return 0;
+  return post_recv_chain(wr, bad, [&qp](uint64_t id, const engine::Sge* sges, uint32_t n) {
+    return qp.post_recv(id, sges, n);
+  });
 }
 
 ibv_qp* ctx_create_qp_ex(ibv_context* ctx, ibv_qp_init_attr_ex* a) {

@@ -47,17 +47,9 @@ namespace softrdma::verbs {
 
 int op_post_srq_recv(ibv_srq* srq, ibv_recv_wr* wr, ibv_recv_wr** bad) {
   engine::SharedReceiveQueue& q = *to_srq(srq)->srq;
-  for (ibv_recv_wr* w = wr; w; w = w->next) {
-    engine::Status st =
-        w->num_sge < 0 ? std::errc::invalid_argument
-                       : q.post_recv(w->wr_id, reinterpret_cast<const engine::Sge*>(w->sg_list),
-                                     static_cast<uint32_t>(w->num_sge));
-    if (st != engine::kOk) {
-      if (bad) *bad = w;
-      return err(st);
-    }
-  }
-  return 0;
+  return post_recv_chain(wr, bad, [&q](uint64_t id, const engine::Sge* sges, uint32_t n) {
+    return q.post_recv(id, sges, n);
+  });
 }
 
 ibv_srq* ctx_create_srq_ex(ibv_context* ctx, ibv_srq_init_attr_ex* a) {

@@ -111,4 +111,28 @@ inline wire::Packet parse(const std::vector<uint8_t>& b) {
   return p;
 }
 
+/// Delivers every packet `from` has sent to `to`, as the device does once its receive checks
+/// pass: a request to the QP type's request unit (then its coalesced ACK), a response to
+/// the completer; under the device lock. The datagrams come from 10.0.0.1 to 10.0.0.2 (what
+/// a UD receiver writes into its GRH area). Returns how many.
+inline size_t deliver_all(FakeDevice& dev, FakeTransport& from, QueuePair& to,
+                          FakeTransport& to_t) {
+  size_t n = 0;
+  std::lock_guard lk(dev.mutex());
+  while (!from.sent.empty()) {
+    auto bytes = std::move(from.sent.front());
+    from.sent.pop_front();
+    wire::Packet p = parse(bytes);
+    if (p.info->mask & wire::kIsRequest) {
+      const RxMeta meta{0x0a000001, 0x0a000002, 0, 64, 0x1234, uint16_t(bytes.size())};
+      to.type_info().on_request(to, p, meta, to_t);
+      responder::flush_ack(to, to_t);
+    } else {
+      completer::on_response(to, p, to_t);
+    }
+    ++n;
+  }
+  return n;
+}
+
 }  // namespace softrdma::engine

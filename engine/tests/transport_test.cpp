@@ -109,21 +109,7 @@ class TransportTest : public ::testing::Test {
   // Delivers every packet `from` has sent to `to` (requests to the responder, responses to
   // the completer), under the device lock as the device would; returns how many.
   size_t deliver(FakeTransport& from, QueuePair& to, FakeTransport& to_t) {
-    size_t n = 0;
-    std::lock_guard lk(dev->mutex());
-    while (!from.sent.empty()) {
-      auto bytes = std::move(from.sent.front());
-      from.sent.pop_front();
-      wire::Packet p = parse(bytes);
-      if (p.info->mask & wire::kIsRequest) {
-        responder::on_request(to, p, to_t);
-        responder::flush_ack(to, to_t);
-      } else {
-        completer::on_response(to, p, to_t);
-      }
-      ++n;
-    }
-    return n;
+    return deliver_all(*dev, from, to, to_t);
   }
   // When neither side has a packet on the way, moves both clocks past the retransmit
   // timeout and fires the timers (what a lost packet waits for).

@@ -121,6 +121,39 @@ Spec two_roles(std::function<void(Role&)> r0, std::function<void(Role&)> r1) {
   return s;
 }
 
+/// A QP of `type` with its own CQ on r's device, moved to RTS towards its counterpart in
+/// role `peer` (each side sends its QPN, then reads the peer's: the setup sockets buffer
+/// both); destroyed, QP then CQ, with the object. Receives are posted after construction:
+/// the roles meet at a barrier before anything is sent.
+struct PairedQp {
+  ibv_cq* cq = nullptr;
+  ibv_qp* qp = nullptr;
+  uint32_t peer_qpn = 0;
+  PairedQp(Role& r, ibv_qp_type type, int peer) {
+    qp = make_qp(r, type, cq);
+    r.send_value(peer, qp->qp_num);
+    peer_qpn = r.recv_value<uint32_t>(peer);
+    to_rts(qp, r.peer_info(peer).gid, peer_qpn);
+  }
+  ~PairedQp() {
+    ibv_destroy_qp(qp);
+    ibv_destroy_cq(cq);
+  }
+  PairedQp(const PairedQp&) = delete;
+  PairedQp& operator=(const PairedQp&) = delete;
+};
+
+/// A UD QP with an address handle on role `peer`'s device.
+struct UdEnd : PairedQp {
+  ibv_ah* ah;
+  UdEnd(Role& r, int peer) : PairedQp(r, IBV_QPT_UD, peer), ah(make_ah(r, r.peer_info(peer).gid)) {}
+  ~UdEnd() { ibv_destroy_ah(ah); }
+  int send(Role& r, uint64_t wr_id, uint64_t off, uint32_t len, uint32_t qkey = kQkey,
+           bool imm = false) {
+    return post_ud(qp, ah, peer_qpn, qkey, wr_id, r.buf() + off, len, r.lkey(), imm);
+  }
+};
+
 // ---- UD ---------------------------------------------------------------------------------
 
 // Three datagrams (one with immediate data) land after the 40-byte GRH area, whose last 20
@@ -129,40 +162,28 @@ Spec two_roles(std::function<void(Role&)> r0, std::function<void(Role&)> r1) {
 TEST(Ud, SendRecvWithGrhAndSourceQp) {
   run_roles(two_roles(
       [](Role& r) {
-        ibv_cq* cq = nullptr;
-        ibv_qp* qp = make_qp(r, IBV_QPT_UD, cq);
-        to_rts(qp, {}, 0);
-        r.send_value(1, qp->qp_num);
-        const auto peer_qpn = r.recv_value<uint32_t>(1);
-        ibv_ah* ah = make_ah(r, r.peer_info(1).gid);
-        ASSERT_EQ(0, post_recv(qp, 50, r.buf() + 8192, 40 + 512, r.lkey()));
+        UdEnd u(r, 1);
+        ASSERT_EQ(0, post_recv(u.qp, 50, r.buf() + 8192, 40 + 512, r.lkey()));
         fill_pattern(r.buf(), 3 * 1000, 7);
-        for (uint64_t i = 0; i < 3; ++i)
-          ASSERT_EQ(
-              0, post_ud(qp, ah, peer_qpn, kQkey, i, r.buf() + i * 1000, 1000, r.lkey(), i == 2));
-        for (uint64_t i = 0; i < 3; ++i) poll_success(cq, i, IBV_WC_SEND);
-        ibv_wc wc = poll_success(cq, 50, IBV_WC_RECV);  // the answer
-        EXPECT_EQ(peer_qpn, wc.src_qp);
+        r.barrier();
+        for (uint64_t i = 0; i < 3; ++i) ASSERT_EQ(0, u.send(r, i, i * 1000, 1000, kQkey, i == 2));
+        for (uint64_t i = 0; i < 3; ++i) poll_success(u.cq, i, IBV_WC_SEND);
+        ibv_wc wc = poll_success(u.cq, 50, IBV_WC_RECV);  // the answer
+        EXPECT_EQ(u.peer_qpn, wc.src_qp);
         EXPECT_EQ(40u + 512u, wc.byte_len);
         EXPECT_TRUE(HasPattern(r.buf() + 8192 + 40, 512, 9));
         r.barrier();
-        EXPECT_EQ(0, ibv_destroy_ah(ah));
-        EXPECT_EQ(0, ibv_destroy_qp(qp));
-        EXPECT_EQ(0, ibv_destroy_cq(cq));
       },
       [](Role& r) {
-        ibv_cq* cq = nullptr;
-        ibv_qp* qp = make_qp(r, IBV_QPT_UD, cq);
-        to_rts(qp, {}, 0);
+        UdEnd u(r, 0);
         for (uint64_t i = 0; i < 3; ++i)
-          ASSERT_EQ(0, post_recv(qp, 100 + i, r.buf() + i * 2048, 2048, r.lkey()));
-        r.send_value(0, qp->qp_num);
-        const auto peer_qpn = r.recv_value<uint32_t>(0);
+          ASSERT_EQ(0, post_recv(u.qp, 100 + i, r.buf() + i * 2048, 2048, r.lkey()));
+        r.barrier();
         ibv_wc last{};
         for (uint64_t i = 0; i < 3; ++i) {
-          ibv_wc wc = poll_success(cq, 100 + i, IBV_WC_RECV);
-          EXPECT_EQ(peer_qpn, wc.src_qp);
-          EXPECT_EQ(qp->qp_num, wc.qp_num);
+          ibv_wc wc = poll_success(u.cq, 100 + i, IBV_WC_RECV);
+          EXPECT_EQ(u.peer_qpn, wc.src_qp);
+          EXPECT_EQ(u.qp->qp_num, wc.qp_num);
           EXPECT_TRUE(wc.wc_flags & IBV_WC_GRH);
           EXPECT_EQ(i == 2, (wc.wc_flags & IBV_WC_WITH_IMM) != 0);
           if (i == 2) {
@@ -182,12 +203,10 @@ TEST(Ud, SendRecvWithGrhAndSourceQp) {
                                            reinterpret_cast<ibv_grh*>(r.buf() + 2 * 2048), 1);
         ASSERT_NE(nullptr, ah) << strerror(errno);
         fill_pattern(r.buf() + 65536, 512, 9);
-        ASSERT_EQ(0, post_ud(qp, ah, last.src_qp, kQkey, 60, r.buf() + 65536, 512, r.lkey()));
-        poll_success(cq, 60, IBV_WC_SEND);
+        ASSERT_EQ(0, post_ud(u.qp, ah, last.src_qp, kQkey, 60, r.buf() + 65536, 512, r.lkey()));
+        poll_success(u.cq, 60, IBV_WC_SEND);
         r.barrier();
         EXPECT_EQ(0, ibv_destroy_ah(ah));
-        EXPECT_EQ(0, ibv_destroy_qp(qp));
-        EXPECT_EQ(0, ibv_destroy_cq(cq));
       }));
 }
 
@@ -197,37 +216,27 @@ TEST(Ud, SendRecvWithGrhAndSourceQp) {
 TEST(Ud, QkeyMismatchIsDroppedAndCounted) {
   run_roles(two_roles(
       [](Role& r) {
-        ibv_cq* cq = nullptr;
-        ibv_qp* qp = make_qp(r, IBV_QPT_UD, cq);
-        to_rts(qp, {}, 0);
-        const auto peer_qpn = r.recv_value<uint32_t>(1);
-        ibv_ah* ah = make_ah(r, r.peer_info(1).gid);
-        ASSERT_EQ(0, post_ud(qp, ah, peer_qpn, kQkey + 1, 1, r.buf(), 64, r.lkey()));
-        poll_success(cq, 1, IBV_WC_SEND);
-        r.barrier();  // the peer has seen the drop
-        ASSERT_EQ(0, post_ud(qp, ah, peer_qpn, 0x80000000, 2, r.buf(), 64, r.lkey()));
-        poll_success(cq, 2, IBV_WC_SEND);
+        UdEnd u(r, 1);
         r.barrier();
-        ibv_destroy_ah(ah);
-        ibv_destroy_qp(qp);
-        ibv_destroy_cq(cq);
+        ASSERT_EQ(0, u.send(r, 1, 0, 64, kQkey + 1));
+        poll_success(u.cq, 1, IBV_WC_SEND);
+        r.barrier();  // the peer has seen the drop
+        ASSERT_EQ(0, u.send(r, 2, 0, 64, 0x80000000));
+        poll_success(u.cq, 2, IBV_WC_SEND);
+        r.barrier();
       },
       [](Role& r) {
-        ibv_cq* cq = nullptr;
-        ibv_qp* qp = make_qp(r, IBV_QPT_UD, cq);
-        to_rts(qp, {}, 0);
-        ASSERT_EQ(0, post_recv(qp, 7, r.buf(), 4096, r.lkey()));
+        UdEnd u(r, 0);
+        ASSERT_EQ(0, post_recv(u.qp, 7, r.buf(), 4096, r.lkey()));
         const Counters before = r.counters();
-        r.send_value(0, qp->qp_num);
+        r.barrier();
         EXPECT_GE(wait_counter_growth(r.dev().addr, getpid(), {"rcvd_qkey_err"}, before, 1), 1u)
             << "the mismatched Q_Key was not counted";
-        EXPECT_TRUE(no_completion(cq, 50ms)) << "a datagram with a foreign Q_Key was received";
+        EXPECT_TRUE(no_completion(u.cq, 50ms)) << "a datagram with a foreign Q_Key was received";
         r.barrier();
-        ibv_wc wc = poll_success(cq, 7, IBV_WC_RECV);
+        ibv_wc wc = poll_success(u.cq, 7, IBV_WC_RECV);
         EXPECT_EQ(40u + 64u, wc.byte_len);
         r.barrier();
-        ibv_destroy_qp(qp);
-        ibv_destroy_cq(cq);
       }));
 }
 
@@ -236,142 +245,103 @@ TEST(Ud, QkeyMismatchIsDroppedAndCounted) {
 TEST(Ud, MessageOverTheMtuIsNotSent) {
   run_roles(two_roles(
       [](Role& r) {
-        ibv_cq* cq = nullptr;
-        ibv_qp* qp = make_qp(r, IBV_QPT_UD, cq);
-        to_rts(qp, {}, 0);
-        const auto peer_qpn = r.recv_value<uint32_t>(1);
-        ibv_ah* ah = make_ah(r, r.peer_info(1).gid);
+        UdEnd u(r, 1);
         const uint32_t mtu = mtu_bytes(r.dev().port.active_mtu);
-        const Counters before = r.counters();
-        ASSERT_EQ(0, post_ud(qp, ah, peer_qpn, kQkey, 1, r.buf(), mtu + 1, r.lkey()));
-        poll_success(cq, 1, IBV_WC_SEND);
-        EXPECT_EQ(1u, r.counters()["ud_send_too_long"] - before["ud_send_too_long"]);
-        ASSERT_EQ(0, post_ud(qp, ah, peer_qpn, kQkey, 2, r.buf(), mtu, r.lkey()));
-        poll_success(cq, 2, IBV_WC_SEND);
         r.barrier();
-        ibv_destroy_ah(ah);
-        ibv_destroy_qp(qp);
-        ibv_destroy_cq(cq);
+        const Counters before = r.counters();
+        ASSERT_EQ(0, u.send(r, 1, 0, mtu + 1));
+        poll_success(u.cq, 1, IBV_WC_SEND);
+        EXPECT_EQ(1u, r.counters()["ud_send_too_long"] - before["ud_send_too_long"]);
+        ASSERT_EQ(0, u.send(r, 2, 0, mtu));
+        poll_success(u.cq, 2, IBV_WC_SEND);
+        r.barrier();
       },
       [](Role& r) {
-        ibv_cq* cq = nullptr;
-        ibv_qp* qp = make_qp(r, IBV_QPT_UD, cq);
-        to_rts(qp, {}, 0);
+        UdEnd u(r, 0);
         for (uint64_t i = 0; i < 2; ++i)
-          ASSERT_EQ(0, post_recv(qp, 10 + i, r.buf() + i * 16384, 16384, r.lkey()));
-        r.send_value(0, qp->qp_num);
-        ibv_wc wc = poll_success(cq, 10, IBV_WC_RECV);
+          ASSERT_EQ(0, post_recv(u.qp, 10 + i, r.buf() + i * 16384, 16384, r.lkey()));
+        r.barrier();
+        ibv_wc wc = poll_success(u.cq, 10, IBV_WC_RECV);
         EXPECT_EQ(40u + mtu_bytes(r.dev().port.active_mtu), wc.byte_len)
             << "the first datagram received is the second one sent";
         r.barrier();
-        ibv_destroy_qp(qp);
-        ibv_destroy_cq(cq);
       }));
 }
 
 // ---- UC ---------------------------------------------------------------------------------
 
-struct UcInfo {
-  uint32_t qpn;
-  uint64_t addr;
-  uint32_t rkey;
-};
-
 // RDMA WRITE (with and without immediate) and SEND over UC, with no ACK on the wire.
 TEST(Uc, WriteAndSend) {
   run_roles(two_roles(
       [](Role& r) {
-        ibv_cq* cq = nullptr;
-        ibv_qp* qp = make_qp(r, IBV_QPT_UC, cq);
-        const auto peer = r.recv_value<UcInfo>(1);
-        r.send_value(1, qp->qp_num);
-        to_rts(qp, r.peer_info(1).gid, peer.qpn);
-        r.barrier();  // the peer is at RTS, its receives posted
+        PairedQp u(r, IBV_QPT_UC, 1);
+        const PeerInfo& peer = r.peer_info(1);
+        r.barrier();  // the peer's receives are posted
         fill_pattern(r.buf(), 3 * 8192, 3);
-        ASSERT_EQ(
-            0, post_send(qp, IBV_WR_RDMA_WRITE, 1, r.buf(), 8192, r.lkey(), peer.addr, peer.rkey));
-        ASSERT_EQ(0, post_send(qp, IBV_WR_RDMA_WRITE_WITH_IMM, 2, r.buf() + 8192, 8192, r.lkey(),
+        ASSERT_EQ(0, post_send(u.qp, IBV_WR_RDMA_WRITE, 1, r.buf(), 8192, r.lkey(), peer.addr,
+                               peer.rkey));
+        ASSERT_EQ(0, post_send(u.qp, IBV_WR_RDMA_WRITE_WITH_IMM, 2, r.buf() + 8192, 8192, r.lkey(),
                                peer.addr + 8192, peer.rkey, htonl(77)));
-        ASSERT_EQ(0, post_send(qp, IBV_WR_SEND, 3, r.buf() + 16384, 5000, r.lkey()));
-        poll_success(cq, 1, IBV_WC_RDMA_WRITE);
-        poll_success(cq, 2, IBV_WC_RDMA_WRITE);
-        poll_success(cq, 3, IBV_WC_SEND);
+        ASSERT_EQ(0, post_send(u.qp, IBV_WR_SEND, 3, r.buf() + 16384, 5000, r.lkey()));
+        poll_success(u.cq, 1, IBV_WC_RDMA_WRITE);
+        poll_success(u.cq, 2, IBV_WC_RDMA_WRITE);
+        poll_success(u.cq, 3, IBV_WC_SEND);
         EXPECT_EQ(EINVAL,
-                  post_send(qp, IBV_WR_RDMA_READ, 4, r.buf(), 8, r.lkey(), peer.addr, peer.rkey))
+                  post_send(u.qp, IBV_WR_RDMA_READ, 4, r.buf(), 8, r.lkey(), peer.addr, peer.rkey))
             << "UC has no RDMA READ";
         r.barrier();
-        ibv_destroy_qp(qp);
-        ibv_destroy_cq(cq);
       },
       [](Role& r) {
-        ibv_cq* cq = nullptr;
-        ibv_qp* qp = make_qp(r, IBV_QPT_UC, cq);
-        r.send_value(0, UcInfo{qp->qp_num, reinterpret_cast<uintptr_t>(r.buf()), r.mr()->rkey});
-        const auto peer_qpn = r.recv_value<uint32_t>(0);
-        to_rts(qp, r.peer_info(0).gid, peer_qpn);
-        ASSERT_EQ(0, post_recv(qp, 20, nullptr, 0, r.lkey()));
-        ASSERT_EQ(0, post_recv(qp, 21, r.buf() + 65536, 8192, r.lkey()));
+        PairedQp u(r, IBV_QPT_UC, 0);
+        ASSERT_EQ(0, post_recv(u.qp, 20, nullptr, 0, r.lkey()));
+        ASSERT_EQ(0, post_recv(u.qp, 21, r.buf() + 65536, 8192, r.lkey()));
         const Counters before = r.counters();
         r.barrier();
-        ibv_wc wc = poll_success(cq, 20, IBV_WC_RECV_RDMA_WITH_IMM);
+        ibv_wc wc = poll_success(u.cq, 20, IBV_WC_RECV_RDMA_WITH_IMM);
         EXPECT_TRUE(CarriesImm(wc, htonl(77)));
         EXPECT_EQ(8192u, wc.byte_len);
-        wc = poll_success(cq, 21, IBV_WC_RECV);
+        wc = poll_success(u.cq, 21, IBV_WC_RECV);
         EXPECT_EQ(5000u, wc.byte_len);
         EXPECT_TRUE(HasPattern(r.buf(), 2 * 8192, 3));
         EXPECT_TRUE(HasPattern(r.buf() + 65536, 5000, 3, 16384));
         EXPECT_EQ(0u, r.counters()["ack_sent"] - before["ack_sent"]) << "UC acknowledges nothing";
         r.barrier();
-        ibv_destroy_qp(qp);
-        ibv_destroy_cq(cq);
       }));
 }
 
 // The sender's link drops its 6th packet (SOFTRDMA_NETEM every=6): the second of three
-// SENDs (4, 4 and 3 packets) loses its 2nd packet, so its last two are dropped and counted at the
-// receiver (uc_dropped_pkts); the first and third messages arrive whole, the third in the
-// receive WQE the second had taken.
+// SENDs (4, 4 and 3 packets) loses its 2nd packet, so its last two are dropped and counted
+// at the receiver (uc_dropped_pkts); the first and third messages arrive whole, the third
+// in the receive WQE the second had taken.
 TEST(Uc, DroppedPacketLosesOnlyItsMessage) {
   Spec s = two_roles(
       [](Role& r) {
-        ibv_cq* cq = nullptr;
-        ibv_qp* qp = make_qp(r, IBV_QPT_UC, cq);
-        const auto peer = r.recv_value<UcInfo>(1);
-        r.send_value(1, qp->qp_num);
-        to_rts(qp, r.peer_info(1).gid, peer.qpn);
+        PairedQp u(r, IBV_QPT_UC, 1);
         r.barrier();
         fill_pattern(r.buf(), 3 * 4096, 5);
         // 4 + 4 + 3 packets: the 6th is dropped, the 12th never exists.
         for (uint64_t i = 0; i < 3; ++i)
-          ASSERT_EQ(0, post_send(qp, IBV_WR_SEND, i, r.buf() + i * 4096, i == 2 ? 3072 : 4096,
+          ASSERT_EQ(0, post_send(u.qp, IBV_WR_SEND, i, r.buf() + i * 4096, i == 2 ? 3072 : 4096,
                                  r.lkey()));
-        for (uint64_t i = 0; i < 3; ++i) poll_success(cq, i, IBV_WC_SEND);
+        for (uint64_t i = 0; i < 3; ++i) poll_success(u.cq, i, IBV_WC_SEND);
         EXPECT_EQ(1u, r.counters()["emulated_drops"]);
         r.barrier();
-        ibv_destroy_qp(qp);
-        ibv_destroy_cq(cq);
       },
       [](Role& r) {
-        ibv_cq* cq = nullptr;
-        ibv_qp* qp = make_qp(r, IBV_QPT_UC, cq);
-        r.send_value(0, UcInfo{qp->qp_num, 0, 0});
-        const auto peer_qpn = r.recv_value<uint32_t>(0);
-        to_rts(qp, r.peer_info(0).gid, peer_qpn);
+        PairedQp u(r, IBV_QPT_UC, 0);
         for (uint64_t i = 0; i < 3; ++i)
-          ASSERT_EQ(0, post_recv(qp, 30 + i, r.buf() + i * 8192, 8192, r.lkey()));
+          ASSERT_EQ(0, post_recv(u.qp, 30 + i, r.buf() + i * 8192, 8192, r.lkey()));
         const Counters before = r.counters();
         r.barrier();
-        ibv_wc wc = poll_success(cq, 30, IBV_WC_RECV);
+        ibv_wc wc = poll_success(u.cq, 30, IBV_WC_RECV);
         EXPECT_EQ(4096u, wc.byte_len);
         EXPECT_TRUE(HasPattern(r.buf(), 4096, 5));
-        wc = poll_success(cq, 31, IBV_WC_RECV);
+        wc = poll_success(u.cq, 31, IBV_WC_RECV);
         EXPECT_EQ(3072u, wc.byte_len) << "message 3, not message 2";
         EXPECT_TRUE(HasPattern(r.buf() + 8192, 3072, 5, 8192));
-        EXPECT_TRUE(no_completion(cq, 50ms));
+        EXPECT_TRUE(no_completion(u.cq, 50ms));
         EXPECT_EQ(2u, r.counters()["uc_dropped_pkts"] - before["uc_dropped_pkts"]);
         r.barrier();
-        ibv_destroy_qp(qp);
-        ibv_destroy_cq(cq);
       });
   s.roles[0].env = {{"SOFTRDMA_NETEM", "every=6"}};
   run_roles(s);
