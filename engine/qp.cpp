@@ -73,6 +73,7 @@ QueuePair::QueuePair(ObjectRegistry& dev, ProtectionDomain& pd, CompletionQueue&
 QueuePair::~QueuePair() {
   std::lock_guard lk(dev_.mutex());
   if (qpn_ == 0) return;
+  release_recv_wqe();
   dev_.unregister_qp(qpn_);
   if (pd_) pd_->users--;
   if (send_cq) send_cq->users--;
@@ -232,7 +233,8 @@ void QueuePair::apply_modify(const QpAttr& a, uint32_t mask, const ModifyPlan& p
     case QpState::kReset:
       // RESET discards both queues without completions and forgets transport state.
       sq.clear();
-      rq.clear();  // a WQE held from the SRQ (resp.wqe) goes with resp below
+      rq.clear();
+      release_recv_wqe();  // RESET discards without completions, a WQE held from an SRQ too
       sq_base = 0;
       req = RequesterState{};
       comp = CompleterState{};
@@ -387,6 +389,9 @@ bool QueuePair::take_recv_wqe() {
     if (!from->take(w)) return false;
     resp.wqe = std::move(w);
     resp.wqe_cq = from->cq() ? from->cq() : recv_cq;
+    // An XRC SRQ's CQ is not the QP's: it stays in use (ibv_destroy_cq EBUSY) while this QP
+    // holds a WQE bound for it, even if the SRQ goes.
+    if (from->cq()) from->cq()->users++;
     return true;
   }
   if (rq.empty()) return false;
@@ -413,9 +418,14 @@ void QueuePair::complete_recv(WcStatus status, WcOpcode opcode, uint32_t byte_le
   c.qp_num = qpn_;
   c.src_qp = src_qp;
   CompletionQueue* cq = resp.wqe_cq;
+  release_recv_wqe();
+  if (cq) transport->deliver_recv_completion(*cq, c, solicited);
+}
+
+void QueuePair::release_recv_wqe() {
+  if (resp.wqe && resp.wqe_cq && resp.wqe_cq != recv_cq) resp.wqe_cq->users--;
   resp.wqe.reset();
   resp.wqe_cq = nullptr;
-  if (cq) transport->deliver_recv_completion(*cq, c, solicited);
 }
 
 ProtectionDomain& QueuePair::responder_pd() const {

@@ -322,6 +322,8 @@ class QueuePair {
   void apply_modify(const QpAttr& a, uint32_t mask, const ModifyPlan& plan);
   Status post_send_locked(const SendWr& wr);
   void flush_queues();
+  /// Lets resp.wqe go without a completion (and the CQ it held in use).
+  void release_recv_wqe();
   /// Unreliable types: completes the WQEs the requester has sent whole (after the flush,
   /// so their inline data outlived the packets that carry it).
   void complete_sent_unreliable();

@@ -14,6 +14,7 @@
 #include <map>
 #include <sstream>
 
+#include "verbs/softrdma_private.h"
 #include "verbs/tests/harness.h"
 
 namespace softrdma::verbs_test {
@@ -345,6 +346,64 @@ TEST(Uc, DroppedPacketLosesOnlyItsMessage) {
       });
   s.roles[0].env = {{"SOFTRDMA_NETEM", "every=6"}};
   run_roles(s);
+}
+
+// ---- QP1 ------------------------------------------------------------------------------
+
+/// QP1 of r's device (softrdma_create_qp1) at RTS, on CQ `cq`.
+ibv_qp* make_qp1(Role& r, ibv_cq*& cq) {
+  cq = ibv_create_cq(r.dev().ctx, 64, nullptr, nullptr, 0);
+  ibv_qp_init_attr ia{};
+  ia.send_cq = ia.recv_cq = cq;
+  ia.qp_type = IBV_QPT_UD;
+  ia.cap = {16, 16, 1, 1, 0};
+  ibv_qp* qp = softrdma_create_qp1(r.dev().pd, &ia);
+  if (!qp) fail_fatal(std::string("softrdma_create_qp1: ") + strerror(errno));
+  to_rts(qp, {}, 0);
+  return qp;
+}
+
+// A 256-byte MAD from QP1 to QP1 of another device, sent with the GSI Q_Key 0x80010000 (its
+// most significant bit: the QP's own, which QP1's always is): received with wc.src_qp 1. A
+// datagram to QP1 from an ordinary UD QP with another Q_Key is dropped and counted.
+TEST(Gsi, MadsTravelBetweenQp1s) {
+  run_roles(two_roles(
+      [](Role& r) {
+        ibv_cq* cq = nullptr;
+        ibv_qp* qp1 = make_qp1(r, cq);
+        UdEnd other(r, 1);  // an ordinary UD QP, sending to QP1 with another Q_Key
+        ibv_ah* ah = make_ah(r, r.peer_info(1).gid);
+        r.barrier();
+        fill_pattern(r.buf(), 256, 21);
+        ASSERT_EQ(0, post_ud(qp1, ah, 1, 0x80010000, 1, r.buf(), 256, r.lkey()));
+        poll_success(cq, 1, IBV_WC_SEND);
+        ASSERT_EQ(0, post_ud(other.qp, other.ah, 1, kQkey, 2, r.buf(), 256, r.lkey()));
+        poll_success(other.cq, 2, IBV_WC_SEND);
+        r.barrier();
+        ibv_destroy_ah(ah);
+        ibv_destroy_qp(qp1);
+        ibv_destroy_cq(cq);
+      },
+      [](Role& r) {
+        ibv_cq* cq = nullptr;
+        ibv_qp* qp1 = make_qp1(r, cq);
+        EXPECT_EQ(1u, qp1->qp_num);
+        UdEnd other(r, 0);
+        for (uint64_t i = 0; i < 2; ++i)
+          ASSERT_EQ(0, post_recv(qp1, 10 + i, r.buf() + i * 4096, 4096, r.lkey()));
+        const Counters before = r.counters();
+        r.barrier();
+        ibv_wc wc = poll_success(cq, 10, IBV_WC_RECV);
+        EXPECT_EQ(1u, wc.src_qp);
+        EXPECT_EQ(1u, wc.qp_num);
+        EXPECT_EQ(40u + 256u, wc.byte_len);
+        EXPECT_TRUE(HasPattern(r.buf() + 40, 256, 21));
+        r.barrier();
+        EXPECT_GE(wait_counter_growth(r.dev().addr, getpid(), {"rcvd_qkey_err"}, before, 1), 1u);
+        EXPECT_TRUE(no_completion(cq, 20ms));
+        ibv_destroy_qp(qp1);
+        ibv_destroy_cq(cq);
+      }));
 }
 
 // ---- SRQ --------------------------------------------------------------------------------
