@@ -43,6 +43,7 @@ inline constexpr size_t kRxBudget = 1024;
 
 class QueuePair;
 class MemoryRegion;
+class SharedReceiveQueue;
 class CounterPublisher;
 
 /// Which path packets to a peer take (SOFTRDMA_TRANSPORT).
@@ -106,14 +107,17 @@ enum class RxCheck : uint8_t {
   kIcrcMismatch,  ///< ICRC wrong for every IPv4 id (rcvd_icrc_err)
   kBadPkey,       ///< P_Key outside the default partition (rcvd_malformed)
   kUnknownQpn,    ///< no QP with the BTH destination QPN (rcvd_unknown_qpn)
+  kWrongService,  ///< opcode of another service, or a request/response the QP's type
+                  ///< never takes (rcvd_wrong_service)
   kBadState,      ///< the QP's state takes no request/response now (rcvd_bad_state)
   kWrongSource,   ///< source address is not the QP's peer (rcvd_addr_err)
+  kBadQkey,       ///< UD: the DETH Q_Key is not the QP's (rcvd_qkey_err)
 };
 /// The outcome's name, e.g. "unknown QPN".
 const char* to_string(RxCheck c);
 
 /// Kinds of object counted against the limits query_device reports (DeviceLimits).
-enum class ObjectKind : uint8_t { kPd, kCq, kQp, kMr, kCount };
+enum class ObjectKind : uint8_t { kPd, kCq, kQp, kMr, kSrq, kAh, kCount };
 
 /// One device. Created by open(); objects (PD, MR, CQ, QP) reference it and must be
 /// destroyed before it.
@@ -138,8 +142,8 @@ class Device final : public Transport, public ObjectRegistry {
   std::mutex& mutex() override { return mu_; }
 
   /// Reserves one object of `kind` against its DeviceLimits maximum (max_pd, max_cq,
-  /// max_qp, max_mr). Returns false at the limit — the verbs call then fails with ENOMEM,
-  /// as real verbs do. Thread-safe; pair every success with release().
+  /// max_qp, max_mr, max_srq, max_ah). Returns false at the limit — the verbs call then fails with
+  /// ENOMEM, as real verbs do. Thread-safe; pair every success with release().
   bool reserve(ObjectKind kind);
   /// Returns a reservation made by reserve().
   void release(ObjectKind kind);
@@ -150,15 +154,19 @@ class Device final : public Transport, public ObjectRegistry {
 
   // ---- ObjectRegistry: tables (device lock held) ---------------------------------------
   uint32_t register_qp(QueuePair* qp) override;  ///< returns the new QPN
+  bool register_qp_at(QueuePair* qp, uint32_t qpn) override;
   void unregister_qp(uint32_t qpn) override;
   uint32_t register_mr(MemoryRegion* mr) override;  ///< returns the new key
   void unregister_mr(uint32_t key) override;
+  uint32_t register_srq(SharedReceiveQueue* srq) override;  ///< returns the new SRQ number
+  void unregister_srq(uint32_t srqn) override;
   Transport& transport() override { return *this; }
 
   // ---- Transport ----------------------------------------------------------------------
   void transmit(wire::Headers h, uint32_t dst_ip, std::span<const iovec> payload,
                 uint32_t payload_len) override;
   MemoryRegion* find_mr(uint32_t key) override;
+  SharedReceiveQueue* find_srq(uint32_t srqn) override;
   uint64_t now_ns() override;
   void timer_armed(QueuePair& qp, uint64_t deadline_ns) override;
   /// While a received packet is processed, holds receive completions until the next
@@ -188,8 +196,12 @@ class Device final : public Transport, public ObjectRegistry {
   RxCheck check_icrc(const net::RxDatagram& d, std::span<const uint8_t> bytes, uint16_t ip_id_hint,
                      bool from_shm, const wire::Packet& pkt, wire::IcrcVerdict& v);
   RxCheck check_header(const wire::Packet& pkt) const;  // CNP, P_Key
+  /// QPN, then the QP type's service and direction (rxe check_type_state), then its state.
   RxCheck check_qp_state(const wire::Packet& pkt, QueuePair*& qp) const;
+  /// Connected types only: the packet comes from the QP's peer (rxe check_addr).
   RxCheck check_addr(const QueuePair& qp, const net::RxDatagram& d) const;
+  /// UD: the DETH Q_Key is the QP's — QP1's is the GSI's 0x80010000 (rxe check_keys).
+  RxCheck check_keys(const QueuePair& qp, const wire::Packet& pkt) const;
   /// Records a received packet in the capture file (pcap_ set).
   void capture_received(const net::RxDatagram& d, const uint8_t* data, size_t length,
                         uint16_t ip_id_hint, bool from_shm, const wire::IcrcVerdict& v);
@@ -296,8 +308,10 @@ class Device final : public Transport, public ObjectRegistry {
   std::atomic<uint32_t> objects_[static_cast<size_t>(ObjectKind::kCount)] = {};
   std::unordered_map<uint32_t, QueuePair*> qps_;
   std::unordered_map<uint32_t, MemoryRegion*> mrs_;
+  std::unordered_map<uint32_t, SharedReceiveQueue*> srqs_;
   uint32_t next_qpn_ = 0;
   uint32_t next_mr_index_ = 1;
+  uint32_t next_srqn_ = 1;
 
   std::vector<uint32_t> ack_dirty_;  // QPNs with a coalesced ACK to send after this batch
   uint64_t next_deadline_ns_ = 0;    // earliest queued QP timer (0: none)

@@ -110,8 +110,10 @@ void Device::recover_ring_full() {
     // The sending QP: the one connected to (dst ip, dest QPN). A linear scan, but only on a
     // full ring, never per packet.
     QueuePair* qp = nullptr;
+    // Only a reliable service resends; a UC/UD packet lost on a full ring stays lost.
     for (auto& [qpn, q] : qps_)
-      if (q->attr.dest_qp_num == d.dest_qpn && q->remote_ip == d.dst_ip) qp = q;
+      if (q->type_info().reliable && q->attr.dest_qp_num == d.dest_qpn && q->remote_ip == d.dst_ip)
+        qp = q;
     if (qp == nullptr || qp->attr.state != QpState::kRts) continue;
     if (std::find(rewound.begin(), rewound.end(), qp) != rewound.end()) continue;
     // Still outstanding and not already sent again (a later rewind or ACK moved past it)?
