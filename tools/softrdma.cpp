@@ -293,7 +293,8 @@ struct ParamsOptions {
 /// `softrdma params`: the registry, one group after the other.
 int cmd_params(const ParamsOptions& o) {
   bool first = true;
-  for (params::Group g : {params::Group::kDevice, params::Group::kCcl, params::Group::kKv}) {
+  for (params::Group g :
+       {params::Group::kDevice, params::Group::kCcl, params::Group::kKv, params::Group::kCm}) {
     const std::string name(params::group_name(g));
     if (!o.groups.empty() && std::find(o.groups.begin(), o.groups.end(), name) == o.groups.end())
       continue;
@@ -301,9 +302,10 @@ int cmd_params(const ParamsOptions& o) {
     if (!o.markdown || o.groups.size() != 1)
       fmt::print("{}{}\n", first ? "" : "\n",
                  g == params::Group::kDevice ? "device (libibverbs.so.1, read when srdma0 opens):"
-                 : g == params::Group::kCcl
-                     ? "ccl (collectives, read when a communicator starts):"
-                     : "kv (KV-cache transfer engine, read when a kv::Engine starts):");
+                 : g == params::Group::kCcl  ? "ccl (collectives, read when a communicator starts):"
+                 : g == params::Group::kKv
+                     ? "kv (KV-cache transfer engine, read when a kv::Engine starts):"
+                     : "cm (RDMA-CM, librdmacm.so.1, read when it opens a device):");
     fmt::print("{}", o.markdown ? params::markdown_table(g) : params::help_text(g));
     first = false;
   }
@@ -316,8 +318,8 @@ int main(int argc, char** argv) {
   const std::string env_help =
       "Environment read by the library (`softrdma run` sets it from its options):\n" +
       params::help_text(params::Group::kDevice) +
-      "\n`softrdma params` lists every SOFTRDMA_* variable, the collectives' (ccl) and the KV "
-      "engine's (kv) too.\n"
+      "\n`softrdma params` lists every SOFTRDMA_* variable, the collectives' (ccl), the KV "
+      "engine's (kv) and the RDMA-CM's (cm) too.\n"
       "\n"
       "Example (two shells; pingpong's TCP exchange goes to 127.0.0.1):\n"
       "  softrdma run --addr 127.0.0.2 -- ibv_rc_pingpong -g 0\n"
@@ -413,12 +415,13 @@ int main(int argc, char** argv) {
       "params", "list every SOFTRDMA_* environment variable: default, accepted values, meaning");
   prm->footer(
       "One registry (base/params.h) defines each variable; the library and the collectives\n"
-      "read them through it, and README.md / docs/collectives.md / docs/kv.md hold its\n"
-      "--markdown tables (base_tests fails when they differ).");
+      "read them through it, and README.md / docs/collectives.md / docs/kv.md /\n"
+      "docs/rdma-cm.md hold its --markdown tables (base_tests fails when they differ).");
   prm->add_flag("--markdown", po.markdown, "print Markdown tables (the docs' format)");
   prm->add_option("GROUP", po.groups,
-                  "only these groups: device (the library), ccl (collectives), kv (KV engine)")
-      ->check(CLI::IsMember({"device", "ccl", "kv"}));
+                  "only these groups: device (the library), ccl (collectives), kv (KV engine), "
+                  "cm (RDMA-CM)")
+      ->check(CLI::IsMember({"device", "ccl", "kv", "cm"}));
 
   try {
     app.parse(argc, argv);
