@@ -1,11 +1,12 @@
-// softrdma — command-line companion of the softrdma drop-in libibverbs.so.1.
+// softrdma — command-line companion of the softrdma drop-ins libibverbs.so.1 and librdmacm.so.1.
 //
 //   softrdma run [--addr IP] [--transport auto|udp|shm] [--netem SPEC] [--wan FILE|SPEC]
 //                [--pcap FILE] [--log LEVEL] -- PROGRAM [ARGS...]
 //       Runs an unmodified verbs program over softrdma: checks the options, exports
 //       SOFTRDMA_ADDR / SOFTRDMA_NETEM / SOFTRDMA_WAN / SOFTRDMA_PCAP / SOFTRDMA_LOG, puts the
 //       directory holding
-//       the drop-in libibverbs.so.1 (<dir of this executable>/../lib) first in LD_LIBRARY_PATH and
+//       the drop-in libibverbs.so.1 and librdmacm.so.1 (<dir of this executable>/../lib) first
+//       in LD_LIBRARY_PATH and
 //       execs PROGRAM in place of itself (same pid, exit status, signals and stdio).
 //
 //   softrdma stat [--all] [--json]
@@ -65,9 +66,9 @@ void error(const std::string& msg) {
   fmt::print(stderr, "softrdma: {}\n", msg);
 }
 
-/// The directory that should hold the drop-in libibverbs.so.1: <dir of /proc/self/exe>/../lib
-/// (the build puts programs in build/bin and libraries in build/lib). Returns nullopt and
-/// sets `why` if it is not there.
+/// The directory that should hold the drop-ins libibverbs.so.1 and librdmacm.so.1:
+/// <dir of /proc/self/exe>/../lib (the build puts programs in build/bin and libraries in
+/// build/lib). Returns nullopt and sets `why` if either is not there.
 std::optional<fs::path> find_dropin_dir(std::string& why) {
   std::error_code ec;
   fs::path exe = fs::read_symlink("/proc/self/exe", ec);
@@ -78,12 +79,15 @@ std::optional<fs::path> find_dropin_dir(std::string& why) {
   fs::path dir = (exe.parent_path() / ".." / "lib").lexically_normal();
   fs::path canonical = fs::weakly_canonical(dir, ec);
   if (!ec) dir = canonical;
-  if (!fs::exists(dir / "libibverbs.so.1", ec)) {
-    why = fmt::format(
-        "the softrdma libibverbs.so.1 is not in {} (expected next to {} as ../lib/); "
-        "build the softrdma_verbs target",
-        dir.string(), exe.string());
-    return std::nullopt;
+  for (const auto& [lib, target] : {std::pair{"libibverbs.so.1", "softrdma_verbs"},
+                                    std::pair{"librdmacm.so.1", "softrdma_rdmacm"}}) {
+    if (!fs::exists(dir / lib, ec)) {
+      why = fmt::format(
+          "the softrdma {} is not in {} (expected next to {} as ../lib/); "
+          "build the {} target",
+          lib, dir.string(), exe.string(), target);
+      return std::nullopt;
+    }
   }
   return dir;
 }
@@ -328,7 +332,8 @@ int main(int argc, char** argv) {
 
   CLI::App app{
       "softrdma: user-space RoCEv2 behind the libibverbs API/ABI. Unmodified verbs programs\n"
-      "run over it through the drop-in libibverbs.so.1; this tool starts them (run), shows\n"
+      "run over it through the drop-in libibverbs.so.1 (and librdmacm.so.1 for RDMA-CM\n"
+      "programs); this tool starts them (run), shows\n"
       "the devices' counters (stat) and lists the SOFTRDMA_* parameters (params)."};
   app.name("softrdma");
   app.set_version_flag("--version", std::string(SOFTRDMA_VERSION));
@@ -344,10 +349,11 @@ int main(int argc, char** argv) {
   run->footer(
       "Checks the options, exports SOFTRDMA_ADDR / SOFTRDMA_TRANSPORT / SOFTRDMA_NETEM /\n"
       "SOFTRDMA_PCAP / SOFTRDMA_LOG, puts the\n"
-      "directory of the drop-in libibverbs.so.1 (<dir of this executable>/../lib) first in\n"
+      "directory of the drop-ins libibverbs.so.1 and librdmacm.so.1 (<dir of this\n"
+      "executable>/../lib) first in\n"
       "LD_LIBRARY_PATH and executes PROGRAM in place of itself (same pid, stdio, signals).\n"
       "Options not given leave the inherited environment as it is.\n"
-      "Exit status: PROGRAM's own; 2 for a bad option; 1 if libibverbs.so.1 is not found;\n"
+      "Exit status: PROGRAM's own; 2 for a bad option; 1 if a drop-in is not found;\n"
       "127 if PROGRAM cannot be executed.\n\n" +
       env_help);
   run->add_option("--addr", ro.addr,
