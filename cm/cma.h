@@ -16,6 +16,7 @@
 #include <rdma/rdma_cma.h>
 
 #include <condition_variable>
+#include <cstddef>
 #include <cstdint>
 #include <deque>
 #include <memory>
@@ -25,6 +26,16 @@
 #include "cm/comm_manager.h"
 
 namespace softrdma::cm {
+
+// The public structs are rdma-core 44's (the system header is the one included); their
+// x86-64 layout, checked here so a different header cannot slip in unnoticed.
+static_assert(sizeof(rdma_cm_id) == 416 && offsetof(rdma_cm_id, route) == 32 &&
+              offsetof(rdma_cm_id, ps) == 344 && offsetof(rdma_cm_id, qp_type) == 408);
+static_assert(sizeof(rdma_cm_event) == 80 && offsetof(rdma_cm_event, param) == 24);
+static_assert(sizeof(rdma_conn_param) == 24 && offsetof(rdma_conn_param, qp_num) == 16);
+static_assert(sizeof(rdma_ud_param) == 56 && offsetof(rdma_ud_param, qkey) == 52);
+static_assert(sizeof(rdma_addrinfo) == 96 && offsetof(rdma_addrinfo, ai_next) == 88);
+static_assert(sizeof(rdma_event_channel) == 4);
 
 class CmDevice;
 struct Channel;

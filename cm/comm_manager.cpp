@@ -469,7 +469,7 @@ int CommManager::send_rej(uint32_t id, RejReason reason, std::span<const uint8_t
 int CommManager::establish(uint32_t id) {
   Conn* c = find(id);
   if (!c || c->released) return EINVAL;
-  if (c->state == CmState::kEstablished) return 0;
+  if (c->state == CmState::kEstablished) return EISCONN;  // Linux cm_establish
   if (!awaiting_rtu(c->state)) return EINVAL;
   disarm(*c);
   c->state = CmState::kEstablished;

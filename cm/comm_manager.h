@@ -162,7 +162,7 @@ class CommManager {
   int send_rej(uint32_t id, RejReason reason, std::span<const uint8_t> private_data,
                std::span<const uint8_t> ari = {});
   /// kRepSent/kMraRepRcvd → kEstablished without RTU (the QP saw traffic: COMM_EST); queues
-  /// kUserEstablished.
+  /// kUserEstablished. EISCONN when already established.
   int establish(uint32_t id);
   /// Disconnects (kEstablished → kDreqSent), resent until DREP.
   int send_dreq(uint32_t id, std::span<const uint8_t> private_data);

@@ -252,7 +252,7 @@ TEST_F(CmTest, CommEstablishedWithoutRtu) {
   EXPECT_EQ(passive.types().back(), CmEventType::kUserEstablished);
   EXPECT_EQ(p.state(pid), CmState::kEstablished);
   EXPECT_FALSE(p.next_deadline());
-  EXPECT_EQ(p.establish(pid), 0);  // idempotent
+  EXPECT_EQ(p.establish(pid), EISCONN);  // as Linux's cm_establish
 }
 
 TEST_F(CmTest, DisconnectDreqDrepThenTimeWaitExit) {
