@@ -22,6 +22,9 @@
 #                  with status -110 (-ETIMEDOUT) — never a hang
 #   no_device      rping -c to an address where no RoCEv2 endpoint lives:
 #                  RDMA_CM_EVENT_ADDR_ERROR with status -113 (-EHOSTUNREACH), at once
+#   capture        rping -C 1 with the client's packets captured (softrdma run --pcap):
+#                  tshark must decode the CM MADs on QP1 — REQ (service ID 0x01060000|P, the
+#                  annex A11 IP CM header's addresses and port), REP, RTU, DREQ, DREP
 #
 # Each case uses its own 127.0.63.x addresses and RDMA-CM port 1830x, so ctest may run them
 # in parallel. A server is started first; the script waits for softrdma's CM to log that it
@@ -30,7 +33,7 @@
 set -uo pipefail
 
 CASES="rping ucmatose udaddy rdma_server rdma_xserver rdma_xserver_xrc no_listener peer_stopped"
-CASES+=" no_device"
+CASES+=" no_device capture"
 
 # shellcheck source=scripts/lib/test_lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib/test_lib.sh"
@@ -49,6 +52,7 @@ case "$CASE" in
   no_listener) N=7 ;;
   peer_stopped) N=8 ;;
   no_device) N=9 ;;
+  capture) N=10 ;;
 esac
 S=127.0.63.$((2 * N - 1))
 C=127.0.63.$((2 * N))
@@ -66,6 +70,7 @@ make_work_dir "softrdma-rdmacm-$CASE"
 SLOG="$WORK/server.log"
 CLOG="$WORK/client.log"
 SERVER_PID=""
+CLIENT_OPTS=()
 # shellcheck disable=SC2317  # called at exit by test_lib.sh
 on_exit() {
   if [[ -n "$SERVER_PID" ]]; then
@@ -95,10 +100,10 @@ run_client() {
   local addr=$1
   shift
   need_tool "$1"
-  echo "client: softrdma run --addr $addr -- $*"
+  echo "client: softrdma run --addr $addr ${CLIENT_OPTS[*]} -- $*"
   CRC=0
-  timeout -k 5 "$STEP_TIMEOUT" "$SOFTRDMA" run --addr "$addr" -- stdbuf -oL "$@" >"$CLOG" 2>&1 ||
-    CRC=$?
+  timeout -k 5 "$STEP_TIMEOUT" "$SOFTRDMA" run --addr "$addr" "${CLIENT_OPTS[@]}" -- \
+    stdbuf -oL "$@" >"$CLOG" 2>&1 || CRC=$?
 }
 
 # wait_server: waits for the server (bounded by its own timeout); sets SRC.
@@ -189,6 +194,26 @@ case "$CASE" in
     t1=$SECONDS
     run_client "$C" rping -c -a "$S" -p "$PORT" -C 1
     client_fails_with "RDMA_CM_EVENT_ADDR_ERROR, error -113$" 10 $((SECONDS - t1))
+    ;;
+  capture)
+    command -v tshark >/dev/null || fail "tshark is missing: install Debian's tshark (scripts/deps.sh)"
+    CLIENT_OPTS=(--pcap "$WORK/client.pcap")
+    start_server "$S" rping -s -a "$S" -p "$PORT" -C 1
+    run_client "$C" rping -c -a "$S" -p "$PORT" -C 1
+    wait_server
+    expect_ok "" ""
+    tshark -r "$WORK/client.pcap" -Y infiniband.mad -T fields -e infiniband.mad.attributeid \
+      >"$WORK/attrs" 2>"$WORK/tshark.err" || { cat "$WORK/tshark.err" >&2; fail "tshark failed"; }
+    for a in 0x0010 0x0013 0x0014 0x0015 0x0016; do
+      grep -qx "$a" "$WORK/attrs" ||
+        { cat "$WORK/attrs" >&2; fail "tshark decoded no CM MAD with attribute ID $a"; }
+    done
+    req=$(tshark -r "$WORK/client.pcap" -Y infiniband.cm.req -T fields -E separator=' ' \
+      -e infiniband.cm.req.serviceid -e infiniband.cm.req.ip_cm.sip4 \
+      -e infiniband.cm.req.ip_cm.dip4 -e infiniband.bth.destqp 2>/dev/null | head -1)
+    want=$(printf '0x%016x %s %s 0x000001' $((0x01060000 + PORT)) "$C" "$S")
+    [[ $req == "$want" ]] || fail "tshark's REQ: '$req', expected '$want'"
+    echo "tshark: $(wc -l <"$WORK/attrs") CM MADs; REQ: $req"
     ;;
 esac
 echo "PASS [rdmacm.$CASE] ($((SECONDS - t0))s)"
