@@ -319,6 +319,10 @@ class Device final : public Transport, public ObjectRegistry {
   int event_fd_ = -1;
   std::atomic<bool> stop_{false};
   std::atomic<uint64_t> last_inline_poll_ns_{0};  // last try_progress by an app thread
+  // The progress thread told same-host senders it sleeps (note_sleeping) and has not woken
+  // since: an application poll that overwrites that mark wakes it (try_progress), or a
+  // sender that then sees a fresh poll rings no doorbell and nobody reads the ring.
+  std::atomic<bool> noted_asleep_{false};
   bool socket_watched_ = true;                    // progress thread's epoll has the socket
   std::atomic<uint64_t> sleep_until_ns_{0};
   std::thread thread_;

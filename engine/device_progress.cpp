@@ -112,6 +112,12 @@ void Device::try_progress() {
   if (shm_.is_open()) {
     shm_.set_doorbell_threshold(crowd ? kCrowdedDoorbellNs : 0);
     shm_.note_polling(now);
+    // Senders now see a fresh poll and ring no doorbell for a while: if the progress thread
+    // sleeps without a deadline, it must take up the poller window (below), or a record
+    // written just after this poll waits until something else wakes it — a process that
+    // polls once and then sleeps on a completion channel (rping's CQ thread, the RDMA-CM's
+    // QP1) stalled for the peer's retransmit timeout.
+    if (noted_asleep_.exchange(false, std::memory_order_acq_rel)) wake();
   }
   // An empty poll of the rings is a few memory loads; an empty recvmmsg is a system call.
   // While no UDP traffic has been seen for kUdpIdleNs (all peers on the same-host path), the
@@ -211,6 +217,7 @@ void Device::progress_thread() {
         spin_from(now);
         continue;
       }
+      noted_asleep_.store(true, std::memory_order_release);
     }
     timespec ts{};
     timespec* timeout = nullptr;  // sleep until an event
@@ -221,6 +228,7 @@ void Device::progress_thread() {
       timeout = &ts;
     }
     const int n = ::epoll_pwait2(epoll_fd_, events, 4, timeout, nullptr);
+    noted_asleep_.store(false, std::memory_order_relaxed);
     bool bell = false;
     for (int i = 0; i < n; ++i) {
       if (events[i].data.fd == port_.fd()) {
