@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "cm/address.h"
+#include "cm/log.h"
 
 namespace softrdma::cm {
 namespace {
@@ -142,6 +143,12 @@ ibv_ah* VerbsMadTransport::ah_for(uint32_t ip) {
 }
 
 void VerbsMadTransport::send(const MadAddress& to, std::span<const uint8_t, kMadBytes> mad) {
+  if (log().should_log(spdlog::level::debug))
+    log().debug("MAD {} (TID {:#x}) → {} QP {}", attr_name(uint16_t(mad[16] << 8 | mad[17])),
+                uint64_t(mad[8]) << 56 | uint64_t(mad[9]) << 48 | uint64_t(mad[10]) << 40 |
+                    uint64_t(mad[11]) << 32 | uint64_t(mad[12]) << 24 | uint64_t(mad[13]) << 16 |
+                    uint64_t(mad[14]) << 8 | mad[15],
+                ip_string(to.ip), to.qpn);
   // Reap finished sends first, so a burst of MADs finds free slots.
   poll(nullptr);
   size_t slot = kSendSlots;
@@ -234,6 +241,10 @@ size_t VerbsMadTransport::poll(
         ++recv_drops_;
       } else {
         const size_t len = std::min(w.byte_len > kGrhBytes ? w.byte_len - kGrhBytes : 0, kMadBytes);
+        if (log().should_log(spdlog::level::debug) && len >= 18)
+          log().debug("MAD {} ← {} QP {}{}",
+                      attr_name(uint16_t(buf[kGrhBytes + 16] << 8 | buf[kGrhBytes + 17])),
+                      ip_string(from), w.src_qp, on_mad ? "" : " (kept for the CM thread)");
         if (on_mad) {
           ++received;
           on_mad(std::span<const uint8_t>(buf + kGrhBytes, len), MadAddress{from, w.src_qp});
