@@ -12,7 +12,7 @@ set -euo pipefail
 
 PACKAGES=(
   build-essential cmake ninja-build pkg-config g++ clang libclang-rt-14-dev
-  libibverbs-dev ibverbs-utils perftest
+  libibverbs-dev ibverbs-utils perftest librdmacm-dev rdmacm-utils
   libpcap-dev zlib1g-dev libisal-dev
   libcli11-dev libfmt-dev libspdlog-dev nlohmann-json3-dev
   libgtest-dev libgmock-dev libbenchmark-dev

@@ -1,11 +1,13 @@
 // softrdma's private interface of the drop-in libibverbs.so.1, for softrdma's own
-// libraries (the RDMA-CM in cm/) — not part of the verbs API, exported in the symbol
-// version node SOFTRDMA_PRIVATE_1.0 (verbs/libibverbs.map) so that nothing built against
-// Debian's libibverbs can bind to it by accident. Link against softrdma's libibverbs (the
-// softrdma_verbs target) to use it.
+// libraries (the RDMA-CM in cm/, the drop-in librdmacm.so.1) — not part of the verbs API,
+// exported in the symbol version node SOFTRDMA_PRIVATE_1.0 (verbs/libibverbs.map) so that
+// nothing built against Debian's libibverbs can bind to it by accident. cm/ finds them with
+// dlsym(RTLD_DEFAULT, name), so that running over another libibverbs fails with a clear
+// message instead of a link error.
 #pragma once
 
 #include <infiniband/verbs.h>
+#include <stdint.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -47,6 +49,14 @@ extern "C" {
 /// (max_qp reached).
 struct ibv_qp* softrdma_create_qp1(struct ibv_pd* pd, struct ibv_qp_init_attr* attr);
 
+/// Opens (or shares) this process's softrdma device bound to the IPv4 address `ipv4` (host
+/// order) and returns a new context on it; ibv_close_device releases it. A process may own
+/// several addresses this way (ibv_open_device returns the default one: SOFTRDMA_ADDR's, else
+/// the first opened). Returns NULL with errno: EINVAL (ipv4 0 or a malformed SOFTRDMA_*
+/// variable), EADDRINUSE (another process's device owns the address), EADDRNOTAVAIL (the
+/// address is not configured on this host), or the socket error.
+struct ibv_context* softrdma_open_device_at(uint32_t ipv4);
+
 #ifdef __cplusplus
-}  // extern "C"
+}
 #endif
