@@ -38,7 +38,7 @@ for op in write read; do
   wait
   ref=$(awk -v t="ib_${op}_bw" '$1 == t { if ($4 > m) m = $4 } END { print m + 0 }' "$out/perftest")
   best=$(awk '$1 == "'$op'" { if ($6 > m) m = $6 } END { print m + 0 }' "$out/kv-$op")
-  awk -v o=$op -v b="$best" -v r="$ref" 'BEGIN { printf "best kv-bench %s %.2f GB/s = %.0f %% of ib_%s_bw best %.2f GB/s\n", o, b, r > 0 ? 100 * b / r : 0, o, r }'
+  awk -v o=$op -v b="$best" -v r="$ref" 'BEGIN { printf "best kv-bench %s %.2f GB/s = %.0f %% of ib_%s_bw best %.2f GB/s\n", o, b, (r > 0 ? 100 * b / r : 0), o, r }'
   if [[ -n ${PLOT-docs} ]] && command -v gnuplot >/dev/null; then
     qps=$(awk '$1 == "'$op'" { print $4 }' "$out/kv-$op" | sort -un | tr '\n' ' ')
     {
