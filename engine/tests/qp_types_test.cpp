@@ -144,6 +144,7 @@ class QpTypesTest : public ::testing::Test {
   std::unique_ptr<FakeTransport> ta, tb;
   std::vector<uint8_t> src, dst;
   std::unique_ptr<MemoryRegion> mr_src, mr_dst;
+  XrcDomain domains[2];  // outlive the SRQs and QPs TearDown destroys
   std::vector<std::unique_ptr<SharedReceiveQueue>> srqs;
   std::vector<std::unique_ptr<QueuePair>> qps;
 };
@@ -390,7 +391,7 @@ TEST_F(QpTypesTest, SrqOverflowIsEnomemAndModifyChecksItsRanges) {
 // ---- XRC --------------------------------------------------------------------------------
 
 TEST_F(QpTypesTest, XrcSendReachesTheSrqItNamesAndIsAcknowledged) {
-  XrcDomain xrcd;
+  XrcDomain& xrcd = domains[0];
   SharedReceiveQueue& other = make_srq(4, SharedReceiveQueue::Kind::kXrc, cq_a.get(), &xrcd);
   SharedReceiveQueue& srq = make_srq(4, SharedReceiveQueue::Kind::kXrc, cq_b.get(), &xrcd);
   QueuePair& ini = make({.type = QpType::kXrcSend}, *ta, *cq_a);
@@ -433,7 +434,8 @@ TEST_F(QpTypesTest, XrcSendReachesTheSrqItNamesAndIsAcknowledged) {
 }
 
 TEST_F(QpTypesTest, XrcRequestNamingAForeignSrqIsRefused) {
-  XrcDomain mine, theirs;
+  XrcDomain& mine = domains[0];
+  XrcDomain& theirs = domains[1];
   SharedReceiveQueue& foreign = make_srq(4, SharedReceiveQueue::Kind::kXrc, cq_b.get(), &theirs);
   QueuePair& ini = make({.type = QpType::kXrcSend}, *ta, *cq_a);
   QueuePair& tgt = make({.type = QpType::kXrcRecv, .xrcd = &mine}, *tb, *cq_b);
@@ -457,7 +459,7 @@ TEST_F(QpTypesTest, XrcRequestNamingAForeignSrqIsRefused) {
 }
 
 TEST_F(QpTypesTest, CreationChecksWhatEachTypeNeeds) {
-  XrcDomain xrcd;
+  XrcDomain& xrcd = domains[0];
   SharedReceiveQueue& basic = make_srq(4);
   SharedReceiveQueue& xsrq = make_srq(4, SharedReceiveQueue::Kind::kXrc, cq_b.get(), &xrcd);
   auto check = [&](QpInit in) { return QueuePair::validate_init(in); };
