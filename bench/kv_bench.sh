@@ -42,7 +42,7 @@ for op in write read; do
   if [[ -n ${PLOT-docs} ]] && command -v gnuplot >/dev/null; then
     qps=$(awk '$1 == "'$op'" { print $4 }' "$out/kv-$op" | sort -un | tr '\n' ' ')
     {
-      echo "set terminal pngcairo size 800,480; set output '${PLOT-docs}/kv_${op}_gbps.png'"
+      echo "set terminal pngcairo size 800,480 noenhanced; set output '${PLOT-docs}/kv_${op}_gbps.png'"
       echo "set title 'kv-bench $op (batch 32, same host) vs ib_${op}_bw best'; set logscale x 2"
       echo "set xlabel 'block size (KiB)'; set ylabel 'GB/s (1e9 B/s)'; set key left top; set grid"
       printf "plot %s, %s title 'ib_%s_bw best' dt 2 lc rgb 'black'\n" \
