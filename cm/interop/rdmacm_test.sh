@@ -74,13 +74,13 @@ CLIENT_OPTS=()
 # shellcheck disable=SC2317  # called at exit by test_lib.sh
 on_exit() {
   if [[ -n "$SERVER_PID" ]]; then
-    kill -CONT "$SERVER_PID" 2>/dev/null
+    [[ -n ${rping_pid:-} ]] && kill -CONT "$rping_pid" 2>/dev/null
     kill "$SERVER_PID" 2>/dev/null
   fi
 }
 
 # start_server ADDR PROGRAM ARGS...: runs the server in the background, waits until its CM
-# listens on ADDR:PORT (or the wildcard).
+# listens on ADDR:LISTEN_PORT (default PORT; udaddy's is 7174) or the wildcard.
 start_server() {
   local addr=$1
   shift
@@ -90,7 +90,7 @@ start_server() {
   timeout -k 5 "$STEP_TIMEOUT" "$SOFTRDMA" run --addr "$addr" --log info -- \
     stdbuf -oL "$@" >"$SLOG" 2>&1 &
   SERVER_PID=$!
-  local port=$PORT
+  local port=${LISTEN_PORT:-$PORT}
   [[ $1 == udaddy ]] && port=7174
   wait_for_cm_listener "$addr" "$port" "$SERVER_PID" "$LISTEN_WAIT" "$SLOG"
 }
@@ -177,14 +177,18 @@ case "$CASE" in
     expect_ok "rdma_xserver: end 0$" "rdma_xclient: end 0$"
     ;;
   no_listener)
-    start_server "$S" rping -s -a "$S" -p $((PORT + 50))
+    LISTEN_PORT=$((PORT + 50))
+    start_server "$S" rping -s -a "$S" -p "$LISTEN_PORT"
     t1=$SECONDS
     run_client "$C" rping -c -a "$S" -p "$PORT" -C 1
     client_fails_with "RDMA_CM_EVENT_REJECTED, error 8$" 10 $((SECONDS - t1))
     ;;
   peer_stopped)
     start_server "$S" rping -s -a "$S" -p "$PORT"
-    kill -STOP "$SERVER_PID"
+    # SERVER_PID is `timeout`; rping (softrdma run and stdbuf exec into it) is its child.
+    rping_pid=$(pgrep -P "$SERVER_PID" | head -1)
+    [[ -n $rping_pid ]] || fail "cannot find the server's rping process"
+    kill -STOP "$rping_pid"
     t1=$SECONDS
     export SOFTRDMA_CM_RESPONSE_TIMEOUT=10 SOFTRDMA_CM_RETRIES=2
     run_client "$C" rping -c -a "$S" -p "$PORT" -C 1
