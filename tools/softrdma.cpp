@@ -183,6 +183,10 @@ int cmd_run(const RunOptions& o) {
   if (!o.log.empty()) ::setenv("SOFTRDMA_LOG", o.log.c_str(), 1);
   if (!o.transport.empty()) ::setenv("SOFTRDMA_TRANSPORT", o.transport.c_str(), 1);
   prepend_env_path("LD_LIBRARY_PATH", dir->string());
+  // The torch.distributed backend's package (pytorch/, built into <build>/python) when it
+  // was built, so `softrdma run -- torchrun ...` finds `import softrdma_torch`.
+  if (std::error_code ec; fs::is_directory(dir->parent_path() / "python" / "softrdma_torch", ec))
+    prepend_env_path("PYTHONPATH", (dir->parent_path() / "python").string());
   if (std::string asan = loaded_asan_runtime(); !asan.empty()) {
     const char* pre = std::getenv("LD_PRELOAD");
     if (!pre || !std::strstr(pre, "libasan.so")) prepend_env_path("LD_PRELOAD", asan);
@@ -350,8 +354,9 @@ int main(int argc, char** argv) {
       "Checks the options, exports SOFTRDMA_ADDR / SOFTRDMA_TRANSPORT / SOFTRDMA_NETEM /\n"
       "SOFTRDMA_PCAP / SOFTRDMA_LOG, puts the\n"
       "directory of the drop-ins libibverbs.so.1 and librdmacm.so.1 (<dir of this\n"
-      "executable>/../lib) first in\n"
-      "LD_LIBRARY_PATH and executes PROGRAM in place of itself (same pid, stdio, signals).\n"
+      "executable>/../lib) first in LD_LIBRARY_PATH (and ../python, the torch.distributed\n"
+      "backend softrdma_torch, first in PYTHONPATH when it was built) and executes PROGRAM\n"
+      "in place of itself (same pid, stdio, signals).\n"
       "Options not given leave the inherited environment as it is.\n"
       "Exit status: PROGRAM's own; 2 for a bad option; 1 if a drop-in is not found;\n"
       "127 if PROGRAM cannot be executed.\n\n" +

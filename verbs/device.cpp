@@ -79,8 +79,9 @@ void fill_device_attr(Context* c, ibv_device_attr& a) {
   a.hw_ver = 0;
   a.max_qp = L::kMaxQp;
   a.max_qp_wr = L::kMaxQpWr;
-  a.device_cap_flags =
-      IBV_DEVICE_RC_RNR_NAK_GEN | IBV_DEVICE_SYS_IMAGE_GUID | IBV_DEVICE_PORT_ACTIVE_EVENT;
+  a.device_cap_flags = IBV_DEVICE_RC_RNR_NAK_GEN | IBV_DEVICE_SYS_IMAGE_GUID |
+                       IBV_DEVICE_PORT_ACTIVE_EVENT | IBV_DEVICE_SRQ_RESIZE | IBV_DEVICE_XRC |
+                       IBV_DEVICE_UD_AV_PORT_ENFORCE;
   a.max_sge = L::kMaxSge;
   a.max_sge_rd = L::kMaxSge;
   a.max_cq = L::kMaxCq;
@@ -90,6 +91,10 @@ void fill_device_attr(Context* c, ibv_device_attr& a) {
   a.max_qp_rd_atom = L::kMaxQpRdAtom;
   a.max_res_rd_atom = L::kMaxQpRdAtom * 1024;
   a.max_qp_init_rd_atom = L::kMaxQpRdAtom;
+  a.max_srq = L::kMaxSrq;
+  a.max_srq_wr = L::kMaxSrqWr;
+  a.max_srq_sge = L::kMaxSrqSge;
+  a.max_ah = L::kMaxAh;
   a.atomic_cap = IBV_ATOMIC_HCA;
   a.max_pkeys = 1;
   a.local_ca_ack_delay = 15;
@@ -190,6 +195,11 @@ ibv_context* new_context(std::shared_ptr<engine::Device> dev) {
   v.create_qp_ex = ctx_create_qp_ex;
   v.create_cq_ex = ctx_create_cq_ex;
   v.query_rt_values = ctx_query_rt_values;
+  v.create_srq_ex = ctx_create_srq_ex;
+  v.get_srq_num = ctx_get_srq_num;
+  v.open_xrcd = ctx_open_xrcd;
+  v.close_xrcd = ctx_close_xrcd;
+  v.open_qp = ctx_open_qp;
   ibv_context& ctx = v.context;
   ctx.device = &g_device;
   ctx.ops.poll_cq = op_poll_cq;
