@@ -2,6 +2,7 @@
 
 #include <dlfcn.h>
 #include <endian.h>
+#include <fcntl.h>
 #include <poll.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
@@ -176,9 +177,22 @@ CmDevice::~CmDevice() {
   if (thread_.joinable()) thread_.join();
   cm_.reset();
   transport_.reset();
+  if (xrcd_) ibv_close_xrcd(xrcd_);
   if (pd_) ibv_dealloc_pd(pd_);
   if (ctx_) ibv_close_device(ctx_);
   if (wake_fd_ >= 0) ::close(wake_fd_);
+}
+
+ibv_xrcd* CmDevice::xrcd() {
+  std::lock_guard lk(g_mu);
+  if (!xrcd_) {
+    ibv_xrcd_init_attr a{};
+    a.comp_mask = IBV_XRCD_INIT_ATTR_FD | IBV_XRCD_INIT_ATTR_OFLAGS;
+    a.fd = -1;
+    a.oflags = O_CREAT;
+    xrcd_ = ibv_open_xrcd(ctx_, &a);
+  }
+  return xrcd_;
 }
 
 void CmDevice::kick() {

@@ -47,6 +47,10 @@ class CmDevice {
   /// rdma_create_qp when the application passes none (librdmacm's cma_dev->pd).
   ibv_pd* pd() const { return pd_; }
   uint32_t ip() const { return ip_; }
+  /// The XRC domain the library opens once per device for XRC IDs that name none
+  /// (librdmacm's ucma_get_xrcd): the target QP and its SRQs must share one. nullptr with
+  /// errno set when the device refuses.
+  ibv_xrcd* xrcd();
   CommManager& cm() { return *cm_; }
   const ibv_device_attr& attr() const { return attr_; }
   uint8_t active_mtu() const { return active_mtu_; }
@@ -70,6 +74,7 @@ class CmDevice {
 
   ibv_context* ctx_ = nullptr;
   ibv_pd* pd_ = nullptr;
+  ibv_xrcd* xrcd_ = nullptr;
   uint32_t ip_ = 0;
   ibv_device_attr attr_{};
   uint8_t active_mtu_ = IBV_MTU_1024;

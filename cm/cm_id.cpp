@@ -296,12 +296,13 @@ int rdma_listen(rdma_cm_id* id, int backlog) {
   if (holders && holders->size() > 1) return fail_errno(EADDRINUSE);  // shared by REUSEADDR
   CommManager& cm = p->dev->cm();
   p->comm_id = cm.create_id(id_handler(p));
+  p->state = IdState::kListen;  // before: requests held for this port are delivered at once
   if (int e = cm.listen(p->comm_id, ip_service_id(uint16_t(p->id.ps), p->src_port))) {
+    p->state = IdState::kAddrBound;
     cm.destroy_id(p->comm_id);
     p->comm_id = 0;
     return fail_errno(e);
   }
-  p->state = IdState::kListen;
   log().info("listening on {}:{} ({})", p->wildcard ? "0.0.0.0" : ip_string(p->src_ip), p->src_port,
              ps_name(p->id.ps));
   return 0;

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstring>
 #include <random>
+#include <type_traits>
 
 namespace softrdma::cm {
 
@@ -355,6 +356,47 @@ void CommManager::issue_drep(const MadAddress& to, const MadHeader& dreq_header,
   transmit(to, encode(h, drep));
 }
 
+bool CommManager::hold_request(const Mad& mad, const MadAddress& from) {
+  auto key = [](const Mad& m) {
+    if (const Req* r = std::get_if<Req>(&m.message)) return r->local_comm_id;
+    return std::get<SidrReq>(m.message).request_id;
+  };
+  for (HeldRequest& h : held_)
+    if (h.from.ip == from.ip && key(h.mad) == key(mad) &&
+        h.mad.message.index() == mad.message.index()) {
+      ++counters_.mads_duplicate;  // a resend of a held request: keep the first
+      return true;
+    }
+  if (held_.size() >= kMaxHeldRequests) return false;
+  // At most half the time the requester waits for an answer (its REQ says how long; a
+  // SIDR_REQ does not: our own response timeout stands in), so a REJ still beats its resend.
+  const Req* req = std::get_if<Req>(&mad.message);
+  const uint64_t hold =
+      std::min(kUnmatchedRequestHoldNs,
+               ib_time_ns(req ? req->remote_cm_response_timeout : config_.response_timeout) / 2);
+  ++counters_.reqs_held;
+  const uint64_t deadline = transport_.now_ns() + hold;
+  auto at = std::find_if(held_.begin(), held_.end(),
+                         [&](const HeldRequest& h) { return h.deadline > deadline; });
+  held_.insert(at, {deadline, from, mad});
+  return true;
+}
+
+void CommManager::refuse_unmatched(const Mad& mad, const MadAddress& from) {
+  if (const Req* r = std::get_if<Req>(&mad.message)) {
+    issue_rej(from, mad.header, r->local_comm_id, MessageRef::kReq, RejReason::kInvalidServiceId);
+    return;
+  }
+  const SidrReq& q = std::get<SidrReq>(mad.message);
+  MadHeader h;
+  h.transaction_id = mad.header.transaction_id;
+  SidrRep rep;
+  rep.request_id = q.request_id;
+  rep.service_id = q.service_id;
+  rep.status = SidrStatus::kUnsupported;
+  transmit(from, encode(h, rep));
+}
+
 // ---- the API ----------------------------------------------------------------------------
 
 int CommManager::listen(uint32_t id, uint64_t service_id) {
@@ -364,6 +406,27 @@ int CommManager::listen(uint32_t id, uint64_t service_id) {
   c->state = CmState::kListen;
   c->service_id = service_id;
   listeners_.emplace(service_id, id);
+  // Requests that came just before the listener: theirs now.
+  std::vector<HeldRequest> mine;
+  for (auto it = held_.begin(); it != held_.end();) {
+    const uint64_t sid = std::holds_alternative<Req>(it->mad.message)
+                             ? std::get<Req>(it->mad.message).service_id
+                             : std::get<SidrReq>(it->mad.message).service_id;
+    if (sid == service_id) {
+      mine.push_back(std::move(*it));
+      it = held_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  for (const HeldRequest& h : mine)
+    std::visit(
+        [&](const auto& m) {
+          using T = std::decay_t<decltype(m)>;
+          if constexpr (std::is_same_v<T, Req> || std::is_same_v<T, SidrReq>)
+            handle(h.mad, m, h.from);
+        },
+        h.mad.message);
   return 0;
 }
 
@@ -592,8 +655,9 @@ void CommManager::handle(const Mad& mad, const Req& m, const MadAddress& from) {
   }
   auto l = listeners_.find(m.service_id);
   if (l == listeners_.end()) {
-    // Nobody listens: REJ "invalid service ID", as Linux's cm_req_handler.
-    issue_rej(from, mad.header, m.local_comm_id, MessageRef::kReq, RejReason::kInvalidServiceId);
+    // Nobody listens (yet): held for a listener, then REJ "invalid service ID", as Linux's
+    // cm_req_handler answers.
+    if (!hold_request(mad, from)) refuse_unmatched(mad, from);
     return;
   }
   Conn* listener = find(l->second);
@@ -769,13 +833,7 @@ void CommManager::handle(const Mad& mad, const SidrReq& m, const MadAddress& fro
   }
   auto l = listeners_.find(m.service_id);
   if (l == listeners_.end()) {
-    MadHeader h;
-    h.transaction_id = mad.header.transaction_id;
-    SidrRep rep;
-    rep.request_id = m.request_id;
-    rep.service_id = m.service_id;
-    rep.status = SidrStatus::kUnsupported;
-    transmit(from, encode(h, rep));
+    if (!hold_request(mad, from)) refuse_unmatched(mad, from);
     return;
   }
   Conn* listener = find(l->second);
@@ -806,12 +864,19 @@ void CommManager::handle(const Mad& mad, const SidrRep& m, const MadAddress& fro
 // ---- timers -----------------------------------------------------------------------------
 
 std::optional<uint64_t> CommManager::next_deadline() const {
-  if (timers_.empty()) return std::nullopt;
-  return timers_.begin()->first;
+  std::optional<uint64_t> next;
+  if (!timers_.empty()) next = timers_.begin()->first;
+  if (!held_.empty() && (!next || held_.front().deadline < *next)) next = held_.front().deadline;
+  return next;
 }
 
 void CommManager::on_timer() {
   const uint64_t now = transport_.now_ns();
+  while (!held_.empty() && held_.front().deadline <= now) {  // nobody came: refuse
+    HeldRequest h = std::move(held_.front());
+    held_.erase(held_.begin());
+    refuse_unmatched(h.mad, h.from);
+  }
   // Bounded: each round pops one due timer; a resend re-arms later than now.
   for (size_t round = 0; round < conns_.size() + 1 && !timers_.empty(); ++round) {
     auto [deadline, id] = *timers_.begin();

@@ -23,6 +23,7 @@
 #include <set>
 #include <span>
 #include <unordered_map>
+#include <vector>
 
 #include "cm/mad.h"
 #include "cm/mad_transport.h"
@@ -42,7 +43,8 @@ namespace softrdma::cm {
   X(mads_duplicate, "duplicate MADs (answered again or ignored, per IBTA 12.9)")       \
   X(timeouts, "REQ/REP/DREQ/SIDR_REQ given up after Max CM Retries resends")           \
   X(rej_sent, "REJs sent")                                                             \
-  X(rej_rcvd, "REJs received")
+  X(rej_rcvd, "REJs received")                                                         \
+  X(reqs_held, "REQs / SIDR_REQs for a service nobody listened to yet, held for a listener")
 
 struct CmCounters {
 #define SOFTRDMA_CM_COUNTER_FIELD(name, help) uint64_t name = 0;
@@ -116,6 +118,16 @@ struct CmConfig {
   uint8_t ca_ack_delay = 15;
 };
 
+/// How long a REQ or SIDR_REQ for a service ID nobody listens to is held at most before the
+/// REJ "invalid service ID" (or SIDR_REP "unsupported") goes out — and never more than half
+/// the requester's response timeout — and how many are held at most.
+/// A server that re-listens on a port — perftest -R closes its first listener and listens
+/// again for the test connection while its client is already connecting — would otherwise
+/// lose a race the kernel's slower address resolution hides; a peer still gets its REJ long
+/// before its own response timeout (Linux's is 4.3 s).
+inline constexpr uint64_t kUnmatchedRequestHoldNs = 1'000'000'000;
+inline constexpr size_t kMaxHeldRequests = 64;
+
 /// 4.096 µs · 2^exp, in ns (IBTA's timeout encoding; exp ≥ 31 is clamped).
 uint64_t ib_time_ns(uint8_t exp);
 /// The QP's local ACK timeout for a path of `packet_life_time` on a CA with `ack_delay`, as
@@ -144,7 +156,8 @@ class CommManager {
 
   /// Listens to `service_id` on ID `id` (kIdle → kListen): REQ and SIDR_REQ for it create new
   /// IDs whose events go to `id`'s handler until the handler of the new ID is set
-  /// (set_handler). EADDRINUSE when another ID listens to it.
+  /// (set_handler); requests held for it (kUnmatchedRequestHoldNs) are delivered now.
+  /// EADDRINUSE when another ID listens to it.
   int listen(uint32_t id, uint64_t service_id);
   /// Replaces the handler of `id` (e.g. a new passive ID's own handler).
   int set_handler(uint32_t id, CmHandler handler);
@@ -210,6 +223,10 @@ class CommManager {
   void issue_rej(const MadAddress& to, const MadHeader& h, uint32_t remote_comm_id,
                  MessageRef message, RejReason reason);
   void issue_drep(const MadAddress& to, const MadHeader& h, const Dreq& dreq);
+  /// Holds a request nobody listens to (true), or says there is no room (false).
+  bool hold_request(const Mad& mad, const MadAddress& from);
+  /// The refusal of a request nobody listened to: REJ or SIDR_REP "unsupported".
+  void refuse_unmatched(const Mad& mad, const MadAddress& from);
 
   void handle(const Mad& mad, const Req& m, const MadAddress& from);
   void handle(const Mad& mad, const Mra& m, const MadAddress& from);
@@ -231,6 +248,12 @@ class CommManager {
   std::map<uint64_t, uint32_t> listeners_;                    ///< service ID → listening ID
   std::map<std::pair<uint32_t, uint32_t>, uint32_t> remote_;  ///< (peer ip, remote ID) → ID
   std::set<std::pair<uint64_t, uint32_t>> timers_;            ///< (deadline, ID)
+  struct HeldRequest {
+    uint64_t deadline;
+    MadAddress from;
+    Mad mad;
+  };
+  std::vector<HeldRequest> held_;  ///< requests waiting for a listener, by deadline
 };
 
 }  // namespace softrdma::cm

@@ -357,18 +357,25 @@ int rdma_connect(rdma_cm_id* id, rdma_conn_param* conn_param) {
     if (build_private_data(p, conn_param, true, req.private_data)) return fail_errno(EINVAL);
     req.service_id = ip_service_id(uint16_t(p->id.ps), p->dst_port);
     req.local_qpn = qpn;
-    req.responder_resources = p->responder_resources;
     req.initiator_depth = p->initiator_depth;
-    req.transport = ReqTransport::kRc;
     req.flow_control = conn_param && conn_param->flow_control;
     p->seq_num = random_psn();
     req.starting_psn = p->seq_num;
     p->retry_count = conn_param ? std::min<uint8_t>(conn_param->retry_count, 7) : 7;
-    req.retry_count = p->retry_count;
-    req.rnr_retry_count = conn_param ? std::min<uint8_t>(conn_param->rnr_retry_count, 7) : 7;
+    if (p->id.qp_type == IBV_QPT_XRC_SEND) {
+      // An XRC initiator (Linux cm_format_req: transport 3, extended type XRC; it has no
+      // receive side: no responder resources, retry counts or SRQ in the REQ).
+      req.transport = ReqTransport::kExtended;
+      req.extended_transport = kExtendedTransportXrc;
+    } else {
+      req.transport = ReqTransport::kRc;
+      req.responder_resources = p->responder_resources;
+      req.retry_count = p->retry_count;
+      req.rnr_retry_count = conn_param ? std::min<uint8_t>(conn_param->rnr_retry_count, 7) : 7;
+      req.srq = srq;
+    }
     req.pkey = 0xffff;
     req.path_mtu = p->path_mtu;
-    req.srq = srq;
     req.vendor_id = p->local_ece.vendor_id & 0xffffff;
     req.primary.local_gid = gid_bytes(p->dev->ip());
     req.primary.remote_gid = gid_bytes(p->dst_ip);

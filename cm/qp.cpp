@@ -1,9 +1,9 @@
 // QPs on rdma_cm_ids: rdma_create_qp(_ex) / rdma_destroy_qp / rdma_create_srq(_ex) /
 // rdma_destroy_srq (librdmacm's helpers over plain verbs: CQs and channels created for the
-// ID when the application gives none), and rdma_init_qp_attr, the attributes that move a QP
-// to INIT, RTR and RTS for the ID's connection (Linux ib_cm_init_qp_attr: IBTA 12.8 for what
-// the REQ/REP exchange decides).
-#include <fcntl.h>
+// ID when the application gives none, one XRC domain per device), and rdma_init_qp_attr, the
+// attributes that move a QP to INIT, RTR and RTS for the ID's connection (Linux
+// ib_cm_init_qp_attr: IBTA 12.8 for what the REQ/REP exchange decides; an XRC initiator has
+// no receive side, an XRC target no send side — the masks of IBTA table 91 per type).
 
 #include <algorithm>
 #include <cstring>
@@ -130,10 +130,12 @@ int init_qp_attr_locked(IdPriv* id, ibv_qp_attr* attr, int* mask) {
       attr->path_mtu = ibv_mtu(id->path_mtu ? id->path_mtu : id->dev->active_mtu());
       attr->dest_qp_num = id->remote_qpn;
       attr->rq_psn = id->remote_psn;
-      attr->max_dest_rd_atomic = id->responder_resources;
-      attr->min_rnr_timer = 0;  // Linux cm_init_qp_rtr_attr: 655.36 ms
-      *mask = IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
-              IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER;
+      *mask = IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN;
+      if (id->id.qp_type != IBV_QPT_XRC_SEND) {  // a receiving side (RC, XRC target)
+        attr->max_dest_rd_atomic = id->responder_resources;
+        attr->min_rnr_timer = 0;  // Linux cm_init_qp_rtr_attr: 655.36 ms
+        *mask |= IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER;
+      }
       return 0;
     case IBV_QPS_RTS:
       if (is_ud(id)) {
@@ -144,11 +146,13 @@ int init_qp_attr_locked(IdPriv* id, ibv_qp_attr* attr, int* mask) {
       if (!connection_known(id)) return fail_errno(EINVAL);
       attr->sq_psn = id->seq_num;
       attr->timeout = id->local_ack_timeout;
-      attr->retry_cnt = id->retry_count;
-      attr->rnr_retry = id->rnr_retry_count;
-      attr->max_rd_atomic = id->initiator_depth;
-      *mask = IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
-              IBV_QP_MAX_QP_RD_ATOMIC;
+      *mask = IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_TIMEOUT;
+      if (id->id.qp_type != IBV_QPT_XRC_RECV) {  // a sending side (RC, XRC initiator)
+        attr->retry_cnt = id->retry_count;
+        attr->rnr_retry = id->rnr_retry_count;
+        attr->max_rd_atomic = id->initiator_depth;
+        *mask |= IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC;
+      }
       return 0;
     default:
       return fail_errno(EINVAL);
@@ -202,11 +206,7 @@ int rdma_create_qp_ex(rdma_cm_id* id, ibv_qp_init_attr_ex* attr) {
     return fail_errno(EINVAL);
   if (id->qp_type == IBV_QPT_XRC_RECV &&
       (!(attr->comp_mask & IBV_QP_INIT_ATTR_XRCD) || !attr->xrcd)) {
-    ibv_xrcd_init_attr xa{};
-    xa.comp_mask = IBV_XRCD_INIT_ATTR_FD | IBV_XRCD_INIT_ATTR_OFLAGS;
-    xa.fd = -1;
-    xa.oflags = O_CREAT;
-    if (!(attr->xrcd = ibv_open_xrcd(id->verbs, &xa))) return -1;
+    if (!priv(id)->dev || !(attr->xrcd = priv(id)->dev->xrcd())) return -1;
     attr->comp_mask |= IBV_QP_INIT_ATTR_XRCD;
   }
   if (create_cqs(id, attr->send_cq || id->send_cq ? 0 : attr->cap.max_send_wr,
@@ -245,7 +245,7 @@ int rdma_create_qp_ex(rdma_cm_id* id, ibv_qp_init_attr_ex* attr) {
     destroy_cqs(id);
     return fail_errno(e);
   }
-  id->pd = qp->pd;
+  id->pd = qp->pd ? qp->pd : attr->pd;  // an XRC target QP has no PD of its own
   id->qp = qp;
   return 0;
 }
@@ -276,11 +276,7 @@ int rdma_create_srq_ex(rdma_cm_id* id, ibv_srq_init_attr_ex* attr) {
   }
   if (attr->srq_type == IBV_SRQT_XRC) {
     if (!(attr->comp_mask & IBV_SRQ_INIT_ATTR_XRCD) || !attr->xrcd) {
-      ibv_xrcd_init_attr xa{};
-      xa.comp_mask = IBV_XRCD_INIT_ATTR_FD | IBV_XRCD_INIT_ATTR_OFLAGS;
-      xa.fd = -1;
-      xa.oflags = O_CREAT;
-      if (!(attr->xrcd = ibv_open_xrcd(id->verbs, &xa))) return -1;
+      if (!priv(id)->dev || !(attr->xrcd = priv(id)->dev->xrcd())) return -1;
     }
     if (!(attr->comp_mask & IBV_SRQ_INIT_ATTR_CQ) || !attr->cq) {
       if (create_cqs(id, 0, attr->attr.max_wr)) return -1;

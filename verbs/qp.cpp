@@ -2,6 +2,7 @@
 // XRC receive QPs are tracked by their domain, xrc.cpp), the state machine's attributes
 // (modify/query), and posting (ibv_post_send / ibv_post_recv through context->ops; UD WRs
 // carry their address handle's destination, XRC WRs their remote SRQ number).
+#include <algorithm>
 #include <cstring>
 #include <vector>
 
@@ -31,6 +32,16 @@ engine::CompletionQueue* engine_cq(ibv_cq* cq) {
   return cq ? to_cq(cq)->cq.get() : nullptr;
 }
 
+// The inline capacity a QP gets: what was asked, but at least the bytes its send SGEs could
+// describe (16 per SGE), as rxe's rxe_qp_init_req sizes a WQE — programs that post a small
+// IBV_SEND_INLINE without asking for inline room (rdma_xclient: 16 B, one SGE) work there.
+uint32_t inline_capacity(const ibv_qp_cap& cap) {
+  const uint64_t sge_room = uint64_t{cap.max_send_sge} * sizeof(ibv_sge);
+  return std::max<uint32_t>(
+      cap.max_inline_data,
+      uint32_t(std::min<uint64_t>(sge_room, engine::DeviceLimits::kMaxInlineData)));
+}
+
 // ibv_qp_init_attr_ex → engine::QpInit: the objects must belong to `ctx`; which ones a type
 // needs is checked by the engine (QueuePair::validate_init) — a type it lacks gives
 // EOPNOTSUPP, as rxe's rxe_qp_chk_init.
@@ -56,7 +67,7 @@ int resolve_init(ibv_context* ctx, const ibv_qp_init_attr_ex& a, uint32_t qpn, e
             type->has_recv_queue && !srq ? a.cap.max_recv_wr : 0,
             type->has_send_queue ? a.cap.max_send_sge : 0,
             type->has_recv_queue && !srq ? a.cap.max_recv_sge : 0,
-            type->has_send_queue ? a.cap.max_inline_data : 0};
+            type->has_send_queue ? inline_capacity(a.cap) : 0};
   in.sq_sig_all = a.sq_sig_all != 0;
   in.qpn = qpn;
   return err(engine::QueuePair::validate_init(in));
@@ -100,6 +111,7 @@ ibv_qp* create_qp(ibv_context* ctx, ibv_qp_init_attr_ex* a, uint32_t qpn) {
                         eqp->type_info().has_send_queue ? a->send_cq : nullptr,
                         recv_side ? a->recv_cq : nullptr, recv_side ? a->srq : nullptr);
   q->slot.adopt(slot);
+  if (eqp->type_info().has_send_queue) a->cap.max_inline_data = in.cap.max_inline_data;
   ibv_qp* handle = q->as_qp();
   q->qp->on_error = [handle](engine::WcStatus status) {
     // Requester errors reach the application in their error CQE, as on hardware; a request

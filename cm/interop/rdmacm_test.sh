@@ -22,7 +22,7 @@
 #                  with status -110 (-ETIMEDOUT) — never a hang
 #   no_device      rping -c to an address where no RoCEv2 endpoint lives:
 #                  RDMA_CM_EVENT_ADDR_ERROR with status -113 (-EHOSTUNREACH), at once
-#   capture        rping -C 1 with the client's packets captured (softrdma run --pcap):
+#   capture        rping -C 1 with both sides' packets captured (softrdma run --pcap):
 #                  tshark must decode the CM MADs on QP1 — REQ (service ID 0x01060000|P, the
 #                  annex A11 IP CM header's addresses and port), REP, RTU, DREQ, DREP
 #
@@ -71,26 +71,27 @@ SLOG="$WORK/server.log"
 CLOG="$WORK/client.log"
 SERVER_PID=""
 CLIENT_OPTS=()
+SERVER_OPTS=()
 # shellcheck disable=SC2317  # called at exit by test_lib.sh
 on_exit() {
   if [[ -n "$SERVER_PID" ]]; then
-    kill -CONT "$SERVER_PID" 2>/dev/null
+    [[ -n ${rping_pid:-} ]] && kill -CONT "$rping_pid" 2>/dev/null
     kill "$SERVER_PID" 2>/dev/null
   fi
 }
 
 # start_server ADDR PROGRAM ARGS...: runs the server in the background, waits until its CM
-# listens on ADDR:PORT (or the wildcard).
+# listens on ADDR:LISTEN_PORT (default PORT; udaddy's is 7174) or the wildcard.
 start_server() {
   local addr=$1
   shift
   need_tool "$1"
-  echo "server: softrdma run --addr $addr -- $*"
+  echo "server: softrdma run --addr $addr ${SERVER_OPTS[*]} -- $*"
   # stdbuf: line-buffered stdout, so a log killed by timeout still shows how far it got.
-  timeout -k 5 "$STEP_TIMEOUT" "$SOFTRDMA" run --addr "$addr" --log info -- \
+  timeout -k 5 "$STEP_TIMEOUT" "$SOFTRDMA" run --addr "$addr" --log info "${SERVER_OPTS[@]}" -- \
     stdbuf -oL "$@" >"$SLOG" 2>&1 &
   SERVER_PID=$!
-  local port=$PORT
+  local port=${LISTEN_PORT:-$PORT}
   [[ $1 == udaddy ]] && port=7174
   wait_for_cm_listener "$addr" "$port" "$SERVER_PID" "$LISTEN_WAIT" "$SLOG"
 }
@@ -177,14 +178,18 @@ case "$CASE" in
     expect_ok "rdma_xserver: end 0$" "rdma_xclient: end 0$"
     ;;
   no_listener)
-    start_server "$S" rping -s -a "$S" -p $((PORT + 50))
+    LISTEN_PORT=$((PORT + 50))
+    start_server "$S" rping -s -a "$S" -p "$LISTEN_PORT"
     t1=$SECONDS
     run_client "$C" rping -c -a "$S" -p "$PORT" -C 1
     client_fails_with "RDMA_CM_EVENT_REJECTED, error 8$" 10 $((SECONDS - t1))
     ;;
   peer_stopped)
     start_server "$S" rping -s -a "$S" -p "$PORT"
-    kill -STOP "$SERVER_PID"
+    # SERVER_PID is `timeout`; rping (softrdma run and stdbuf exec into it) is its child.
+    rping_pid=$(pgrep -P "$SERVER_PID" | head -1)
+    [[ -n $rping_pid ]] || fail "cannot find the server's rping process"
+    kill -STOP "$rping_pid"
     t1=$SECONDS
     export SOFTRDMA_CM_RESPONSE_TIMEOUT=10 SOFTRDMA_CM_RETRIES=2
     run_client "$C" rping -c -a "$S" -p "$PORT" -C 1
@@ -198,12 +203,15 @@ case "$CASE" in
   capture)
     command -v tshark >/dev/null || fail "tshark is missing: install Debian's tshark (scripts/deps.sh)"
     CLIENT_OPTS=(--pcap "$WORK/client.pcap")
+    SERVER_OPTS=(--pcap "$WORK/server.pcap")
     start_server "$S" rping -s -a "$S" -p "$PORT" -C 1
     run_client "$C" rping -c -a "$S" -p "$PORT" -C 1
     wait_server
     expect_ok "" ""
-    tshark -r "$WORK/client.pcap" -Y infiniband.mad -T fields -e infiniband.mad.attributeid \
-      >"$WORK/attrs" 2>"$WORK/tshark.err" || { cat "$WORK/tshark.err" >&2; fail "tshark failed"; }
+    for side in client server; do
+      tshark -r "$WORK/$side.pcap" -Y infiniband.mad -T fields -e infiniband.mad.attributeid \
+        >>"$WORK/attrs" 2>"$WORK/tshark.err" || { cat "$WORK/tshark.err" >&2; fail "tshark failed"; }
+    done
     for a in 0x0010 0x0013 0x0014 0x0015 0x0016; do
       grep -qx "$a" "$WORK/attrs" ||
         { cat "$WORK/attrs" >&2; fail "tshark decoded no CM MAD with attribute ID $a"; }
@@ -213,7 +221,7 @@ case "$CASE" in
       -e infiniband.cm.req.ip_cm.dip4 -e infiniband.bth.destqp 2>/dev/null | head -1)
     want=$(printf '0x%016x %s %s 0x000001' $((0x01060000 + PORT)) "$C" "$S")
     [[ $req == "$want" ]] || fail "tshark's REQ: '$req', expected '$want'"
-    echo "tshark: $(wc -l <"$WORK/attrs") CM MADs; REQ: $req"
+    echo "tshark: $(wc -l <"$WORK/attrs") CM MADs in both captures; REQ: $req"
     ;;
 esac
 echo "PASS [rdmacm.$CASE] ($((SECONDS - t0))s)"

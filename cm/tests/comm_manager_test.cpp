@@ -124,6 +124,13 @@ TEST_F(CmTest, ReqNobodyListensToIsRejectedInvalidServiceId) {
   uint32_t aid = a.create_id(active.handler());
   ASSERT_EQ(a.send_req(aid, {kP}, make_req()), 0);
   fabric.deliver();
+  EXPECT_TRUE(active.events.empty());  // held a moment for a listener …
+  EXPECT_EQ(p.counters().reqs_held, 1u);
+  uint64_t t0 = fabric.now();
+  ASSERT_TRUE(fabric.advance_to_next_timer());
+  // … half the REQ's own response timeout (16.8 ms here; 1 s at most): before its resend.
+  EXPECT_EQ(fabric.now() - t0, ib_time_ns(12) / 2);
+  fabric.deliver();
   ASSERT_EQ(active.types(), std::vector{CmEventType::kRejReceived});
   const Rej& rej = std::get<Rej>(active.mads[0].message);
   EXPECT_EQ(rej.reason, uint16_t(RejReason::kInvalidServiceId));
@@ -132,6 +139,20 @@ TEST_F(CmTest, ReqNobodyListensToIsRejectedInvalidServiceId) {
   EXPECT_EQ(a.state(aid), CmState::kIdle);
   EXPECT_EQ(p.counters().rej_sent, 1u);
   EXPECT_FALSE(a.next_deadline());
+}
+
+TEST_F(CmTest, ReqJustBeforeTheListenerIsHeldAndDeliveredToIt) {
+  uint32_t aid = a.create_id(active.handler());
+  ASSERT_EQ(a.send_req(aid, {kP}, make_req()), 0);
+  fabric.deliver();
+  fabric.advance(ib_time_ns(12) / 4);
+  EXPECT_TRUE(passive.events.empty());
+  listen();  // the server re-listens (perftest -R's second connection)
+  ASSERT_EQ(passive.types(), std::vector{CmEventType::kReqReceived});
+  EXPECT_EQ(p.send_rep(passive.events[0].id, make_rep()), 0);
+  fabric.deliver();
+  EXPECT_EQ(active.types(), std::vector{CmEventType::kRepReceived});
+  EXPECT_EQ(p.counters().rej_sent, 0u);
 }
 
 TEST_F(CmTest, ConsumerRejectCarriesReasonAndPrivateData) {
@@ -417,6 +438,8 @@ TEST_F(CmTest, SidrToNobodyIsUnsupportedAndToADeadPeerTimesOut) {
   SidrReq req;
   req.service_id = kService;
   a.send_sidr_req(aid, {kP}, req);
+  fabric.deliver();
+  ASSERT_TRUE(fabric.advance_to_next_timer());  // the hold for a listener ends
   fabric.deliver();
   ASSERT_EQ(active.types(), std::vector{CmEventType::kSidrRepReceived});
   EXPECT_EQ(std::get<SidrRep>(active.mads[0].message).status, SidrStatus::kUnsupported);
