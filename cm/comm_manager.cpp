@@ -38,7 +38,7 @@ constexpr uint8_t kMaxTimeoutExp = 31;
 template <size_t N>
 std::array<uint8_t, N> to_array(std::span<const uint8_t> in) {
   std::array<uint8_t, N> out{};
-  std::memcpy(out.data(), in.data(), std::min(N, in.size()));
+  if (!in.empty()) std::memcpy(out.data(), in.data(), std::min(N, in.size()));  // empty: no data
   return out;
 }
 

@@ -80,7 +80,7 @@ void fill_conn_param(CmaEvent* ev, std::span<const uint8_t> pdata, uint8_t resp_
                      uint8_t init_depth, bool flow_control, uint8_t retry, uint8_t rnr_retry,
                      bool srq, uint32_t qpn) {
   rdma_conn_param& c = ev->event.param.conn;
-  std::memcpy(ev->private_data, pdata.data(), pdata.size());
+  if (pdata.size() != 0) std::memcpy(ev->private_data, pdata.data(), pdata.size());
   c.private_data = ev->private_data;
   c.private_data_len = uint8_t(pdata.size());
   c.responder_resources = resp_res;
@@ -95,7 +95,7 @@ void fill_conn_param(CmaEvent* ev, std::span<const uint8_t> pdata, uint8_t resp_
 void fill_ud_param(CmaEvent* ev, std::span<const uint8_t> pdata, const ibv_ah_attr& ah,
                    uint32_t qpn, uint32_t qkey) {
   rdma_ud_param& u = ev->event.param.ud;
-  std::memcpy(ev->private_data, pdata.data(), pdata.size());
+  if (pdata.size() != 0) std::memcpy(ev->private_data, pdata.data(), pdata.size());
   u.private_data = ev->private_data;
   u.private_data_len = uint8_t(pdata.size());
   u.ah_attr = ah;
@@ -290,7 +290,8 @@ int build_private_data(const IdPriv* id, const rdma_conn_param* param, bool with
   const size_t user =
       id->connect_data.size() + (param && param->private_data ? param->private_data_len : 0);
   if (at + user > N) return EINVAL;
-  std::memcpy(out.data() + at, id->connect_data.data(), id->connect_data.size());
+  if (id->connect_data.size() != 0)
+    std::memcpy(out.data() + at, id->connect_data.data(), id->connect_data.size());
   at += id->connect_data.size();
   if (param && param->private_data && param->private_data_len)
     std::memcpy(out.data() + at, param->private_data, param->private_data_len);
@@ -456,7 +457,7 @@ static int reject_with_reason(rdma_cm_id* id, const void* private_data, uint8_t 
     if (pdata.size() > kSidrRepPrivateBytes) return fail_errno(EINVAL);
     SidrRep rep;
     rep.status = SidrStatus::kReject;
-    std::memcpy(rep.private_data.data(), pdata.data(), pdata.size());
+    if (pdata.size() != 0) std::memcpy(rep.private_data.data(), pdata.data(), pdata.size());
     if (int e = cm.send_sidr_rep(p->comm_id, rep)) return fail_errno(e);
     return 0;
   }

@@ -7,9 +7,10 @@
 namespace softrdma::cm {
 
 spdlog::logger& log() {
-  static std::shared_ptr<spdlog::logger> logger = [] {
-    auto l = std::make_shared<spdlog::logger>("softrdma-cm",
-                                              std::make_shared<spdlog::sinks::stderr_sink_mt>());
+  // Never destroyed: code that runs in exit handlers and static destructors (the RDMA-CM's
+  // teardown at unload, a device closing at exit) may still log.
+  static spdlog::logger* const logger = [] {
+    auto* l = new spdlog::logger("softrdma-cm", std::make_shared<spdlog::sinks::stderr_sink_mt>());
     l->set_pattern("softrdma-cm %L %H:%M:%S.%f [%t] %v");
     // An unknown level is reported once by the engine's logger; here it just means off.
     const char* lvl = params::raw(params::kLog);

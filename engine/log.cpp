@@ -10,9 +10,10 @@
 namespace softrdma::engine {
 
 spdlog::logger& log() {
-  static std::shared_ptr<spdlog::logger> logger = [] {
-    auto l = std::make_shared<spdlog::logger>("softrdma",
-                                              std::make_shared<spdlog::sinks::stderr_sink_mt>());
+  // Never destroyed: code that runs in exit handlers and static destructors (the RDMA-CM's
+  // teardown at unload, a device closing at exit) may still log.
+  static spdlog::logger* const logger = [] {
+    auto* l = new spdlog::logger("softrdma", std::make_shared<spdlog::sinks::stderr_sink_mt>());
     l->set_pattern("softrdma %L %H:%M:%S.%f [%t] %v");
     // spdlog's level names (and its aliases "warning", "err"); anything else turns logging
     // off, as spdlog does, and says so once.

@@ -126,9 +126,21 @@ ibv_qp* create_qp(ibv_context* ctx, ibv_qp_init_attr_ex* a, uint32_t qpn) {
   return handle;
 }
 
+// The per-thread WR buffer of op_post_send, and whether it has been destroyed: at exit a
+// thread's thread_local objects go before static destructors and atexit handlers, which may
+// still post (the RDMA-CM's teardown at unload sends its last MADs). A trivially destructible
+// flag outlives the vector, so such a late post uses a local buffer instead.
+thread_local bool t_post_buffer_gone = false;
+struct PostBuffer {
+  std::vector<engine::SendWr> wrs;
+  ~PostBuffer() { t_post_buffer_gone = true; }
+};
+thread_local PostBuffer t_post_buffer;
+
 int op_post_send(ibv_qp* ibqp, ibv_send_wr* wr, ibv_send_wr** bad) {
   engine::QueuePair& qp = *to_qp(ibqp)->qp;
-  thread_local std::vector<engine::SendWr> wrs;
+  std::vector<engine::SendWr> late;  // stays empty (no allocation) unless the buffer is gone
+  std::vector<engine::SendWr>& wrs = t_post_buffer_gone ? late : t_post_buffer.wrs;
   wrs.clear();
   for (ibv_send_wr* w = wr; w; w = w->next) {
     engine::SendWr e;
