@@ -37,13 +37,31 @@ run_preset() {
     results+=("$preset: ok ($((SECONDS - t0)) s)")
     return 0
   fi
-  results+=("$preset: FAILED at $step ($((SECONDS - t0)) s)")
+  # Name the failed tests in the summary, which is what a CI log's tail shows.
+  local dir=build names=""
+  [[ $preset == default ]] || dir=build-$preset
+  if [[ $step == ctest* && -s $dir/Testing/Temporary/LastTestsFailed.log ]]; then
+    names=$(cut -d: -f2- "$dir/Testing/Temporary/LastTestsFailed.log" | head -20 | paste -sd' ')
+  fi
+  results+=("$preset: FAILED at $step ($((SECONDS - t0)) s)${names:+ [$names]}")
+  [[ -n $names ]] && rerun+=("$preset|$step")
   failed=1
   return 1
 }
 
+rerun=()
 run_preset default
 run_preset asan
+
+# The failed tests once more, with their output, so that a CI log's tail shows why they
+# failed and whether they fail again. Diagnostic only: the verdict above stands.
+for r in "${rerun[@]}"; do
+  preset=${r%%|*}
+  env=()
+  [[ ${r#*|} == *udp* ]] && env=(SOFTRDMA_TRANSPORT=udp)
+  echo "==== preset $preset: the failed tests again (${env[*]:-auto transport}), diagnostic only ===="
+  env "${env[@]}" ctest --preset "$preset" --rerun-failed --output-on-failure 2>&1 | tail -150
+done
 
 echo "==== summary ===="
 printf '  %s\n' "${results[@]}"

@@ -22,8 +22,8 @@
 #
 # Case number N (1-16) gives the server --addr 127.0.10.N, the client --addr 127.0.11.N and
 # TCP port 18800+N (perftest's exchange, client -> 127.0.0.1), so ctest can run the cases
-# in parallel; an RDMA-CM case k (0-7) gets 127.0.63.(20+2k) / 127.0.63.(21+2k) and RDMA-CM
-# port 18310+k. The server is started, the script waits until it listens (/proc/net/tcp, no
+# in parallel; an RDMA-CM case k (0-7) gets 127.0.64.(2k+1) / 127.0.64.(2k+2) and RDMA-CM
+# port 18320+k (cm/interop/rdmacm_test.sh has 127.0.63.x and ports 1830x-18310). The server is started, the script waits until it listens (/proc/net/tcp, no
 # connection: perftest's server accepts one; with -R, softrdma's CM log line), then runs the
 # client; both are bounded by `timeout` and must exit 0. The result lines under perftest's
 # table header are checked:
@@ -88,9 +88,9 @@ esac
 CM=0
 [[ $CASE == cm_* ]] && CM=1
 if ((CM)); then
-  SERVER_ADDR=127.0.63.$((20 + 2 * N))
-  CLIENT_ADDR=127.0.63.$((21 + 2 * N))
-  PORT=$((18310 + N))
+  SERVER_ADDR=127.0.64.$((2 * N + 1))
+  CLIENT_ADDR=127.0.64.$((2 * N + 2))
+  PORT=$((18320 + N))
   SERVER_NAME=$SERVER_ADDR  # the RDMA-CM resolves the server's own address
 else
   SERVER_ADDR=127.0.10.$N
