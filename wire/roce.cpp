@@ -16,6 +16,7 @@ constexpr uint8_t header_bytes_for(uint32_t mask, size_t extra = 0) {
   if (mask & kHasAeth) n += kAethBytes;
   if (mask & kHasAtomicAckEth) n += kAtomicAckEthBytes;
   if (mask & kHasImmDt) n += kImmDtBytes;
+  if (mask & kHasIeth) n += kIethBytes;
   return static_cast<uint8_t>(n);
 }
 
@@ -64,6 +65,10 @@ constexpr Row kRows[] = {
      kResp | kIsAtomic | kHasAeth | kHasAtomicAckEth | kIsOnly},
     {Opcode::kCompareSwap, "RC_COMPARE_SWAP", kReq | kIsAtomic | kHasAtomicEth | kIsOnly},
     {Opcode::kFetchAdd, "RC_FETCH_ADD", kReq | kIsAtomic | kHasAtomicEth | kIsOnly},
+    {Opcode::kSendLastInv, "RC_SEND_LAST_WITH_INVALIDATE",
+     kReq | kIsSend | kHasPayload | kHasIeth | kIsLast | kConsumesRecvWqe},
+    {Opcode::kSendOnlyInv, "RC_SEND_ONLY_WITH_INVALIDATE",
+     kReq | kIsSend | kHasPayload | kHasIeth | kIsOnly | kConsumesRecvWqe},
     {Opcode::kCnp, "CNP", kIsCnp, kCnpReservedBytes},
 };
 
@@ -80,6 +85,7 @@ constexpr std::array<OpcodeInfo, 256> kTable = make_table();
 static_assert(kTable[0x13].header_bytes == kMaxTransportHeaderBytes);
 static_assert(kTable[0x0b].header_bytes == kBthBytes + kRethBytes + kImmDtBytes);
 static_assert(kTable[0x12].header_bytes == kBthBytes + kAethBytes + kAtomicAckEthBytes);
+static_assert(kTable[0x17].header_bytes == kBthBytes + kIethBytes);
 static_assert(kTable[0x81].header_bytes == kBthBytes + kCnpReservedBytes);
 
 // ---- Big-endian field access (memcpy-free byte arithmetic, no alignment assumptions) --
@@ -215,7 +221,9 @@ ParseError parse(std::span<const uint8_t> udp_payload, Packet& out) noexcept {
   }
   if (info->mask & kHasImmDt) {
     std::memcpy(&h.imm_be, q, kImmDtBytes);  // kept in network order
+    q += kImmDtBytes;
   }
+  if (info->mask & kHasIeth) h.ieth_rkey = load32(q);
 
   uint32_t icrc = 0;
   const uint8_t* tail = p + len - kIcrcBytes;
@@ -269,6 +277,10 @@ size_t encode_headers(const Headers& h, std::span<uint8_t> out) noexcept {
   if (info->mask & kHasImmDt) {
     std::memcpy(q, &h.imm_be, kImmDtBytes);
     q += kImmDtBytes;
+  }
+  if (info->mask & kHasIeth) {
+    store32(q, h.ieth_rkey);
+    q += kIethBytes;
   }
   // Reserved header bytes (the CNP's 16) are sent as zero.
   const size_t written = static_cast<size_t>(q - p);

@@ -26,6 +26,7 @@ inline constexpr size_t kAethBytes = 4;
 inline constexpr size_t kAtomicEthBytes = 28;
 inline constexpr size_t kAtomicAckEthBytes = 8;
 inline constexpr size_t kImmDtBytes = 4;
+inline constexpr size_t kIethBytes = 4;
 inline constexpr size_t kIcrcBytes = 4;
 /// Largest BTH + extended headers of any supported opcode (atomic request: 12 + 28).
 inline constexpr size_t kMaxTransportHeaderBytes = 40;
@@ -35,7 +36,8 @@ inline constexpr size_t kIpv4UdpHeaderBytes = 28;
 /// Default partition key (full member, default partition).
 inline constexpr uint16_t kDefaultPkey = 0xffff;
 
-/// BTH opcodes of the RC transport (IBTA vol 1, table 38) plus the RoCEv2 CNP (A17.9.3).
+/// BTH opcodes of the RC transport (IBTA vol 1, table 38; SEND with invalidate from
+/// rel. 1.2.1) plus the RoCEv2 CNP (A17.9.3).
 enum class Opcode : uint8_t {
   kSendFirst = 0x00,
   kSendMiddle = 0x01,
@@ -58,6 +60,8 @@ enum class Opcode : uint8_t {
   kAtomicAcknowledge = 0x12,
   kCompareSwap = 0x13,
   kFetchAdd = 0x14,
+  kSendLastInv = 0x16,  ///< SEND last with invalidate (IETH)
+  kSendOnlyInv = 0x17,  ///< SEND only with invalidate (IETH)
   kCnp = 0x81,
 };
 
@@ -81,6 +85,7 @@ enum OpcodeFlag : uint32_t {
   kIsOnly = 1u << 15,           ///< single-packet message (neither first nor last)
   kConsumesRecvWqe = 1u << 16,  ///< SEND, or WRITE with immediate (at its last/only packet)
   kIsCnp = 1u << 17,
+  kHasIeth = 1u << 18,  ///< Invalidate ETH (9.3.7): the R_Key the responder invalidates
 };
 
 /// One row of the opcode table.
@@ -91,7 +96,7 @@ struct OpcodeInfo {
 };
 
 /// Table lookup. Returns nullptr for opcodes softrdma does not implement (UC/UD/RD/XRC,
-/// SEND with invalidate, …); such packets are dropped and counted by the receiver.
+/// RDMA ATOMIC WRITE, …); such packets are dropped and counted by the receiver.
 const OpcodeInfo* opcode_info(uint8_t opcode) noexcept;
 
 /// Base Transport Header (IBTA vol 1, 9.2), host-order values.
@@ -150,7 +155,8 @@ struct Headers {
   Aeth aeth;
   AtomicEth atomic;
   AtomicAckEth atomic_ack;
-  uint32_t imm_be = 0;  ///< immediate data exactly as on the wire (network order), as ibv_wc
+  uint32_t imm_be = 0;     ///< immediate data exactly as on the wire (network order), as ibv_wc
+  uint32_t ieth_rkey = 0;  ///< IETH: the R_Key a SEND with invalidate names (host order)
 };
 
 /// A parsed RoCEv2 UDP payload: headers, payload (without pad) and the ICRC as received.

@@ -13,17 +13,14 @@ namespace softrdma::wire {
 namespace {
 
 constexpr Opcode kAllOpcodes[] = {
-    Opcode::kSendFirst,          Opcode::kSendMiddle,
-    Opcode::kSendLast,           Opcode::kSendLastImm,
-    Opcode::kSendOnly,           Opcode::kSendOnlyImm,
-    Opcode::kWriteFirst,         Opcode::kWriteMiddle,
-    Opcode::kWriteLast,          Opcode::kWriteLastImm,
-    Opcode::kWriteOnly,          Opcode::kWriteOnlyImm,
-    Opcode::kReadRequest,        Opcode::kReadResponseFirst,
-    Opcode::kReadResponseMiddle, Opcode::kReadResponseLast,
-    Opcode::kReadResponseOnly,   Opcode::kAcknowledge,
-    Opcode::kAtomicAcknowledge,  Opcode::kCompareSwap,
-    Opcode::kFetchAdd,           Opcode::kCnp,
+    Opcode::kSendFirst,         Opcode::kSendMiddle,        Opcode::kSendLast,
+    Opcode::kSendLastImm,       Opcode::kSendOnly,          Opcode::kSendOnlyImm,
+    Opcode::kWriteFirst,        Opcode::kWriteMiddle,       Opcode::kWriteLast,
+    Opcode::kWriteLastImm,      Opcode::kWriteOnly,         Opcode::kWriteOnlyImm,
+    Opcode::kReadRequest,       Opcode::kReadResponseFirst, Opcode::kReadResponseMiddle,
+    Opcode::kReadResponseLast,  Opcode::kReadResponseOnly,  Opcode::kAcknowledge,
+    Opcode::kAtomicAcknowledge, Opcode::kCompareSwap,       Opcode::kFetchAdd,
+    Opcode::kSendLastInv,       Opcode::kSendOnlyInv,       Opcode::kCnp,
 };
 
 uint8_t op(Opcode o) {
@@ -49,6 +46,7 @@ Headers sample_headers(Opcode o, uint8_t pad) {
   h.atomic_ack = {0x8877665544332211ull};
   const uint8_t imm[4] = {0x01, 0x02, 0x03, 0x04};
   std::memcpy(&h.imm_be, imm, 4);
+  h.ieth_rkey = 0x89abcdef;
   return h;
 }
 
@@ -82,9 +80,9 @@ TEST(OpcodeTable, KnownOpcodes) {
   }
   int known = 0;
   for (int i = 0; i < 256; ++i) known += opcode_info(static_cast<uint8_t>(i)) != nullptr;
-  EXPECT_EQ(known, 22);
+  EXPECT_EQ(known, 24);
   EXPECT_EQ(opcode_info(0x15), nullptr);
-  EXPECT_EQ(opcode_info(0x16), nullptr);  // SEND_LAST_WITH_INVALIDATE: not implemented
+  EXPECT_EQ(opcode_info(0x1d), nullptr);  // RDMA ATOMIC WRITE: not implemented
   EXPECT_EQ(opcode_info(0x24), nullptr);  // UC
   EXPECT_EQ(opcode_info(0x64), nullptr);  // UD SEND_ONLY
   EXPECT_EQ(opcode_info(0xff), nullptr);
@@ -134,6 +132,10 @@ TEST(OpcodeTable, Rows) {
       {Opcode::kCompareSwap, "RC_COMPARE_SWAP", kIsRequest | kIsAtomic | kHasAtomicEth | kIsOnly,
        40},
       {Opcode::kFetchAdd, "RC_FETCH_ADD", kIsRequest | kIsAtomic | kHasAtomicEth | kIsOnly, 40},
+      {Opcode::kSendLastInv, "RC_SEND_LAST_WITH_INVALIDATE",
+       kIsRequest | kIsSend | kHasPayload | kHasIeth | kIsLast | kConsumesRecvWqe, 16},
+      {Opcode::kSendOnlyInv, "RC_SEND_ONLY_WITH_INVALIDATE",
+       kIsRequest | kIsSend | kHasPayload | kHasIeth | kIsOnly | kConsumesRecvWqe, 16},
       {Opcode::kCnp, "CNP", kIsCnp, 28},
   };
   for (const Expect& e : rows) {
@@ -225,6 +227,7 @@ TEST(Parse, RoundTripEveryOpcode) {
         EXPECT_EQ(p.hdr.atomic_ack.orig, def.atomic_ack.orig);
       }
       EXPECT_EQ(p.hdr.imm_be, (info->mask & kHasImmDt) ? h.imm_be : 0u);
+      EXPECT_EQ(p.hdr.ieth_rkey, (info->mask & kHasIeth) ? h.ieth_rkey : 0u);
       for (size_t i = 0; i < len; ++i) ASSERT_EQ(p.payload[i], static_cast<uint8_t>(i));
 
       // Re-encoding the parsed headers reproduces the bytes.
@@ -280,6 +283,19 @@ TEST(Encode, WireLayout) {
   n.fill(0xee);
   ASSERT_EQ(encode_headers(h, n), 28u);
   for (size_t i = 12; i < 28; ++i) EXPECT_EQ(n[i], 0) << i;
+}
+
+// SEND ONLY with invalidate: the IETH (IBTA vol 1, 9.3.7) is the R_Key, big-endian, right
+// after the BTH; the payload follows it.
+TEST(Encode, IethFollowsBth) {
+  Headers h = sample_headers(Opcode::kSendOnlyInv, 0);
+  const std::vector<uint8_t> pkt = build(h, 4);
+  ASSERT_EQ(pkt.size(), kBthBytes + kIethBytes + 4 + kIcrcBytes);
+  EXPECT_EQ(pkt[12], 0x89);
+  EXPECT_EQ(pkt[13], 0xab);
+  EXPECT_EQ(pkt[14], 0xcd);
+  EXPECT_EQ(pkt[15], 0xef);
+  EXPECT_EQ(pkt[16], 0);  // payload byte 0
 }
 
 TEST(Encode, RejectsUnknownOrShort) {
