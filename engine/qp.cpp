@@ -11,7 +11,12 @@ namespace softrdma::engine {
 
 namespace {
 
-constexpr uint32_t kAccessAllowedOnQp = kLocalWrite | kRemoteWrite | kRemoteRead | kRemoteAtomic;
+// Bits an application may give qp_access_flags: the ibv_access_flags an MR takes too (the
+// kernel passes them through; only the remote ones mean something on a QP, the others —
+// ON_DEMAND in pyverbs' ODP tests, MW_BIND — are accepted and ignored, as rxe does).
+constexpr uint32_t kAccessAllowedOnQp = kLocalWrite | kRemoteWrite | kRemoteRead | kRemoteAtomic |
+                                        kMwBind | kZeroBased | kOnDemand | kHugetlb |
+                                        kRelaxedOrdering;
 
 // Required and optional attribute masks of each valid RC transition (IBTA vol 1 table 91;
 // the same table Linux keeps in ib_modify_qp_is_ok()). A transition absent here is invalid.
@@ -155,7 +160,7 @@ Status QueuePair::validate_modify(const QpAttr& a, uint32_t mask, ModifyPlan& pl
   if ((mask & kAttrPort) && a.port_num != 1) return refuse("IBV_QP_PORT", "is not 1");
   if ((mask & kAttrPkeyIndex) && a.pkey_index != 0) return refuse("IBV_QP_PKEY_INDEX", "is not 0");
   if ((mask & kAttrAccessFlags) && (a.access_flags & ~kAccessAllowedOnQp))
-    return refuse("IBV_QP_ACCESS_FLAGS", "has bits other than local/remote write, read, atomic");
+    return refuse("IBV_QP_ACCESS_FLAGS", "has bits that are no ibv_access_flags");
   if ((mask & kAttrPathMtu) && (a.path_mtu < 1 || a.path_mtu > dev_.active_mtu()))
     return refuse("IBV_QP_PATH_MTU", "is outside 1 … the port's active MTU");
   if ((mask & kAttrDestQpn) && a.dest_qp_num > wire::kQpnMask)
@@ -216,7 +221,10 @@ void QueuePair::apply_modify(const QpAttr& a, uint32_t mask, const ModifyPlan& p
   attr.state = next;
   switch (next) {
     case QpState::kReset:
-      // RESET discards both queues without completions and forgets transport state.
+      // RESET discards both queues without completions and forgets transport state, and
+      // the completions of this QP still in its CQs (as mlx5_ib_cq_clean on RESET).
+      send_cq.purge_qp(qpn_);
+      if (&recv_cq != &send_cq) recv_cq.purge_qp(qpn_);
       sq.clear();
       rq.clear();
       sq_base = 0;
@@ -339,21 +347,31 @@ Status QueuePair::post_recv(uint64_t wr_id, const Sge* sges, uint32_t num_sge) {
 }
 
 void QueuePair::retire_send(WcStatus status, uint32_t byte_len) {
-  SendWqe& w = sq.front();
-  if (status != WcStatus::kSuccess || sq_sig_all || (w.wr.flags & kSignaled)) {
-    Cqe c;
-    c.wr_id = w.wr.wr_id;
-    c.status = status;
-    c.opcode = w.info().wc_opcode;
-    c.byte_len = byte_len;
-    c.qp_num = qpn_;
-    send_cq.push(c, false);
-  }
-  sq.pop_front();
-  ++sq_base;
-  if (req.next < sq_base) {
-    req.next = sq_base;
-    req.offset = 0;
+  for (;;) {
+    SendWqe& w = sq.front();
+    if (status != WcStatus::kSuccess || sq_sig_all || (w.wr.flags & kSignaled)) {
+      Cqe c;
+      c.wr_id = w.wr.wr_id;
+      c.status = status;
+      c.opcode = w.info().wc_opcode;
+      c.byte_len = byte_len;
+      c.qp_num = qpn_;
+      send_cq.push(c, false);
+    }
+    sq.pop_front();
+    ++sq_base;
+    if (req.next < sq_base) {
+      req.next = sq_base;
+      req.offset = 0;
+    }
+    // Local operations (BIND_MW, LOCAL_INV) the requester executed behind this WQE
+    // complete as soon as everything before them has: they wait for no response. Only
+    // successful ones were marked started; a failed one stays unstarted until it reaches
+    // the head (requester::run reports it there).
+    if (status != WcStatus::kSuccess || sq.empty() || !sq.front().started ||
+        sq.front().info().cls != WrClass::kLocal)
+      return;
+    byte_len = 0;
   }
 }
 

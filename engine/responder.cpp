@@ -7,7 +7,9 @@
 #include "engine/cq.h"
 #include "engine/log.h"
 #include "engine/memory.h"
+#include "engine/mw.h"
 #include "engine/qp.h"
+#include "net/fault_guard.h"
 
 namespace softrdma::engine::responder {
 
@@ -61,13 +63,17 @@ void ack_later(QueuePair& qp, uint32_t psn) {
   qp.resp.ack_psn = psn;
 }
 
-// Resolves a remote access [va, va+len) through `rkey` for `need` (a remote Access bit).
+// Resolves a remote access [va, va+len) through `rkey` — an MR's key or a memory window's
+// R_Key (IBTA 10.6.7.3) — for `need` (a remote Access bit).
 uint8_t* check_remote(QueuePair& qp, Transport& t, uint32_t rkey, uint64_t va, uint64_t len,
                       uint32_t need) {
   if (!(qp.attr.access_flags & need)) return nullptr;
-  MemoryRegion* mr = t.find_mr(rkey);
-  if (!mr || &mr->pd() != &qp.pd() || !(mr->access() & need)) return nullptr;
-  return mr->translate(va, len);
+  if (MemoryRegion* mr = t.find_mr(rkey)) {
+    if (&mr->pd() != &qp.pd() || !(mr->access() & need)) return nullptr;
+    return mr->translate(va, len);
+  }
+  const MemoryWindow* mw = t.find_mw(rkey);
+  return mw ? mw->translate(qp, va, len, need) : nullptr;
 }
 
 // PSNs of a message of `dma_length` bytes (a READ's responses, a WRITE's packets).
@@ -93,7 +99,10 @@ Scatter scatter_recv(QueuePair& qp, Transport& t, uint64_t offset, std::span<con
     if (!mr || &mr->pd() != &qp.pd() || !(mr->access() & kLocalWrite)) return Scatter::kProtection;
     uint8_t* p = mr->translate(s.addr + offset, take);
     if (!p) return Scatter::kProtection;
-    std::memcpy(p, data.data() + done, take);
+    if (!net::guarded_copy(p, data.data() + done, take)) {
+      bump(t.counters().local_access_faults);  // the receive buffer was unmapped
+      return Scatter::kProtection;
+    }
     done += take;
     offset = 0;
   }
@@ -190,9 +199,24 @@ void on_send(QueuePair& qp, const wire::Packet& pkt, Transport& t) {
   qp.resp.recv_offset += pkt.payload.size();
   if (m & wire::kConsumesRecvWqe) {
     const bool imm = m & wire::kHasImmDt;
+    uint32_t flags = imm ? uint32_t{kWcWithImm} : 0u;
+    uint32_t imm_or_rkey = imm ? pkt.hdr.imm_be : 0;
+    if (m & wire::kHasIeth) {
+      // SEND with invalidate: the R_Key it names is invalidated before the receive
+      // completes (IBTA 10.6.7.2.2); only a type 2 window can be (rxe_invalidate_rkey).
+      MemoryWindow* mw = t.find_mw(pkt.hdr.ieth_rkey);
+      if (!mw || mw->invalidate() != kOk) {
+        log().debug("qp {:#x}: SEND with invalidate names R_Key {:#x}, which cannot be", qp.qpn(),
+                    pkt.hdr.ieth_rkey);
+        qp.complete_recv(WcStatus::kRemInvReqErr, WcOpcode::kRecv, 0, 0, 0, false);
+        return nak_and_fail(qp, t, wire::NakCode::kInvalidRequest, psn);
+      }
+      flags |= kWcWithInv;
+      imm_or_rkey = pkt.hdr.ieth_rkey;
+    }
     qp.complete_recv(WcStatus::kSuccess, WcOpcode::kRecv,
-                     static_cast<uint32_t>(qp.resp.recv_offset), imm ? pkt.hdr.imm_be : 0,
-                     imm ? uint32_t{kWcWithImm} : 0u, pkt.hdr.bth.solicited);
+                     static_cast<uint32_t>(qp.resp.recv_offset), imm_or_rkey, flags,
+                     pkt.hdr.bth.solicited);
     qp.resp.in_send = false;
     qp.resp.msn = psn_add(qp.resp.msn, 1);
   }
@@ -227,7 +251,13 @@ void on_write(QueuePair& qp, const wire::Packet& pkt, Transport& t) {
   const size_t n = pkt.payload.size();
   if (n > qp.resp.write_left || (ends && n != qp.resp.write_left))
     return nak_and_fail(qp, t, wire::NakCode::kInvalidRequest, psn);
-  if (n) std::memcpy(qp.resp.write_ptr, pkt.payload.data(), n);
+  if (n && !net::guarded_copy(qp.resp.write_ptr, pkt.payload.data(), n)) {
+    // The MR's memory was unmapped (or protected) since registration: to the requester
+    // this is an R_Key violation (IBTA 9.7.5.2.4), never a crash of this process.
+    bump(t.counters().resp_access_faults);
+    log().debug("qp {:#x}: WRITE psn {:#x} hit unmapped memory", qp.qpn(), psn);
+    return nak_and_fail(qp, t, wire::NakCode::kRemoteAccessError, psn);
+  }
   qp.resp.write_ptr += n;
   qp.resp.write_left -= n;
   if (ends) {
@@ -256,6 +286,13 @@ void on_read(QueuePair& qp, const wire::Packet& pkt, Transport& t) {
   if (r.dma_length) {
     p = check_remote(qp, t, r.rkey, r.va, r.dma_length, kRemoteRead);
     if (!p) return nak_and_fail(qp, t, wire::NakCode::kRemoteAccessError, psn);
+    // The responses gather from this memory when they are sent: one read per page now
+    // finds memory unmapped since registration while a NAK can still say so.
+    if (!net::guarded_touch(p, r.dma_length)) {
+      bump(t.counters().resp_access_faults);
+      log().debug("qp {:#x}: READ psn {:#x} of unmapped memory", qp.qpn(), psn);
+      return nak_and_fail(qp, t, wire::NakCode::kRemoteAccessError, psn);
+    }
   }
   const uint32_t n = read_psns(qp, r.dma_length);
   remember(qp, {.read = true,
@@ -277,15 +314,30 @@ void on_atomic(QueuePair& qp, const wire::Packet& pkt, Transport& t) {
   uint8_t* p = check_remote(qp, t, a.rkey, a.va, 8, kRemoteAtomic);
   if (!p) return nak_and_fail(qp, t, wire::NakCode::kRemoteAccessError, psn);
   // Atomic with respect to other RDMA atomics (all run under the device lock) and to
-  // CPU atomics on the same word.
-  std::atomic_ref<uint64_t> word(*reinterpret_cast<uint64_t*>(p));
-  uint64_t orig;
-  if (pkt.hdr.bth.opcode == static_cast<uint8_t>(Opcode::kCompareSwap)) {
-    orig = a.compare;
-    word.compare_exchange_strong(orig, a.swap_add);
-  } else {
-    orig = word.fetch_add(a.swap_add);
+  // CPU atomics on the same word; under the fault guard (the word may have been unmapped).
+  struct AtomicOp {
+    uint64_t* word;
+    bool cas;
+    uint64_t compare, swap_add, orig;
+  } op{reinterpret_cast<uint64_t*>(p),
+       pkt.hdr.bth.opcode == static_cast<uint8_t>(Opcode::kCompareSwap), a.compare, a.swap_add, 0};
+  const bool done = net::guarded_call(
+      [](void* v) {
+        AtomicOp& o = *static_cast<AtomicOp*>(v);
+        std::atomic_ref<uint64_t> word(*o.word);
+        if (o.cas) {
+          o.orig = o.compare;
+          word.compare_exchange_strong(o.orig, o.swap_add);
+        } else {
+          o.orig = word.fetch_add(o.swap_add);
+        }
+      },
+      &op);
+  if (!done) {
+    bump(t.counters().resp_access_faults);
+    return nak_and_fail(qp, t, wire::NakCode::kRemoteAccessError, psn);
   }
+  const uint64_t orig = op.orig;
   remember(qp, {.read = false, .psn = psn, .last_psn = psn, .atomic_orig = orig});
   qp.resp.msn = psn_add(qp.resp.msn, 1);
   flush_ack(qp, t);
@@ -324,7 +376,8 @@ void on_duplicate(QueuePair& qp, const wire::Packet& pkt, Transport& t) {
     const uint8_t* p = nullptr;
     if (find_read(qp, pkt) &&
         (r.dma_length == 0 ||
-         (p = check_remote(qp, t, r.rkey, r.va, r.dma_length, kRemoteRead)) != nullptr)) {
+         ((p = check_remote(qp, t, r.rkey, r.va, r.dma_length, kRemoteRead)) != nullptr &&
+          net::guarded_touch(p, r.dma_length)))) {
       flush_ack(qp, t);
       send_read_responses(qp, t, psn, p, r.dma_length);
       return;
@@ -423,7 +476,7 @@ bool place_early(QueuePair& qp, const wire::Packet& pkt, Transport& t, ReceivedP
       p = check_remote(qp, t, r.rkey, r.va, r.dma_length, kRemoteWrite);
       if (!p) return false;  // the in-order copy draws the access error
     }
-    if (n) std::memcpy(p, pkt.payload.data(), n);
+    if (n && !net::guarded_copy(p, pkt.payload.data(), n)) return false;  // in order: NAK
     if (m & wire::kIsFirst) o.add_write({psn, p, r.dma_length, read_psns(qp, r.dma_length)});
     return true;
   }
@@ -432,8 +485,7 @@ bool place_early(QueuePair& qp, const wire::Packet& pkt, Transport& t, ReceivedP
   const uint64_t off = uint64_t(psn_diff(psn, w->first_psn)) * qp.mtu;
   const bool ends = m & wire::kIsLast;
   if (off + n > w->length || ends != (off + n == w->length)) return false;
-  std::memcpy(w->base + off, pkt.payload.data(), n);
-  return true;
+  return net::guarded_copy(w->base + off, pkt.payload.data(), n);
 }
 
 // PSNs a request uses: a READ its responses', everything else one.

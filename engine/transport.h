@@ -16,6 +16,7 @@ namespace softrdma::engine {
 
 class CompletionQueue;
 class MemoryRegion;
+class MemoryWindow;
 class QueuePair;
 struct Cqe;
 
@@ -34,6 +35,11 @@ class Transport {
   virtual void flush() = 0;
   /// The MR with this lkey/rkey, or nullptr.
   virtual MemoryRegion* find_mr(uint32_t key) = 0;
+  /// The memory window whose current R_Key is `rkey`, or nullptr. The default has none.
+  virtual MemoryWindow* find_mw(uint32_t rkey) {
+    (void)rkey;
+    return nullptr;
+  }
   /// The device's counters.
   virtual Counters& counters() = 0;
   /// Monotonic time, ns.

@@ -25,6 +25,8 @@
 // free-running byte counters (mod ring_bytes, a power of two).
 #include "net/shm_port.h"
 
+#include "net/fault_guard.h"
+
 #include <arpa/inet.h>
 #include <dirent.h>
 #include <errno.h>
@@ -609,7 +611,9 @@ ShmSendResult ShmPort::send(uint32_t dst_ip, const iovec* iov, size_t iovcnt, bo
   dst += kRecordHeader;
   for (size_t i = 0; i < iovcnt; ++i) {
     if (iov[i].iov_len == 0) continue;
-    std::memcpy(dst, iov[i].iov_base, iov[i].iov_len);
+    // Payload comes straight from registered memory, which may have been unmapped: the
+    // record stays unpublished (tail not moved) if the copy faults.
+    if (!guarded_copy(dst, iov[i].iov_base, iov[i].iov_len)) return ShmSendResult::kFault;
     dst += iov[i].iov_len;
   }
   p.tail += need;

@@ -83,6 +83,8 @@ enum class ShmSendResult {
   kFull,    ///< the ring has no room: the packet was dropped (RoCE retransmits it)
   kNoPeer,  ///< no live mailbox for dst (or no free ring there, or the packet is larger than
             ///< max_packet_bytes): nothing was written; send by UDP or drop
+  kFault,   ///< reading the packet's memory faulted (unmapped since registration): the
+            ///< record was not published (net/fault_guard.h)
 };
 
 /// Counters of one port (plain integers: read them under the same lock as the port).

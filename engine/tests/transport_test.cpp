@@ -14,6 +14,7 @@
 
 #include "engine/cq.h"
 #include "engine/memory.h"
+#include "engine/mw.h"
 #include "engine/object_registry.h"
 #include "engine/qp.h"
 #include "wire/icrc.h"
@@ -39,6 +40,12 @@ class FakeDevice : public ObjectRegistry {
     return next_key_;
   }
   void unregister_mr(uint32_t key) override { mrs_.erase(key); }
+  uint32_t register_mw(MemoryWindow* mw) override {
+    next_key_ += 0x100;
+    mws_[next_key_ >> 8] = mw;
+    return next_key_;
+  }
+  void unregister_mw(uint32_t rkey) override { mws_.erase(rkey >> 8); }
   uint8_t active_mtu() const override { return 5; }
   Transport& transport() override { return *transport_; }
   void try_progress() override {}
@@ -46,6 +53,10 @@ class FakeDevice : public ObjectRegistry {
   MemoryRegion* find_mr(uint32_t key) {
     auto it = mrs_.find(key);
     return it == mrs_.end() ? nullptr : it->second;
+  }
+  MemoryWindow* find_mw(uint32_t rkey) {
+    auto it = mws_.find(rkey >> 8);
+    return it == mws_.end() || it->second->rkey() != rkey ? nullptr : it->second;
   }
   /// The address the QPs' address vectors name (any IPv4 address will do).
   uint32_t ip() const { return 0x7f000001; }
@@ -56,6 +67,7 @@ class FakeDevice : public ObjectRegistry {
   std::mutex mu_;
   std::unordered_map<uint32_t, QueuePair*> qps_;
   std::unordered_map<uint32_t, MemoryRegion*> mrs_;
+  std::unordered_map<uint32_t, MemoryWindow*> mws_;
   uint32_t next_qpn_ = 0x100;
   uint32_t next_key_ = 0;
 };
@@ -77,6 +89,7 @@ class FakeTransport : public Transport {
   }
   void flush() override {}
   MemoryRegion* find_mr(uint32_t key) override { return dev_.find_mr(key); }
+  MemoryWindow* find_mw(uint32_t rkey) override { return dev_.find_mw(rkey); }
   Counters& counters() override { return counters_; }
   uint64_t now_ns() override { return now_; }
   void timer_armed(QueuePair&, uint64_t) override {}
@@ -825,7 +838,7 @@ TEST_F(TransportTest, ALostResendIsSentAgainAfterOneAndAHalfRttsWithoutATimeout)
 TEST_F(TransportTest, ACeMarkedRequestDrawsARateLimitedCnpThatCutsTheRequestersRate) {
   ta->dcqcn = true;
   ta->dcqcn_params.line_rate = 1e9 / 8 / 1e9;  // 1 Gbit/s
-  a->req.cc_checked = false;  // the move to RTS asked before the test set it
+  a->req.cc_checked = false;                   // the move to RTS asked before the test set it
   ASSERT_EQ(post(*a, WrOpcode::kRdmaWrite, 0, 4 * kMtu, 0, 1), kOk);
   ASSERT_TRUE(a->req.cc_on);
   ASSERT_EQ(ta->sent.size(), 4u);
