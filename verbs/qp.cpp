@@ -14,7 +14,11 @@ namespace {
 static_assert(sizeof(ibv_sge) == sizeof(engine::Sge));
 static_assert(offsetof(ibv_sge, lkey) == offsetof(engine::Sge, lkey));
 static_assert(IBV_WR_ATOMIC_FETCH_AND_ADD == int(engine::WrOpcode::kFetchAdd) &&
-              IBV_WR_ATOMIC_FETCH_AND_ADD + 1 == int(engine::kWrOpcodeCount));
+              IBV_WR_LOCAL_INV == int(engine::WrOpcode::kLocalInv) &&
+              IBV_WR_BIND_MW == int(engine::WrOpcode::kBindMw) &&
+              IBV_WR_SEND_WITH_INV + 1 == int(engine::kWrOpcodeCount));
+static_assert(IBV_WC_LOCAL_INV == int(engine::WcOpcode::kLocalInv) &&
+              IBV_WC_WITH_INV == int(engine::kWcWithInv));
 static_assert(unsigned(IBV_QP_DEST_QPN) == engine::kAttrDestQpn &&
               unsigned(IBV_QP_RATE_LIMIT) == engine::kAttrRateLimit);
 static_assert(unsigned(IBV_ACCESS_REMOTE_ATOMIC) == engine::kRemoteAtomic);
@@ -66,6 +70,45 @@ ibv_qp* create_qp_common(ibv_pd* pd, ibv_qp_init_attr_ex* a) {
   return &ib;
 }
 
+/// The engine's view of one ibv_send_wr (fields by opcode, as rxe's init_send_wr). False
+/// for an opcode the engine does not implement or a negative num_sge.
+bool to_engine_wr(const ibv_send_wr& w, engine::SendWr& e) {
+  if (!engine::wr_opcode_supported(w.opcode) || w.num_sge < 0) return false;
+  e.wr_id = w.wr_id;
+  e.opcode = static_cast<engine::WrOpcode>(w.opcode);
+  e.flags = w.send_flags;
+  e.imm_be = w.imm_data;
+  e.sg_list = reinterpret_cast<const engine::Sge*>(w.sg_list);
+  e.num_sge = static_cast<uint32_t>(w.num_sge);
+  switch (engine::wr_info(e.opcode).cls) {
+    case engine::WrClass::kAtomic:
+      e.remote_addr = w.wr.atomic.remote_addr;
+      e.rkey = w.wr.atomic.rkey;
+      e.compare_add = w.wr.atomic.compare_add;
+      e.swap = w.wr.atomic.swap;
+      break;
+    case engine::WrClass::kLocal:
+      e.sg_list = nullptr;  // a local operation gathers nothing
+      e.num_sge = 0;
+      e.flags &= ~unsigned(IBV_SEND_INLINE);
+      if (e.opcode == engine::WrOpcode::kLocalInv) {
+        e.invalidate_rkey = w.invalidate_rkey;
+      } else {
+        const ibv_mw_bind_info& b = w.bind_mw.bind_info;
+        if (!w.bind_mw.mw) return false;
+        e.bind = {w.bind_mw.mw->rkey,  w.bind_mw.rkey,   b.mr ? b.mr->lkey : 0u, b.addr,
+                  b.mr ? b.length : 0, b.mw_access_flags};
+      }
+      break;
+    default:
+      e.remote_addr = w.wr.rdma.remote_addr;
+      e.rkey = w.wr.rdma.rkey;
+      if (e.opcode == engine::WrOpcode::kSendInv) e.invalidate_rkey = w.invalidate_rkey;
+      break;
+  }
+  return true;
+}
+
 }  // namespace
 
 namespace softrdma::verbs {
@@ -74,45 +117,26 @@ int op_post_send(ibv_qp* ibqp, ibv_send_wr* wr, ibv_send_wr** bad) {
   engine::QueuePair& qp = *to_qp(ibqp)->qp;
   thread_local std::vector<engine::SendWr> wrs;
   wrs.clear();
+  ibv_send_wr* refused = nullptr;
   for (ibv_send_wr* w = wr; w; w = w->next) {
     engine::SendWr e;
-    e.wr_id = w->wr_id;
-    if (!engine::wr_opcode_supported(w->opcode) || w->num_sge < 0) {
-      // SEND_WITH_INV, LOCAL_INV, BIND_MW, TSO, ATOMIC_WRITE, …: not on an RC QP here.
-      // WRs before this one are posted.
-      size_t ok = 0;
-      engine::Status st = qp.post_send_batch(wrs.data(), wrs.size(), ok);
-      if (bad) {
-        ibv_send_wr* b = wr;
-        for (size_t i = 0; i < ok; ++i) b = b->next;
-        *bad = st == engine::kOk ? w : b;
-      }
-      return st == engine::kOk ? EINVAL : err(st);
-    }
-    e.opcode = static_cast<engine::WrOpcode>(w->opcode);
-    e.flags = w->send_flags;
-    e.imm_be = w->imm_data;
-    e.sg_list = reinterpret_cast<const engine::Sge*>(w->sg_list);
-    e.num_sge = static_cast<uint32_t>(w->num_sge);
-    if (engine::wr_info(e.opcode).cls == engine::WrClass::kAtomic) {
-      e.remote_addr = w->wr.atomic.remote_addr;
-      e.rkey = w->wr.atomic.rkey;
-      e.compare_add = w->wr.atomic.compare_add;
-      e.swap = w->wr.atomic.swap;
-    } else {
-      e.remote_addr = w->wr.rdma.remote_addr;
-      e.rkey = w->wr.rdma.rkey;
+    if (!to_engine_wr(*w, e)) {
+      // TSO, DRIVER1, ATOMIC_WRITE, …: not on this device. WRs before this one are posted.
+      refused = w;
+      break;
     }
     wrs.push_back(e);
   }
   size_t ok = 0;
   engine::Status st = qp.post_send_batch(wrs.data(), wrs.size(), ok);
-  if (st != engine::kOk && bad) {
-    ibv_send_wr* b = wr;
-    for (size_t i = 0; i < ok; ++i) b = b->next;
-    *bad = b;
-  }
-  return err(st);
+  // A window's R_Key changes with each bind posted (what rxe's provider does for
+  // ibv_bind_mw); the application reads the new one from the ibv_mw.
+  ibv_send_wr* w = wr;
+  for (size_t i = 0; i < ok; ++i, w = w->next)
+    if (w->opcode == IBV_WR_BIND_MW) w->bind_mw.mw->rkey = w->bind_mw.rkey;
+  if (st == engine::kOk && !refused) return 0;
+  if (bad) *bad = st == engine::kOk ? refused : w;
+  return st == engine::kOk ? EINVAL : err(st);
 }
 
 int op_post_recv(ibv_qp* ibqp, ibv_recv_wr* wr, ibv_recv_wr** bad) {
@@ -138,8 +162,15 @@ int op_post_srq_recv(ibv_srq*, ibv_recv_wr* wr, ibv_recv_wr** bad) {
 ibv_qp* ctx_create_qp_ex(ibv_context* ctx, ibv_qp_init_attr_ex* a) {
   if (!(a->comp_mask & IBV_QP_INIT_ATTR_PD) || !a->pd || a->pd->context != ctx)
     return fail<ibv_qp>(EINVAL);
-  if (a->comp_mask & ~uint32_t(IBV_QP_INIT_ATTR_PD)) return fail<ibv_qp>(EOPNOTSUPP);
-  return create_qp_common(a->pd, a);
+  constexpr uint32_t kKnown = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
+  if (a->comp_mask & ~kKnown) return fail<ibv_qp>(EOPNOTSUPP);
+  const bool ex = a->comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
+  if (ex) {
+    if (int e = check_send_ops_flags(a->qp_type, a->send_ops_flags)) return fail<ibv_qp>(e);
+  }
+  ibv_qp* qp = create_qp_common(a->pd, a);
+  if (qp && ex) enable_qp_ex(to_qp(qp), a->send_ops_flags);
+  return qp;
 }
 
 }  // namespace softrdma::verbs
@@ -256,9 +287,5 @@ int ibv_destroy_qp(ibv_qp* qp) {
   delete q;
   return 0;
 }
-
-ibv_qp_ex* ibv_qp_to_qp_ex(ibv_qp*) {
-  return nullptr;
-}  // only QPs created with send_ops
 
 }  // extern "C"
