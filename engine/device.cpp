@@ -81,6 +81,7 @@ bool DeviceConfig::from_environment(DeviceConfig& out, std::string& error) {
       !params::read_integer(params::kSpinUs, spin_us, error) ||
       !params::read_flag(params::kGso, c.udp_offload, error) ||
       !params::read_flag(params::kSelectiveRetx, c.selective_retx, error) ||
+      !params::read_flag(params::kFaultGuard, c.fault_guard, error) ||
       !params::read_text(params::kCc, cc, error))
     return false;
   if (cc == "dcqcn")
@@ -125,7 +126,7 @@ bool DeviceConfig::from_environment(DeviceConfig& out, std::string& error) {
 
 std::unique_ptr<Device> Device::open(const DeviceConfig& cfg, int& err) {
   // Copies into and out of registered memory survive memory unmapped since registration.
-  net::install_fault_guard();
+  if (cfg.fault_guard) net::install_fault_guard();
   std::unique_ptr<Device> d(new Device());
   err = 0;
   if (cfg.ip) {

@@ -88,11 +88,14 @@ struct DeviceConfig {
   uint64_t spin_ns = 20'000;
   /// Selective retransmission with softrdma peers that ask for it (SOFTRDMA_SELECTIVE_RETX).
   bool selective_retx = true;
+  /// SOFTRDMA_FAULT_GUARD: install the fault guard (net/fault_guard.h) when the device opens.
+  bool fault_guard = true;
   /// Congestion control of this device's requesters (SOFTRDMA_CC).
   CongestionControl cc = CongestionControl::kAuto;
 
   /// Reads SOFTRDMA_ADDR, SOFTRDMA_NETEM, SOFTRDMA_WAN, SOFTRDMA_PCAP, SOFTRDMA_GSO,
-  /// SOFTRDMA_SPIN_US, SOFTRDMA_SELECTIVE_RETX, SOFTRDMA_CC and SOFTRDMA_TRANSPORT. Returns false
+  /// SOFTRDMA_SPIN_US, SOFTRDMA_SELECTIVE_RETX, SOFTRDMA_FAULT_GUARD, SOFTRDMA_CC and
+  /// SOFTRDMA_TRANSPORT. Returns false
   /// with `error` set when a variable is malformed.
   static bool from_environment(DeviceConfig& out, std::string& error);
 };

@@ -162,8 +162,13 @@ int op_post_srq_recv(ibv_srq*, ibv_recv_wr* wr, ibv_recv_wr** bad) {
 ibv_qp* ctx_create_qp_ex(ibv_context* ctx, ibv_qp_init_attr_ex* a) {
   if (!(a->comp_mask & IBV_QP_INIT_ATTR_PD) || !a->pd || a->pd->context != ctx)
     return fail<ibv_qp>(EINVAL);
-  constexpr uint32_t kKnown = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
+  constexpr uint32_t kKnown =
+      IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS | IBV_QP_INIT_ATTR_CREATE_FLAGS;
   if (a->comp_mask & ~kKnown) return fail<ibv_qp>(EOPNOTSUPP);
+  // No create flag (scatter FCS, CVLAN stripping, source QPN, …) applies to this device;
+  // the mask bit with no flag set is accepted (pyverbs sets it at random).
+  if ((a->comp_mask & IBV_QP_INIT_ATTR_CREATE_FLAGS) && a->create_flags)
+    return fail<ibv_qp>(EOPNOTSUPP);
   const bool ex = a->comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
   if (ex) {
     if (int e = check_send_ops_flags(a->qp_type, a->send_ops_flags)) return fail<ibv_qp>(e);
