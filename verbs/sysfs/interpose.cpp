@@ -149,23 +149,48 @@ const char* map(const char* path, std::string& keep) {
   return keep.c_str();
 }
 
+/// fn(tree path, args…) for a path-taking libc function `fn`.
+template <class Fn, class... Args>
+auto redirect(Fn fn, const char* path, Args... args) {
+  std::string keep;
+  return fn(map(path, keep), args...);
+}
+/// fn(dirfd, tree path, args…) for the *at forms (a relative path is left alone).
+template <class Fn, class... Args>
+auto redirect_at(Fn fn, int dirfd, const char* path, Args... args) {
+  std::string keep;
+  return fn(dirfd, map(path, keep), args...);
+}
+
 bool is_uverbs(const char* path) {
   return path && std::strncmp(path, "/dev/infiniband/uverbs", 22) == 0;
 }
 
-/// /dev/infiniband/uverbsN is a character device 231:192+N (its stand-in is /dev/null).
-void fix_uverbs(const char* path, int rc, mode_t& mode, dev_t& rdev) {
-  if (rc != 0 || !is_uverbs(path)) return;
-  mode = S_IFCHR | 0666;
-  rdev = makedev(softrdma::verbs::kUverbsMajor, softrdma::verbs::kUverbsMinor);
-}
-
-/// A mode argument is present when O_CREAT or O_TMPFILE is.
-bool wants_mode(int flags) {
-  return (flags & O_CREAT) || (flags & O_TMPFILE) == O_TMPFILE;
+/// /dev/infiniband/uverbsN is a character device 231:192 (its stand-in is /dev/null):
+/// patches a successful stat of it; returns `rc`.
+template <class Stat>
+int fix_uverbs(const char* path, int rc, Stat* st) {
+  if (rc == 0 && is_uverbs(path)) {
+    st->st_mode = S_IFCHR | 0666;
+    st->st_rdev = makedev(softrdma::verbs::kUverbsMajor, softrdma::verbs::kUverbsMinor);
+  }
+  return rc;
 }
 
 }  // namespace
+
+/// Declares `mode`: the mode argument of an open call that has one (O_CREAT or O_TMPFILE),
+/// else 0. A macro: it reads the calling function's variadic arguments.
+#define DECLARE_OPEN_MODE(flags, mode)                         \
+  mode_t mode = 0;                                             \
+  if (((flags)&O_CREAT) || ((flags)&O_TMPFILE) == O_TMPFILE) { \
+    va_list ap;                                                \
+    va_start(ap, flags);                                       \
+    mode = va_arg(ap, mode_t);                                 \
+    va_end(ap);                                                \
+  }
+
+namespace {}  // namespace
 
 // Declarations glibc's headers no longer give (pre-2.33 stat entry points, still exported
 // for old binaries).
@@ -184,114 +209,61 @@ int __openat64_2(int, const char*, int);
 
 extern "C" {
 
-// ---- open ----------------------------------------------------------------------------
+// ---- open, stat, access, directories, links --------------------------------------------
+// Each call goes to the real function with the tree's path in place of a virtual one.
 
 int open(const char* path, int flags, ...) {
-  mode_t mode = 0;
-  if (wants_mode(flags)) {
-    va_list ap;
-    va_start(ap, flags);
-    mode = va_arg(ap, mode_t);
-    va_end(ap);
-  }
-  std::string k;
-  return REAL(open)(map(path, k), flags, mode);
+  DECLARE_OPEN_MODE(flags, mode);
+  return redirect(REAL(open), path, flags, mode);
 }
 int open64(const char* path, int flags, ...) {
-  mode_t mode = 0;
-  if (wants_mode(flags)) {
-    va_list ap;
-    va_start(ap, flags);
-    mode = va_arg(ap, mode_t);
-    va_end(ap);
-  }
-  std::string k;
-  return REAL(open64)(map(path, k), flags, mode);
+  DECLARE_OPEN_MODE(flags, mode);
+  return redirect(REAL(open64), path, flags, mode);
 }
 int openat(int dirfd, const char* path, int flags, ...) {
-  mode_t mode = 0;
-  if (wants_mode(flags)) {
-    va_list ap;
-    va_start(ap, flags);
-    mode = va_arg(ap, mode_t);
-    va_end(ap);
-  }
-  std::string k;
-  return REAL(openat)(dirfd, map(path, k), flags, mode);
+  DECLARE_OPEN_MODE(flags, mode);
+  return redirect_at(REAL(openat), dirfd, path, flags, mode);
 }
 int openat64(int dirfd, const char* path, int flags, ...) {
-  mode_t mode = 0;
-  if (wants_mode(flags)) {
-    va_list ap;
-    va_start(ap, flags);
-    mode = va_arg(ap, mode_t);
-    va_end(ap);
-  }
-  std::string k;
-  return REAL(openat64)(dirfd, map(path, k), flags, mode);
+  DECLARE_OPEN_MODE(flags, mode);
+  return redirect_at(REAL(openat64), dirfd, path, flags, mode);
 }
 int __open_2(const char* path, int flags) {
-  std::string k;
-  return REAL(__open_2)(map(path, k), flags);
+  return redirect(REAL(__open_2), path, flags);
 }
 int __open64_2(const char* path, int flags) {
-  std::string k;
-  return REAL(__open64_2)(map(path, k), flags);
+  return redirect(REAL(__open64_2), path, flags);
 }
 int __openat_2(int dirfd, const char* path, int flags) {
-  std::string k;
-  return REAL(__openat_2)(dirfd, map(path, k), flags);
+  return redirect_at(REAL(__openat_2), dirfd, path, flags);
 }
 int __openat64_2(int dirfd, const char* path, int flags) {
-  std::string k;
-  return REAL(__openat64_2)(dirfd, map(path, k), flags);
+  return redirect_at(REAL(__openat64_2), dirfd, path, flags);
 }
 FILE* fopen(const char* path, const char* mode) {
-  std::string k;
-  return REAL(fopen)(map(path, k), mode);
+  return redirect(REAL(fopen), path, mode);
 }
 FILE* fopen64(const char* path, const char* mode) {
-  std::string k;
-  return REAL(fopen64)(map(path, k), mode);
+  return redirect(REAL(fopen64), path, mode);
 }
-
-// ---- stat ----------------------------------------------------------------------------
 
 int stat(const char* path, struct stat* st) {
-  std::string k;
-  const int rc = REAL(stat)(map(path, k), st);
-  fix_uverbs(path, rc, st->st_mode, st->st_rdev);
-  return rc;
+  return fix_uverbs(path, redirect(REAL(stat), path, st), st);
 }
 int stat64(const char* path, struct stat64* st) {
-  std::string k;
-  const int rc = REAL(stat64)(map(path, k), st);
-  fix_uverbs(path, rc, st->st_mode, st->st_rdev);
-  return rc;
+  return fix_uverbs(path, redirect(REAL(stat64), path, st), st);
 }
 int lstat(const char* path, struct stat* st) {
-  std::string k;
-  const int rc = REAL(lstat)(map(path, k), st);
-  fix_uverbs(path, rc, st->st_mode, st->st_rdev);
-  return rc;
+  return fix_uverbs(path, redirect(REAL(lstat), path, st), st);
 }
 int lstat64(const char* path, struct stat64* st) {
-  std::string k;
-  const int rc = REAL(lstat64)(map(path, k), st);
-  fix_uverbs(path, rc, st->st_mode, st->st_rdev);
-  return rc;
+  return fix_uverbs(path, redirect(REAL(lstat64), path, st), st);
 }
 int fstatat(int dirfd, const char* path, struct stat* st, int flags) {
-  std::string k;
-  const int rc = REAL(fstatat)(dirfd, map(path, k), st, flags);
-  fix_uverbs(path, rc, st->st_mode, st->st_rdev);
-  return rc;
+  return fix_uverbs(path, redirect_at(REAL(fstatat), dirfd, path, st, flags), st);
 }
 int fstatat64(int dirfd, const char* path, struct stat64* st, int flags) {
-  std::string k;
-  const int rc = REAL(fstatat64)(dirfd, map(path, k), st, flags);
-  fix_uverbs(path, rc, st->st_mode, st->st_rdev);
-  return rc;
+  return fix_uverbs(path, redirect_at(REAL(fstatat64), dirfd, path, st, flags), st);
 }
 // The pre-2.33 entry points: on x86_64 their struct is the kernel's, as stat's.
 int __xstat(int, const char* path, struct stat* st) {
@@ -313,8 +285,7 @@ int __fxstatat64(int, int dirfd, const char* path, struct stat64* st, int flags)
   return fstatat64(dirfd, path, st, flags);
 }
 int statx(int dirfd, const char* path, int flags, unsigned int mask, struct statx* st) {
-  std::string k;
-  const int rc = REAL(statx)(dirfd, map(path, k), flags, mask, st);
+  const int rc = redirect_at(REAL(statx), dirfd, path, flags, mask, st);
   if (rc == 0 && is_uverbs(path)) {
     st->stx_mode = S_IFCHR | 0666;
     st->stx_rdev_major = softrdma::verbs::kUverbsMajor;
@@ -323,57 +294,42 @@ int statx(int dirfd, const char* path, int flags, unsigned int mask, struct stat
   return rc;
 }
 
-// ---- access, directories, links --------------------------------------------------------
-
 int access(const char* path, int how) {
-  std::string k;
-  return REAL(access)(map(path, k), how);
+  return redirect(REAL(access), path, how);
 }
 int faccessat(int dirfd, const char* path, int how, int flags) {
-  std::string k;
-  return REAL(faccessat)(dirfd, map(path, k), how, flags);
+  return redirect_at(REAL(faccessat), dirfd, path, how, flags);
 }
 int euidaccess(const char* path, int how) {
-  std::string k;
-  return REAL(euidaccess)(map(path, k), how);
+  return redirect(REAL(euidaccess), path, how);
 }
 int eaccess(const char* path, int how) {
-  std::string k;
-  return REAL(eaccess)(map(path, k), how);
+  return redirect(REAL(eaccess), path, how);
 }
 DIR* opendir(const char* path) {
-  std::string k;
-  return REAL(opendir)(map(path, k));
+  return redirect(REAL(opendir), path);
 }
 int chdir(const char* path) {
-  std::string k;
-  return REAL(chdir)(map(path, k));
+  return redirect(REAL(chdir), path);
 }
 ssize_t readlink(const char* path, char* buf, size_t size) {
-  std::string k;
-  return REAL(readlink)(map(path, k), buf, size);
+  return redirect(REAL(readlink), path, buf, size);
 }
 ssize_t readlinkat(int dirfd, const char* path, char* buf, size_t size) {
-  std::string k;
-  return REAL(readlinkat)(dirfd, map(path, k), buf, size);
+  return redirect_at(REAL(readlinkat), dirfd, path, buf, size);
 }
-
 // Extended attributes (ls -l asks for ACLs and security labels).
 ssize_t getxattr(const char* path, const char* name, void* value, size_t size) {
-  std::string k;
-  return REAL(getxattr)(map(path, k), name, value, size);
+  return redirect(REAL(getxattr), path, name, value, size);
 }
 ssize_t lgetxattr(const char* path, const char* name, void* value, size_t size) {
-  std::string k;
-  return REAL(lgetxattr)(map(path, k), name, value, size);
+  return redirect(REAL(lgetxattr), path, name, value, size);
 }
 ssize_t listxattr(const char* path, char* list, size_t size) {
-  std::string k;
-  return REAL(listxattr)(map(path, k), list, size);
+  return redirect(REAL(listxattr), path, list, size);
 }
 ssize_t llistxattr(const char* path, char* list, size_t size) {
-  std::string k;
-  return REAL(llistxattr)(map(path, k), list, size);
+  return redirect(REAL(llistxattr), path, list, size);
 }
 
 /// realpath of a virtual path: resolved in the tree, then given back under its virtual name

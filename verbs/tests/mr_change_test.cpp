@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <functional>
 
 #include "verbs/tests/harness.h"
 
@@ -161,77 +162,65 @@ void unmapped_target(Role& r, const std::function<void(uint8_t*)>& change) {
   ::munmap(p + 2 * pg, pg);
 }
 
-TEST(MrChange, RemoteWriteIntoMemoryUnmappedAfterRegistration) {
+/// One unmapped/protected-memory test: the target applies `change` to the middle of three
+/// registered pages (unmapped_target); the initiator then checks that a WRITE into the first
+/// page still works and runs `probe`, its access into the changed page.
+void run_changed_memory(std::function<void(uint8_t*)> change,
+                        std::function<void(Role&, const Region&)> probe) {
   run_pair(
       ConnOptions{},
-      [](Role& r) {
+      [probe](Role& r) {
         fill_pattern(r.buf(), 8192, kSeed);
         const auto g = r.recv_value<Region>(1);
-        r.recv_value<uint32_t>(1);  // the middle page is gone
+        r.recv_value<uint32_t>(1);  // the middle page has changed
         EXPECT_EQ(IBV_WC_SUCCESS, write_to(r, g, 0, 64, 1));
-        // A two-packet WRITE (MTU 1024) that starts in the first page and runs into the hole.
-        EXPECT_EQ(IBV_WC_REM_ACCESS_ERR, write_to(r, g, page() - 1024, 2048, 2));
+        probe(r, g);
         r.barrier();
       },
-      [](Role& r) { unmapped_target(r, [](uint8_t* mid) { ::munmap(mid, page()); }); });
+      [change](Role& r) { unmapped_target(r, change); });
+}
+
+void unmap_page(uint8_t* p) {
+  ::munmap(p, page());
+}
+
+TEST(MrChange, RemoteWriteIntoMemoryUnmappedAfterRegistration) {
+  run_changed_memory(unmap_page, [](Role& r, const Region& g) {
+    // A two-packet WRITE (MTU 1024) that starts in the first page and runs into the hole.
+    EXPECT_EQ(IBV_WC_REM_ACCESS_ERR, write_to(r, g, page() - 1024, 2048, 2));
+  });
 }
 
 TEST(MrChange, RemoteReadOfMemoryUnmappedAfterRegistration) {
-  run_pair(
-      ConnOptions{},
-      [](Role& r) {
-        fill_pattern(r.buf(), 64, kSeed);
-        const auto g = r.recv_value<Region>(1);
-        r.recv_value<uint32_t>(1);
-        EXPECT_EQ(IBV_WC_SUCCESS, write_to(r, g, 0, 64, 1));
-        auto& l = r.link();
-        ASSERT_EQ(0, post_send(l.ep.qp, IBV_WR_RDMA_READ, 2, r.buf() + 65536, 100, r.lkey(),
-                               g.addr + page() + 8, g.rkey));
-        EXPECT_EQ(IBV_WC_REM_ACCESS_ERR, poll_one(l.ep.scq).status);
-        r.barrier();
-      },
-      [](Role& r) { unmapped_target(r, [](uint8_t* mid) { ::munmap(mid, page()); }); });
+  run_changed_memory(unmap_page, [](Role& r, const Region& g) {
+    auto& l = r.link();
+    ASSERT_EQ(0, post_send(l.ep.qp, IBV_WR_RDMA_READ, 2, r.buf() + 65536, 100, r.lkey(),
+                           g.addr + page() + 8, g.rkey));
+    EXPECT_EQ(IBV_WC_REM_ACCESS_ERR, poll_one(l.ep.scq).status);
+  });
 }
 
 TEST(MrChange, RemoteAtomicOnMemoryUnmappedAfterRegistration) {
-  run_pair(
-      ConnOptions{},
-      [](Role& r) {
-        fill_pattern(r.buf(), 64, kSeed);
-        const auto g = r.recv_value<Region>(1);
-        r.recv_value<uint32_t>(1);
-        EXPECT_EQ(IBV_WC_SUCCESS, write_to(r, g, 0, 64, 1));
-        auto& l = r.link();
-        SendWr w(IBV_WR_ATOMIC_FETCH_AND_ADD, 2);
-        w.add_sge(r.buf() + 65536, 8, r.lkey()).atomic(g.addr + page(), g.rkey, 1);
-        ASSERT_EQ(0, w.post(l.ep.qp));
-        EXPECT_EQ(IBV_WC_REM_ACCESS_ERR, poll_one(l.ep.scq).status);
-        r.barrier();
-      },
-      [](Role& r) { unmapped_target(r, [](uint8_t* mid) { ::munmap(mid, page()); }); });
+  run_changed_memory(unmap_page, [](Role& r, const Region& g) {
+    SendWr w(IBV_WR_ATOMIC_FETCH_AND_ADD, 2);
+    w.add_sge(r.buf() + 65536, 8, r.lkey()).atomic(g.addr + page(), g.rkey, 1);
+    ASSERT_EQ(0, w.post(r.link().ep.qp));
+    EXPECT_EQ(IBV_WC_REM_ACCESS_ERR, poll_one(r.link().ep.scq).status);
+  });
 }
 
 // Made read-only after registration: a WRITE fails (SIGSEGV on a present page), a READ of
 // the same page still works.
 TEST(MrChange, RemoteWriteIntoMemoryProtectedAfterRegistration) {
-  run_pair(
-      ConnOptions{},
-      [](Role& r) {
-        fill_pattern(r.buf(), 64, kSeed);
-        const auto g = r.recv_value<Region>(1);
-        r.recv_value<uint32_t>(1);
-        EXPECT_EQ(IBV_WC_SUCCESS, write_to(r, g, 0, 64, 1));
-        auto& l = r.link();
-        ASSERT_EQ(0, post_send(l.ep.qp, IBV_WR_RDMA_READ, 2, r.buf() + 65536, 16, r.lkey(),
-                               g.addr + page(), g.rkey));
-        poll_success(l.ep.scq, 2, IBV_WC_RDMA_READ);
-        EXPECT_TRUE(AllBytesAre(r.buf() + 65536, 16, kGuard));
-        EXPECT_EQ(IBV_WC_REM_ACCESS_ERR, write_to(r, g, page(), 8, 3));
-        r.barrier();
-      },
-      [](Role& r) {
-        unmapped_target(r, [](uint8_t* mid) { ::mprotect(mid, page(), PROT_READ); });
-      });
+  run_changed_memory([](uint8_t* mid) { ::mprotect(mid, page(), PROT_READ); },
+                     [](Role& r, const Region& g) {
+                       auto& l = r.link();
+                       ASSERT_EQ(0, post_send(l.ep.qp, IBV_WR_RDMA_READ, 2, r.buf() + 65536, 16,
+                                              r.lkey(), g.addr + page(), g.rkey));
+                       poll_success(l.ep.scq, 2, IBV_WC_RDMA_READ);
+                       EXPECT_TRUE(AllBytesAre(r.buf() + 65536, 16, kGuard));
+                       EXPECT_EQ(IBV_WC_REM_ACCESS_ERR, write_to(r, g, page(), 8, 3));
+                     });
 }
 
 // ---- on-demand paging ------------------------------------------------------------------
