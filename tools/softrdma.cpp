@@ -378,7 +378,8 @@ int main(int argc, char** argv) {
   CLI::App app{
       "softrdma: user-space RoCEv2 behind the libibverbs API/ABI. Unmodified verbs programs\n"
       "run over it through the drop-in libibverbs.so.1; this tool starts them (run), shows\n"
-      "the devices' counters (stat) and lists the SOFTRDMA_* parameters (params)."};
+      "the devices' counters (stat), lists the SOFTRDMA_* parameters (params) and writes\n"
+      "srdma0's sysfs tree for bind mounts (sysfs)."};
   app.name("softrdma");
   app.set_version_flag("--version", std::string(SOFTRDMA_VERSION));
   app.require_subcommand(1, 1);
