@@ -89,6 +89,8 @@ std::string_view group_name(Group group) {
       return "ccl";
     case Group::kKv:
       return "kv";
+    case Group::kCm:
+      return "cm";
   }
   return {};
 }

@@ -31,8 +31,9 @@
 namespace softrdma::params {
 
 /// Who reads a parameter: the device (engine/ inside the drop-in libibverbs.so.1), the
-/// collectives library (ccl/) or the KV-cache transfer engine (kv/).
-enum class Group : uint8_t { kDevice, kCcl, kKv };
+/// collectives library (ccl/), the KV-cache transfer engine (kv/) or the RDMA-CM (cm/, the
+/// drop-in librdmacm.so.1).
+enum class Group : uint8_t { kDevice, kCcl, kKv, kCm };
 
 /// How a value is written.
 enum class Kind : uint8_t {
@@ -420,13 +421,16 @@ inline constexpr Param kParams[] = {
     {.name = "SOFTRDMA_KV_MAX_WR",
      .group = Group::kKv,
      .kind = Kind::kInteger,
-     .default_value = 32,
-     .default_text = "32",
+     .default_value = 256,
+     .default_text = "256",
      .min = 1,
      .max = 1024,
      .unit = "WRs",
      .empty_is_error = true,
-     .doc = "slices outstanding per QP; the rest wait in the engine's queue"},
+     .doc = "slices outstanding per QP; the rest wait in the engine's queue. Over a long link "
+            "the bytes outstanding (max_wr × QPs × slice or block size) must cover the "
+            "bandwidth-delay product: with 32, a Llama-3-8B hand-off of 32 KiB blocks over 10 "
+            "Gbit/s and 10 ms RTT ran at 1.5 Gbit/s"},
     {.name = "SOFTRDMA_KV_IB_TIMEOUT",
      .group = Group::kKv,
      .kind = Kind::kInteger,
@@ -464,6 +468,26 @@ inline constexpr Param kParams[] = {
      .max = 86'400'000,
      .unit = "ms",
      .doc = "bound on one handshake with a peer (TCP connect, QP exchange)"},
+    // ---- RDMA-CM (cm/, the drop-in librdmacm.so.1, read when it opens a device) ----------
+    {.name = "SOFTRDMA_CM_RESPONSE_TIMEOUT",
+     .group = Group::kCm,
+     .kind = Kind::kInteger,
+     .default_value = 20,
+     .default_text = "20 (4.3 s)",
+     .min = 8,
+     .max = 24,
+     .unit = "(n of 4.096 µs · 2^n)",
+     .doc = "CM response timeout written in REQ/REP (IBTA 12.6.5; Linux's CMA_CM_RESPONSE_TIMEOUT "
+            "is 20): a REQ, REP, DREQ or SIDR_REQ is resent after 2 × packet life time + this"},
+    {.name = "SOFTRDMA_CM_RETRIES",
+     .group = Group::kCm,
+     .kind = Kind::kInteger,
+     .default_value = 15,
+     .default_text = "15",
+     .min = 0,
+     .max = 15,
+     .doc = "Max CM Retries: resends before a connection attempt ends in "
+            "RDMA_CM_EVENT_UNREACHABLE (Linux's CMA_MAX_CM_RETRIES is 15)"},
 };
 
 /// The registered parameter called `name`; a name not in kParams does not compile.
@@ -475,6 +499,8 @@ consteval const Param& by_name(std::string_view name) {
 
 // Handles, one per parameter.
 inline constexpr const Param& kAddr = by_name("SOFTRDMA_ADDR");
+inline constexpr const Param& kCmResponseTimeout = by_name("SOFTRDMA_CM_RESPONSE_TIMEOUT");
+inline constexpr const Param& kCmRetries = by_name("SOFTRDMA_CM_RETRIES");
 inline constexpr const Param& kNetem = by_name("SOFTRDMA_NETEM");
 inline constexpr const Param& kWan = by_name("SOFTRDMA_WAN");
 inline constexpr const Param& kPcap = by_name("SOFTRDMA_PCAP");

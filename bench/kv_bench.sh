@@ -2,7 +2,10 @@
 # bench/kv_bench.sh [BUILD_DIR] [SECONDS]: kv-bench WRITE and READ over block sizes 16 KiB–
 # 4 MiB and 1–8 QPs per peer, beside Debian's ib_write_bw / ib_read_bw (perftest, through
 # `softrdma run`, -d srdma0 -x 0) on the same path (SOFTRDMA_TRANSPORT, default auto: two
-# processes on this host talk through shared memory). Prints the tables docs/kv.md shows.
+# processes on this host talk through shared memory). Prints the tables docs/kv.md shows and
+# the best kv-bench figure as % of the best perftest one, per operation. With PLOT=DIR
+# (default docs) and gnuplot installed, writes DIR/kv_write_gbps.png and DIR/kv_read_gbps.png:
+# GB/s against block size, one line per QP count, perftest's best as a dashed line.
 set -euo pipefail
 B=${1:-build}
 SECS=${2:-2}
@@ -20,7 +23,8 @@ for tool in ib_write_bw ib_read_bw; do
     sleep 0.5
     $B/bin/softrdma run --addr 127.0.30.2 -- timeout 60 $tool -d srdma0 -x 0 -s $size -D "$SECS" -p $port 127.0.0.1 >"$out/cli" 2>&1
     wait
-    awk -v t=$tool -v s=$size '/BW average/ {getline; printf "%s %8d B: %.3f GB/s\n", t, s, $4 * 1048576 / 1e9; exit}' "$out/cli"
+    awk -v t=$tool -v s=$size '/BW average/ {getline; printf "%s %8d B: %.3f GB/s\n", t, s, $4 * 1048576 / 1e9; exit}' "$out/cli" |
+      tee -a "$out/perftest"
   done
 done
 
@@ -30,6 +34,20 @@ for op in write read; do
     --metadata tcp://127.0.0.1:17793 --buffer_size 256m >"$out/target" 2>&1 &
   $B/bin/softrdma run --addr 127.0.30.4 -- $B/bin/kv-bench --mode initiator \
     --metadata tcp://127.0.0.1:17793 --operation $op --block_size "$BLOCKS" --qps "$QPS" \
-    --batch_size 32 --buffer_size 256m --duration "$SECS"
+    --batch_size 32 --buffer_size 256m --duration "$SECS" | tee "$out/kv-$op"
   wait
+  ref=$(awk -v t="ib_${op}_bw" '$1 == t { if ($4 > m) m = $4 } END { print m + 0 }' "$out/perftest")
+  best=$(awk '$1 == "'$op'" { if ($6 > m) m = $6 } END { print m + 0 }' "$out/kv-$op")
+  awk -v o=$op -v b="$best" -v r="$ref" 'BEGIN { printf "best kv-bench %s %.2f GB/s = %.0f %% of ib_%s_bw best %.2f GB/s\n", o, b, (r > 0 ? 100 * b / r : 0), o, r }'
+  if [[ -n ${PLOT-docs} ]] && command -v gnuplot >/dev/null; then
+    qps=$(awk '$1 == "'$op'" { print $4 }' "$out/kv-$op" | sort -un | tr '\n' ' ')
+    {
+      echo "set terminal pngcairo size 800,480 noenhanced; set output '${PLOT-docs}/kv_${op}_gbps.png'"
+      echo "set title 'kv-bench $op (batch 32, same host) vs ib_${op}_bw best'; set logscale x 2"
+      echo "set xlabel 'block size (KiB)'; set ylabel 'GB/s (1e9 B/s)'; set key left top; set grid"
+      printf "plot %s, %s title 'ib_%s_bw best' dt 2 lc rgb 'black'\n" \
+        "$(for q in $qps; do printf "'%s' using (\$2/1024):(\$4==%s?\$6:1/0) with linespoints title '%s QP', " "$out/kv-$op" "$q" "$q"; done | sed 's/, $//')" "$ref" "$op"
+    } >"$out/plot.gp"
+    gnuplot "$out/plot.gp" && echo "(plot: ${PLOT-docs}/kv_${op}_gbps.png)"
+  fi
 done

@@ -273,16 +273,16 @@ void on_response(QueuePair& qp, const wire::Packet& pkt, Transport& t) {
   // or forged packet does), and acting on it would fail the QP or rewind the requester to
   // a PSN the responder has executed, so the next message would be taken for a duplicate
   // and silently lost while completing successfully.
-  const bool positive_ack =
-      pkt.hdr.bth.opcode == static_cast<uint8_t>(wire::Opcode::kAcknowledge) &&
-      wire::aeth_kind(pkt.hdr.aeth.syndrome) == wire::AckKind::kAck;
+  // Opcodes compared by operation: an XRC initiator gets XRC_ACKNOWLEDGE (annex A14).
+  const bool is_ack = wire::operation_of(pkt.hdr.bth.opcode) == wire::Opcode::kAcknowledge;
+  const bool positive_ack = is_ack && wire::aeth_kind(pkt.hdr.aeth.syndrome) == wire::AckKind::kAck;
   if (psn_diff(psn, qp.req.max_psn) >= 0 || psn_diff(psn, qp.comp.psn) < -1 ||
       (psn_diff(psn, qp.comp.psn) == -1 && !positive_ack)) {
     bump(t.counters().rcvd_stale_response);
     return;
   }
   const uint32_t mask = pkt.info->mask;
-  if (pkt.hdr.bth.opcode == static_cast<uint8_t>(wire::Opcode::kAcknowledge))
+  if (is_ack)
     on_ack(qp, pkt, t);
   else if (mask & wire::kIsRead)
     on_read_response(qp, pkt, t);

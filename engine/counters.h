@@ -40,6 +40,12 @@ namespace softrdma::engine {
   X(rcvd_unknown_qpn, "packets dropped: destination QPN not found")                                \
   X(rcvd_bad_state, "packets dropped: QP not in a state to accept them")                           \
   X(rcvd_addr_err, "packets dropped: source address is not the QP's peer")                         \
+  X(rcvd_wrong_service, "packets dropped: opcode of a service (RC/UC/UD/XRC) the QP is not")       \
+  X(rcvd_qkey_err, "UD packets dropped: DETH Q_Key is not the QP's (IBTA 10.2.5)")                 \
+  X(rcvd_bad_xrc_srq, "XRC requests naming no XRC SRQ of the target QP's XRC domain")              \
+  X(ud_dropped_pkts, "UD datagrams dropped: no receive WQE, or one too small for GRH + data")      \
+  X(ud_send_too_long, "UD sends over the port MTU completed without a packet (IBTA C10-93.1.1)")   \
+  X(uc_dropped_pkts, "UC packets dropped: a PSN gap or refused packet lost the rest of a message") \
   X(rcvd_stale_response, "responses dropped: PSN outside the outstanding window")                  \
   X(emulated_drops, "packets dropped on transmit by the link emulator (SOFTRDMA_NETEM)")           \
   X(wan_shaped, "packets that crossed an emulated wide-area link (SOFTRDMA_WAN)")                  \
@@ -65,6 +71,8 @@ namespace softrdma::engine {
   X(rcvd_shm_pkts, "packets received through the same-host shared-memory path")                    \
   X(shm_drops, "packets dropped: peer's shared-memory ring full (or no mailbox, shm only)")        \
   X(shm_ring_full_resends, "QPs sent back to a request a full same-host ring dropped")             \
+  X(shm_backlogged, "packets held in order by the sender: the peer's same-host ring was full")     \
+  X(path_waits, "times a requester held back: packets to its peer waited in a same-host backlog")  \
   X(rcvd_gro_batches, "UDP GRO receives (several RoCEv2 packets in one datagram buffer)")
 
 /// The live counters of one device. Lives in shared memory; every field is a relaxed

@@ -272,8 +272,9 @@ void Device::timer_armed(QueuePair& qp, uint64_t deadline_ns) {
 }
 
 bool Device::reserve(ObjectKind kind) {
-  static constexpr uint32_t kLimit[] = {DeviceLimits::kMaxPd, DeviceLimits::kMaxCq,
-                                        DeviceLimits::kMaxQp, DeviceLimits::kMaxMr,
+  static constexpr uint32_t kLimit[] = {DeviceLimits::kMaxPd,  DeviceLimits::kMaxCq,
+                                        DeviceLimits::kMaxQp,  DeviceLimits::kMaxMr,
+                                        DeviceLimits::kMaxSrq, DeviceLimits::kMaxAh,
                                         DeviceLimits::kMaxMw};
   static_assert(std::size(kLimit) == static_cast<size_t>(ObjectKind::kCount));
   std::atomic<uint32_t>& n = objects_[static_cast<size_t>(kind)];
@@ -299,8 +300,32 @@ uint32_t Device::register_qp(QueuePair* qp) {
   return qpn;
 }
 
+bool Device::register_qp_at(QueuePair* qp, uint32_t qpn) {
+  return qps_.emplace(qpn & wire::kQpnMask, qp).second;
+}
+
 void Device::unregister_qp(uint32_t qpn) {
   qps_.erase(qpn);
+}
+
+uint32_t Device::register_srq(SharedReceiveQueue* srq) {
+  uint32_t srqn;
+  do {
+    srqn = next_srqn_;
+    next_srqn_ = (next_srqn_ + 1) & wire::kQpnMask;
+    if (next_srqn_ == 0) next_srqn_ = 1;
+  } while (srqs_.count(srqn));
+  srqs_[srqn] = srq;
+  return srqn;
+}
+
+void Device::unregister_srq(uint32_t srqn) {
+  srqs_.erase(srqn);
+}
+
+SharedReceiveQueue* Device::find_srq(uint32_t srqn) {
+  auto it = srqs_.find(srqn);
+  return it == srqs_.end() ? nullptr : it->second;
 }
 
 uint32_t Device::allocate_key_index() {

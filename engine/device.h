@@ -43,6 +43,7 @@ inline constexpr size_t kRxBudget = 1024;
 
 class QueuePair;
 class MemoryRegion;
+class SharedReceiveQueue;
 class CounterPublisher;
 
 /// Which path packets to a peer take (SOFTRDMA_TRANSPORT).
@@ -109,14 +110,17 @@ enum class RxCheck : uint8_t {
   kIcrcMismatch,  ///< ICRC wrong for every IPv4 id (rcvd_icrc_err)
   kBadPkey,       ///< P_Key outside the default partition (rcvd_malformed)
   kUnknownQpn,    ///< no QP with the BTH destination QPN (rcvd_unknown_qpn)
+  kWrongService,  ///< opcode of another service, or a request/response the QP's type
+                  ///< never takes (rcvd_wrong_service)
   kBadState,      ///< the QP's state takes no request/response now (rcvd_bad_state)
   kWrongSource,   ///< source address is not the QP's peer (rcvd_addr_err)
+  kBadQkey,       ///< UD: the DETH Q_Key is not the QP's (rcvd_qkey_err)
 };
 /// The outcome's name, e.g. "unknown QPN".
 const char* to_string(RxCheck c);
 
 /// Kinds of object counted against the limits query_device reports (DeviceLimits).
-enum class ObjectKind : uint8_t { kPd, kCq, kQp, kMr, kMw, kCount };
+enum class ObjectKind : uint8_t { kPd, kCq, kQp, kMr, kSrq, kAh, kMw, kCount };
 
 /// One device. Created by open(); objects (PD, MR, CQ, QP) reference it and must be
 /// destroyed before it.
@@ -141,8 +145,8 @@ class Device final : public Transport, public ObjectRegistry {
   std::mutex& mutex() override { return mu_; }
 
   /// Reserves one object of `kind` against its DeviceLimits maximum (max_pd, max_cq,
-  /// max_qp, max_mr). Returns false at the limit — the verbs call then fails with ENOMEM,
-  /// as real verbs do. Thread-safe; pair every success with release().
+  /// max_qp, max_mr, max_srq, max_ah). Returns false at the limit — the verbs call then fails with
+  /// ENOMEM, as real verbs do. Thread-safe; pair every success with release().
   bool reserve(ObjectKind kind);
   /// Returns a reservation made by reserve().
   void release(ObjectKind kind);
@@ -153,11 +157,14 @@ class Device final : public Transport, public ObjectRegistry {
 
   // ---- ObjectRegistry: tables (device lock held) ---------------------------------------
   uint32_t register_qp(QueuePair* qp) override;  ///< returns the new QPN
+  bool register_qp_at(QueuePair* qp, uint32_t qpn) override;
   void unregister_qp(uint32_t qpn) override;
   uint32_t register_mr(MemoryRegion* mr) override;  ///< returns the new key
   void unregister_mr(uint32_t key) override;
   uint32_t register_mw(MemoryWindow* mw) override;  ///< returns the first R_Key
   void unregister_mw(uint32_t rkey) override;
+  uint32_t register_srq(SharedReceiveQueue* srq) override;  ///< returns the new SRQ number
+  void unregister_srq(uint32_t srqn) override;
   Transport& transport() override { return *this; }
 
   // ---- Transport ----------------------------------------------------------------------
@@ -165,6 +172,7 @@ class Device final : public Transport, public ObjectRegistry {
                 uint32_t payload_len) override;
   MemoryRegion* find_mr(uint32_t key) override;
   MemoryWindow* find_mw(uint32_t rkey) override;
+  SharedReceiveQueue* find_srq(uint32_t srqn) override;
   uint64_t now_ns() override;
   void timer_armed(QueuePair& qp, uint64_t deadline_ns) override;
   /// While a received packet is processed, holds receive completions until the next
@@ -172,6 +180,9 @@ class Device final : public Transport, public ObjectRegistry {
   void deliver_recv_completion(CompletionQueue& cq, const Cqe& cqe, bool solicited) override;
   bool selective_retransmit() const override { return selective_retx_; }
   bool congestion_control(uint32_t dst_ip, DcqcnParams& out) const override;
+  /// Packets to `dst_ip` wait in the same-host backlog (net::ShmPort::backlogged).
+  bool path_busy(uint32_t dst_ip) override;
+  void wait_for_path(QueuePair& qp) override;
 
   /// Sends everything queued by transmit(), then the coalesced ACKs (device lock held).
   void flush() override;
@@ -191,8 +202,12 @@ class Device final : public Transport, public ObjectRegistry {
   RxCheck check_icrc(const net::RxDatagram& d, std::span<const uint8_t> bytes, uint16_t ip_id_hint,
                      bool from_shm, const wire::Packet& pkt, wire::IcrcVerdict& v);
   RxCheck check_header(const wire::Packet& pkt) const;  // CNP, P_Key
+  /// QPN, then the QP type's service and direction (rxe check_type_state), then its state.
   RxCheck check_qp_state(const wire::Packet& pkt, QueuePair*& qp) const;
+  /// Connected types only: the packet comes from the QP's peer (rxe check_addr).
   RxCheck check_addr(const QueuePair& qp, const net::RxDatagram& d) const;
+  /// UD: the DETH Q_Key is the QP's — QP1's is the GSI's 0x80010000 (rxe check_keys).
+  RxCheck check_keys(const QueuePair& qp, const wire::Packet& pkt) const;
   /// Records a received packet in the capture file (pcap_ set).
   void capture_received(const net::RxDatagram& d, const uint8_t* data, size_t length,
                         uint16_t ip_id_hint, bool from_shm, const wire::IcrcVerdict& v);
@@ -204,6 +219,10 @@ class Device final : public Transport, public ObjectRegistry {
   /// now — instead of waiting for the responder's NAK, or for the retransmit
   /// timeout when the drops were the tail of a burst (kv-bench saw 67 ms stalls).
   void recover_ring_full();
+  /// Writes the same-host backlogs into their rings as room appears, and runs again the
+  /// requesters that held back for them (wait_for_path) once their peer's backlog is empty.
+  /// While a backlog remains, the next progress round is at most kBacklogPollNs away.
+  void drain_backlog(uint64_t now);
   size_t receive_shm_locked();
   void run_timers_locked(uint64_t now);
   void wake();
@@ -230,11 +249,11 @@ class Device final : public Transport, public ObjectRegistry {
   /// since registration): the packet must not be sent.
   bool compute_icrc(TxSlot& s);
   void crc_slot(TxSlot& s);  // compute_icrc's work, under the fault guard
-  enum class ShmOutcome : uint8_t { kSent, kUseUdp, kDropped, kRingFull };
+  enum class ShmOutcome : uint8_t { kSent, kQueued, kUseUdp, kDropped, kRingFull };
   /// One packet to `dst_ip` through the same-host rings (counted, captured when sent):
-  /// kUseUdp when the peer has no mailbox and UDP is allowed; kRingFull (dropped) on a full
-  /// ring; kDropped with no mailbox under SOFTRDMA_TRANSPORT=shm. `ce`: it carries the CE
-  /// mark.
+  /// kUseUdp when the peer has no mailbox and UDP is allowed; kQueued when it waits in the
+  /// peer's backlog (the ring was full); kRingFull (dropped) when the backlog is full too; kDropped
+  /// with no mailbox under SOFTRDMA_TRANSPORT=shm. `ce`: it carries the CE mark.
   ShmOutcome send_shm(uint32_t dst_ip, std::span<const iovec> iov, bool ce);
   std::vector<uint8_t> shm_capture_;  // a same-host packet as recorded, with its ICRC
 
@@ -250,6 +269,9 @@ class Device final : public Transport, public ObjectRegistry {
   /// UDP counts as idle after this long without a packet; while it is, pollers check the
   /// socket at most every kUdpCheckNs.
   static constexpr uint64_t kUdpIdleNs = 1'000'000, kUdpCheckNs = 20'000;
+  /// How often a same-host backlog is retried while it lasts, ns: a 4 MiB ring drains in
+  /// ~1 ms at 4 GB/s, so 50 µs refills it long before the receiver runs dry.
+  static constexpr uint64_t kBacklogPollNs = 50'000;
   /// All recent traffic was on the same-host path (no UDP packet for kUdpIdleNs).
   bool udp_quiet(uint64_t now) const {
     return shm_.is_open() &&
@@ -304,6 +326,8 @@ class Device final : public Transport, public ObjectRegistry {
   std::unordered_map<uint32_t, KeyEntry> keys_;
   uint32_t next_qpn_ = 0;
   uint32_t next_mr_index_ = 1;
+  std::unordered_map<uint32_t, SharedReceiveQueue*> srqs_;
+  uint32_t next_srqn_ = 1;
   /// A free key index (device lock held).
   uint32_t allocate_key_index();
 
@@ -327,7 +351,8 @@ class Device final : public Transport, public ObjectRegistry {
     uint32_t dest_qpn, dst_ip, psn;
   };
   std::vector<RingFullDrop> ring_full_;
-  std::vector<iovec> tx_iov_;  // send_queued(): every run's gather list
+  std::vector<uint32_t> path_waiters_;  // QPNs that held back for a same-host backlog
+  std::vector<iovec> tx_iov_;           // send_queued(): every run's gather list
   std::vector<net::TxDatagram> tx_batch_;
   std::vector<std::pair<size_t, size_t>> tx_ranges_;
   std::vector<std::vector<uint8_t>> rx_buffers_;
@@ -339,6 +364,10 @@ class Device final : public Transport, public ObjectRegistry {
   std::atomic<uint64_t> last_inline_poll_ns_{0};  // last try_progress by an app thread
   bool socket_watched_ = true;                    // progress thread's epoll has the socket
   std::atomic<uint64_t> sleep_until_ns_{0};
+  /// The progress thread told same-host senders it sleeps (note_sleeping) and sleeps until
+  /// its next timer, not just through a poller's window. The first application poll after
+  /// that wakes it (see try_progress).
+  std::atomic<bool> thread_asleep_{false};
   std::thread thread_;
 };
 

@@ -46,23 +46,31 @@ namespace {
 
 /// The counter an outcome of the receive checks bumps (nullptr: not counted).
 constexpr std::atomic<uint64_t> Counters::*kRxCheckCounter[] = {
-    nullptr,                      // kAccept (counted as rcvd_pkts once delivered)
-    &Counters::rcvd_malformed,    // kMalformed
-    &Counters::rcvd_icrc_err,     // kIcrcMismatch
-    &Counters::rcvd_malformed,    // kBadPkey
-    &Counters::rcvd_unknown_qpn,  // kUnknownQpn
-    &Counters::rcvd_bad_state,    // kBadState
-    &Counters::rcvd_addr_err,     // kWrongSource
+    nullptr,                        // kAccept (counted as rcvd_pkts once delivered)
+    &Counters::rcvd_malformed,      // kMalformed
+    &Counters::rcvd_icrc_err,       // kIcrcMismatch
+    &Counters::rcvd_malformed,      // kBadPkey
+    &Counters::rcvd_unknown_qpn,    // kUnknownQpn
+    &Counters::rcvd_wrong_service,  // kWrongService
+    &Counters::rcvd_bad_state,      // kBadState
+    &Counters::rcvd_addr_err,       // kWrongSource
+    &Counters::rcvd_qkey_err,       // kBadQkey
 };
-static_assert(std::size(kRxCheckCounter) == size_t(RxCheck::kWrongSource) + 1);
+static_assert(std::size(kRxCheckCounter) == size_t(RxCheck::kBadQkey) + 1);
 
 }  // namespace
 
 const char* to_string(RxCheck c) {
-  static constexpr const char* kNames[] = {
-      "accepted",    "malformed",           "ICRC mismatch",         "bad P_Key",
-      "unknown QPN", "QP state refuses it", "not from the QP's peer"};
-  static_assert(std::size(kNames) == size_t(RxCheck::kWrongSource) + 1);
+  static constexpr const char* kNames[] = {"accepted",
+                                           "malformed",
+                                           "ICRC mismatch",
+                                           "bad P_Key",
+                                           "unknown QPN",
+                                           "not the QP's service",
+                                           "QP state refuses it",
+                                           "not from the QP's peer",
+                                           "Q_Key is not the QP's"};
+  static_assert(std::size(kNames) == size_t(RxCheck::kBadQkey) + 1);
   return kNames[static_cast<size_t>(c)];
 }
 
@@ -136,13 +144,26 @@ RxCheck Device::check_qp_state(const wire::Packet& pkt, QueuePair*& qp) const {
   auto it = qps_.find(pkt.hdr.bth.dest_qpn);
   if (it == qps_.end()) return RxCheck::kUnknownQpn;
   qp = it->second;
+  const QpTypeInfo& type = qp->type_info();
   const bool request = pkt.info->mask & wire::kIsRequest;
+  // A CNP (service 4) reaches any QP that sends; every other packet must be of the QP's
+  // service and of a direction its type takes (an XRC target takes no response, …).
+  if (!(pkt.info->mask & wire::kIsCnp) && (pkt.info->service != type.service ||
+                                           !(request ? type.takes_requests : type.takes_responses)))
+    return RxCheck::kWrongService;
   if (request ? !qp->accepts_requests() : !qp->accepts_responses()) return RxCheck::kBadState;
   return RxCheck::kAccept;
 }
 
 RxCheck Device::check_addr(const QueuePair& qp, const net::RxDatagram& d) const {
+  if (!qp.type_info().connected) return RxCheck::kAccept;  // UD: any sender
   return d.src_ip == qp.remote_ip ? RxCheck::kAccept : RxCheck::kWrongSource;
+}
+
+RxCheck Device::check_keys(const QueuePair& qp, const wire::Packet& pkt) const {
+  if (!(pkt.info->mask & wire::kHasDeth)) return RxCheck::kAccept;
+  const uint32_t qkey = qp.qpn() == 1 ? ud::kGsiQkey : qp.attr.qkey;
+  return pkt.hdr.deth.qkey == qkey ? RxCheck::kAccept : RxCheck::kBadQkey;
 }
 
 void Device::handle_packet(const net::RxDatagram& d, const uint8_t* data, size_t length,
@@ -158,6 +179,7 @@ void Device::handle_packet(const net::RxDatagram& d, const uint8_t* data, size_t
   if (check == RxCheck::kAccept) check = check_header(pkt);
   if (check == RxCheck::kAccept) check = check_qp_state(pkt, qp);
   if (check == RxCheck::kAccept) check = check_addr(*qp, d);
+  if (check == RxCheck::kAccept) check = check_keys(*qp, pkt);
   if (check != RxCheck::kAccept) {
     if (auto counter = kRxCheckCounter[static_cast<size_t>(check)]) bump((*counters_).*counter);
     // check_parse and check_icrc log their own details.
@@ -175,9 +197,18 @@ void Device::handle_packet(const net::RxDatagram& d, const uint8_t* data, size_t
   const bool ce = (d.tos & 0x3) == 0x3;
   if (ce) bump(counters_->ecn_ce_rcvd);
   if (pkt.info->mask & wire::kIsRequest) {
-    if (ce) responder::on_congestion_experienced(*qp, *this);
+    const QpTypeInfo& type = qp->type_info();
+    // DCQCN's notification point answers the reliable services' requesters (a CNP goes to
+    // the connection's QP; a UD sender has no connection to slow).
+    if (ce && type.reliable) responder::on_congestion_experienced(*qp, *this);
+    const RxMeta meta{d.src_ip,
+                      ip(),
+                      d.tos,
+                      d.ttl,
+                      icrc.ok ? icrc.ip_id : uint16_t{0},
+                      static_cast<uint16_t>(length)};
     holding_completions_ = true;
-    responder::on_request(*qp, pkt, *this);
+    type.on_request(*qp, pkt, meta, *this);
     holding_completions_ = false;
     if (qp->resp.ack_pending) ack_dirty_.push_back(qp->qpn());
   } else {

@@ -112,6 +112,7 @@ void Device::flush() {
   ack_dirty_.clear();
   send_queued();
   recover_ring_full();
+  if (!path_waiters_.empty() || shm_.any_backlog()) drain_backlog(now_ns());
   // The ACKs are out: the completions of the messages they acknowledge may be seen now.
   for (const HeldCompletion& h : held_completions_) h.cq->push(h.cqe, h.solicited);
   held_completions_.clear();
@@ -126,8 +127,10 @@ void Device::recover_ring_full() {
     // The sending QP: the one connected to (dst ip, dest QPN). A linear scan, but only on a
     // full ring, never per packet.
     QueuePair* qp = nullptr;
+    // Only a reliable service resends; a UC/UD packet lost on a full ring stays lost.
     for (auto& [qpn, q] : qps_)
-      if (q->attr.dest_qp_num == d.dest_qpn && q->remote_ip == d.dst_ip) qp = q;
+      if (q->type_info().reliable && q->attr.dest_qp_num == d.dest_qpn && q->remote_ip == d.dst_ip)
+        qp = q;
     if (qp == nullptr || qp->attr.state != QpState::kRts) continue;
     if (std::find(rewound.begin(), rewound.end(), qp) != rewound.end()) continue;
     // Still outstanding and not already sent again (a later rewind or ACK moved past it)?
@@ -145,6 +148,47 @@ void Device::recover_ring_full() {
   send_queued();  // what this pass drops again is taken up by the next flush
 }
 
+bool Device::path_busy(uint32_t dst_ip) {
+  return shm_.backlogged(dst_ip);
+}
+
+void Device::wait_for_path(QueuePair& qp) {
+  bump(counters_->path_waits);
+  if (std::find(path_waiters_.begin(), path_waiters_.end(), qp.qpn()) == path_waiters_.end())
+    path_waiters_.push_back(qp.qpn());
+}
+
+void Device::drain_backlog(uint64_t now) {
+  if (shm_.any_backlog()) {
+    shm_.drain_backlog();
+    shm_.ring_doorbells(now);
+  }
+  if (!path_waiters_.empty()) {
+    std::vector<uint32_t> waiters;
+    waiters.swap(path_waiters_);
+    bool ran = false;
+    for (uint32_t qpn : waiters) {
+      auto it = qps_.find(qpn);
+      if (it == qps_.end()) continue;
+      QueuePair& qp = *it->second;
+      if (shm_.backlogged(qp.remote_ip)) {
+        path_waiters_.push_back(qpn);  // still waiting
+        continue;
+      }
+      requester::run(qp, *this);  // may wait again
+      ran = true;
+    }
+    if (ran) send_queued();
+  }
+  // The receiver frees room without telling us: look again soon while anything waits.
+  if (shm_.any_backlog() || !path_waiters_.empty()) {
+    const uint64_t due = now + kBacklogPollNs;
+    if (!next_deadline_ns_ || due < next_deadline_ns_) next_deadline_ns_ = due;
+    const uint64_t s = sleep_until_ns_.load(std::memory_order_relaxed);
+    if (s == 0 || due < s) wake();
+  }
+}
+
 void Device::deliver_recv_completion(CompletionQueue& cq, const Cqe& cqe, bool solicited) {
   if (holding_completions_)
     held_completions_.push_back({&cq, cqe, solicited});
@@ -159,7 +203,8 @@ Device::ShmOutcome Device::send_shm(uint32_t dst_ip, std::span<const iovec> iov,
     bump(counters_->local_access_faults);  // payload memory unmapped since registration
     return ShmOutcome::kDropped;
   }
-  if (r != net::ShmSendResult::kSent) {
+  if (r == net::ShmSendResult::kQueued) bump(counters_->shm_backlogged);
+  if (r != net::ShmSendResult::kSent && r != net::ShmSendResult::kQueued) {
     // A full ring, or (SOFTRDMA_TRANSPORT=shm) no mailbox: lost, as a full socket buffer
     // loses a datagram; RC retransmission recovers it or errors the QP (a full ring's
     // requests at once: recover_ring_full()).
@@ -174,7 +219,7 @@ Device::ShmOutcome Device::send_shm(uint32_t dst_ip, std::span<const iovec> iov,
                   iov);
     pcap_dirty_ = true;
   }
-  return ShmOutcome::kSent;
+  return r == net::ShmSendResult::kQueued ? ShmOutcome::kQueued : ShmOutcome::kSent;
 }
 
 void Device::send_queued() {
@@ -209,6 +254,8 @@ void Device::send_queued() {
     switch (send_shm(s.dst_ip, s.iov, s.ce)) {
       case ShmOutcome::kSent:
         shm_sent = true;
+        break;
+      case ShmOutcome::kQueued:  // written by drain_backlog() as room appears
         break;
       case ShmOutcome::kUseUdp:
         udp_slots_.push_back(k);

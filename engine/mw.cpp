@@ -92,11 +92,11 @@ Status MemoryWindow::invalidate() {
   return kOk;
 }
 
-uint8_t* MemoryWindow::translate(const QueuePair& qp, uint64_t va, uint64_t len,
-                                 uint32_t need) const {
+uint8_t* MemoryWindow::translate(const ProtectionDomain& pd, uint32_t qpn, uint64_t va,
+                                 uint64_t len, uint32_t need) const {
   if (state_ != MwState::kValid || !mr_ || length_ == 0) return nullptr;
-  if (&pd_ != &qp.pd() || !(access_ & need)) return nullptr;
-  if (type_ == MwType::kType2 && qpn_ != qp.qpn()) return nullptr;
+  if (&pd_ != &pd || !(access_ & need)) return nullptr;
+  if (type_ == MwType::kType2 && qpn_ != qpn) return nullptr;
   // A zero-based window is addressed by offsets from its start; the others by the MR's
   // virtual addresses.
   const uint64_t base = (access_ & kZeroBased) ? 0 : addr_;

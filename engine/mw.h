@@ -66,10 +66,11 @@ class MemoryWindow {
   Status invalidate();
 
   /// Host address of [va, va+len) through this window for a remote access of kind `need`
-  /// (an Access bit) arriving on `qp`, or nullptr: the window must be valid and bound, of
-  /// the QP's PD, of that QP if type 2, grant `need`, and cover the range, which its MR
-  /// must still translate (IBTA 10.6.7.3; rxe_lookup_mw + check_rkey).
-  uint8_t* translate(const QueuePair& qp, uint64_t va, uint64_t len, uint32_t need) const;
+  /// (an Access bit) arriving on QP `qpn` whose responder PD is `pd`, or nullptr: the window
+  /// must be valid and bound, of that PD, of that QP if type 2, grant `need`, and cover the
+  /// range, which its MR must still translate (IBTA 10.6.7.3; rxe_lookup_mw + check_rkey).
+  uint8_t* translate(const ProtectionDomain& pd, uint32_t qpn, uint64_t va, uint64_t len,
+                     uint32_t need) const;
 
  private:
   void unbind();

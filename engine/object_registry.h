@@ -13,6 +13,7 @@ namespace softrdma::engine {
 class MemoryRegion;
 class MemoryWindow;
 class QueuePair;
+class SharedReceiveQueue;
 class Transport;
 
 /// What an engine object needs from its device besides the packet path: the device lock,
@@ -24,6 +25,9 @@ class ObjectRegistry {
   virtual std::mutex& mutex() = 0;
   /// Publishes `qp` in the QPN table; returns its QPN (24 bits, never 0 or 1). Lock held.
   virtual uint32_t register_qp(QueuePair* qp) = 0;
+  /// Publishes `qp` under the QPN `qpn` (QP1, the GSI); returns false, publishing nothing,
+  /// when that QPN is taken. Lock held.
+  virtual bool register_qp_at(QueuePair* qp, uint32_t qpn) = 0;
   /// Removes a QPN from the table; packets to it are dropped from now on. Lock held.
   virtual void unregister_qp(uint32_t qpn) = 0;
   /// Publishes `mr` in the key table; returns its key (lkey == rkey). Lock held.
@@ -35,6 +39,11 @@ class ObjectRegistry {
   virtual uint32_t register_mw(MemoryWindow* mw) = 0;
   /// Removes the window that holds `rkey`'s index. Lock held.
   virtual void unregister_mw(uint32_t rkey) = 0;
+  /// Publishes `srq` in the SRQ-number table (XRC requests name SRQs by number); returns its
+  /// SRQ number (24 bits, never 0). Lock held.
+  virtual uint32_t register_srq(SharedReceiveQueue* srq) = 0;
+  /// Removes an SRQ number from the table. Lock held.
+  virtual void unregister_srq(uint32_t srqn) = 0;
   /// Active MTU of the port as an IB MTU enum (1 = 256 B … 5 = 4096 B): the largest
   /// path_mtu a QP may be given.
   virtual uint8_t active_mtu() const = 0;

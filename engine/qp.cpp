@@ -4,8 +4,11 @@
 #include <iterator>
 #include <mutex>
 
+#include "engine/ah.h"
 #include "engine/cq.h"
 #include "engine/log.h"
+#include "engine/srq.h"
+#include "engine/xrcd.h"
 
 namespace softrdma::engine {
 
@@ -18,78 +21,83 @@ constexpr uint32_t kAccessAllowedOnQp = kLocalWrite | kRemoteWrite | kRemoteRead
                                         kMwBind | kZeroBased | kOnDemand | kHugetlb |
                                         kRelaxedOrdering;
 
-// Required and optional attribute masks of each valid RC transition (IBTA vol 1 table 91;
-// the same table Linux keeps in ib_modify_qp_is_ok()). A transition absent here is invalid.
-struct Transition {
-  QpState from, to;
-  uint32_t required, optional;
-};
-
-constexpr Transition kRcTransitions[] = {
-    {QpState::kReset, QpState::kReset, 0, 0},
-    {QpState::kReset, QpState::kInit, kAttrPkeyIndex | kAttrPort | kAttrAccessFlags, 0},
-    {QpState::kInit, QpState::kInit, 0, kAttrPkeyIndex | kAttrPort | kAttrAccessFlags},
-    {QpState::kInit, QpState::kRtr,
-     kAttrAv | kAttrPathMtu | kAttrDestQpn | kAttrRqPsn | kAttrMaxDestRdAtomic | kAttrMinRnrTimer,
-     kAttrAltPath | kAttrAccessFlags | kAttrPkeyIndex | kAttrRateLimit},
-    {QpState::kRtr, QpState::kRts,
-     kAttrTimeout | kAttrRetryCnt | kAttrRnrRetry | kAttrSqPsn | kAttrMaxQpRdAtomic,
-     kAttrCurState | kAttrAltPath | kAttrAccessFlags | kAttrMinRnrTimer | kAttrPathMigState |
-         kAttrRateLimit},
-    {QpState::kRts, QpState::kRts, 0,
-     kAttrCurState | kAttrAccessFlags | kAttrAltPath | kAttrPathMigState | kAttrMinRnrTimer |
-         kAttrRateLimit},
-    {QpState::kRts, QpState::kSqd, 0, kAttrEnSqdAsyncNotify},
-    {QpState::kSqd, QpState::kRts, 0,
-     kAttrCurState | kAttrAccessFlags | kAttrAltPath | kAttrPathMigState | kAttrMinRnrTimer |
-         kAttrRateLimit},
-    {QpState::kSqd, QpState::kSqd, 0,
-     kAttrPort | kAttrAv | kAttrTimeout | kAttrRetryCnt | kAttrRnrRetry | kAttrMaxQpRdAtomic |
-         kAttrMaxDestRdAtomic | kAttrAltPath | kAttrAccessFlags | kAttrPkeyIndex |
-         kAttrMinRnrTimer | kAttrPathMigState},
-    // SQE → RTS exists for UC/UD only; an RC QP never enters SQE (errors go to ERR).
-};
-
 const char* state_name(QpState s) {
   static constexpr const char* kNames[] = {"RESET", "INIT", "RTR", "RTS", "SQD", "SQE", "ERR"};
   const auto i = static_cast<size_t>(s);
   return i < std::size(kNames) ? kNames[i] : "?";
 }
 
-const Transition* find_transition(QpState from, QpState to) {
+const QpTransition* find_transition(const QpTypeInfo& type, QpState from, QpState to) {
   if (to == QpState::kReset || to == QpState::kErr) {
-    static constexpr Transition kAny{QpState::kReset, QpState::kReset, 0, 0};
+    static constexpr QpTransition kAny{QpState::kReset, QpState::kReset, 0, 0};
     return &kAny;  // any state may go to RESET or ERR with no other attribute
   }
-  for (const auto& t : kRcTransitions)
+  for (const auto& t : type.transitions)
     if (t.from == from && t.to == to) return &t;
   return nullptr;
 }
 
 }  // namespace
 
-QueuePair::QueuePair(ObjectRegistry& dev, ProtectionDomain& pd, CompletionQueue& scq,
-                     CompletionQueue& rcq, const QpCap& c, bool sig_all)
-    : cap(c),
-      sq_sig_all(sig_all),
-      send_cq(scq),
-      recv_cq(rcq),
+QueuePair::QueuePair(ObjectRegistry& dev, const QpInit& init)
+    : srq(init.srq),
+      xrcd(init.xrcd),
+      cap(init.cap),
+      sq_sig_all(init.sq_sig_all),
+      send_cq(init.send_cq),
+      recv_cq(init.recv_cq),
       transport(&dev.transport()),
       dev_(dev),
-      pd_(pd) {
+      type_(qp_type_info(init.type)),
+      pd_(init.pd) {
+  // A UD QP has no path MTU attribute: its messages are bounded by the port's MTU.
+  if (type_->single_packet) mtu = mtu_bytes(dev.active_mtu());
   std::lock_guard lk(dev_.mutex());
-  qpn_ = dev_.register_qp(this);
-  pd_.users++;
-  send_cq.users++;
-  recv_cq.users++;
+  if (init.qpn == 0)
+    qpn_ = dev_.register_qp(this);
+  else if (dev_.register_qp_at(this, init.qpn))
+    qpn_ = init.qpn;
+  else
+    return;  // the QPN is taken: qpn() == 0, nothing to undo
+  if (pd_) pd_->users++;
+  if (send_cq) send_cq->users++;
+  if (recv_cq) recv_cq->users++;
+  if (srq) srq->users++;
+  if (xrcd) xrcd->users++;
 }
+
+QueuePair::QueuePair(ObjectRegistry& dev, ProtectionDomain& pd, CompletionQueue& scq,
+                     CompletionQueue& rcq, const QpCap& c, bool sig_all)
+    : QueuePair(dev, QpInit{.type = QpType::kRc,
+                            .pd = &pd,
+                            .send_cq = &scq,
+                            .recv_cq = &rcq,
+                            .cap = c,
+                            .sq_sig_all = sig_all}) {}
 
 QueuePair::~QueuePair() {
   std::lock_guard lk(dev_.mutex());
+  if (qpn_ == 0) return;
+  release_recv_wqe();
   dev_.unregister_qp(qpn_);
-  pd_.users--;
-  send_cq.users--;
-  recv_cq.users--;
+  if (pd_) pd_->users--;
+  if (send_cq) send_cq->users--;
+  if (recv_cq) recv_cq->users--;
+  if (srq) srq->users--;
+  if (xrcd) xrcd->users--;
+}
+
+Status QueuePair::validate_init(const QpInit& in) {
+  const QpTypeInfo* t = qp_type_info(in.type);
+  if (!t) return std::errc::operation_not_supported;
+  const bool needs_pd = in.type != QpType::kXrcRecv;
+  if (needs_pd != (in.pd != nullptr)) return std::errc::invalid_argument;
+  if (t->has_send_queue && !in.send_cq) return std::errc::invalid_argument;
+  if (t->has_recv_queue && !in.recv_cq) return std::errc::invalid_argument;
+  if (in.srq && (!t->has_recv_queue || in.srq->kind() != SharedReceiveQueue::Kind::kBasic))
+    return std::errc::invalid_argument;
+  if ((in.type == QpType::kXrcRecv) != (in.xrcd != nullptr)) return std::errc::invalid_argument;
+  return validate_cap(in.cap);
 }
 
 Status QueuePair::validate_cap(const QpCap& c) {
@@ -103,6 +111,14 @@ Status QueuePair::validate_cap(const QpCap& c) {
 void QueuePair::transmit_pending_requests() {
   requester::run(*this, *transport);
   transport->flush();
+  if (!type_->reliable) complete_sent_unreliable();
+}
+
+void QueuePair::complete_sent_unreliable() {
+  // The requester has moved past every WQE it sent whole (IBTA: UC and UD complete a send
+  // WQE once its packets are on the wire; rxe's completer does so at the last packet).
+  while (sq_base < req.next)
+    retire_send(WcStatus::kSuccess, static_cast<uint32_t>(sq.front().length));
 }
 
 uint64_t QueuePair::retransmit_timeout_ns() const {
@@ -138,10 +154,10 @@ Status QueuePair::validate_modify(const QpAttr& a, uint32_t mask, ModifyPlan& pl
   if ((mask & kAttrCurState) && a.cur_state != cur)
     return refuse("IBV_QP_CUR_STATE", "is not the QP's current state");
   plan.next = (mask & kAttrState) ? a.state : cur;
-  const Transition* t = find_transition(cur, plan.next);
+  const QpTransition* t = find_transition(*type_, cur, plan.next);
   if (!t) {
-    log().debug("qp {:#x}: modify_qp refused: IBV_QP_STATE {} → {} is not an RC transition", qpn_,
-                state_name(cur), state_name(plan.next));
+    log().debug("qp {:#x}: modify_qp refused: IBV_QP_STATE {} → {} is not an {} transition", qpn_,
+                state_name(cur), state_name(plan.next), type_->name);
     return std::errc::invalid_argument;
   }
   const uint32_t given = mask & ~(kAttrState | kAttrCurState);
@@ -178,11 +194,9 @@ Status QueuePair::validate_modify(const QpAttr& a, uint32_t mask, ModifyPlan& pl
   if (mask & kAttrAv) {
     // RoCE carries every packet in IP/UDP: the address vector must hold a GRH with an
     // IPv4-mapped destination GID, from our only source GID (index 0).
-    if (!a.ah.is_global) return refuse("IBV_QP_AV", "has no GRH (RoCE needs one)");
-    if (a.ah.sgid_index != 0) return refuse("IBV_QP_AV", "sgid_index is not 0");
-    if (a.ah.port_num > 1) return refuse("IBV_QP_AV", "port_num is over 1");
-    if (!a.ah.dgid.to_ipv4(plan.peer_ip) || plan.peer_ip == 0)
-      return refuse("IBV_QP_AV", "dgid is not an IPv4-mapped address");
+    const char* why = nullptr;
+    if (check_address_vector(a.ah, /*port_may_be_zero=*/true, plan.peer_ip, why) != kOk)
+      return refuse("IBV_QP_AV", why);
   }
   return kOk;
 }
@@ -197,6 +211,7 @@ void QueuePair::apply_modify(const QpAttr& a, uint32_t mask, const ModifyPlan& p
     mtu = mtu_bytes(a.path_mtu);
   }
   if (mask & kAttrDestQpn) attr.dest_qp_num = a.dest_qp_num;
+  if (mask & kAttrQkey) attr.qkey = a.qkey;
   if (mask & kAttrRqPsn) attr.rq_psn = a.rq_psn & wire::kPsnMask;
   if (mask & kAttrSqPsn) attr.sq_psn = a.sq_psn & wire::kPsnMask;
   if (mask & kAttrTimeout) attr.timeout = a.timeout;
@@ -223,16 +238,18 @@ void QueuePair::apply_modify(const QpAttr& a, uint32_t mask, const ModifyPlan& p
     case QpState::kReset:
       // RESET discards both queues without completions and forgets transport state, and
       // the completions of this QP still in its CQs (as mlx5_ib_cq_clean on RESET).
-      send_cq.purge_qp(qpn_);
-      if (&recv_cq != &send_cq) recv_cq.purge_qp(qpn_);
+      if (send_cq) send_cq->purge_qp(qpn_);
+      if (recv_cq && recv_cq != send_cq) recv_cq->purge_qp(qpn_);
       sq.clear();
       rq.clear();
+      release_recv_wqe();  // RESET discards without completions, a WQE held from an SRQ too
       sq_base = 0;
       req = RequesterState{};
       comp = CompleterState{};
       resp = ResponderState{};
       remote_ip = 0;
       attr = QpAttr{};
+      if (type_->single_packet) mtu = mtu_bytes(dev_.active_mtu());
       break;
     case QpState::kErr:
       flush_queues();
@@ -262,12 +279,20 @@ QpAttr QueuePair::query() const {
 }
 
 Status QueuePair::post_send_locked(const SendWr& wr) {
+  if (!type_->has_send_queue) return std::errc::invalid_argument;
   if (attr.state == QpState::kReset || attr.state == QpState::kInit || attr.state == QpState::kRtr)
     return std::errc::invalid_argument;
   if (wr.num_sge > cap.max_send_sge) return std::errc::invalid_argument;
   if (wr.num_sge && !wr.sg_list) return std::errc::invalid_argument;
   if (!wr_opcode_supported(static_cast<uint8_t>(wr.opcode))) return std::errc::invalid_argument;
   const WrOpcodeInfo& info = wr_info(wr.opcode);
+  // UC takes no READ or atomics, UD only SENDs (IBTA 9.4, table 41 of operations per service).
+  if (!type_->allows(info.cls)) return std::errc::invalid_argument;
+  // An operation the service has no opcode for (SEND with invalidate on UC and UD).
+  if (info.cls != WrClass::kLocal && !wire::opcode_info(type_->opcode(info.only)))
+    return std::errc::invalid_argument;
+  if (!type_->connected && (wr.ud_dst_ip == 0 || wr.remote_qpn > wire::kQpnMask))
+    return std::errc::invalid_argument;
   uint64_t length = 0;
   for (uint32_t i = 0; i < wr.num_sge; ++i) length += wr.sg_list[i].length;
   if (length > DeviceLimits::kMaxMsgSize) return std::errc::invalid_argument;
@@ -326,9 +351,12 @@ Status QueuePair::post_send_batch(const SendWr* wrs, size_t n, size_t& bad) {
 
 Status QueuePair::post_recv(uint64_t wr_id, const Sge* sges, uint32_t num_sge) {
   std::lock_guard lk(dev_.mutex());
+  // A QP with an SRQ, or without a receive queue (XRC), has no RQ to post to.
+  if (!type_->has_recv_queue || srq) return std::errc::invalid_argument;
   if (attr.state == QpState::kReset) return std::errc::invalid_argument;
   if (num_sge > cap.max_recv_sge || (num_sge && !sges)) return std::errc::invalid_argument;
-  if (rq.size() >= cap.max_recv_wr) return std::errc::not_enough_memory;
+  // A WQE taken for a message in progress still counts against the queue's capacity.
+  if (rq.size() + (resp.wqe ? 1 : 0) >= cap.max_recv_wr) return std::errc::not_enough_memory;
   RecvWqe& r = rq.emplace_back();
   r.wr_id = wr_id;
   r.sges.assign(sges, sges + num_sge);
@@ -341,7 +369,7 @@ Status QueuePair::post_recv(uint64_t wr_id, const Sge* sges, uint32_t num_sge) {
     c.status = WcStatus::kWrFlushErr;
     c.opcode = WcOpcode::kRecv;
     c.qp_num = qpn_;
-    recv_cq.push(c, false);
+    recv_cq->push(c, false);
   }
   return kOk;
 }
@@ -356,7 +384,7 @@ void QueuePair::retire_send(WcStatus status, uint32_t byte_len) {
       c.opcode = w.info().wc_opcode;
       c.byte_len = byte_len;
       c.qp_num = qpn_;
-      send_cq.push(c, false);
+      send_cq->push(c, false);
     }
     sq.pop_front();
     ++sq_base;
@@ -375,25 +403,65 @@ void QueuePair::retire_send(WcStatus status, uint32_t byte_len) {
   }
 }
 
+bool QueuePair::take_recv_wqe() {
+  if (resp.wqe) return true;
+  if (SharedReceiveQueue* from = resp.xrc_srq ? resp.xrc_srq : srq) {
+    RecvWqe w;
+    if (!from->take(w)) return false;
+    resp.wqe = std::move(w);
+    resp.wqe_cq = from->cq() ? from->cq() : recv_cq;
+    // An XRC SRQ's CQ is not the QP's: it stays in use (ibv_destroy_cq EBUSY) while this QP
+    // holds a WQE bound for it, even if the SRQ goes.
+    if (from->cq()) from->cq()->users++;
+    return true;
+  }
+  if (rq.empty()) return false;
+  resp.wqe = std::move(rq.front());
+  rq.pop_front();
+  resp.wqe_cq = recv_cq;
+  return true;
+}
+
 void QueuePair::complete_recv(WcStatus status, WcOpcode opcode, uint32_t byte_len, uint32_t imm_be,
                               uint32_t wc_flags, bool solicited) {
-  RecvWqe& r = rq.front();
+  complete_recv(status, opcode, byte_len, imm_be, wc_flags, solicited, attr.dest_qp_num);
+}
+
+void QueuePair::complete_recv(WcStatus status, WcOpcode opcode, uint32_t byte_len, uint32_t imm_be,
+                              uint32_t wc_flags, bool solicited, uint32_t src_qp) {
   Cqe c;
-  c.wr_id = r.wr_id;
+  c.wr_id = resp.wqe->wr_id;
   c.status = status;
   c.opcode = opcode;
   c.byte_len = byte_len;
   c.imm_be = imm_be;
   c.wc_flags = wc_flags;
   c.qp_num = qpn_;
-  c.src_qp = attr.dest_qp_num;
-  rq.pop_front();
-  transport->deliver_recv_completion(recv_cq, c, solicited);
+  c.src_qp = src_qp;
+  CompletionQueue* cq = resp.wqe_cq;
+  release_recv_wqe();
+  if (cq) transport->deliver_recv_completion(*cq, c, solicited);
+}
+
+void QueuePair::release_recv_wqe() {
+  if (resp.wqe && resp.wqe_cq && resp.wqe_cq != recv_cq) resp.wqe_cq->users--;
+  resp.wqe.reset();
+  resp.wqe_cq = nullptr;
+}
+
+ProtectionDomain& QueuePair::responder_pd() const {
+  return resp.xrc_srq ? resp.xrc_srq->pd() : *pd_;
 }
 
 void QueuePair::flush_queues() {
   while (!sq.empty()) retire_send(WcStatus::kWrFlushErr);
-  while (!rq.empty()) complete_recv(WcStatus::kWrFlushErr, WcOpcode::kRecv, 0, 0, 0, false);
+  // The WQE a message in progress holds (taken from the RQ or an SRQ) is the QP's now: it
+  // is flushed with the rest (IBTA 10.3.1: WQEs a QP took from an SRQ complete in error).
+  if (resp.wqe) complete_recv(WcStatus::kWrFlushErr, WcOpcode::kRecv, 0, 0, 0, false);
+  while (!rq.empty()) {
+    take_recv_wqe();
+    complete_recv(WcStatus::kWrFlushErr, WcOpcode::kRecv, 0, 0, 0, false);
+  }
   comp.timer_ns = comp.rnr_ns = 0;
   comp.rd_atomic_inflight.clear();
   req.rnr_wait = false;

@@ -1,9 +1,11 @@
-// Reliable Connected queue pair: the state machine (IBTA vol 1, 10.3 and table 91 of
-// valid modify transitions), its send and receive queues, and the state the three
+// Queue pairs of every type the engine implements — RC, UC, UD, XRC send and XRC receive
+// (the QP-type table, qp_type.h, says what each is): the state machine (IBTA vol 1, 10.3 and
+// table 91 of valid modify transitions), the send and receive queues, and the state the
 // transport units keep per QP:
 //   requester (requester.cpp) — turns send WQEs into request packets (rxe_req.c),
-//   responder (responder.cpp) — executes incoming requests, sends ACK/NAK/responses
-//                               (rxe_resp.c),
+//   responder (responder.cpp) — executes incoming RC/XRC requests, sends ACK/NAK/responses
+//                               (rxe_resp.c); placement.cpp holds what it shares with
+//   uc (uc.cpp), ud (ud.cpp)  — the receive units of the unreliable services,
 //   completer (completer.cpp) — matches ACKs and responses to WQEs, retries, and
 //                               produces send CQEs (rxe_comp.c).
 // All QP state is guarded by the owning device's lock.
@@ -15,11 +17,13 @@
 #include <deque>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "engine/congestion_window.h"
 #include "engine/memory.h"
 #include "engine/object_registry.h"
+#include "engine/qp_type.h"
 #include "engine/received_psns.h"
 #include "engine/transport.h"
 #include "engine/types.h"
@@ -29,6 +33,8 @@
 namespace softrdma::engine {
 
 class CompletionQueue;
+class SharedReceiveQueue;
+class XrcDomain;
 
 /// A PSN value no packet carries (PSNs are 24 bits): "none".
 inline constexpr uint32_t kNoPsn = 0xffffffff;
@@ -46,13 +52,6 @@ struct SendWqe {
   uint32_t last_psn() const { return wire::psn_add(first_psn, npsn - 1); }
   /// The work-request table's row for this WQE's opcode.
   const WrOpcodeInfo& info() const { return wr_info(wr.opcode); }
-};
-
-/// A posted receive work request.
-struct RecvWqe {
-  uint64_t wr_id = 0;
-  std::vector<Sge> sges;
-  uint64_t length = 0;  ///< sum of SGE lengths
 };
 
 /// Requester progress (rxe's qp->req).
@@ -159,13 +158,42 @@ struct ResponderState {
   /// Selective retransmission: packets kept beyond the expected PSN and the gaps reported;
   /// allocated at the first out-of-order packet of a requester that asked for it.
   std::unique_ptr<ReceivedPsns> ooo;
+  /// The receive WQE of the message being received, taken from the receive queue or the
+  /// SRQ at its first packet (QueuePair::take_recv_wqe), and the CQ its completion goes to.
+  std::optional<RecvWqe> wqe;
+  CompletionQueue* wqe_cq = nullptr;
+  /// XRC receive QPs: the XRC SRQ the packet being executed names (its XRCETH), whose PD
+  /// checks memory accesses and whose WQEs and CQ receive its messages (annex A14).
+  SharedReceiveQueue* xrc_srq = nullptr;
+  /// UC: packets are dropped until the next first/only packet — a packet of the message in
+  /// progress was lost or refused (IBTA vol 1 ch. 9, UC: a lost packet loses its whole
+  /// message; rxe check_psn and resp.drop_msg).
+  bool uc_drop = false;
 };
 
-/// An RC queue pair.
+/// What a QP is created with (ibv_qp_init_attr_ex, resolved to engine objects). Which of
+/// the objects a type needs is its row's business (QueuePair::validate_init checks).
+struct QpInit {
+  QpType type = QpType::kRc;
+  ProtectionDomain* pd = nullptr;      ///< all but XRC_RECV
+  CompletionQueue* send_cq = nullptr;  ///< types with a send queue
+  CompletionQueue* recv_cq = nullptr;  ///< RC, UC, UD
+  SharedReceiveQueue* srq = nullptr;   ///< optional for RC, UC, UD (a basic SRQ)
+  XrcDomain* xrcd = nullptr;           ///< XRC_RECV
+  QpCap cap;
+  bool sq_sig_all = false;
+  /// A QPN to take instead of the next free one (1: the GSI); 0: any.
+  uint32_t qpn = 0;
+};
+
+/// A queue pair.
 class QueuePair {
  public:
   /// Creates a QP in RESET and publishes it in the device's QPN table; its packets go to
-  /// `dev.transport()`. `cap` was validated by validate_cap().
+  /// `dev.transport()`. `init` was accepted by validate_init(). With init.qpn set, check
+  /// qpn() afterwards: 0 means that QPN was taken and the QP is unusable (destroy it).
+  QueuePair(ObjectRegistry& dev, const QpInit& init);
+  /// An RC QP without SRQ (what the RC tests build).
   QueuePair(ObjectRegistry& dev, ProtectionDomain& pd, CompletionQueue& send_cq,
             CompletionQueue& recv_cq, const QpCap& cap, bool sq_sig_all);
   ~QueuePair();
@@ -174,22 +202,40 @@ class QueuePair {
 
   /// Checks requested capacities against device limits; rounds nothing. EINVAL if over.
   static Status validate_cap(const QpCap& cap);
+  /// Checks creation attributes against the type's row: a type the engine implements
+  /// (else EOPNOTSUPP, as ibv_create_qp on a device without it), the PD, CQs, SRQ and XRC
+  /// domain the type needs and no SRQ where it has none (EINVAL), an SRQ of the basic kind,
+  /// capacities (validate_cap).
+  static Status validate_init(const QpInit& init);
 
   uint32_t qpn() const { return qpn_; }
   ObjectRegistry& registry() const { return dev_; }
-  ProtectionDomain& pd() const { return pd_; }
+  /// The QP's PD (every type but XRC_RECV has one).
+  ProtectionDomain& pd() const { return *pd_; }
+  ProtectionDomain* pd_ptr() const { return pd_; }
+  const QpTypeInfo& type_info() const { return *type_; }
+  QpType type() const { return type_->type; }
+  /// The SRQ the QP receives from (created with one), or nullptr.
+  SharedReceiveQueue* const srq;
+  /// XRC_RECV: its XRC domain.
+  XrcDomain* const xrcd;
 
   /// ibv_modify_qp: validates the transition and attributes (required/optional masks of
-  /// IBTA table 91 for RC, ranges of each field) and applies them. EINVAL on any error.
+  /// IBTA table 91 for the QP's type, ranges of each field) and applies them. EINVAL on
+  /// any error.
   Status modify(const QpAttr& attr, uint32_t mask);
   /// ibv_query_qp: current attributes.
   QpAttr query() const;
 
-  /// ibv_post_send for one WR. EINVAL in RESET/INIT/RTR, for too many SGEs, an opcode
-  /// the QP type does not allow, inline data over max_inline_data or a bad inline SGE;
-  /// ENOMEM when the SQ is full. In ERR the WR completes at once with IBV_WC_WR_FLUSH_ERR.
+  /// ibv_post_send for one WR. EINVAL in RESET/INIT/RTR, on a type without a send queue,
+  /// for too many SGEs, an opcode the QP type does not allow (UC: no READ or atomics, UD:
+  /// SENDs only), a UD WR without an address handle, inline data over max_inline_data or a
+  /// bad inline SGE; ENOMEM when the SQ is full. In ERR the WR completes at once with
+  /// IBV_WC_WR_FLUSH_ERR. A UD message over the port MTU is accepted and completes
+  /// successfully without a packet (IBTA C10-93.1.1, as rxe), counted in ud_send_too_long.
   Status post_send(const SendWr& wr);
-  /// ibv_post_recv for one WR. EINVAL in RESET or with too many SGEs; ENOMEM when full.
+  /// ibv_post_recv for one WR. EINVAL in RESET, with too many SGEs, on a QP that receives
+  /// through an SRQ or has no receive queue (XRC); ENOMEM when full.
   Status post_recv(uint64_t wr_id, const Sge* sges, uint32_t num_sge);
   /// Applies a batch of posts under one lock acquisition (see post_send / post_recv); on
   /// error `bad` gets the index of the failing WR.
@@ -199,12 +245,13 @@ class QueuePair {
   QpAttr attr;
   QpCap cap;
   bool sq_sig_all;
-  CompletionQueue& send_cq;
-  CompletionQueue& recv_cq;
+  CompletionQueue* const send_cq;  ///< nullptr for XRC_RECV
+  CompletionQueue* const recv_cq;  ///< nullptr for the XRC types
   /// Where this QP's packets go: its device, or a test double.
   Transport* transport;
   /// Runs the requester over the send queue and flushes the packets it produced to the
-  /// transport (device lock held): what a post or a move to RTS does to start sending.
+  /// transport (device lock held): what a post or a move to RTS does to start sending. On
+  /// an unreliable type, every WQE the requester has sent whole is then completed.
   void transmit_pending_requests();
   uint32_t remote_ip = 0;  ///< from attr.ah.dgid at RTR
   uint32_t mtu = 256;      ///< path MTU, bytes
@@ -232,9 +279,19 @@ class QueuePair {
   /// report it on), the requester's error status otherwise. ibv_modify_qp to ERR does not
   /// call it. The verbs layer turns it into an affiliated async event.
   std::function<void(WcStatus)> on_error;
-  /// Completes the head receive WQE.
+  /// Makes sure resp.wqe holds the receive WQE of the message being received: the one
+  /// held already, else the oldest of the SRQ (the XRC SRQ of the packet, or the QP's) or of
+  /// the receive queue. False when none is posted.
+  bool take_recv_wqe();
+  /// Completes resp.wqe (taken by take_recv_wqe) to its CQ and lets it go; `src_qp` is the
+  /// sender's QPN (UD: from the DETH; others: the destination QP).
   void complete_recv(WcStatus status, WcOpcode opcode, uint32_t byte_len, uint32_t imm_be,
                      uint32_t wc_flags, bool solicited);
+  void complete_recv(WcStatus status, WcOpcode opcode, uint32_t byte_len, uint32_t imm_be,
+                     uint32_t wc_flags, bool solicited, uint32_t src_qp);
+  /// The PD that checks the memory a received request touches: the XRC SRQ's for an XRC
+  /// request (annex A14.4), else the QP's.
+  ProtectionDomain& responder_pd() const;
   /// Earliest armed timer of this QP, ns (0 if none).
   uint64_t next_deadline() const;
   /// Deadline of this QP's live entry in the device's timer queue (0: none queued).
@@ -265,10 +322,16 @@ class QueuePair {
   void apply_modify(const QpAttr& a, uint32_t mask, const ModifyPlan& plan);
   Status post_send_locked(const SendWr& wr);
   void flush_queues();
+  /// Lets resp.wqe go without a completion (and the CQ it held in use).
+  void release_recv_wqe();
+  /// Unreliable types: completes the WQEs the requester has sent whole (after the flush,
+  /// so their inline data outlived the packets that carry it).
+  void complete_sent_unreliable();
 
   ObjectRegistry& dev_;
-  ProtectionDomain& pd_;
-  uint32_t qpn_;
+  const QpTypeInfo* type_;
+  ProtectionDomain* pd_;
+  uint32_t qpn_ = 0;
 };
 
 /// Requester: turns WQEs into request packets within the PSN window and the
@@ -339,5 +402,27 @@ void on_congestion_experienced(QueuePair& qp, Transport& t);
 /// 50 µs; Zhu et al. 2015, 3.1: "at most once every 50 µs").
 inline constexpr uint64_t kMinTimeBetweenCnpsNs = 50'000;
 }  // namespace responder
+
+/// UC receive unit (uc.cpp): executes SEND and RDMA WRITE packets of an unreliable
+/// connection. No ACK, NAK or duplicate handling: a packet whose PSN is not the expected one
+/// or that cannot be executed (no receive WQE, bad R_Key, length) loses the rest of its
+/// message, which is dropped and counted (uc_dropped_pkts) until the next first/only packet
+/// (IBTA vol 1 ch. 9 UC; rxe check_psn, resp.drop_msg).
+namespace uc {
+void on_request(QueuePair& qp, const wire::Packet& pkt, const RxMeta& meta, Transport& t);
+}  // namespace uc
+
+/// UD receive unit (ud.cpp): executes a SEND ONLY datagram. The receive buffer gets the
+/// 40-byte GRH area first — for RoCEv2 over IPv4, 20 zero bytes and the packet's IPv4 header
+/// (IBTA vol 1 11.4.1.1, annex A17.4.5.1; rxe execute()) — then the payload; the completion
+/// has wc.src_qp from the DETH and IBV_WC_GRH. A datagram with no receive WQE posted or one
+/// too small is dropped and counted (ud_dropped_pkts); the Q_Key was checked by the device.
+namespace ud {
+void on_request(QueuePair& qp, const wire::Packet& pkt, const RxMeta& meta, Transport& t);
+/// Bytes of the GRH area at the head of every UD receive buffer (ibv_post_recv(3)).
+inline constexpr uint32_t kGrhBytes = 40;
+/// The GSI's well-known Q_Key (IBTA vol 1 ch. 13, GSI; rxe check_keys): QP1 accepts only it.
+inline constexpr uint32_t kGsiQkey = 0x80010000;
+}  // namespace ud
 
 }  // namespace softrdma::engine

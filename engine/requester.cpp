@@ -104,6 +104,14 @@ bool paced_out(QueuePair& qp, Transport& t) {
   return true;
 }
 
+// Whether the path to the peer is paused (packets to it wait in the device's same-host
+// backlog): then nothing new is queued and the device runs the QP again once they left.
+bool held_back(QueuePair& qp, Transport& t) {
+  if (!t.path_busy(qp.remote_ip)) return false;
+  t.wait_for_path(qp);
+  return true;
+}
+
 // A packet of `payload` bytes left: the pacer's bucket and DCQCN's byte counter.
 void note_paced(QueuePair& qp, Transport& t, uint64_t payload) {
   if (!qp.req.cc_on) return;
@@ -113,13 +121,31 @@ void note_paced(QueuePair& qp, Transport& t, uint64_t payload) {
   qp.req.rate.on_sent(bytes, now);
 }
 
-wire::Headers base_headers(const QueuePair& qp, Transport& t, Opcode op, uint32_t psn) {
+// The headers every request packet of WQE `w` carries: the opcode in the QP's service, the
+// destination QP, and the service's own ETH — UD's DETH (the WR's Q_Key, or the QP's when
+// the WR's has its most significant bit set, IBTA vol 1 10.2.5; our QPN as the source),
+// XRC's XRCETH (the target SRQ of the WR).
+wire::Headers base_headers(const QueuePair& qp, const SendWqe& w, Transport& t, Opcode op,
+                           uint32_t psn) {
+  const QpTypeInfo& type = qp.type_info();
   wire::Headers h;
-  h.bth.opcode = static_cast<uint8_t>(op);
-  h.bth.dest_qpn = qp.attr.dest_qp_num;
+  h.bth.opcode = type.opcode(op);
+  h.bth.dest_qpn = type.connected ? qp.attr.dest_qp_num : w.wr.remote_qpn;
   h.bth.psn = psn;
-  h.bth.selective = t.selective_retransmit();
+  h.bth.selective = type.reliable && t.selective_retransmit();
+  if (type.service == wire::Service::kUd) {
+    const uint32_t own = qp.qpn() == 1 ? ud::kGsiQkey : qp.attr.qkey;  // QP1: the GSI's
+    h.deth.qkey = (w.wr.remote_qkey & 0x80000000u) ? own : w.wr.remote_qkey;
+    h.deth.src_qpn = qp.qpn();
+  } else if (type.service == wire::Service::kXrc) {
+    h.xrceth.srqn = w.wr.remote_srqn;
+  }
   return h;
+}
+
+// Where WQE `w`'s packets go: the QP's peer, or the UD WR's address handle.
+uint32_t destination(const QueuePair& qp, const SendWqe& w) {
+  return qp.type_info().connected ? qp.remote_ip : w.wr.ud_dst_ip;
 }
 
 void note_sent(QueuePair& qp, Transport& t, uint32_t psn_count) {
@@ -141,7 +167,7 @@ uint32_t emit_data_packet(QueuePair& qp, SendWqe& w, Transport& t, std::vector<i
   const bool first = off == 0;
   const bool last = off + pay == w.length;
   const WrOpcodeInfo& info = w.info();
-  wire::Headers h = base_headers(qp, t, info.wire_opcode(first, last), psn);
+  wire::Headers h = base_headers(qp, w, t, info.wire_opcode(first, last), psn);
   if (first && info.cls == WrClass::kWrite) {
     h.reth.va = w.wr.remote_addr;
     h.reth.rkey = w.wr.rkey;
@@ -152,9 +178,10 @@ uint32_t emit_data_packet(QueuePair& qp, SendWqe& w, Transport& t, std::vector<i
     h.ieth_rkey = w.wr.invalidate_rkey;  // written only by SEND with invalidate's opcodes
     h.bth.solicited = (w.wr.flags & kSolicited) != 0;
   }
-  h.bth.ack_req = last || ack_req;
+  // Only a reliable service asks for ACKs (IBTA 9.2: AckReq is 0 on UC and UD).
+  h.bth.ack_req = qp.type_info().reliable && (last || ack_req);
   gather(w.local, off, pay, iov);
-  t.transmit(h, qp.remote_ip, iov, pay);
+  t.transmit(h, destination(qp, w), iov, pay);
   return pay;
 }
 
@@ -181,7 +208,7 @@ bool send_data_packet(QueuePair& qp, SendWqe& w, Transport& t, std::vector<iovec
 uint64_t emit_read_request(QueuePair& qp, SendWqe& w, Transport& t, uint32_t psn, uint64_t off) {
   const uint64_t chunk_bytes = uint64_t{kReadChunkPsns} * qp.mtu;
   const uint64_t chunk = std::min<uint64_t>(w.length, (off / chunk_bytes + 1) * chunk_bytes) - off;
-  wire::Headers h = base_headers(qp, t, w.info().only, psn);
+  wire::Headers h = base_headers(qp, w, t, w.info().only, psn);
   h.reth.va = w.wr.remote_addr + off;
   h.reth.rkey = w.wr.rkey;
   h.reth.dma_length = static_cast<uint32_t>(chunk);
@@ -204,7 +231,7 @@ bool send_read_request(QueuePair& qp, SendWqe& w, Transport& t) {
 
 void emit_atomic(QueuePair& qp, SendWqe& w, Transport& t, uint32_t psn) {
   const bool cas = w.wr.opcode == WrOpcode::kCompareSwap;
-  wire::Headers h = base_headers(qp, t, w.info().only, psn);
+  wire::Headers h = base_headers(qp, w, t, w.info().only, psn);
   h.atomic.va = w.wr.remote_addr;
   h.atomic.rkey = w.wr.rkey;
   h.atomic.swap_add = cas ? w.wr.swap : w.wr.compare_add;
@@ -250,11 +277,54 @@ uint64_t find_wqe(QueuePair& qp, uint32_t psn) {
   return lo;
 }
 
+// UC and UD: every WQE goes out whole, at once, each packet once — no window, no ACK, no
+// timer (IBTA 9.8, 9.9: unreliable services). The QP completes the WQEs sent whole after the
+// flush (QueuePair::transmit_pending_requests).
+void run_unreliable(QueuePair& qp, Transport& t) {
+  const QpTypeInfo& type = qp.type_info();
+  std::vector<iovec> iov;
+  while (qp.req.next < qp.sq_end()) {
+    SendWqe& w = qp.wqe(qp.req.next);
+    if (!w.started) {
+      if (qp.attr.state == QpState::kSqd) break;
+      if (!resolve_local(qp, w, t)) {
+        if (qp.req.next == qp.sq_base) qp.enter_error(WcStatus::kLocProtErr);
+        break;
+      }
+      w.started = true;
+      w.first_psn = qp.req.psn;
+      w.npsn = psns_for(w.length, qp.mtu);
+      qp.req.offset = 0;
+      if (type.single_packet && w.length > qp.mtu) {
+        // IBTA C10-93.1.1: a UD message over the port MTU emits no packet and raises no
+        // error (rxe fakes a successful send; so do we, and count it).
+        bump(t.counters().ud_send_too_long);
+        log().debug("qp {:#x}: UD message of {} B over the MTU of {} B: not sent", qp.qpn(),
+                    w.length, qp.mtu);
+        qp.req.psn = wire::psn_add(qp.req.psn, 1);
+        ++qp.req.next;
+        continue;
+      }
+    }
+    while (qp.req.offset < w.length || (w.length == 0 && qp.req.offset == 0)) {
+      const uint64_t off = qp.req.offset;
+      const uint32_t pay = emit_data_packet(qp, w, t, iov, qp.req.psn, off, false);
+      qp.req.psn = wire::psn_add(qp.req.psn, 1);
+      qp.req.offset = off + pay;
+      if (w.length == 0) break;
+    }
+    ++qp.req.next;
+    qp.req.offset = 0;
+  }
+}
+
 }  // namespace
 
 void run(QueuePair& qp, Transport& t) {
   if (qp.attr.state != QpState::kRts && qp.attr.state != QpState::kSqd) return;
   if (qp.req.rnr_wait) return;
+  const QpTypeInfo& type = qp.type_info();
+  if (!type.reliable) return run_unreliable(qp, t);
   if (!qp.req.cc_checked) {
     qp.req.cc_checked = true;
     DcqcnParams p;
@@ -272,7 +342,7 @@ void run(QueuePair& qp, Transport& t) {
       qp.req.retx.pop_front();  // nothing left, or not sent since a rewind: sent anew below
       continue;
     }
-    if ((paced = paced_out(qp, t))) break;
+    if ((paced = paced_out(qp, t) || held_back(qp, t))) break;
     const uint32_t n = resend(qp, t, r.first);
     if (n == 0) {
       qp.req.retx.pop_front();
@@ -325,7 +395,7 @@ void run(QueuePair& qp, Transport& t) {
     bool done = false;
     const WrOpcodeInfo& info = w.info();
     if (info.read_or_atomic && qp.comp.rd_atomic_inflight.size() >= max_rd) break;
-    if (paced_out(qp, t)) break;
+    if (paced_out(qp, t) || held_back(qp, t)) break;
     switch (info.cls) {
       case WrClass::kRead:
         done = send_read_request(qp, w, t);

@@ -7,8 +7,10 @@
 #include "engine/cq.h"
 #include "engine/log.h"
 #include "engine/memory.h"
-#include "engine/mw.h"
+#include "engine/placement.h"
 #include "engine/qp.h"
+#include "engine/srq.h"
+#include "engine/xrcd.h"
 #include "net/fault_guard.h"
 
 namespace softrdma::engine::responder {
@@ -22,9 +24,11 @@ using wire::psn_diff;
 /// How many executed READs/atomics are kept for duplicate replay, at least.
 constexpr size_t kMinResources = 16;
 
+uint8_t opcode(const QueuePair& qp, Opcode op);
+
 void send_ack(QueuePair& qp, Transport& t, uint8_t syndrome, uint32_t psn) {
   wire::Headers h;
-  h.bth.opcode = static_cast<uint8_t>(Opcode::kAcknowledge);
+  h.bth.opcode = opcode(qp, Opcode::kAcknowledge);
   h.bth.dest_qpn = qp.attr.dest_qp_num;
   h.bth.psn = psn;
   h.aeth.syndrome = syndrome;
@@ -63,50 +67,17 @@ void ack_later(QueuePair& qp, uint32_t psn) {
   qp.resp.ack_psn = psn;
 }
 
-// Resolves a remote access [va, va+len) through `rkey` — an MR's key or a memory window's
-// R_Key (IBTA 10.6.7.3) — for `need` (a remote Access bit).
-uint8_t* check_remote(QueuePair& qp, Transport& t, uint32_t rkey, uint64_t va, uint64_t len,
-                      uint32_t need) {
-  if (!(qp.attr.access_flags & need)) return nullptr;
-  if (MemoryRegion* mr = t.find_mr(rkey)) {
-    if (&mr->pd() != &qp.pd() || !(mr->access() & need)) return nullptr;
-    return mr->translate(va, len);
-  }
-  const MemoryWindow* mw = t.find_mw(rkey);
-  return mw ? mw->translate(qp, va, len, need) : nullptr;
-}
+using placement::check_remote;
+using placement::Outcome;
 
-// PSNs of a message of `dma_length` bytes (a READ's responses, a WRITE's packets).
 uint32_t read_psns(const QueuePair& qp, uint64_t dma_length) {
-  return dma_length == 0 ? 1u : static_cast<uint32_t>((dma_length + qp.mtu - 1) / qp.mtu);
+  return placement::message_psns(qp, dma_length);
 }
 
-enum class Scatter { kOk, kLength, kProtection };
-
-// Copies `data` into the head receive WQE at byte `offset`.
-Scatter scatter_recv(QueuePair& qp, Transport& t, uint64_t offset, std::span<const uint8_t> data) {
-  RecvWqe& r = qp.rq.front();
-  if (offset + data.size() > r.length) return Scatter::kLength;
-  size_t done = 0;
-  for (const Sge& s : r.sges) {
-    if (done == data.size()) break;
-    if (offset >= s.length) {
-      offset -= s.length;
-      continue;
-    }
-    size_t take = std::min<size_t>(s.length - offset, data.size() - done);
-    MemoryRegion* mr = t.find_mr(s.lkey);
-    if (!mr || &mr->pd() != &qp.pd() || !(mr->access() & kLocalWrite)) return Scatter::kProtection;
-    uint8_t* p = mr->translate(s.addr + offset, take);
-    if (!p) return Scatter::kProtection;
-    if (!net::guarded_copy(p, data.data() + done, take)) {
-      bump(t.counters().local_access_faults);  // the receive buffer was unmapped
-      return Scatter::kProtection;
-    }
-    done += take;
-    offset = 0;
-  }
-  return Scatter::kOk;
+// The opcode of RC operation `op` in the QP's service (an XRC target answers with XRC
+// ACKs and read responses, annex A14).
+uint8_t opcode(const QueuePair& qp, Opcode op) {
+  return qp.type_info().opcode(op);
 }
 
 void send_read_responses(QueuePair& qp, Transport& t, uint32_t psn, const uint8_t* src,
@@ -120,7 +91,7 @@ void send_read_responses(QueuePair& qp, Transport& t, uint32_t psn, const uint8_
                 : i == n - 1 ? Opcode::kReadResponseLast
                              : Opcode::kReadResponseMiddle;
     wire::Headers h;
-    h.bth.opcode = static_cast<uint8_t>(op);
+    h.bth.opcode = opcode(qp, op);
     h.bth.dest_qpn = qp.attr.dest_qp_num;
     h.bth.psn = psn_add(psn, i);
     h.aeth.syndrome = wire::aeth_ack();
@@ -132,7 +103,7 @@ void send_read_responses(QueuePair& qp, Transport& t, uint32_t psn, const uint8_
 
 void send_atomic_ack(QueuePair& qp, Transport& t, uint32_t psn, uint64_t orig) {
   wire::Headers h;
-  h.bth.opcode = static_cast<uint8_t>(Opcode::kAtomicAcknowledge);
+  h.bth.opcode = opcode(qp, Opcode::kAtomicAcknowledge);
   h.bth.dest_qpn = qp.attr.dest_qp_num;
   h.bth.psn = psn;
   h.aeth.syndrome = wire::aeth_ack();
@@ -179,94 +150,43 @@ RequestCheck check_length(const QueuePair& qp, const wire::Packet& pkt) {
 }
 
 void on_send(QueuePair& qp, const wire::Packet& pkt, Transport& t) {
-  const uint32_t m = pkt.info->mask;
   const uint32_t psn = pkt.hdr.bth.psn;
-  if (m & (wire::kIsFirst | wire::kIsOnly)) {
-    if (qp.rq.empty()) return rnr_nak(qp, t, psn);
-    qp.resp.recv_offset = 0;
-    qp.resp.in_send = (m & wire::kIsFirst) != 0;
-  }
-  switch (scatter_recv(qp, t, qp.resp.recv_offset, pkt.payload)) {
-    case Scatter::kOk:
+  switch (placement::send(qp, pkt, t)) {
+    case Outcome::kDone:
       break;
-    case Scatter::kLength:
+    case Outcome::kNoRecvWqe:
+      return rnr_nak(qp, t, psn);
+    case Outcome::kLength:
       qp.complete_recv(WcStatus::kLocLenErr, WcOpcode::kRecv, 0, 0, 0, false);
       return nak_and_fail(qp, t, wire::NakCode::kInvalidRequest, psn);
-    case Scatter::kProtection:
+    case Outcome::kProtection:
       qp.complete_recv(WcStatus::kLocProtErr, WcOpcode::kRecv, 0, 0, 0, false);
       return nak_and_fail(qp, t, wire::NakCode::kRemoteOperationalError, psn);
-  }
-  qp.resp.recv_offset += pkt.payload.size();
-  if (m & wire::kConsumesRecvWqe) {
-    const bool imm = m & wire::kHasImmDt;
-    uint32_t flags = imm ? uint32_t{kWcWithImm} : 0u;
-    uint32_t imm_or_rkey = imm ? pkt.hdr.imm_be : 0;
-    if (m & wire::kHasIeth) {
-      // SEND with invalidate: the R_Key it names is invalidated before the receive
-      // completes (IBTA 10.6.7.2.2); only a type 2 window can be (rxe_invalidate_rkey).
-      MemoryWindow* mw = t.find_mw(pkt.hdr.ieth_rkey);
-      if (!mw || mw->invalidate() != kOk) {
-        log().debug("qp {:#x}: SEND with invalidate names R_Key {:#x}, which cannot be", qp.qpn(),
-                    pkt.hdr.ieth_rkey);
-        qp.complete_recv(WcStatus::kRemInvReqErr, WcOpcode::kRecv, 0, 0, 0, false);
-        return nak_and_fail(qp, t, wire::NakCode::kInvalidRequest, psn);
-      }
-      flags |= kWcWithInv;
-      imm_or_rkey = pkt.hdr.ieth_rkey;
-    }
-    qp.complete_recv(WcStatus::kSuccess, WcOpcode::kRecv,
-                     static_cast<uint32_t>(qp.resp.recv_offset), imm_or_rkey, flags,
-                     pkt.hdr.bth.solicited);
-    qp.resp.in_send = false;
-    qp.resp.msn = psn_add(qp.resp.msn, 1);
+    case Outcome::kInvalidate:  // rxe: the receive completes in error, the request is refused
+      qp.complete_recv(WcStatus::kRemInvReqErr, WcOpcode::kRecv, 0, 0, 0, false);
+      return nak_and_fail(qp, t, wire::NakCode::kInvalidRequest, psn);
+    case Outcome::kAccess:
+    case Outcome::kInvalid:
+      return nak_and_fail(qp, t, wire::NakCode::kInvalidRequest, psn);
   }
   qp.resp.epsn = psn_add(psn, 1);
   if (pkt.hdr.bth.ack_req) ack_later(qp, psn);
 }
 
 void on_write(QueuePair& qp, const wire::Packet& pkt, Transport& t) {
-  const uint32_t m = pkt.info->mask;
   const uint32_t psn = pkt.hdr.bth.psn;
-  const bool ends = m & (wire::kIsLast | wire::kIsOnly);
-  const bool consumes_wqe = m & wire::kConsumesRecvWqe;  // WRITE with immediate, last/only
-  // Check for the receive WQE before touching memory, so a retried (RNR) packet is
-  // applied exactly once.
-  if (consumes_wqe && qp.rq.empty()) return rnr_nak(qp, t, psn);
-  if (m & wire::kHasReth) {
-    const wire::Reth& r = pkt.hdr.reth;
-    uint8_t* p = nullptr;
-    if (r.dma_length) {
-      p = check_remote(qp, t, r.rkey, r.va, r.dma_length, kRemoteWrite);
-      if (!p) return nak_and_fail(qp, t, wire::NakCode::kRemoteAccessError, psn);
-    }
-    qp.resp.write_ptr = qp.resp.write_base = p;
-    qp.resp.write_left = qp.resp.write_length = r.dma_length;
-    qp.resp.write_first_psn = psn;
-    qp.resp.in_write = (m & wire::kIsFirst) != 0;
-    if (qp.resp.in_write && qp.resp.ooo) {
-      qp.resp.ooo->sync(qp.resp.epsn);
-      qp.resp.ooo->add_write({psn, p, r.dma_length, read_psns(qp, r.dma_length)});
-    }
-  }
-  const size_t n = pkt.payload.size();
-  if (n > qp.resp.write_left || (ends && n != qp.resp.write_left))
-    return nak_and_fail(qp, t, wire::NakCode::kInvalidRequest, psn);
-  if (n && !net::guarded_copy(qp.resp.write_ptr, pkt.payload.data(), n)) {
-    // The MR's memory was unmapped (or protected) since registration: to the requester
-    // this is an R_Key violation (IBTA 9.7.5.2.4), never a crash of this process.
-    bump(t.counters().resp_access_faults);
-    log().debug("qp {:#x}: WRITE psn {:#x} hit unmapped memory", qp.qpn(), psn);
-    return nak_and_fail(qp, t, wire::NakCode::kRemoteAccessError, psn);
-  }
-  qp.resp.write_ptr += n;
-  qp.resp.write_left -= n;
-  if (ends) {
-    qp.resp.in_write = false;
-    if (consumes_wqe)
-      qp.complete_recv(WcStatus::kSuccess, WcOpcode::kRecvRdmaWithImm,
-                       static_cast<uint32_t>(qp.resp.write_length), pkt.hdr.imm_be, kWcWithImm,
-                       pkt.hdr.bth.solicited);
-    qp.resp.msn = psn_add(qp.resp.msn, 1);
+  switch (placement::write(qp, pkt, t)) {
+    case Outcome::kDone:
+      break;
+    case Outcome::kNoRecvWqe:
+      return rnr_nak(qp, t, psn);
+    case Outcome::kAccess:
+      return nak_and_fail(qp, t, wire::NakCode::kRemoteAccessError, psn);
+    case Outcome::kLength:
+    case Outcome::kProtection:
+    case Outcome::kInvalid:
+    case Outcome::kInvalidate:
+      return nak_and_fail(qp, t, wire::NakCode::kInvalidRequest, psn);
   }
   qp.resp.epsn = psn_add(psn, 1);
   if (pkt.hdr.bth.ack_req) ack_later(qp, psn);
@@ -320,7 +240,8 @@ void on_atomic(QueuePair& qp, const wire::Packet& pkt, Transport& t) {
     bool cas;
     uint64_t compare, swap_add, orig;
   } op{reinterpret_cast<uint64_t*>(p),
-       pkt.hdr.bth.opcode == static_cast<uint8_t>(Opcode::kCompareSwap), a.compare, a.swap_add, 0};
+       wire::operation_of(pkt.hdr.bth.opcode) == Opcode::kCompareSwap, a.compare, a.swap_add,
+       0};
   const bool done = net::guarded_call(
       [](void* v) {
         AtomicOp& o = *static_cast<AtomicOp*>(v);
@@ -444,7 +365,7 @@ void send_selective_nak(QueuePair& qp, Transport& t, uint32_t first, uint32_t la
     send_ack(qp, t, wire::aeth_ack(), psn_add(first, wire::kPsnMask));
   }
   wire::Headers h;
-  h.bth.opcode = static_cast<uint8_t>(Opcode::kAcknowledge);
+  h.bth.opcode = opcode(qp, Opcode::kAcknowledge);
   h.bth.dest_qpn = qp.attr.dest_qp_num;
   h.bth.psn = first;
   h.aeth.syndrome = wire::aeth_nak(wire::NakCode::kSelectiveRetransmit);
@@ -577,6 +498,26 @@ void advance_over_placed(QueuePair& qp, Transport& t) {
   }
 }
 
+// An XRC request names the SRQ that receives it (XRCETH); the XRC target takes WQEs, the
+// CQ and the PD for memory checks from it (annex A14.4). It must be an XRC SRQ of the
+// target QP's XRC domain. Otherwise a new request is refused as invalid (NAK, ERR, as any
+// class C error); a duplicate or out-of-sequence one is only dropped and counted (its PSN
+// is not the expected one: it may be forged and must not move the QP to ERR). False when
+// the packet goes no further.
+bool resolve_xrc_srq(QueuePair& qp, const wire::Packet& pkt, Transport& t, RequestCheck c) {
+  SharedReceiveQueue* srq = t.find_srq(pkt.hdr.xrceth.srqn);
+  if (srq && srq->kind() == SharedReceiveQueue::Kind::kXrc && srq->xrcd() == qp.xrcd) {
+    qp.resp.xrc_srq = srq;
+    return true;
+  }
+  qp.resp.xrc_srq = nullptr;
+  bump(t.counters().rcvd_bad_xrc_srq);
+  log().debug("qp {:#x}: {} psn {:#x} names SRQ {:#x}, not an XRC SRQ of the QP's domain", qp.qpn(),
+              pkt.info->name, pkt.hdr.bth.psn, pkt.hdr.xrceth.srqn);
+  if (c == RequestCheck::kNew) nak_and_fail(qp, t, wire::NakCode::kInvalidRequest, pkt.hdr.bth.psn);
+  return false;
+}
+
 }  // namespace
 
 const char* to_string(RequestCheck c) {
@@ -600,6 +541,7 @@ RequestCheck check_request(const QueuePair& qp, const wire::Packet& pkt) {
 void on_request(QueuePair& qp, const wire::Packet& pkt, Transport& t) {
   const uint32_t psn = pkt.hdr.bth.psn;
   const RequestCheck c = check_request(qp, pkt);
+  if ((pkt.info->mask & wire::kHasXrceth) && !resolve_xrc_srq(qp, pkt, t, c)) return;
   if (c == RequestCheck::kOutOfSequence) {
     if (pkt.hdr.bth.selective && t.selective_retransmit()) return on_out_of_order(qp, pkt, t);
     return on_out_of_sequence(qp, psn, t);

@@ -18,7 +18,20 @@ class CompletionQueue;
 class MemoryRegion;
 class MemoryWindow;
 class QueuePair;
+class SharedReceiveQueue;
 struct Cqe;
+
+/// What the device knows of the IPv4/UDP datagram a received packet came in, beyond the
+/// RoCEv2 payload: the UD receive unit writes it into the GRH area of the receive buffer
+/// (IBTA vol 1 11.4.1.1; RoCEv2 puts the IPv4 header in its last 20 bytes, annex A17.4.5.1).
+struct RxMeta {
+  uint32_t src_ip = 0;  ///< host order
+  uint32_t dst_ip = 0;  ///< host order
+  uint8_t tos = 0;
+  uint8_t ttl = 64;
+  uint16_t ip_id = 0;              ///< as recovered from the ICRC (0 on the same-host path)
+  uint16_t udp_payload_bytes = 0;  ///< BTH … ICRC
+};
 
 /// Services a device provides to its QPs' transport units. All calls happen with the
 /// device lock held.
@@ -40,6 +53,12 @@ class Transport {
     (void)rkey;
     return nullptr;
   }
+  /// The SRQ with this SRQ number (an XRC request's XRCETH names one), or nullptr. The
+  /// default has none.
+  virtual SharedReceiveQueue* find_srq(uint32_t srqn) {
+    (void)srqn;
+    return nullptr;
+  }
   /// The device's counters.
   virtual Counters& counters() = 0;
   /// Monotonic time, ns.
@@ -59,6 +78,16 @@ class Transport {
   /// NAKs, responders keep out-of-order packets of requesters that do and report the gaps
   /// (docs/wide-area.md). The default is off.
   virtual bool selective_retransmit() const { return false; }
+  /// Whether packets to `dst_ip` (host order) are waiting to leave the device (a full
+  /// same-host ring's backlog): a requester then sends nothing new and calls wait_for_path();
+  /// the device runs it again once they have left. A lossless link's pause (PFC), where the
+  /// sender can see the receiver's free space. The default: never.
+  virtual bool path_busy(uint32_t dst_ip) {
+    (void)dst_ip;
+    return false;
+  }
+  /// Registers `qp` to be run again (requester::run) when path_busy(its peer) turns false.
+  virtual void wait_for_path(QueuePair& qp) { (void)qp; }
   /// Whether requesters towards `dst_ip` (host order) pace their packets with DCQCN
   /// (SOFTRDMA_CC); if so `out` gets the reaction point's parameters (the line rate: the
   /// rate of the emulated link towards `dst_ip`, when there is one). The default is off.

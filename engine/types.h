@@ -85,6 +85,21 @@ struct SendWr {
   uint32_t num_sge = 0;
   uint32_t invalidate_rkey = 0;  ///< SEND_WITH_INV / LOCAL_INV: the R_Key to invalidate
   MwBind bind;                   ///< BIND_MW
+  /// UD (wr.ud): the destination from the address handle, resolved at post (host-order
+  /// IPv4 address; 0: no AH given), the destination QP and its Q_Key (one with the most
+  /// significant bit set means "the QP's own Q_Key", IBTA vol 1 10.2.5).
+  uint32_t ud_dst_ip = 0;
+  uint32_t remote_qpn = 0;
+  uint32_t remote_qkey = 0;
+  /// XRC send QPs (qp_type.xrc.remote_srqn): the XRC SRQ at the target (24 bits).
+  uint32_t remote_srqn = 0;
+};
+
+/// A posted receive work request (on a QP's receive queue or an SRQ).
+struct RecvWqe {
+  uint64_t wr_id = 0;
+  std::vector<Sge> sges;
+  uint64_t length = 0;  ///< sum of SGE lengths
 };
 
 /// Completion status (values of enum ibv_wc_status).
@@ -179,7 +194,8 @@ struct Gid {
   bool to_ipv4(uint32_t& ip) const;
 };
 
-/// Address vector: where a connected QP sends (ibv_ah_attr with its GRH).
+/// Address vector: where a connected QP sends, or what an address handle names
+/// (ibv_ah_attr with its GRH).
 struct AddressVector {
   bool is_global = false;
   Gid dgid;
@@ -229,8 +245,9 @@ struct QpAttr {
   uint8_t rnr_retry = 0;
 };
 
-/// QP types (values of enum ibv_qp_type).
-enum class QpType : uint8_t { kRc = 2, kUc = 3, kUd = 4 };
+/// QP types (values of enum ibv_qp_type). XRC_SEND is IBTA's XRC initiator (INI), XRC_RECV
+/// its target (TGT), annex A14.
+enum class QpType : uint8_t { kRc = 2, kUc = 3, kUd = 4, kXrcSend = 9, kXrcRecv = 10 };
 
 /// Device limits reported by query_device and enforced at object creation.
 struct DeviceLimits {
@@ -245,6 +262,10 @@ struct DeviceLimits {
   static constexpr uint32_t kMaxMw = 1u << 16;
   static constexpr uint32_t kMaxQpRdAtom = 128;
   static constexpr uint32_t kMaxInlineData = 256;
+  static constexpr uint32_t kMaxSrq = 1u << 16;
+  static constexpr uint32_t kMaxSrqWr = 16384;
+  static constexpr uint32_t kMaxSrqSge = 32;
+  static constexpr uint32_t kMaxAh = 1u << 16;
   /// Largest message, bytes. IBTA allows 2^31; rxe caps at 8 MiB, we go to 2 GiB.
   static constexpr uint64_t kMaxMsgSize = 1ull << 31;
 };

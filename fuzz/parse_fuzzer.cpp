@@ -33,11 +33,13 @@ void store_le32(uint8_t* p, uint32_t v) {
 }
 
 /// Header bytes as encode_headers() would write them: reserved BTH bits cleared and the
-/// CNP's reserved bytes zeroed.
+/// CNP's reserved bytes zeroed, and the reserved byte of a DETH (its 5th) or XRCETH (its 1st).
 void canonicalize(std::span<uint8_t> hdr, const OpcodeInfo& info) {
   hdr[4] &= 0xc0;  // FECN, BECN; resv6a
   hdr[8] &= 0x80;  // AckReq; resv7
   if (info.mask & kIsCnp) std::memset(hdr.data() + kBthBytes, 0, info.header_bytes - kBthBytes);
+  if (info.mask & kHasDeth) hdr[kBthBytes + 4] = 0;
+  if (info.mask & kHasXrceth) hdr[kBthBytes] = 0;
 }
 
 void check_parsed(std::span<const uint8_t> in, const Packet& p) {

@@ -6,8 +6,10 @@
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <sstream>
+#include <thread>
 
 #include "base/params.h"
 #include "kv/engine_impl.h"
@@ -167,6 +169,30 @@ Engine::Engine(std::string name, std::shared_ptr<MetadataStore> store, const Eng
 }
 
 Engine::~Engine() {
+  Impl& I = *impl_;
+  {
+    // Linger for posted sends (a notify() just before exit would otherwise die with its QP).
+    const double ack_timeout_s = 4.096e-6 * std::ldexp(1.0, I.opt.ib_timeout);
+    const auto bound = std::min<std::chrono::milliseconds>(
+        I.opt.connect_timeout, std::chrono::milliseconds(static_cast<int64_t>(
+                                   1000 * ack_timeout_s * (I.opt.retry_cnt + 1))));
+    const auto deadline = std::chrono::steady_clock::now() + bound;
+    auto busy = [&] {
+      for (const auto& [name, p] : I.peers) {
+        if (p->state != detail::PeerState::kConnected) continue;
+        if (!p->pending_notify.empty()) return true;
+        for (const detail::Qp* q : p->qps)
+          if (q->outstanding > 0) return true;
+      }
+      return false;
+    };
+    std::unique_lock lk(I.mu);
+    while (busy() && std::chrono::steady_clock::now() < deadline) {
+      lk.unlock();
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      lk.lock();
+    }
+  }
   try {
     impl_->store->remove(kRecordPrefix + impl_->name);
   } catch (const std::exception&) {

@@ -55,7 +55,7 @@ struct EngineOptions {
   int gid_index = 0;                  ///< GID index (RoCE)
   uint32_t qps_per_peer = 2;          ///< RC QPs per peer (slices are striped over them)
   uint64_t slice_bytes = 256 * 1024;  ///< bytes per work request (the tail ≤ ¼ slice merges)
-  uint32_t max_wr = 32;               ///< slices outstanding per QP
+  uint32_t max_wr = 256;              ///< slices outstanding per QP (cover the BDP)
   uint8_t ib_timeout = 14;            ///< ACK timeout exponent: 4.096 µs·2^x
   uint8_t retry_cnt = 7;              ///< retransmissions before a peer counts as dead
   /// Address the handshake listener binds and advertises; empty: the device's IPv4 address
@@ -134,8 +134,12 @@ class Engine {
   /// listener cannot be opened, std::runtime_error when the store cannot be reached.
   Engine(std::string name, std::shared_ptr<MetadataStore> store,
          const EngineOptions& options = EngineOptions::from_environment());
-  /// Removes the record, stops the threads, destroys QPs and deregisters everything.
-  /// Transfers still in flight are abandoned (their batches are not reported).
+  /// Lingers until the send work requests already posted to connected peers (notifications
+  /// included) have completed — so a notify() right before destruction reaches its peer,
+  /// as an RC SEND does once acknowledged — bounded by the time a dead peer takes to be
+  /// declared dead ((retry_cnt + 1) × 4.096 µs·2^ib_timeout, at most connect_timeout);
+  /// then removes the record, stops the threads, destroys QPs and deregisters everything.
+  /// Transfers still in flight after that are abandoned (their batches are not reported).
   ~Engine();
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;

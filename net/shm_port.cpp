@@ -45,6 +45,7 @@
 #include <atomic>
 #include <bit>
 #include <cstring>
+#include <deque>
 
 #include "net/udp_port.h"
 
@@ -207,6 +208,13 @@ struct ShmPort::Peer {
   uint64_t next_claim = 0;
   uint64_t next_pid_check = 0;
   bool dirty = false;  // written since the last ring_doorbells()
+  // Packets that found the ring full, oldest first (ShmConfig::backlog_bytes).
+  struct Held {
+    std::vector<uint8_t> bytes;
+    bool ce = false;
+  };
+  std::deque<Held> backlog;
+  uint64_t backlog_bytes = 0;
   sockaddr_un bell{};
   socklen_t bell_len = 0;
 };
@@ -406,6 +414,7 @@ void ShmPort::close() {
   peers_.clear();
   last_peer_ = nullptr;
   dirty_.clear();
+  backlogged_.clear();
   if (hdr_ != nullptr) {
     hdr_->closed.store(1, std::memory_order_release);
     // The doorbell socket still locks the address, so the file at path_ is ours.
@@ -484,6 +493,7 @@ bool ShmPort::lookup_peer(Peer& p, uint64_t now) {
 
 // Gives our ring back (if asked and still ours) and unmaps the peer's mailbox.
 void ShmPort::drop_peer(Peer& p, bool release_ring) {
+  drop_backlog(p);
   if (p.hdr == nullptr) return;
   if (release_ring && p.ring >= 0 && p.hdr->closed.load(std::memory_order_acquire) == 0) {
     uint64_t mine = owner_word(kActive, pid_, ip_);
@@ -588,16 +598,43 @@ ShmSendResult ShmPort::send(uint32_t dst_ip, const iovec* iov, size_t iovcnt, bo
   }
   if (p.ring < 0 && (now < p.next_claim || !claim_ring(p, now))) return no_peer();
 
+  // Records keep send() order: while older packets wait, this one waits behind them.
+  if (p.backlog.empty() || drain_peer(p)) {
+    bool faulted = false;
+    if (write_record(p, iov, iovcnt, len, ecn_ce, &faulted)) return ShmSendResult::kSent;
+    if (faulted) return ShmSendResult::kFault;
+  }
+  if (p.backlog_bytes + len > cfg_.backlog_bytes) {
+    ++stats_.full_drops;
+    return ShmSendResult::kFull;
+  }
+  Peer::Held& h = p.backlog.emplace_back();
+  h.bytes.resize(len);
+  uint8_t* dst = h.bytes.data();
+  for (size_t i = 0; i < iovcnt; ++i) {
+    if (iov[i].iov_len == 0) continue;
+    if (!guarded_copy(dst, iov[i].iov_base, iov[i].iov_len)) {  // as in write_record
+      p.backlog.pop_back();
+      return ShmSendResult::kFault;
+    }
+    dst += iov[i].iov_len;
+  }
+  h.ce = ecn_ce;
+  if (p.backlog_bytes == 0) backlogged_.push_back(&p);
+  p.backlog_bytes += len;
+  ++stats_.backlogged;
+  return ShmSendResult::kQueued;
+}
+
+bool ShmPort::write_record(Peer& p, const iovec* iov, size_t iovcnt, uint64_t len, bool ecn_ce,
+                           bool* faulted) {
   const uint64_t cap = p.ring_bytes;
   const uint64_t need = align_up(kRecordHeader + len, kAlign);
   uint64_t pos = p.tail & (cap - 1);
   uint64_t pad = pos + need > cap ? cap - pos : 0;
   if (p.tail + pad + need - p.head_cache > cap) {
     p.head_cache = p.ctl->head.load(std::memory_order_acquire);
-    if (p.tail + pad + need - p.head_cache > cap) {
-      ++stats_.full_drops;
-      return ShmSendResult::kFull;
-    }
+    if (p.tail + pad + need - p.head_cache > cap) return false;
   }
   if (pad != 0) {
     uint32_t wrap[2] = {kWrapMarker, ip_};
@@ -613,7 +650,10 @@ ShmSendResult ShmPort::send(uint32_t dst_ip, const iovec* iov, size_t iovcnt, bo
     if (iov[i].iov_len == 0) continue;
     // Payload comes straight from registered memory, which may have been unmapped: the
     // record stays unpublished (tail not moved) if the copy faults.
-    if (!guarded_copy(dst, iov[i].iov_base, iov[i].iov_len)) return ShmSendResult::kFault;
+    if (!guarded_copy(dst, iov[i].iov_base, iov[i].iov_len)) {
+      if (faulted) *faulted = true;
+      return false;
+    }
     dst += iov[i].iov_len;
   }
   p.tail += need;
@@ -624,7 +664,50 @@ ShmSendResult ShmPort::send(uint32_t dst_ip, const iovec* iov, size_t iovcnt, bo
     p.dirty = true;
     dirty_.push_back(&p);
   }
-  return ShmSendResult::kSent;
+  return true;
+}
+
+bool ShmPort::drain_peer(Peer& p) {
+  if (p.ring < 0 || p.hdr == nullptr) return p.backlog.empty();
+  while (!p.backlog.empty()) {
+    Peer::Held& h = p.backlog.front();
+    const iovec v{h.bytes.data(), h.bytes.size()};
+    if (!write_record(p, &v, 1, h.bytes.size(), h.ce)) return false;
+    p.backlog_bytes -= h.bytes.size();
+    p.backlog.pop_front();
+  }
+  std::erase(backlogged_, &p);
+  return true;
+}
+
+void ShmPort::drop_backlog(Peer& p) {
+  if (p.backlog.empty()) return;
+  stats_.backlog_lost += p.backlog.size();
+  p.backlog.clear();
+  p.backlog_bytes = 0;
+  std::erase(backlogged_, &p);
+}
+
+uint64_t ShmPort::drain_backlog() {
+  uint64_t left = 0;
+  // drain_peer() may erase from backlogged_: walk a copy (it is short: peers, not packets).
+  const std::vector<Peer*> peers = backlogged_;
+  for (Peer* p : peers) {
+    if (p->hdr == nullptr || p->hdr->closed.load(std::memory_order_acquire) != 0 || p->ring < 0) {
+      // Gone (or our ring was taken back): what waited for it is lost, as packets in a dead
+      // receiver's ring are; RC notices. send() looks the peer up again.
+      drop_backlog(*p);
+      continue;
+    }
+    if (!drain_peer(*p)) left += p->backlog_bytes;
+  }
+  return left;
+}
+
+bool ShmPort::backlogged_slow(uint32_t dst_ip) const {
+  for (const Peer* p : backlogged_)
+    if (p->ip == dst_ip) return true;
+  return false;
 }
 
 void ShmPort::ring_doorbells(uint64_t now_ns) {

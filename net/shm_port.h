@@ -61,6 +61,11 @@ struct ShmConfig {
   /// Peer pids (sender side: the receiver; receiver side: each producer) are checked with
   /// kill(pid, 0) at most this often, ns.
   uint64_t liveness_check_ns = 100'000'000;
+  /// Bytes of packets send() may hold per peer when that peer's ring is full, written in
+  /// order as the receiver frees room (drain_backlog()); 0: a full ring drops (kFull). The
+  /// same-host analogue of a lossless (PFC) link: the sender sees the receiver's free space,
+  /// so it waits instead of losing a packet that RC would have to retransmit.
+  uint64_t backlog_bytes = 8u << 20;
 };
 
 /// Path of the mailbox file of `ip` (host order): "<dir>/<prefix>shm-<a.b.c.d>".
@@ -80,7 +85,10 @@ uint64_t shm_monotonic_ns();
 /// Result of ShmPort::send.
 enum class ShmSendResult {
   kSent,    ///< the packet is in the peer's ring
-  kFull,    ///< the ring has no room: the packet was dropped (RoCE retransmits it)
+  kQueued,  ///< the ring had no room (or older packets wait): the packet was copied to the
+            ///< peer's backlog and goes into the ring, in order, when room appears
+  kFull,    ///< the ring and the backlog have no room: the packet was dropped (RoCE
+            ///< retransmits it)
   kNoPeer,  ///< no live mailbox for dst (or no free ring there, or the packet is larger than
             ///< max_packet_bytes): nothing was written; send by UDP or drop
   kFault,   ///< reading the packet's memory faulted (unmapped since registration): the
@@ -92,6 +100,8 @@ struct ShmStats {
   uint64_t packets_out = 0;    ///< records written by send()
   uint64_t bytes_out = 0;      ///< their packet bytes
   uint64_t full_drops = 0;     ///< send() returned kFull
+  uint64_t backlogged = 0;     ///< send() returned kQueued
+  uint64_t backlog_lost = 0;   ///< backlogged packets discarded because their peer went away
   uint64_t no_peer = 0;        ///< send() returned kNoPeer
   uint64_t packets_in = 0;     ///< records delivered by poll()
   uint64_t bytes_in = 0;       ///< their packet bytes
@@ -138,7 +148,22 @@ class ShmPort {
   /// file and epoch). Never blocks. Returns kSent, kFull (dropped) or kNoPeer (not written).
   /// `ecn_ce`: the packet carries the Congestion Experienced mark an emulated link put on it
   /// (the IPv4 ECN field a UDP datagram would have carried), delivered with the record.
+  /// A full ring does not drop while the peer's backlog has room (ShmConfig::backlog_bytes):
+  /// the packet is copied there (kQueued), and while a backlog holds packets every later
+  /// packet to that peer joins it, so records stay in send() order.
   ShmSendResult send(uint32_t dst_ip, const iovec* iov, size_t iovcnt, bool ecn_ce = false);
+
+  /// Writes backlogged packets into their peers' rings while they fit (call once per
+  /// progress round; ring_doorbells() afterwards). Returns the bytes still waiting, in all.
+  /// A peer found closed or dead loses its backlog (stats().backlog_lost).
+  uint64_t drain_backlog();
+  /// Whether packets to `dst_ip` wait in a backlog: a sender that can hold back (an RC
+  /// requester) should, until drain_backlog() has emptied it. One branch when no backlog
+  /// exists.
+  bool backlogged(uint32_t dst_ip) const { return !backlogged_.empty() && backlogged_slow(dst_ip); }
+  /// Whether any peer has a backlog (the caller then polls drain_backlog() soon: the
+  /// receiver frees room without telling the sender).
+  bool any_backlog() const { return !backlogged_.empty(); }
 
   /// Sends a 1-byte doorbell datagram to every peer written to since the last call whose
   /// receiver has not noted polling within its threshold (the one it published with
@@ -200,6 +225,15 @@ class ShmPort {
   using RingCtl = detail::ShmRingCtl;
 
   size_t poll_impl(PacketFn fn, void* ctx, size_t budget);
+  bool backlogged_slow(uint32_t dst_ip) const;
+  /// Appends one record to p's ring if it fits; false (nothing published) when it does not,
+  /// or when reading the payload faulted (then *faulted is set; net/fault_guard.h).
+  bool write_record(Peer& p, const iovec* iov, size_t iovcnt, uint64_t len, bool ecn_ce,
+                    bool* faulted = nullptr);
+  /// Writes p's backlog into its ring while it fits; true when the backlog is empty.
+  bool drain_peer(Peer& p);
+  /// Discards p's backlog (its receiver went away).
+  void drop_backlog(Peer& p);
   void housekeeping();
   void quarantine_ring(uint32_t index, uint64_t tail);
   void free_ring(uint32_t index);
@@ -227,7 +261,8 @@ class ShmPort {
   int bell_tx_fd_ = -1;
   std::unordered_map<uint32_t, std::unique_ptr<Peer>> peers_;
   Peer* last_peer_ = nullptr;
-  std::vector<Peer*> dirty_;  // peers written to since the last ring_doorbells()
+  std::vector<Peer*> dirty_;       // peers written to since the last ring_doorbells()
+  std::vector<Peer*> backlogged_;  // peers whose backlog holds packets
   ShmStats stats_;
 };
 

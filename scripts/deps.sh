@@ -12,12 +12,13 @@ set -euo pipefail
 
 PACKAGES=(
   build-essential cmake ninja-build pkg-config g++ clang libclang-rt-14-dev
-  libibverbs-dev ibverbs-utils perftest
+  libibverbs-dev ibverbs-utils perftest librdmacm-dev rdmacm-utils
   libpcap-dev zlib1g-dev libisal-dev
   libcli11-dev libfmt-dev libspdlog-dev nlohmann-json3-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   tshark tcpdump iproute2 procps
   openmpi-bin libopenmpi-dev libgloo-dev gnuplot-nox
+  python3-torch libtorch-dev pybind11-dev python3-pytest dataset-fashion-mnist
 )
 
 # dpkg -s also succeeds for a removed package whose configuration files remain: require

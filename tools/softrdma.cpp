@@ -1,12 +1,12 @@
-// softrdma — command-line companion of the softrdma drop-in libibverbs.so.1.
+// softrdma — command-line companion of the softrdma drop-ins libibverbs.so.1 and librdmacm.so.1.
 //
 //   softrdma run [--addr IP] [--transport auto|udp|shm] [--netem SPEC] [--wan FILE|SPEC]
 //                [--pcap FILE] [--log LEVEL] -- PROGRAM [ARGS...]
 //       Runs an unmodified verbs program over softrdma: checks the options, exports
 //       SOFTRDMA_ADDR / SOFTRDMA_NETEM / SOFTRDMA_WAN / SOFTRDMA_PCAP / SOFTRDMA_LOG, puts the
 //       directory holding
-//       the drop-in libibverbs.so.1 (<dir of this executable>/../lib) first in LD_LIBRARY_PATH,
-//       preloads libsoftrdma_sysfs.so from the same directory (the virtual
+//       the drop-in libibverbs.so.1 and librdmacm.so.1 (<dir of this executable>/../lib) first
+//       in LD_LIBRARY_PATH, preloads libsoftrdma_sysfs.so from the same directory (the virtual
 //       /sys/class/infiniband, /sys/class/infiniband_verbs and /dev/infiniband; --no-sysfs
 //       leaves it out) and execs PROGRAM in place of itself (same pid, exit status, signals
 //       and stdio).
@@ -74,9 +74,9 @@ void error(const std::string& msg) {
   fmt::print(stderr, "softrdma: {}\n", msg);
 }
 
-/// The directory that should hold the drop-in libibverbs.so.1: <dir of /proc/self/exe>/../lib
-/// (the build puts programs in build/bin and libraries in build/lib). Returns nullopt and
-/// sets `why` if it is not there.
+/// The directory that should hold the drop-ins libibverbs.so.1 and librdmacm.so.1:
+/// <dir of /proc/self/exe>/../lib (the build puts programs in build/bin and libraries in
+/// build/lib). Returns nullopt and sets `why` if either is not there.
 std::optional<fs::path> find_dropin_dir(std::string& why) {
   std::error_code ec;
   fs::path exe = fs::read_symlink("/proc/self/exe", ec);
@@ -87,12 +87,15 @@ std::optional<fs::path> find_dropin_dir(std::string& why) {
   fs::path dir = (exe.parent_path() / ".." / "lib").lexically_normal();
   fs::path canonical = fs::weakly_canonical(dir, ec);
   if (!ec) dir = canonical;
-  if (!fs::exists(dir / "libibverbs.so.1", ec)) {
-    why = fmt::format(
-        "the softrdma libibverbs.so.1 is not in {} (expected next to {} as ../lib/); "
-        "build the softrdma_verbs target",
-        dir.string(), exe.string());
-    return std::nullopt;
+  for (const auto& [lib, target] : {std::pair{"libibverbs.so.1", "softrdma_verbs"},
+                                    std::pair{"librdmacm.so.1", "softrdma_rdmacm"}}) {
+    if (!fs::exists(dir / lib, ec)) {
+      why = fmt::format(
+          "the softrdma {} is not in {} (expected next to {} as ../lib/); "
+          "build the {} target",
+          lib, dir.string(), exe.string(), target);
+      return std::nullopt;
+    }
   }
   return dir;
 }
@@ -189,6 +192,10 @@ int cmd_run(const RunOptions& o) {
   if (!o.log.empty()) ::setenv("SOFTRDMA_LOG", o.log.c_str(), 1);
   if (!o.transport.empty()) ::setenv("SOFTRDMA_TRANSPORT", o.transport.c_str(), 1);
   prepend_env_path("LD_LIBRARY_PATH", dir->string());
+  // The torch.distributed backend's package (pytorch/, built into <build>/python) when it
+  // was built, so `softrdma run -- torchrun ...` finds `import softrdma_torch`.
+  if (std::error_code ec; fs::is_directory(dir->parent_path() / "python" / "softrdma_torch", ec))
+    prepend_env_path("PYTHONPATH", (dir->parent_path() / "python").string());
   // The sysfs interposer first, then (below) the ASan runtime in front of everything.
   if (const fs::path sysfs = *dir / "libsoftrdma_sysfs.so"; !o.no_sysfs) {
     std::error_code ec;
@@ -344,7 +351,8 @@ struct ParamsOptions {
 /// `softrdma params`: the registry, one group after the other.
 int cmd_params(const ParamsOptions& o) {
   bool first = true;
-  for (params::Group g : {params::Group::kDevice, params::Group::kCcl, params::Group::kKv}) {
+  for (params::Group g :
+       {params::Group::kDevice, params::Group::kCcl, params::Group::kKv, params::Group::kCm}) {
     const std::string name(params::group_name(g));
     if (!o.groups.empty() && std::find(o.groups.begin(), o.groups.end(), name) == o.groups.end())
       continue;
@@ -352,9 +360,10 @@ int cmd_params(const ParamsOptions& o) {
     if (!o.markdown || o.groups.size() != 1)
       fmt::print("{}{}\n", first ? "" : "\n",
                  g == params::Group::kDevice ? "device (libibverbs.so.1, read when srdma0 opens):"
-                 : g == params::Group::kCcl
-                     ? "ccl (collectives, read when a communicator starts):"
-                     : "kv (KV-cache transfer engine, read when a kv::Engine starts):");
+                 : g == params::Group::kCcl  ? "ccl (collectives, read when a communicator starts):"
+                 : g == params::Group::kKv
+                     ? "kv (KV-cache transfer engine, read when a kv::Engine starts):"
+                     : "cm (RDMA-CM, librdmacm.so.1, read when it opens a device):");
     fmt::print("{}", o.markdown ? params::markdown_table(g) : params::help_text(g));
     first = false;
   }
@@ -367,8 +376,8 @@ int main(int argc, char** argv) {
   const std::string env_help =
       "Environment read by the library (`softrdma run` sets it from its options):\n" +
       params::help_text(params::Group::kDevice) +
-      "\n`softrdma params` lists every SOFTRDMA_* variable, the collectives' (ccl) and the KV "
-      "engine's (kv) too.\n"
+      "\n`softrdma params` lists every SOFTRDMA_* variable, the collectives' (ccl), the KV "
+      "engine's (kv) and the RDMA-CM's (cm) too.\n"
       "\n"
       "Example (two shells; pingpong's TCP exchange goes to 127.0.0.1):\n"
       "  softrdma run --addr 127.0.0.2 -- ibv_rc_pingpong -g 0\n"
@@ -377,9 +386,10 @@ int main(int argc, char** argv) {
 
   CLI::App app{
       "softrdma: user-space RoCEv2 behind the libibverbs API/ABI. Unmodified verbs programs\n"
-      "run over it through the drop-in libibverbs.so.1; this tool starts them (run), shows\n"
-      "the devices' counters (stat), lists the SOFTRDMA_* parameters (params) and writes\n"
-      "srdma0's sysfs tree for bind mounts (sysfs)."};
+      "run over it through the drop-in libibverbs.so.1 (and librdmacm.so.1 for RDMA-CM\n"
+      "programs); this tool starts them (run), shows the devices' counters (stat), lists\n"
+      "the SOFTRDMA_* parameters (params) and writes srdma0's sysfs tree for bind mounts\n"
+      "(sysfs)."};
   app.name("softrdma");
   app.set_version_flag("--version", std::string(SOFTRDMA_VERSION));
   app.require_subcommand(1, 1);
@@ -394,10 +404,12 @@ int main(int argc, char** argv) {
   run->footer(
       "Checks the options, exports SOFTRDMA_ADDR / SOFTRDMA_TRANSPORT / SOFTRDMA_NETEM /\n"
       "SOFTRDMA_PCAP / SOFTRDMA_LOG, puts the\n"
-      "directory of the drop-in libibverbs.so.1 (<dir of this executable>/../lib) first in\n"
-      "LD_LIBRARY_PATH and executes PROGRAM in place of itself (same pid, stdio, signals).\n"
+      "directories of the drop-ins libibverbs.so.1 and librdmacm.so.1 (<dir of this\n"
+      "executable>/../lib) first in LD_LIBRARY_PATH (and ../python, the torch.distributed\n"
+      "backend softrdma_torch, first in PYTHONPATH when it was built) and executes PROGRAM in\n"
+      "place of itself (same pid, stdio, signals).\n"
       "Options not given leave the inherited environment as it is.\n"
-      "Exit status: PROGRAM's own; 2 for a bad option; 1 if libibverbs.so.1 is not found;\n"
+      "Exit status: PROGRAM's own; 2 for a bad option; 1 if a drop-in is not found;\n"
       "127 if PROGRAM cannot be executed.\n\n" +
       env_help);
   run->add_option("--addr", ro.addr,
@@ -486,12 +498,13 @@ int main(int argc, char** argv) {
       "params", "list every SOFTRDMA_* environment variable: default, accepted values, meaning");
   prm->footer(
       "One registry (base/params.h) defines each variable; the library and the collectives\n"
-      "read them through it, and README.md / docs/collectives.md / docs/kv.md hold its\n"
-      "--markdown tables (base_tests fails when they differ).");
+      "read them through it, and README.md / docs/collectives.md / docs/kv.md /\n"
+      "docs/rdma-cm.md hold its --markdown tables (base_tests fails when they differ).");
   prm->add_flag("--markdown", po.markdown, "print Markdown tables (the docs' format)");
   prm->add_option("GROUP", po.groups,
-                  "only these groups: device (the library), ccl (collectives), kv (KV engine)")
-      ->check(CLI::IsMember({"device", "ccl", "kv"}));
+                  "only these groups: device (the library), ccl (collectives), kv (KV engine), "
+                  "cm (RDMA-CM)")
+      ->check(CLI::IsMember({"device", "ccl", "kv", "cm"}));
 
   try {
     app.parse(argc, argv);

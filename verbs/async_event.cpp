@@ -11,6 +11,8 @@
 //   engine does not pass the code up (engine::QueuePair::on_error). Requester errors are
 //   reported in their error CQE only, as on hardware.
 // - IBV_EVENT_CQ_ERR: a CQ overran (rxe raises it from rxe_cq_post on a full queue).
+// - IBV_EVENT_SRQ_LIMIT_REACHED: fewer WQEs than an armed SRQ limit are left (srq.cpp,
+//   engine::SharedReceiveQueue::on_limit_reached; rxe get_srq_wqe); the limit disarms.
 // No IBV_EVENT_PORT_ACTIVE at open: as on rxe, port events go to contexts open when the
 // port changes state, and srdma0's port is active from the start.
 //
@@ -31,7 +33,7 @@ using namespace softrdma::verbs;
 namespace {
 
 std::mutex g_live_mu;
-std::unordered_set<const void*> g_live;  // QPs and CQs events may name
+std::unordered_set<const void*> g_live;  // QPs, CQs and SRQs events may name
 
 bool names_qp(ibv_event_type t) {
   switch (t) {
@@ -47,6 +49,10 @@ bool names_qp(ibv_event_type t) {
     default:
       return false;
   }
+}
+
+bool names_srq(ibv_event_type t) {
+  return t == IBV_EVENT_SRQ_LIMIT_REACHED || t == IBV_EVENT_SRQ_ERR;
 }
 
 }  // namespace
@@ -96,6 +102,9 @@ int ibv_get_async_event(ibv_context* ctx, ibv_async_event* event) {
     } else if (event->event_type == IBV_EVENT_CQ_ERR) {
       if (!g_live.count(event->element.cq)) continue;
       to_cq(event->element.cq)->async_reported++;
+    } else if (names_srq(event->event_type)) {
+      if (!g_live.count(event->element.srq)) continue;
+      to_srq(event->element.srq)->async_reported++;
     }
     return 0;
   }
@@ -114,6 +123,12 @@ void ibv_ack_async_event(ibv_async_event* event) {
     ++cq->async_events_completed;
     pthread_cond_signal(&cq->cond);
     pthread_mutex_unlock(&cq->mutex);
+  } else if (names_srq(event->event_type)) {
+    ibv_srq* srq = event->element.srq;
+    pthread_mutex_lock(&srq->mutex);
+    ++srq->events_completed;
+    pthread_cond_signal(&srq->cond);
+    pthread_mutex_unlock(&srq->mutex);
   }
 }
 

@@ -5,6 +5,7 @@
 
 #include <cstdio>
 #include <cstring>
+#include <map>
 #include <mutex>
 #include <string>
 
@@ -13,6 +14,7 @@
 #include "net/udp_port.h"
 #include "verbs/device_identity.h"
 #include "verbs/ops.h"
+#include "verbs/softrdma_private.h"
 
 // verbs.h wraps these exported names in inline helpers; we define the real symbols.
 #undef ibv_get_device_list
@@ -22,6 +24,7 @@ using namespace softrdma;
 using namespace softrdma::verbs;
 
 namespace {
+
 
 /// The one device this library exposes. Its identity fields are static; the address it
 /// binds is chosen at ibv_open_device.
@@ -37,7 +40,11 @@ ibv_device g_device = [] {
 }();
 
 std::mutex g_open_mu;
-std::weak_ptr<engine::Device> g_open_device;
+/// The devices this process has open, by address. ibv_open_device shares one of them (the
+/// default: SOFTRDMA_ADDR's, else the first one opened); the RDMA-CM opens one per address it
+/// binds (softrdma_open_device_at), so a process may own several addresses.
+std::map<uint32_t, std::weak_ptr<engine::Device>> g_open_devices;
+std::weak_ptr<engine::Device> g_default_device;
 
 /// EUI-64-style GUID from the device address (device_identity.h), in network order.
 __be64 guid_for(uint32_t ip) {
@@ -63,7 +70,7 @@ namespace softrdma::verbs {
 
 uint32_t device_ip() {
   std::lock_guard lk(g_open_mu);
-  auto dev = g_open_device.lock();
+  auto dev = g_default_device.lock();
   return dev ? dev->ip() : configured_ip();
 }
 
@@ -87,7 +94,8 @@ void fill_device_attr(Context* c, ibv_device_attr& a) {
   // Memory windows of both types (IBV_DEVICE_MEM_WINDOW_TYPE_2B: a type 2 window is bound
   // to one QP, as rxe's IB_DEVICE_MEM_WINDOW_TYPE_2B).
   a.device_cap_flags = IBV_DEVICE_RC_RNR_NAK_GEN | IBV_DEVICE_SYS_IMAGE_GUID |
-                       IBV_DEVICE_PORT_ACTIVE_EVENT | IBV_DEVICE_MEM_WINDOW |
+                       IBV_DEVICE_PORT_ACTIVE_EVENT | IBV_DEVICE_SRQ_RESIZE | IBV_DEVICE_XRC |
+                       IBV_DEVICE_UD_AV_PORT_ENFORCE | IBV_DEVICE_MEM_WINDOW |
                        IBV_DEVICE_MEM_WINDOW_TYPE_2B;
   a.max_sge = L::kMaxSge;
   a.max_sge_rd = L::kMaxSge;
@@ -99,6 +107,10 @@ void fill_device_attr(Context* c, ibv_device_attr& a) {
   a.max_qp_rd_atom = L::kMaxQpRdAtom;
   a.max_res_rd_atom = L::kMaxQpRdAtom * 1024;
   a.max_qp_init_rd_atom = L::kMaxQpRdAtom;
+  a.max_srq = L::kMaxSrq;
+  a.max_srq_wr = L::kMaxSrqWr;
+  a.max_srq_sge = L::kMaxSrqSge;
+  a.max_ah = L::kMaxAh;
   a.atomic_cap = IBV_ATOMIC_HCA;
   a.max_pkeys = 1;
   a.local_ca_ack_delay = 15;
@@ -142,9 +154,9 @@ int ctx_query_device_ex(ibv_context* ctx, const ibv_query_device_ex_input* input
   // error, never a crash (net/fault_guard.h). ODP MRs (IBV_ACCESS_ON_DEMAND) are accepted
   // over ranges not yet mapped, and the implicit MR (NULL, SIZE_MAX) over the whole address
   // space; every transport and operation is covered (docs/verbs.md).
-  constexpr uint32_t kOdpAll = IBV_ODP_SUPPORT_SEND | IBV_ODP_SUPPORT_RECV | IBV_ODP_SUPPORT_WRITE |
-                               IBV_ODP_SUPPORT_READ | IBV_ODP_SUPPORT_ATOMIC |
-                               IBV_ODP_SUPPORT_SRQ_RECV;
+  constexpr uint32_t kOdpAll = IBV_ODP_SUPPORT_SEND | IBV_ODP_SUPPORT_RECV |
+                               IBV_ODP_SUPPORT_WRITE | IBV_ODP_SUPPORT_READ |
+                               IBV_ODP_SUPPORT_ATOMIC | IBV_ODP_SUPPORT_SRQ_RECV;
   full.odp_caps.general_caps = IBV_ODP_SUPPORT | IBV_ODP_SUPPORT_IMPLICIT;
   full.odp_caps.per_transport_caps.rc_odp_caps = kOdpAll;
   full.odp_caps.per_transport_caps.uc_odp_caps =
@@ -157,6 +169,89 @@ int ctx_query_device_ex(ibv_context* ctx, const ibv_query_device_ex_input* input
   full.hca_core_clock = 1000000;  // kHz
   std::memcpy(attr, &full, std::min(attr_size, sizeof full));
   return 0;
+}
+
+/// The engine device at `ip` (host order) of this process, opened if none is; ip 0 asks for
+/// the default one (SOFTRDMA_ADDR's if set, else any open device, else the first free
+/// 127.0.0.x). Returns nullptr with `err` set as engine::Device::open (EINVAL for a malformed
+/// SOFTRDMA_* variable).
+std::shared_ptr<engine::Device> open_engine_device(uint32_t ip, int& err) {
+  std::lock_guard lk(g_open_mu);
+  engine::DeviceConfig cfg;
+  std::string e;
+  if (!engine::DeviceConfig::from_environment(cfg, e)) {
+    engine::log().error("{}", e);
+    err = EINVAL;
+    return nullptr;
+  }
+  if (ip == 0) {
+    if (cfg.ip == 0) {
+      if (auto d = g_default_device.lock()) return d;
+      for (auto& [a, w] : g_open_devices)
+        if (auto d = w.lock()) return d;
+    }
+    ip = cfg.ip;
+  }
+  if (ip != 0) {
+    if (auto it = g_open_devices.find(ip); it != g_open_devices.end())
+      if (auto d = it->second.lock()) return d;
+  }
+  cfg.ip = ip;
+  std::shared_ptr<engine::Device> dev = engine::Device::open(cfg, err);
+  if (!dev) {
+    engine::log().error(
+        "cannot open {}: {} ({})", kDeviceName, std::strerror(err),
+        cfg.ip ? net::ipv4_to_string(cfg.ip) : std::string("no free address in 127.0.0.1-254"));
+    return nullptr;
+  }
+  std::erase_if(g_open_devices, [](const auto& kv) { return kv.second.expired(); });
+  g_open_devices[dev->ip()] = dev;
+  if (g_default_device.expired()) g_default_device = dev;
+  return dev;
+}
+
+/// A new ibv_context on `dev` (several contexts may share one device).
+ibv_context* new_context(std::shared_ptr<engine::Device> dev) {
+  auto* c = new Context{};
+  c->dev = std::move(dev);
+  if (::pipe2(c->async_fds, O_CLOEXEC) != 0) {
+    int e = errno;
+    delete c;
+    return fail<ibv_context>(e);
+  }
+  ::fcntl(c->async_fds[1], F_SETFL, O_NONBLOCK);  // the engine never waits for a reader
+  verbs_context& v = c->vctx;
+  v.sz = sizeof(verbs_context);
+  v.query_port = ctx_query_port;
+  v.query_device_ex = ctx_query_device_ex;
+  v.create_qp_ex = ctx_create_qp_ex;
+  v.create_cq_ex = ctx_create_cq_ex;
+  v.query_rt_values = ctx_query_rt_values;
+  v.create_srq_ex = ctx_create_srq_ex;
+  v.get_srq_num = ctx_get_srq_num;
+  v.open_xrcd = ctx_open_xrcd;
+  v.close_xrcd = ctx_close_xrcd;
+  v.open_qp = ctx_open_qp;
+  v.advise_mr = ctx_advise_mr;
+  ibv_context& ctx = v.context;
+  ctx.device = &g_device;
+  ctx.ops.poll_cq = op_poll_cq;
+  ctx.ops.req_notify_cq = op_req_notify_cq;
+  ctx.ops.post_send = op_post_send;
+  ctx.ops.post_recv = op_post_recv;
+  ctx.ops.post_srq_recv = op_post_srq_recv;
+  ctx.ops.alloc_mw = op_alloc_mw;
+  ctx.ops.dealloc_mw = op_dealloc_mw;
+  ctx.ops.bind_mw = op_bind_mw;
+  // A real descriptor where libibverbs has the open uverbs device: programs dup it to
+  // share the context (ibv_import_device, which answers EOPNOTSUPP here) or poll it. Nothing
+  // is ever read from or written to it.
+  ctx.cmd_fd = ::open("/dev/null", O_RDWR | O_CLOEXEC);
+  ctx.async_fd = c->async_fds[0];
+  ctx.num_comp_vectors = 1;
+  pthread_mutex_init(&ctx.mutex, nullptr);
+  ctx.abi_compat = __VERBS_ABI_IS_EXTENDED;
+  return &ctx;
 }
 
 }  // namespace
@@ -189,63 +284,10 @@ int ibv_get_device_index(ibv_device* device) {
 
 ibv_context* ibv_open_device(ibv_device* device) {
   if (device != &g_device) return fail<ibv_context>(ENODEV);
-  std::shared_ptr<engine::Device> dev;
-  {
-    std::lock_guard lk(g_open_mu);
-    dev = g_open_device.lock();
-    if (!dev) {
-      engine::DeviceConfig cfg;
-      std::string e;
-      if (!engine::DeviceConfig::from_environment(cfg, e)) {
-        engine::log().error("{}", e);
-        return fail<ibv_context>(EINVAL);
-      }
-      int rc = 0;
-      dev = engine::Device::open(cfg, rc);
-      if (!dev) {
-        engine::log().error("cannot open {}: {} ({})", kDeviceName, std::strerror(rc),
-                            cfg.ip ? "SOFTRDMA_ADDR=" + net::ipv4_to_string(cfg.ip)
-                                   : std::string("no free address in 127.0.0.1-254"));
-        return fail<ibv_context>(rc);
-      }
-      g_open_device = dev;
-    }
-  }
-  auto* c = new Context{};
-  c->dev = std::move(dev);
-  if (::pipe2(c->async_fds, O_CLOEXEC) != 0) {
-    int e = errno;
-    delete c;
-    return fail<ibv_context>(e);
-  }
-  ::fcntl(c->async_fds[1], F_SETFL, O_NONBLOCK);  // the engine never waits for a reader
-  verbs_context& v = c->vctx;
-  v.sz = sizeof(verbs_context);
-  v.query_port = ctx_query_port;
-  v.query_device_ex = ctx_query_device_ex;
-  v.create_qp_ex = ctx_create_qp_ex;
-  v.create_cq_ex = ctx_create_cq_ex;
-  v.query_rt_values = ctx_query_rt_values;
-  v.advise_mr = ctx_advise_mr;
-  ibv_context& ctx = v.context;
-  ctx.device = device;
-  ctx.ops.poll_cq = op_poll_cq;
-  ctx.ops.req_notify_cq = op_req_notify_cq;
-  ctx.ops.post_send = op_post_send;
-  ctx.ops.post_recv = op_post_recv;
-  ctx.ops.post_srq_recv = op_post_srq_recv;
-  ctx.ops.alloc_mw = op_alloc_mw;
-  ctx.ops.dealloc_mw = op_dealloc_mw;
-  ctx.ops.bind_mw = op_bind_mw;
-  // A real descriptor where libibverbs has the open uverbs device: programs dup it to
-  // share the context (ibv_import_device, which answers EOPNOTSUPP here) or poll it. Nothing
-  // is ever read from or written to it.
-  ctx.cmd_fd = ::open("/dev/null", O_RDWR | O_CLOEXEC);
-  ctx.async_fd = c->async_fds[0];
-  ctx.num_comp_vectors = 1;
-  pthread_mutex_init(&ctx.mutex, nullptr);
-  ctx.abi_compat = __VERBS_ABI_IS_EXTENDED;
-  return &ctx;
+  int rc = 0;
+  std::shared_ptr<engine::Device> dev = open_engine_device(0, rc);
+  if (!dev) return fail<ibv_context>(rc);
+  return new_context(std::move(dev));
 }
 
 int ibv_close_device(ibv_context* ctx) {
@@ -325,6 +367,14 @@ int ibv_query_pkey(ibv_context* ctx, uint8_t port, int index, __be16* pkey) {
 int ibv_get_pkey_index(ibv_context* ctx, uint8_t port, __be16 pkey) {
   if (!ctx || port != 1) return -EINVAL;
   return be16toh(pkey) == 0xffff ? 0 : -ENOENT;
+}
+
+ibv_context* softrdma_open_device_at(uint32_t ipv4) {
+  if (ipv4 == 0) return fail<ibv_context>(EINVAL);
+  int rc = 0;
+  std::shared_ptr<engine::Device> dev = open_engine_device(ipv4, rc);
+  if (!dev) return fail<ibv_context>(rc);
+  return new_context(std::move(dev));
 }
 
 }  // extern "C"

@@ -5,14 +5,20 @@
 
 #include <infiniband/verbs.h>
 
+#include <sys/types.h>
+
+#include <map>
 #include <memory>
 #include <mutex>
 
+#include "engine/ah.h"
 #include "engine/cq.h"
 #include "engine/device.h"
 #include "engine/memory.h"
 #include "engine/mw.h"
 #include "engine/qp.h"
+#include "engine/srq.h"
+#include "engine/xrcd.h"
 
 namespace softrdma::verbs {
 
@@ -40,6 +46,12 @@ class Reservation {
     dev_ = &dev;
     kind_ = kind;
     return true;
+  }
+  /// Takes over the slot `o` holds (o then holds none).
+  void adopt(Reservation& o) {
+    dev_ = o.dev_;
+    kind_ = o.kind_;
+    o.dev_ = nullptr;
   }
 
  private:
@@ -89,10 +101,12 @@ struct Cq {
 
 struct QpExBuilder;  // qp_ex.cpp: the work requests between ibv_wr_start and ibv_wr_complete
 
-/// ibv_qp, laid out as ibv_qp_ex so the extended post API can share it.
+/// ibv_qp, laid out as ibv_qp_ex so the extended post API can share it. The engine QP is
+/// shared by the handles of an XRC receive QP (ibv_create_qp_ex, then ibv_open_qp): it
+/// lives until the last one is destroyed.
 struct Qp {
   ibv_qp_ex ibv;
-  std::unique_ptr<engine::QueuePair> qp;
+  std::shared_ptr<engine::QueuePair> qp;
   Reservation slot;
   std::atomic<unsigned> async_reported{0};  // events returned by ibv_get_async_event
   /// Set for QPs created with IBV_QP_INIT_ATTR_SEND_OPS_FLAGS (ibv_qp_to_qp_ex answers them).
@@ -100,6 +114,39 @@ struct Qp {
   ibv_qp* as_qp() { return &ibv.qp_base; }
   Qp();
   ~Qp();
+};
+
+/// ibv_ah: an engine address handle (ah.cpp).
+struct Ah {
+  ibv_ah ibv;
+  std::unique_ptr<engine::AddressHandle> ah;
+  Reservation slot;
+};
+
+/// ibv_srq (srq.cpp): a basic or XRC SRQ.
+struct Srq {
+  ibv_srq ibv;
+  std::unique_ptr<engine::SharedReceiveQueue> srq;
+  Reservation slot;
+  std::atomic<unsigned> async_reported{0};  // SRQ events returned by ibv_get_async_event
+};
+
+/// What an XRC domain is in this process, shared by every ibv_xrcd opened on it (xrc.cpp):
+/// the engine domain, the file it was opened through (ibv_open_xrcd's fd; none for fd -1)
+/// and its XRC receive QPs by QPN, for ibv_open_qp.
+struct XrcdShared {
+  engine::XrcDomain domain;
+  bool has_inode = false;
+  dev_t st_dev = 0;
+  ino_t st_ino = 0;
+  std::mutex mu;  // guards tgt_qps
+  std::map<uint32_t, std::weak_ptr<engine::QueuePair>> tgt_qps;
+};
+
+/// ibv_xrcd: one handle on a shared domain.
+struct Xrcd {
+  ibv_xrcd ibv;
+  std::shared_ptr<XrcdShared> shared;
 };
 
 inline Context* to_ctx(ibv_context* c) {
@@ -122,6 +169,15 @@ inline Cq* to_cq(ibv_cq* c) {
 }
 inline Qp* to_qp(ibv_qp* q) {
   return reinterpret_cast<Qp*>(q);
+}
+inline Ah* to_ah(ibv_ah* a) {
+  return reinterpret_cast<Ah*>(a);
+}
+inline Srq* to_srq(ibv_srq* s) {
+  return reinterpret_cast<Srq*>(s);
+}
+inline Xrcd* to_xrcd(ibv_xrcd* x) {
+  return reinterpret_cast<Xrcd*>(x);
 }
 
 }  // namespace softrdma::verbs

@@ -19,6 +19,24 @@ inline int err(engine::Status s) {
   return static_cast<int>(s);
 }
 
+/// Posts a chain of receive WRs one by one through `post(wr_id, sges, num_sge)` (an engine
+/// Status): stops at the first refusal, which `*bad` then names (ibv_post_recv(3),
+/// ibv_post_srq_recv). A negative num_sge is EINVAL.
+template <class Post>
+int post_recv_chain(ibv_recv_wr* wr, ibv_recv_wr** bad, Post&& post) {
+  for (ibv_recv_wr* w = wr; w; w = w->next) {
+    const engine::Status st = w->num_sge < 0
+                                  ? std::errc::invalid_argument
+                                  : post(w->wr_id, reinterpret_cast<const engine::Sge*>(w->sg_list),
+                                         static_cast<uint32_t>(w->num_sge));
+    if (st != engine::kOk) {
+      if (bad) *bad = w;
+      return err(st);
+    }
+  }
+  return 0;
+}
+
 /// Sets errno to `e` and returns NULL: the failure convention of pointer-returning verbs.
 template <class T>
 T* fail(int e) {
@@ -26,7 +44,7 @@ T* fail(int e) {
   return nullptr;
 }
 
-// device.cpp: the address of this process's device — the open one, else SOFTRDMA_ADDR,
+// device.cpp: the address of this process's default device — the open one, else SOFTRDMA_ADDR,
 // else 127.0.0.1 — which the GUID and the sysfs files describe.
 uint32_t device_ip();
 
@@ -43,12 +61,31 @@ ibv_cq_ex* ctx_create_cq_ex(ibv_context* ctx, ibv_cq_init_attr_ex* attr);
 // cq_ex.cpp: verbs_context::query_rt_values (ibv_query_rt_values_ex), the CQ timestamp clock.
 int ctx_query_rt_values(ibv_context* ctx, ibv_values_ex* values);
 
-// qp.cpp: ibv_context::ops.post_send / post_recv / post_srq_recv and
-// verbs_context::create_qp_ex (ibv_create_qp_ex).
+// qp.cpp: ibv_context::ops.post_send / post_recv and verbs_context::create_qp_ex
+// (ibv_create_qp_ex).
 int op_post_send(ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad);
 int op_post_recv(ibv_qp* qp, ibv_recv_wr* wr, ibv_recv_wr** bad);
-int op_post_srq_recv(ibv_srq* srq, ibv_recv_wr* wr, ibv_recv_wr** bad);
 ibv_qp* ctx_create_qp_ex(ibv_context* ctx, ibv_qp_init_attr_ex* attr);
+/// qp.cpp: creates a QP of any type from `attr` (comp_mask PD and/or XRCD) on `ctx`; `qpn`
+/// non-zero asks for that QPN (EBUSY when taken). NULL with errno: EOPNOTSUPP for a type
+/// the engine lacks, EINVAL for objects missing or of another context, ENOMEM at max_qp.
+ibv_qp* create_qp(ibv_context* ctx, ibv_qp_init_attr_ex* attr, uint32_t qpn);
+/// qp.cpp: a new ibv_qp handle on engine QP `eqp` (a created QP, or one ibv_open_qp opened).
+Qp* new_qp_handle(ibv_context* ctx, std::shared_ptr<engine::QueuePair> eqp, void* qp_context,
+                  ibv_pd* pd, ibv_cq* scq, ibv_cq* rcq, ibv_srq* srq);
+
+// srq.cpp: ibv_context::ops.post_srq_recv (ibv_post_srq_recv) and verbs_context's
+// create_srq_ex / get_srq_num.
+int op_post_srq_recv(ibv_srq* srq, ibv_recv_wr* wr, ibv_recv_wr** bad);
+ibv_srq* ctx_create_srq_ex(ibv_context* ctx, ibv_srq_init_attr_ex* attr);
+int ctx_get_srq_num(ibv_srq* srq, uint32_t* srq_num);
+
+// xrc.cpp: verbs_context's open_xrcd / close_xrcd / open_qp, and the XRC receive QPs a
+// domain knows for ibv_open_qp.
+ibv_xrcd* ctx_open_xrcd(ibv_context* ctx, ibv_xrcd_init_attr* attr);
+int ctx_close_xrcd(ibv_xrcd* xrcd);
+ibv_qp* ctx_open_qp(ibv_context* ctx, ibv_qp_open_attr* attr);
+void track_xrc_recv_qp(ibv_xrcd* xrcd, const std::shared_ptr<engine::QueuePair>& qp);
 
 // qp_ex.cpp: the extended post API (ibv_wr_*).
 /// 0 when `flags` (IBV_QP_EX_WITH_*) are all ops a QP of `type` can post here, else

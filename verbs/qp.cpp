@@ -1,6 +1,8 @@
-// ibv_qp: creation (ibv_create_qp, ibv_create_qp_ex through verbs_context), the state
-// machine's attributes (modify/query), and posting (ibv_post_send / ibv_post_recv through
-// context->ops).
+// ibv_qp: creation of every type (ibv_create_qp, ibv_create_qp_ex through verbs_context;
+// XRC receive QPs are tracked by their domain, xrc.cpp), the state machine's attributes
+// (modify/query), and posting (ibv_post_send / ibv_post_recv through context->ops; UD WRs
+// carry their address handle's destination, XRC WRs their remote SRQ number).
+#include <algorithm>
 #include <cstring>
 #include <vector>
 
@@ -26,37 +28,95 @@ static_assert(unsigned(IBV_SEND_INLINE) == engine::kInline &&
               unsigned(IBV_SEND_FENCE) == engine::kFence);
 static_assert(IBV_QPS_ERR == int(engine::QpState::kErr));
 
-ibv_qp* create_qp_common(ibv_pd* pd, ibv_qp_init_attr_ex* a) {
-  if (a->qp_type != IBV_QPT_RC) return fail<ibv_qp>(EOPNOTSUPP);  // UC/UD/XRC not yet
-  if (!a->send_cq || !a->recv_cq) return fail<ibv_qp>(EINVAL);
-  if (a->srq) return fail<ibv_qp>(EOPNOTSUPP);
-  engine::QpCap cap{a->cap.max_send_wr, a->cap.max_recv_wr, a->cap.max_send_sge,
-                    a->cap.max_recv_sge, a->cap.max_inline_data};
-  if (engine::QueuePair::validate_cap(cap) != engine::kOk) return fail<ibv_qp>(EINVAL);
-  Context* c = to_ctx(pd->context);
-  if (a->send_cq->context != pd->context || a->recv_cq->context != pd->context)
-    return fail<ibv_qp>(EINVAL);
+static_assert(IBV_QPT_RC == int(engine::QpType::kRc) && IBV_QPT_UD == int(engine::QpType::kUd) &&
+              IBV_QPT_XRC_SEND == int(engine::QpType::kXrcSend) &&
+              IBV_QPT_XRC_RECV == int(engine::QpType::kXrcRecv));
+
+engine::CompletionQueue* engine_cq(ibv_cq* cq) {
+  return cq ? to_cq(cq)->cq.get() : nullptr;
+}
+
+// The inline capacity a QP gets: what was asked, but at least the bytes its send SGEs could
+// describe (16 per SGE), as rxe's rxe_qp_init_req sizes a WQE — programs that post a small
+// IBV_SEND_INLINE without asking for inline room (rdma_xclient: 16 B, one SGE) work there.
+uint32_t inline_capacity(const ibv_qp_cap& cap) {
+  const uint64_t sge_room = uint64_t{cap.max_send_sge} * sizeof(ibv_sge);
+  return std::max<uint32_t>(
+      cap.max_inline_data,
+      uint32_t(std::min<uint64_t>(sge_room, engine::DeviceLimits::kMaxInlineData)));
+}
+
+// ibv_qp_init_attr_ex → engine::QpInit: the objects must belong to `ctx`; which ones a type
+// needs is checked by the engine (QueuePair::validate_init) — a type it lacks gives
+// EOPNOTSUPP, as rxe's rxe_qp_chk_init.
+int resolve_init(ibv_context* ctx, const ibv_qp_init_attr_ex& a, uint32_t qpn, engine::QpInit& in) {
+  const engine::QpTypeInfo* type = engine::qp_type_info(static_cast<engine::QpType>(a.qp_type));
+  if (!type) return EOPNOTSUPP;
+  ibv_pd* pd = (a.comp_mask & IBV_QP_INIT_ATTR_PD) ? a.pd : nullptr;
+  ibv_xrcd* xrcd = (a.comp_mask & IBV_QP_INIT_ATTR_XRCD) ? a.xrcd : nullptr;
+  if (a.qp_type == IBV_QPT_XRC_RECV) pd = nullptr;  // the target takes the SRQs' PDs
+  if ((pd && pd->context != ctx) || (xrcd && xrcd->context != ctx)) return EINVAL;
+  ibv_cq* scq = type->has_send_queue ? a.send_cq : nullptr;
+  ibv_cq* rcq = type->has_recv_queue ? a.recv_cq : nullptr;
+  ibv_srq* srq = type->has_recv_queue ? a.srq : nullptr;
+  if ((scq && scq->context != ctx) || (rcq && rcq->context != ctx) || (srq && srq->context != ctx))
+    return EINVAL;
+  in.type = type->type;
+  in.pd = pd ? to_pd(pd)->pd.get() : nullptr;
+  in.send_cq = engine_cq(scq);
+  in.recv_cq = engine_cq(rcq);
+  in.srq = srq ? to_srq(srq)->srq.get() : nullptr;
+  in.xrcd = xrcd && a.qp_type == IBV_QPT_XRC_RECV ? &to_xrcd(xrcd)->shared->domain : nullptr;
+  in.cap = {type->has_send_queue ? a.cap.max_send_wr : 0,
+            type->has_recv_queue && !srq ? a.cap.max_recv_wr : 0,
+            type->has_send_queue ? a.cap.max_send_sge : 0,
+            type->has_recv_queue && !srq ? a.cap.max_recv_sge : 0,
+            type->has_send_queue ? inline_capacity(a.cap) : 0};
+  in.sq_sig_all = a.sq_sig_all != 0;
+  in.qpn = qpn;
+  return err(engine::QueuePair::validate_init(in));
+}
+
+}  // namespace
+
+namespace softrdma::verbs {
+
+Qp* new_qp_handle(ibv_context* ctx, std::shared_ptr<engine::QueuePair> eqp, void* qp_context,
+                  ibv_pd* pd, ibv_cq* scq, ibv_cq* rcq, ibv_srq* srq) {
   auto* q = new Qp{};
-  if (!q->slot.take(*c->dev, engine::ObjectKind::kQp)) {
-    delete q;
-    return fail<ibv_qp>(ENOMEM);  // max_qp reached
-  }
-  q->qp = std::make_unique<engine::QueuePair>(*c->dev, *to_pd(pd)->pd, *to_cq(a->send_cq)->cq,
-                                              *to_cq(a->recv_cq)->cq, cap, a->sq_sig_all != 0);
+  q->qp = std::move(eqp);
   ibv_qp& ib = *q->as_qp();
-  ib.context = pd->context;
-  ib.qp_context = a->qp_context;
+  ib.context = ctx;
+  ib.qp_context = qp_context;
   ib.pd = pd;
-  ib.send_cq = a->send_cq;
-  ib.recv_cq = a->recv_cq;
-  ib.srq = nullptr;
+  ib.send_cq = scq;
+  ib.recv_cq = rcq;
+  ib.srq = srq;
   ib.handle = q->qp->qpn();
   ib.qp_num = q->qp->qpn();
-  ib.state = IBV_QPS_RESET;
-  ib.qp_type = IBV_QPT_RC;
+  ib.state = static_cast<ibv_qp_state>(q->qp->query().state);
+  ib.qp_type = static_cast<ibv_qp_type>(q->qp->type());
   pthread_mutex_init(&ib.mutex, nullptr);
   pthread_cond_init(&ib.cond, nullptr);
-  ibv_qp* handle = &ib;
+  async_target_created(&ib);
+  return q;
+}
+
+ibv_qp* create_qp(ibv_context* ctx, ibv_qp_init_attr_ex* a, uint32_t qpn) {
+  engine::QpInit in;
+  if (int e = resolve_init(ctx, *a, qpn, in)) return fail<ibv_qp>(e);
+  Context* c = to_ctx(ctx);
+  Reservation slot;
+  if (!slot.take(*c->dev, engine::ObjectKind::kQp)) return fail<ibv_qp>(ENOMEM);  // max_qp
+  auto eqp = std::make_shared<engine::QueuePair>(*c->dev, in);
+  if (eqp->qpn() == 0) return fail<ibv_qp>(EBUSY);  // the QPN asked for is taken
+  const bool recv_side = eqp->type_info().has_recv_queue;
+  Qp* q = new_qp_handle(ctx, eqp, a->qp_context, in.pd ? a->pd : nullptr,
+                        eqp->type_info().has_send_queue ? a->send_cq : nullptr,
+                        recv_side ? a->recv_cq : nullptr, recv_side ? a->srq : nullptr);
+  q->slot.adopt(slot);
+  if (eqp->type_info().has_send_queue) a->cap.max_inline_data = in.cap.max_inline_data;
+  ibv_qp* handle = q->as_qp();
   q->qp->on_error = [handle](engine::WcStatus status) {
     // Requester errors reach the application in their error CQE, as on hardware; a request
     // the responder refused has no WQE to carry it (async_event.cpp).
@@ -66,13 +126,13 @@ ibv_qp* create_qp_common(ibv_pd* pd, ibv_qp_init_attr_ex* a) {
     e.event_type = IBV_EVENT_QP_FATAL;
     post_async_event(handle->context, e);
   };
-  async_target_created(handle);
-  return &ib;
+  if (a->qp_type == IBV_QPT_XRC_RECV) track_xrc_recv_qp(a->xrcd, q->qp);
+  return handle;
 }
 
-/// The engine's view of one ibv_send_wr (fields by opcode, as rxe's init_send_wr). False
-/// for an opcode the engine does not implement or a negative num_sge.
-bool to_engine_wr(const ibv_send_wr& w, engine::SendWr& e) {
+/// The engine's view of one ibv_send_wr (fields by opcode and QP type, as rxe's
+/// init_send_wr). False for an opcode the engine does not implement or a negative num_sge.
+static bool to_engine_wr(const ibv_qp& qp, const ibv_send_wr& w, engine::SendWr& e) {
   if (!engine::wr_opcode_supported(w.opcode) || w.num_sge < 0) return false;
   e.wr_id = w.wr_id;
   e.opcode = static_cast<engine::WrOpcode>(w.opcode);
@@ -99,19 +159,23 @@ bool to_engine_wr(const ibv_send_wr& w, engine::SendWr& e) {
         e.bind = {w.bind_mw.mw->rkey,  w.bind_mw.rkey,   b.mr ? b.mr->lkey : 0u, b.addr,
                   b.mr ? b.length : 0, b.mw_access_flags};
       }
-      break;
+      return true;
     default:
       e.remote_addr = w.wr.rdma.remote_addr;
       e.rkey = w.wr.rdma.rkey;
       if (e.opcode == engine::WrOpcode::kSendInv) e.invalidate_rkey = w.invalidate_rkey;
       break;
   }
+  if (qp.qp_type == IBV_QPT_UD) {
+    // The destination resolved now: a WQE outlives neither its AH nor needs it later.
+    e.ud_dst_ip = w.wr.ud.ah ? to_ah(w.wr.ud.ah)->ah->peer_ip() : 0;
+    e.remote_qpn = w.wr.ud.remote_qpn;
+    e.remote_qkey = w.wr.ud.remote_qkey;
+  } else if (qp.qp_type == IBV_QPT_XRC_SEND) {
+    e.remote_srqn = w.qp_type.xrc.remote_srqn;
+  }
   return true;
 }
-
-}  // namespace
-
-namespace softrdma::verbs {
 
 int op_post_send(ibv_qp* ibqp, ibv_send_wr* wr, ibv_send_wr** bad) {
   engine::QueuePair& qp = *to_qp(ibqp)->qp;
@@ -120,7 +184,7 @@ int op_post_send(ibv_qp* ibqp, ibv_send_wr* wr, ibv_send_wr** bad) {
   ibv_send_wr* refused = nullptr;
   for (ibv_send_wr* w = wr; w; w = w->next) {
     engine::SendWr e;
-    if (!to_engine_wr(*w, e)) {
+    if (!to_engine_wr(*ibqp, *w, e)) {
       // TSO, DRIVER1, ATOMIC_WRITE, …: not on this device. WRs before this one are posted.
       refused = w;
       break;
@@ -141,29 +205,20 @@ int op_post_send(ibv_qp* ibqp, ibv_send_wr* wr, ibv_send_wr** bad) {
 
 int op_post_recv(ibv_qp* ibqp, ibv_recv_wr* wr, ibv_recv_wr** bad) {
   engine::QueuePair& qp = *to_qp(ibqp)->qp;
-  for (ibv_recv_wr* w = wr; w; w = w->next) {
-    engine::Status st =
-        w->num_sge < 0 ? std::errc::invalid_argument
-                       : qp.post_recv(w->wr_id, reinterpret_cast<const engine::Sge*>(w->sg_list),
-                                      static_cast<uint32_t>(w->num_sge));
-    if (st != engine::kOk) {
-      if (bad) *bad = w;
-      return err(st);
-    }
-  }
-  return 0;
-}
-
-int op_post_srq_recv(ibv_srq*, ibv_recv_wr* wr, ibv_recv_wr** bad) {
-  if (bad) *bad = wr;
-  return EOPNOTSUPP;
+  return post_recv_chain(wr, bad, [&qp](uint64_t id, const engine::Sge* sges, uint32_t n) {
+    return qp.post_recv(id, sges, n);
+  });
 }
 
 ibv_qp* ctx_create_qp_ex(ibv_context* ctx, ibv_qp_init_attr_ex* a) {
-  if (!(a->comp_mask & IBV_QP_INIT_ATTR_PD) || !a->pd || a->pd->context != ctx)
+  // An XRC receive QP is created in an XRC domain, every other type with a PD.
+  const uint32_t needed =
+      a->qp_type == IBV_QPT_XRC_RECV ? IBV_QP_INIT_ATTR_XRCD : IBV_QP_INIT_ATTR_PD;
+  if (!(a->comp_mask & needed) ||
+      (needed == IBV_QP_INIT_ATTR_PD ? a->pd == nullptr : a->xrcd == nullptr))
     return fail<ibv_qp>(EINVAL);
-  constexpr uint32_t kKnown =
-      IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS | IBV_QP_INIT_ATTR_CREATE_FLAGS;
+  constexpr uint32_t kKnown = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_XRCD |
+                              IBV_QP_INIT_ATTR_SEND_OPS_FLAGS | IBV_QP_INIT_ATTR_CREATE_FLAGS;
   if (a->comp_mask & ~kKnown) return fail<ibv_qp>(EOPNOTSUPP);
   // No create flag (scatter FCS, CVLAN stripping, source QPN, …) applies to this device;
   // the mask bit with no flag set is accepted (pyverbs sets it at random).
@@ -173,7 +228,7 @@ ibv_qp* ctx_create_qp_ex(ibv_context* ctx, ibv_qp_init_attr_ex* a) {
   if (ex) {
     if (int e = check_send_ops_flags(a->qp_type, a->send_ops_flags)) return fail<ibv_qp>(e);
   }
-  ibv_qp* qp = create_qp_common(a->pd, a);
+  ibv_qp* qp = create_qp(ctx, a, 0);
   if (qp && ex) enable_qp_ex(to_qp(qp), a->send_ops_flags);
   return qp;
 }
@@ -194,7 +249,7 @@ ibv_qp* ibv_create_qp(ibv_pd* pd, ibv_qp_init_attr* attr) {
   a.sq_sig_all = attr->sq_sig_all;
   a.comp_mask = IBV_QP_INIT_ATTR_PD;
   a.pd = pd;
-  ibv_qp* qp = create_qp_common(pd, &a);
+  ibv_qp* qp = create_qp(pd->context, &a, 0);
   if (qp) attr->cap = a.cap;
   return qp;
 }

@@ -268,11 +268,11 @@ namespace softrdma::verbs {
 
 int check_send_ops_flags(ibv_qp_type type, uint64_t flags) {
   constexpr uint64_t kUd = IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_IMM;
+  // UC has no SEND with invalidate opcode (IBTA table 38), UD only SENDs.
   constexpr uint64_t kUc = kUd | IBV_QP_EX_WITH_RDMA_WRITE | IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM |
-                           IBV_QP_EX_WITH_LOCAL_INV | IBV_QP_EX_WITH_BIND_MW |
-                           IBV_QP_EX_WITH_SEND_WITH_INV;
+                           IBV_QP_EX_WITH_LOCAL_INV | IBV_QP_EX_WITH_BIND_MW;
   constexpr uint64_t kRc = kUc | IBV_QP_EX_WITH_RDMA_READ | IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP |
-                           IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD;
+                           IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD | IBV_QP_EX_WITH_SEND_WITH_INV;
   uint64_t supported = 0;
   switch (type) {
     case IBV_QPT_RC:

@@ -1,5 +1,5 @@
-// The verbs softrdma does not implement yet (SRQ, UD address handles, multicast, import,
-// ECE, dmabuf, the kernel-ABI copy helpers): each fails cleanly with the errno real
+// The verbs softrdma does not implement yet (multicast, import, ECE, dmabuf, the
+// kernel-ABI copy helpers): each fails cleanly with the errno real
 // providers give for an unsupported verb (EOPNOTSUPP), never by crashing.
 #include <infiniband/verbs.h>
 
@@ -17,32 +17,8 @@ T* unsupported_ptr() {
 
 extern "C" {
 
-// ---- not supported yet: SRQ, UD address handles, multicast, import, ECE, dmabuf ------
+// ---- not supported yet: multicast, import, ECE, dmabuf ----------------------------
 
-ibv_srq* ibv_create_srq(ibv_pd*, ibv_srq_init_attr*) {
-  return unsupported_ptr<ibv_srq>();
-}
-int ibv_modify_srq(ibv_srq*, ibv_srq_attr*, int) {
-  return EOPNOTSUPP;
-}
-int ibv_query_srq(ibv_srq*, ibv_srq_attr*) {
-  return EOPNOTSUPP;
-}
-int ibv_destroy_srq(ibv_srq*) {
-  return EOPNOTSUPP;
-}
-ibv_ah* ibv_create_ah(ibv_pd*, ibv_ah_attr*) {
-  return unsupported_ptr<ibv_ah>();
-}
-int ibv_destroy_ah(ibv_ah*) {
-  return EOPNOTSUPP;
-}
-ibv_ah* ibv_create_ah_from_wc(ibv_pd*, ibv_wc*, ibv_grh*, uint8_t) {
-  return unsupported_ptr<ibv_ah>();
-}
-int ibv_init_ah_from_wc(ibv_context*, uint8_t, ibv_wc*, ibv_grh*, ibv_ah_attr*) {
-  return EOPNOTSUPP;
-}
 int ibv_attach_mcast(ibv_qp*, const ibv_gid*, uint16_t) {
   return EOPNOTSUPP;
 }

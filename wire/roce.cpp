@@ -11,6 +11,8 @@ namespace {
 
 constexpr uint8_t header_bytes_for(uint32_t mask, size_t extra = 0) {
   size_t n = kBthBytes + extra;
+  if (mask & kHasDeth) n += kDethBytes;
+  if (mask & kHasXrceth) n += kXrcethBytes;
   if (mask & kHasReth) n += kRethBytes;
   if (mask & kHasAtomicEth) n += kAtomicEthBytes;
   if (mask & kHasAeth) n += kAethBytes;
@@ -23,70 +25,119 @@ constexpr uint8_t header_bytes_for(uint32_t mask, size_t extra = 0) {
 /// Reserved bytes after the BTH of a CNP (IBTA A17.9.3), counted as header bytes.
 constexpr size_t kCnpReservedBytes = 16;
 
+/// One operation (IBTA vol 1, table 38) and its name in each connected service that has
+/// it: RC, UC (SEND and RDMA WRITE only) and XRC (annex A14: every RC operation, requests
+/// carrying an XRCETH). The service's bits are added when the table is built.
 struct Row {
   Opcode op;
-  const char* name;
+  const char* rc;
+  const char* uc;  // nullptr: no UC opcode
+  const char* xrc;
   uint32_t mask;
-  size_t extra = 0;  // header bytes beyond BTH + the extended headers in mask
 };
 
 constexpr uint32_t kReq = kIsRequest;
 constexpr uint32_t kResp = kIsResponse;
 
 constexpr Row kRows[] = {
-    {Opcode::kSendFirst, "RC_SEND_FIRST", kReq | kIsSend | kHasPayload | kIsFirst},
-    {Opcode::kSendMiddle, "RC_SEND_MIDDLE", kReq | kIsSend | kHasPayload | kIsMiddle},
-    {Opcode::kSendLast, "RC_SEND_LAST", kReq | kIsSend | kHasPayload | kIsLast | kConsumesRecvWqe},
-    {Opcode::kSendLastImm, "RC_SEND_LAST_WITH_IMMEDIATE",
+    {Opcode::kSendFirst, "RC_SEND_FIRST", "UC_SEND_FIRST", "XRC_SEND_FIRST",
+     kReq | kIsSend | kHasPayload | kIsFirst},
+    {Opcode::kSendMiddle, "RC_SEND_MIDDLE", "UC_SEND_MIDDLE", "XRC_SEND_MIDDLE",
+     kReq | kIsSend | kHasPayload | kIsMiddle},
+    {Opcode::kSendLast, "RC_SEND_LAST", "UC_SEND_LAST", "XRC_SEND_LAST",
+     kReq | kIsSend | kHasPayload | kIsLast | kConsumesRecvWqe},
+    {Opcode::kSendLastImm, "RC_SEND_LAST_WITH_IMMEDIATE", "UC_SEND_LAST_WITH_IMMEDIATE",
+     "XRC_SEND_LAST_WITH_IMMEDIATE",
      kReq | kIsSend | kHasPayload | kHasImmDt | kIsLast | kConsumesRecvWqe},
-    {Opcode::kSendOnly, "RC_SEND_ONLY", kReq | kIsSend | kHasPayload | kIsOnly | kConsumesRecvWqe},
-    {Opcode::kSendOnlyImm, "RC_SEND_ONLY_WITH_IMMEDIATE",
+    {Opcode::kSendOnly, "RC_SEND_ONLY", "UC_SEND_ONLY", "XRC_SEND_ONLY",
+     kReq | kIsSend | kHasPayload | kIsOnly | kConsumesRecvWqe},
+    {Opcode::kSendOnlyImm, "RC_SEND_ONLY_WITH_IMMEDIATE", "UC_SEND_ONLY_WITH_IMMEDIATE",
+     "XRC_SEND_ONLY_WITH_IMMEDIATE",
      kReq | kIsSend | kHasPayload | kHasImmDt | kIsOnly | kConsumesRecvWqe},
-    {Opcode::kWriteFirst, "RC_RDMA_WRITE_FIRST",
+    {Opcode::kWriteFirst, "RC_RDMA_WRITE_FIRST", "UC_RDMA_WRITE_FIRST", "XRC_RDMA_WRITE_FIRST",
      kReq | kIsWrite | kHasReth | kHasPayload | kIsFirst},
-    {Opcode::kWriteMiddle, "RC_RDMA_WRITE_MIDDLE", kReq | kIsWrite | kHasPayload | kIsMiddle},
-    {Opcode::kWriteLast, "RC_RDMA_WRITE_LAST", kReq | kIsWrite | kHasPayload | kIsLast},
+    {Opcode::kWriteMiddle, "RC_RDMA_WRITE_MIDDLE", "UC_RDMA_WRITE_MIDDLE", "XRC_RDMA_WRITE_MIDDLE",
+     kReq | kIsWrite | kHasPayload | kIsMiddle},
+    {Opcode::kWriteLast, "RC_RDMA_WRITE_LAST", "UC_RDMA_WRITE_LAST", "XRC_RDMA_WRITE_LAST",
+     kReq | kIsWrite | kHasPayload | kIsLast},
     {Opcode::kWriteLastImm, "RC_RDMA_WRITE_LAST_WITH_IMMEDIATE",
+     "UC_RDMA_WRITE_LAST_WITH_IMMEDIATE", "XRC_RDMA_WRITE_LAST_WITH_IMMEDIATE",
      kReq | kIsWrite | kHasPayload | kHasImmDt | kIsLast | kConsumesRecvWqe},
-    {Opcode::kWriteOnly, "RC_RDMA_WRITE_ONLY", kReq | kIsWrite | kHasReth | kHasPayload | kIsOnly},
+    {Opcode::kWriteOnly, "RC_RDMA_WRITE_ONLY", "UC_RDMA_WRITE_ONLY", "XRC_RDMA_WRITE_ONLY",
+     kReq | kIsWrite | kHasReth | kHasPayload | kIsOnly},
     {Opcode::kWriteOnlyImm, "RC_RDMA_WRITE_ONLY_WITH_IMMEDIATE",
+     "UC_RDMA_WRITE_ONLY_WITH_IMMEDIATE", "XRC_RDMA_WRITE_ONLY_WITH_IMMEDIATE",
      kReq | kIsWrite | kHasReth | kHasPayload | kHasImmDt | kIsOnly | kConsumesRecvWqe},
-    {Opcode::kReadRequest, "RC_RDMA_READ_REQUEST", kReq | kIsRead | kHasReth | kIsOnly},
-    {Opcode::kReadResponseFirst, "RC_RDMA_READ_RESPONSE_FIRST",
-     kResp | kIsRead | kHasAeth | kHasPayload | kIsFirst},
-    {Opcode::kReadResponseMiddle, "RC_RDMA_READ_RESPONSE_MIDDLE",
-     kResp | kIsRead | kHasPayload | kIsMiddle},
-    {Opcode::kReadResponseLast, "RC_RDMA_READ_RESPONSE_LAST",
-     kResp | kIsRead | kHasAeth | kHasPayload | kIsLast},
-    {Opcode::kReadResponseOnly, "RC_RDMA_READ_RESPONSE_ONLY",
-     kResp | kIsRead | kHasAeth | kHasPayload | kIsOnly},
-    {Opcode::kAcknowledge, "RC_ACKNOWLEDGE", kResp | kHasAeth | kIsOnly},
-    {Opcode::kAtomicAcknowledge, "RC_ATOMIC_ACKNOWLEDGE",
+    {Opcode::kReadRequest, "RC_RDMA_READ_REQUEST", nullptr, "XRC_RDMA_READ_REQUEST",
+     kReq | kIsRead | kHasReth | kIsOnly},
+    {Opcode::kReadResponseFirst, "RC_RDMA_READ_RESPONSE_FIRST", nullptr,
+     "XRC_RDMA_READ_RESPONSE_FIRST", kResp | kIsRead | kHasAeth | kHasPayload | kIsFirst},
+    {Opcode::kReadResponseMiddle, "RC_RDMA_READ_RESPONSE_MIDDLE", nullptr,
+     "XRC_RDMA_READ_RESPONSE_MIDDLE", kResp | kIsRead | kHasPayload | kIsMiddle},
+    {Opcode::kReadResponseLast, "RC_RDMA_READ_RESPONSE_LAST", nullptr,
+     "XRC_RDMA_READ_RESPONSE_LAST", kResp | kIsRead | kHasAeth | kHasPayload | kIsLast},
+    {Opcode::kReadResponseOnly, "RC_RDMA_READ_RESPONSE_ONLY", nullptr,
+     "XRC_RDMA_READ_RESPONSE_ONLY", kResp | kIsRead | kHasAeth | kHasPayload | kIsOnly},
+    {Opcode::kAcknowledge, "RC_ACKNOWLEDGE", nullptr, "XRC_ACKNOWLEDGE",
+     kResp | kHasAeth | kIsOnly},
+    {Opcode::kAtomicAcknowledge, "RC_ATOMIC_ACKNOWLEDGE", nullptr, "XRC_ATOMIC_ACKNOWLEDGE",
      kResp | kIsAtomic | kHasAeth | kHasAtomicAckEth | kIsOnly},
-    {Opcode::kCompareSwap, "RC_COMPARE_SWAP", kReq | kIsAtomic | kHasAtomicEth | kIsOnly},
-    {Opcode::kFetchAdd, "RC_FETCH_ADD", kReq | kIsAtomic | kHasAtomicEth | kIsOnly},
-    {Opcode::kSendLastInv, "RC_SEND_LAST_WITH_INVALIDATE",
+    {Opcode::kCompareSwap, "RC_COMPARE_SWAP", nullptr, "XRC_COMPARE_SWAP",
+     kReq | kIsAtomic | kHasAtomicEth | kIsOnly},
+    {Opcode::kFetchAdd, "RC_FETCH_ADD", nullptr, "XRC_FETCH_ADD",
+     kReq | kIsAtomic | kHasAtomicEth | kIsOnly},
+    {Opcode::kSendLastInv, "RC_SEND_LAST_WITH_INVALIDATE", nullptr,
+     "XRC_SEND_LAST_WITH_INVALIDATE",
      kReq | kIsSend | kHasPayload | kHasIeth | kIsLast | kConsumesRecvWqe},
-    {Opcode::kSendOnlyInv, "RC_SEND_ONLY_WITH_INVALIDATE",
+    {Opcode::kSendOnlyInv, "RC_SEND_ONLY_WITH_INVALIDATE", nullptr,
+     "XRC_SEND_ONLY_WITH_INVALIDATE",
      kReq | kIsSend | kHasPayload | kHasIeth | kIsOnly | kConsumesRecvWqe},
-    {Opcode::kCnp, "CNP", kIsCnp, kCnpReservedBytes},
+};
+
+/// The two UD opcodes (IBTA vol 1, table 38: UD carries single-packet SENDs, each with a
+/// DETH).
+struct UdRow {
+  Opcode op;
+  const char* name;
+  uint32_t mask;
+};
+constexpr UdRow kUdRows[] = {
+    {Opcode::kSendOnly, "UD_SEND_ONLY",
+     kReq | kIsSend | kHasDeth | kHasPayload | kIsOnly | kConsumesRecvWqe},
+    {Opcode::kSendOnlyImm, "UD_SEND_ONLY_WITH_IMMEDIATE",
+     kReq | kIsSend | kHasDeth | kHasPayload | kHasImmDt | kIsOnly | kConsumesRecvWqe},
 };
 
 constexpr std::array<OpcodeInfo, 256> make_table() {
   std::array<OpcodeInfo, 256> t{};
+  auto put = [&t](Service s, Opcode op, const char* name, uint32_t mask, size_t extra = 0) {
+    t[opcode_of(s, op)] = OpcodeInfo{name, mask, s, header_bytes_for(mask, extra)};
+  };
   for (const Row& r : kRows) {
-    t[static_cast<uint8_t>(r.op)] = OpcodeInfo{r.name, r.mask, header_bytes_for(r.mask, r.extra)};
+    put(Service::kRc, r.op, r.rc, r.mask);
+    if (r.uc) put(Service::kUc, r.op, r.uc, r.mask);
+    put(Service::kXrc, r.op, r.xrc, (r.mask & kIsRequest) ? r.mask | kHasXrceth : r.mask);
   }
+  for (const UdRow& r : kUdRows) put(Service::kUd, r.op, r.name, r.mask);
+  t[static_cast<uint8_t>(Opcode::kCnp)] =
+      OpcodeInfo{"CNP", kIsCnp, Service::kCnp, header_bytes_for(kIsCnp, kCnpReservedBytes)};
   return t;
 }
 
 constexpr std::array<OpcodeInfo, 256> kTable = make_table();
 
-static_assert(kTable[0x13].header_bytes == kMaxTransportHeaderBytes);
+static_assert(kTable[0xb3].header_bytes == kMaxTransportHeaderBytes);  // XRC_COMPARE_SWAP
+static_assert(kTable[0x13].header_bytes == kBthBytes + kAtomicEthBytes);
 static_assert(kTable[0x0b].header_bytes == kBthBytes + kRethBytes + kImmDtBytes);
 static_assert(kTable[0x12].header_bytes == kBthBytes + kAethBytes + kAtomicAckEthBytes);
-static_assert(kTable[0x17].header_bytes == kBthBytes + kIethBytes);
 static_assert(kTable[0x81].header_bytes == kBthBytes + kCnpReservedBytes);
+static_assert(kTable[0x17].header_bytes == kBthBytes + kIethBytes);
+static_assert(kTable[0xb7].header_bytes == kBthBytes + kXrcethBytes + kIethBytes);
+static_assert(kTable[0x65].header_bytes == kBthBytes + kDethBytes + kImmDtBytes);
+static_assert(kTable[0x2b].header_bytes == kTable[0x0b].header_bytes);
+static_assert(kTable[0xab].header_bytes == kBthBytes + kXrcethBytes + kRethBytes + kImmDtBytes);
+static_assert(kTable[0xb1].header_bytes == kBthBytes + kAethBytes);  // XRC_ACKNOWLEDGE
+static_assert(kTable[0x2c].name == nullptr && kTable[0x60].name == nullptr);
 
 // ---- Big-endian field access (memcpy-free byte arithmetic, no alignment assumptions) --
 
@@ -175,7 +226,7 @@ ParseError parse(std::span<const uint8_t> udp_payload, Packet& out) noexcept {
   const uint8_t pad = static_cast<uint8_t>((p[1] >> kPadShift) & 3);
   const bool has_payload = (info->mask & kHasPayload) != 0;
   if (!has_payload && pad != 0) return ParseError::kBadPadCount;
-  // header_bytes <= 40, pad <= 3: the sum cannot overflow.
+  // header_bytes <= 44, pad <= 3: the sum cannot overflow.
   const size_t fixed = size_t{info->header_bytes} + pad + kIcrcBytes;
   if (len < fixed) return ParseError::kTruncated;
   const size_t payload_bytes = len - fixed;
@@ -197,6 +248,15 @@ ParseError parse(std::span<const uint8_t> udp_payload, Packet& out) noexcept {
   bth.psn = load24(p + 9);
 
   const uint8_t* q = p + kBthBytes;
+  if (info->mask & kHasDeth) {
+    h.deth.qkey = load32(q);
+    h.deth.src_qpn = load24(q + 5);
+    q += kDethBytes;
+  }
+  if (info->mask & kHasXrceth) {
+    h.xrceth.srqn = load24(q + 1);
+    q += kXrcethBytes;
+  }
   if (info->mask & kHasReth) {
     h.reth.va = load64(q);
     h.reth.rkey = load32(q + 8);
@@ -252,6 +312,17 @@ size_t encode_headers(const Headers& h, std::span<uint8_t> out) noexcept {
   store24(p + 9, bth.psn & kPsnMask);
 
   uint8_t* q = p + kBthBytes;
+  if (info->mask & kHasDeth) {
+    store32(q, h.deth.qkey);
+    q[4] = 0;
+    store24(q + 5, h.deth.src_qpn & kQpnMask);
+    q += kDethBytes;
+  }
+  if (info->mask & kHasXrceth) {
+    q[0] = 0;
+    store24(q + 1, h.xrceth.srqn & kQpnMask);
+    q += kXrcethBytes;
+  }
   if (info->mask & kHasReth) {
     store64(q, h.reth.va);
     store32(q + 8, h.reth.rkey);

@@ -1,9 +1,11 @@
-// RoCEv2 wire format: Base Transport Header and the RC extended transport headers,
-// the opcode table, PSN arithmetic and AETH syndromes.
+// RoCEv2 wire format: Base Transport Header and the extended transport headers of the
+// RC, UC, UD and XRC transport services, the opcode table, PSN arithmetic and AETH
+// syndromes.
 //
 // Source: IBTA InfiniBand Architecture Specification vol. 1 rel. 1.4, ch. 9 (transport
-// layer: 9.2 BTH, 9.3.x extended headers, 9.7.5 AETH syndromes, 9.7.2 RNR timer table)
-// and Annex A17 (RoCEv2: IPv4/IPv6 + UDP destination port 4791, ICRC).
+// layer: 9.2 BTH and table 38 of opcodes, 9.3.x extended headers, 9.3.2 DETH; XRCETH
+// (annex A14, XRC) — 9.7.5 AETH syndromes, 9.7.2 RNR timer table) and Annex A17 (RoCEv2:
+// IPv4/IPv6 + UDP destination port 4791, ICRC).
 // The opcode table is data, as in Linux rxe's rxe_opcode.c: building and parsing a
 // packet read it instead of switching on the opcode in every function.
 //
@@ -27,17 +29,24 @@ inline constexpr size_t kAtomicEthBytes = 28;
 inline constexpr size_t kAtomicAckEthBytes = 8;
 inline constexpr size_t kImmDtBytes = 4;
 inline constexpr size_t kIethBytes = 4;
+inline constexpr size_t kDethBytes = 8;
+inline constexpr size_t kXrcethBytes = 4;
 inline constexpr size_t kIcrcBytes = 4;
-/// Largest BTH + extended headers of any supported opcode (atomic request: 12 + 28).
-inline constexpr size_t kMaxTransportHeaderBytes = 40;
+/// Largest BTH + extended headers of any supported opcode (XRC atomic request: 12 + 4 + 28).
+inline constexpr size_t kMaxTransportHeaderBytes = 44;
 /// IPv4 (no options) + UDP header bytes in front of the BTH.
 inline constexpr size_t kIpv4UdpHeaderBytes = 28;
 
 /// Default partition key (full member, default partition).
 inline constexpr uint16_t kDefaultPkey = 0xffff;
 
-/// BTH opcodes of the RC transport (IBTA vol 1, table 38; SEND with invalidate from
-/// rel. 1.2.1) plus the RoCEv2 CNP (A17.9.3).
+/// The transport service an opcode belongs to: its top three bits (IBTA vol 1, table 38:
+/// 000 RC, 001 UC, 010 RD, 011 UD, 100 CNP in RoCEv2 (A17.9.3), 101 XRC).
+enum class Service : uint8_t { kRc = 0, kUc = 1, kRd = 2, kUd = 3, kCnp = 4, kXrc = 5 };
+
+/// The operation of an opcode, its low five bits, named by its RC opcode (IBTA vol 1,
+/// table 38: the same operation has the same low bits in every service) — plus the
+/// RoCEv2 CNP (A17.9.3), whose value is a whole opcode.
 enum class Opcode : uint8_t {
   kSendFirst = 0x00,
   kSendMiddle = 0x01,
@@ -60,10 +69,24 @@ enum class Opcode : uint8_t {
   kAtomicAcknowledge = 0x12,
   kCompareSwap = 0x13,
   kFetchAdd = 0x14,
-  kSendLastInv = 0x16,  ///< SEND last with invalidate (IETH)
-  kSendOnlyInv = 0x17,  ///< SEND only with invalidate (IETH)
+  kSendLastInv = 0x16,  ///< SEND last with invalidate (IETH; RC and XRC)
+  kSendOnlyInv = 0x17,  ///< SEND only with invalidate (IETH; RC and XRC)
   kCnp = 0x81,
 };
+
+/// The BTH opcode of `op` in `service`, e.g. (kUd, kSendOnly) → 0x64.
+constexpr uint8_t opcode_of(Service service, Opcode op) noexcept {
+  return static_cast<uint8_t>((static_cast<uint8_t>(service) << 5) |
+                              (static_cast<uint8_t>(op) & 0x1f));
+}
+/// The service of a BTH opcode.
+constexpr Service service_of(uint8_t opcode) noexcept {
+  return static_cast<Service>(opcode >> 5);
+}
+/// The operation of a BTH opcode (its RC name), e.g. 0xa4 (XRC_SEND_ONLY) → kSendOnly.
+constexpr Opcode operation_of(uint8_t opcode) noexcept {
+  return static_cast<Opcode>(opcode & 0x1f);
+}
 
 /// What an opcode's packet carries and means; bits of OpcodeInfo::mask.
 enum OpcodeFlag : uint32_t {
@@ -85,18 +108,21 @@ enum OpcodeFlag : uint32_t {
   kIsOnly = 1u << 15,           ///< single-packet message (neither first nor last)
   kConsumesRecvWqe = 1u << 16,  ///< SEND, or WRITE with immediate (at its last/only packet)
   kIsCnp = 1u << 17,
-  kHasIeth = 1u << 18,  ///< Invalidate ETH (9.3.7): the R_Key the responder invalidates
+  kHasDeth = 1u << 18,    ///< Datagram ETH (UD requests): Q_Key, source QP
+  kHasXrceth = 1u << 19,  ///< XRC ETH (XRC requests): the target's XRC SRQ number
+  kHasIeth = 1u << 20,    ///< Invalidate ETH (9.3.7): the R_Key the responder invalidates
 };
 
 /// One row of the opcode table.
 struct OpcodeInfo {
-  const char* name;      ///< e.g. "RC_SEND_FIRST" (rxe/Wireshark spelling)
+  const char* name;      ///< e.g. "RC_SEND_FIRST", "UD_SEND_ONLY" (rxe's spelling)
   uint32_t mask;         ///< OpcodeFlag bits
+  Service service;       ///< the transport service (the opcode's top three bits)
   uint8_t header_bytes;  ///< BTH + all extended headers, bytes (payload starts here)
 };
 
-/// Table lookup. Returns nullptr for opcodes softrdma does not implement (UC/UD/RD/XRC,
-/// RDMA ATOMIC WRITE, …); such packets are dropped and counted by the receiver.
+/// Table lookup. Returns nullptr for opcodes softrdma does not implement (RD, ATOMIC
+/// WRITE, FLUSH, …); such packets are dropped and counted by the receiver.
 const OpcodeInfo* opcode_info(uint8_t opcode) noexcept;
 
 /// Base Transport Header (IBTA vol 1, 9.2), host-order values.
@@ -147,6 +173,17 @@ struct AtomicAckEth {
   uint64_t orig = 0;
 };
 
+/// Datagram Extended Transport Header (9.3.2): UD requests. Byte 4 is reserved.
+struct Deth {
+  uint32_t qkey = 0;     ///< the Q_Key the receiving QP must hold (10.2.5)
+  uint32_t src_qpn = 0;  ///< 24 bits: the sending QP (the receiver's wc.src_qp)
+};
+
+/// XRC Extended Transport Header (IBTA vol 1 annex A14.3.2): XRC requests. Byte 0 is reserved.
+struct Xrceth {
+  uint32_t srqn = 0;  ///< 24 bits: the XRC SRQ at the target that receives the message
+};
+
 /// The transport headers of one packet. Which of the extended headers are meaningful is
 /// given by info->mask; the others are left at their defaults.
 struct Headers {
@@ -155,7 +192,9 @@ struct Headers {
   Aeth aeth;
   AtomicEth atomic;
   AtomicAckEth atomic_ack;
-  uint32_t imm_be = 0;     ///< immediate data exactly as on the wire (network order), as ibv_wc
+  Deth deth;
+  Xrceth xrceth;
+  uint32_t imm_be = 0;  ///< immediate data exactly as on the wire (network order), as ibv_wc
   uint32_t ieth_rkey = 0;  ///< IETH: the R_Key a SEND with invalidate names (host order)
 };
 

@@ -180,7 +180,7 @@ TEST(Registry, SizeRangeIsShownInBinaryUnits) {
 }
 
 TEST(Listing, EveryParameterOfAGroupIsListed) {
-  for (Group g : {Group::kDevice, Group::kCcl}) {
+  for (Group g : {Group::kDevice, Group::kCcl, Group::kKv, Group::kCm}) {
     const std::string table = markdown_table(g), help = help_text(g);
     for (const Param& p : all()) {
       const bool listed = table.find("`" + std::string(p.name) + "`") != std::string::npos;

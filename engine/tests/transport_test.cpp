@@ -14,108 +14,15 @@
 
 #include "engine/cq.h"
 #include "engine/memory.h"
-#include "engine/mw.h"
 #include "engine/object_registry.h"
 #include "engine/qp.h"
+#include "engine/tests/fakes.h"
 #include "wire/icrc.h"
 
 namespace softrdma::engine {
 namespace {
 
 using wire::Opcode;
-
-/// The device side of the seam: a lock and the QPN and key tables, an active MTU of 4096 B,
-/// no progress of its own (the test delivers every packet and fires every timer).
-class FakeDevice : public ObjectRegistry {
- public:
-  std::mutex& mutex() override { return mu_; }
-  uint32_t register_qp(QueuePair* qp) override {
-    qps_[next_qpn_] = qp;
-    return next_qpn_++;
-  }
-  void unregister_qp(uint32_t qpn) override { qps_.erase(qpn); }
-  uint32_t register_mr(MemoryRegion* mr) override {
-    next_key_ += 0x100;
-    mrs_[next_key_] = mr;
-    return next_key_;
-  }
-  void unregister_mr(uint32_t key) override { mrs_.erase(key); }
-  uint32_t register_mw(MemoryWindow* mw) override {
-    next_key_ += 0x100;
-    mws_[next_key_ >> 8] = mw;
-    return next_key_;
-  }
-  void unregister_mw(uint32_t rkey) override { mws_.erase(rkey >> 8); }
-  uint8_t active_mtu() const override { return 5; }
-  Transport& transport() override { return *transport_; }
-  void try_progress() override {}
-
-  MemoryRegion* find_mr(uint32_t key) {
-    auto it = mrs_.find(key);
-    return it == mrs_.end() ? nullptr : it->second;
-  }
-  MemoryWindow* find_mw(uint32_t rkey) {
-    auto it = mws_.find(rkey >> 8);
-    return it == mws_.end() || it->second->rkey() != rkey ? nullptr : it->second;
-  }
-  /// The address the QPs' address vectors name (any IPv4 address will do).
-  uint32_t ip() const { return 0x7f000001; }
-  /// Where QPs created on this device send until the test points them elsewhere.
-  Transport* transport_ = nullptr;
-
- private:
-  std::mutex mu_;
-  std::unordered_map<uint32_t, QueuePair*> qps_;
-  std::unordered_map<uint32_t, MemoryRegion*> mrs_;
-  std::unordered_map<uint32_t, MemoryWindow*> mws_;
-  uint32_t next_qpn_ = 0x100;
-  uint32_t next_key_ = 0;
-};
-
-/// Records transmitted packets as bytes; time moves only when the test says so.
-class FakeTransport : public Transport {
- public:
-  explicit FakeTransport(FakeDevice& dev) : dev_(dev), now_(3600'000'000'000ull) {}
-  void transmit(wire::Headers h, uint32_t, std::span<const iovec> payload,
-                uint32_t payload_len) override {
-    h.bth.pad_count = wire::pad_for(payload_len);
-    std::vector<uint8_t> b(wire::kMaxTransportHeaderBytes);
-    b.resize(wire::encode_headers(h, b));
-    for (const iovec& v : payload)
-      b.insert(b.end(), static_cast<uint8_t*>(v.iov_base),
-               static_cast<uint8_t*>(v.iov_base) + v.iov_len);
-    b.resize(b.size() + h.bth.pad_count + wire::kIcrcBytes, 0);
-    sent.push_back(std::move(b));
-  }
-  void flush() override {}
-  MemoryRegion* find_mr(uint32_t key) override { return dev_.find_mr(key); }
-  MemoryWindow* find_mw(uint32_t rkey) override { return dev_.find_mw(rkey); }
-  Counters& counters() override { return counters_; }
-  uint64_t now_ns() override { return now_; }
-  void timer_armed(QueuePair&, uint64_t) override {}
-  bool selective_retransmit() const override { return selective; }
-  bool congestion_control(uint32_t, DcqcnParams& out) const override {
-    out = dcqcn_params;
-    return dcqcn;
-  }
-
-  void advance(uint64_t ns) { now_ += ns; }
-  std::deque<std::vector<uint8_t>> sent;
-  Counters counters_;
-  bool selective = false;  ///< SOFTRDMA_SELECTIVE_RETX of this side
-  bool dcqcn = false;      ///< SOFTRDMA_CC=dcqcn on this side
-  DcqcnParams dcqcn_params;
-
- private:
-  FakeDevice& dev_;
-  uint64_t now_;
-};
-
-wire::Packet parse(const std::vector<uint8_t>& b) {
-  wire::Packet p;
-  EXPECT_EQ(wire::parse(b, p), wire::ParseError::kOk);
-  return p;
-}
 
 class TransportTest : public ::testing::Test {
  protected:
@@ -202,21 +109,7 @@ class TransportTest : public ::testing::Test {
   // Delivers every packet `from` has sent to `to` (requests to the responder, responses to
   // the completer), under the device lock as the device would; returns how many.
   size_t deliver(FakeTransport& from, QueuePair& to, FakeTransport& to_t) {
-    size_t n = 0;
-    std::lock_guard lk(dev->mutex());
-    while (!from.sent.empty()) {
-      auto bytes = std::move(from.sent.front());
-      from.sent.pop_front();
-      wire::Packet p = parse(bytes);
-      if (p.info->mask & wire::kIsRequest) {
-        responder::on_request(to, p, to_t);
-        responder::flush_ack(to, to_t);
-      } else {
-        completer::on_response(to, p, to_t);
-      }
-      ++n;
-    }
-    return n;
+    return deliver_all(*dev, from, to, to_t);
   }
   // When neither side has a packet on the way, moves both clocks past the retransmit
   // timeout and fires the timers (what a lost packet waits for).
@@ -780,6 +673,34 @@ TEST_F(TransportTest, SelectiveNakNamesOnlyTheLostPsnsAndOnlyThoseAreSentAgain) 
   EXPECT_EQ(ta->counters_.retransmitted_pkts.load(), 6u);
   EXPECT_EQ(b->resp.epsn, wire::psn_add(kSqPsn, 15));
   EXPECT_FALSE(b->resp.in_write);
+}
+
+// A paused path (a full same-host ring's backlog): the requester queues nothing more, asks
+// to be run again, and when run again continues where it stopped — nothing lost, nothing
+// sent twice, no window cut.
+TEST_F(TransportTest, RequesterHoldsBackWhileThePathIsBusyAndResumesWhereItStopped) {
+  ta->busy_after = 3;
+  const uint32_t window = a->req.window.psns();
+  ASSERT_EQ(post(*a, WrOpcode::kRdmaWrite, 0, 10 * kMtu, 0, 1), kOk);
+  ASSERT_EQ(ta->sent.size(), 3u);
+  ASSERT_EQ(ta->path_waiters.size(), 1u);
+  EXPECT_EQ(ta->path_waiters[0], a.get());
+  deliver(*ta, *b, *tb);  // the path drains
+  ta->busy_after = SIZE_MAX;
+  ta->path_waiters.clear();
+  {
+    std::lock_guard lk(dev->mutex());
+    requester::run(*a, *ta);
+  }
+  EXPECT_EQ(ta->sent.size(), 7u);
+  EXPECT_TRUE(ta->path_waiters.empty());
+  settle();
+  auto c = drain();
+  ASSERT_EQ(c.size(), 1u);
+  EXPECT_EQ(c[0].status, WcStatus::kSuccess);
+  EXPECT_EQ(std::memcmp(dst.data(), src.data(), 10 * kMtu), 0);
+  EXPECT_EQ(ta->counters_.retransmitted_pkts.load(), 0u);
+  EXPECT_GE(a->req.window.psns(), window);
 }
 
 // A resend lost as well is sent again ~1.5 smoothed RTTs after it left — well before the

@@ -114,8 +114,8 @@ TEST_F(TwoEngines, MixedReadWriteBatch) {
   EXPECT_EQ(-1, first_mismatch(local.data() + half, half, 2));
 }
 
-TEST_F(TwoEngines, LargeWriteAndReadBack64MiB) {
-  const size_t kSize = 64 << 20;
+TEST_F(TwoEngines, LargeWriteAndReadBack256MiB) {
+  const size_t kSize = size_t{256} << 20;  // the largest size
   std::vector<uint8_t> src(kSize), dst(kSize), back(kSize);
   a->register_memory(src.data(), src.size());
   a->register_memory(back.data(), back.size());

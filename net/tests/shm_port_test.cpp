@@ -267,6 +267,7 @@ TEST_F(ShmPortTest, PollBudgetAndEmptyPoll) {
 
 TEST_F(ShmPortTest, FullRingDropsThenRecoversAfterDrain) {
   const uint32_t a_ip = ip_of(1, 5), b_ip = ip_of(1, 6);
+  cfg.backlog_bytes = 0;  // no backlog: a full ring drops
   ShmPort a, b;
   ASSERT_EQ(a.open(a_ip, cfg), 0);
   ASSERT_EQ(b.open(b_ip, cfg), 0);
@@ -291,6 +292,54 @@ TEST_F(ShmPortTest, FullRingDropsThenRecoversAfterDrain) {
   EXPECT_EQ(drain(b, got), 1u);
   ASSERT_EQ(got.size(), 1u);
   EXPECT_EQ(got[0].bytes, make_packet(4242, 4000));
+}
+
+// A full ring with a backlog: nothing is dropped, later packets queue behind earlier ones,
+// drain_backlog() writes them in order as the receiver frees room; beyond backlog_bytes a
+// packet is dropped (kFull); a receiver that goes away takes the backlog with it.
+TEST_F(ShmPortTest, FullRingBacklogKeepsOrderAndBounds) {
+  const uint32_t a_ip = ip_of(1, 15), b_ip = ip_of(1, 16);
+  cfg.backlog_bytes = 40'000;  // ten 4000-byte packets
+  ShmPort a, b;
+  ASSERT_EQ(a.open(a_ip, cfg), 0);
+  ASSERT_EQ(b.open(b_ip, cfg), 0);
+  EXPECT_FALSE(a.backlogged(b_ip));
+  int accepted = 0, in_ring = 0;
+  ShmSendResult r = ShmSendResult::kSent;
+  for (int i = 0; i < 1000; ++i) {
+    r = send_bytes(a, b_ip, make_packet(i, 4000));
+    if (r == ShmSendResult::kFull) break;
+    in_ring += r == ShmSendResult::kSent;
+    ++accepted;
+  }
+  EXPECT_EQ(r, ShmSendResult::kFull);
+  EXPECT_EQ(accepted - in_ring, 10);  // the backlog's worth
+  EXPECT_EQ(a.stats().backlogged, 10u);
+  EXPECT_EQ(a.stats().full_drops, 1u);
+  EXPECT_TRUE(a.backlogged(b_ip));
+  EXPECT_FALSE(a.backlogged(a_ip));
+  EXPECT_TRUE(a.any_backlog());
+
+  std::vector<Received> got;
+  for (int round = 0; round < 100 && static_cast<int>(got.size()) < accepted; ++round) {
+    drain(b, got);
+    a.drain_backlog();
+  }
+  ASSERT_EQ(static_cast<int>(got.size()), accepted);
+  for (int i = 0; i < accepted; ++i) ASSERT_EQ(got[i].bytes, make_packet(i, 4000)) << i;
+  EXPECT_FALSE(a.any_backlog());
+  EXPECT_EQ(send_bytes(a, b_ip, make_packet(4242, 4000)), ShmSendResult::kSent);
+  got.clear();
+  EXPECT_EQ(drain(b, got), 1u);
+
+  // Fill ring and backlog again; then the receiver closes: the backlog is lost, not kept.
+  for (int i = 0; i < 1000; ++i)
+    if (send_bytes(a, b_ip, make_packet(i, 4000)) == ShmSendResult::kFull) break;
+  EXPECT_TRUE(a.any_backlog());
+  b.close();
+  EXPECT_EQ(a.drain_backlog(), 0u);
+  EXPECT_FALSE(a.any_backlog());
+  EXPECT_EQ(a.stats().backlog_lost, 10u);
 }
 
 TEST_F(ShmPortTest, NoPeerUntilMailboxAppears) {
@@ -503,7 +552,8 @@ TEST_F(ShmPortTest, ClosedProducerRingIsDrainedThenReleased) {
 }
 
 // A producer process streams while this process consumes: real cross-process SPSC traffic,
-// in order and intact. kFull is retried (bounded); no timing is measured.
+// in order and intact, through the sender's backlog (a small one, so kFull happens too and
+// is retried after drain_backlog(), bounded); no timing is measured.
 TEST_F(ShmPortTest, CrossProcessStreamIsInOrderAndIntact) {
   const uint32_t b_ip = ip_of(5, 7), c_ip = ip_of(5, 8);
   const uint32_t kPackets = 20000;
@@ -513,19 +563,25 @@ TEST_F(ShmPortTest, CrossProcessStreamIsInOrderAndIntact) {
   ASSERT_GE(child, 0);
   if (child == 0) {
     ShmPort c;
-    if (c.open(c_ip, cfg) != 0) _exit(1);
+    ShmConfig small = cfg;
+    small.backlog_bytes = 32u << 10;
+    if (c.open(c_ip, small) != 0) _exit(1);
     auto deadline = std::chrono::steady_clock::now() + 20s;
     for (uint32_t i = 0; i < kPackets;) {
       size_t len = 4 + (i * 613u) % 4200u;
       auto pkt = make_packet(i, len);
       std::memcpy(pkt.data(), &i, 4);
       ShmSendResult r = send_bytes(c, b_ip, pkt);
-      if (r == ShmSendResult::kSent) {
+      if (r == ShmSendResult::kSent || r == ShmSendResult::kQueued) {
         ++i;
       } else if (r == ShmSendResult::kNoPeer || std::chrono::steady_clock::now() > deadline) {
         _exit(2);
+      } else {
+        c.drain_backlog();
       }
     }
+    while (c.drain_backlog() != 0)
+      if (std::chrono::steady_clock::now() > deadline) _exit(3);
     c.close();
     _exit(0);
   }

@@ -23,6 +23,10 @@
 #   wait_for_listener PORT PID SECONDS LOG
 #                                  wait until PID (a server) listens on TCP PORT; fail, showing
 #                                  LOG, if it exits first or after SECONDS
+#   wait_for_cm_listener ADDR PORT PID SECONDS LOG
+#                                  wait until PID (a server run with `softrdma run --log info`)
+#                                  logs that softrdma's RDMA-CM listens on ADDR:PORT (or the
+#                                  wildcard); fail, showing LOG, if it exits first or after SECONDS
 #   status_text RC                 "status RC", plus "(timed out after ${STEP_TIMEOUT}s)" for
 #                                  timeout's 124 / 137
 
@@ -104,6 +108,26 @@ wait_for_listener() {
     if ((waited >= seconds * 10)); then
       show_logs "$log"
       fail "server not listening on TCP port $port after $seconds s"
+    fi
+    sleep 0.1
+    waited=$((waited + 1))
+  done
+}
+
+# The RDMA-CM has no socket to find in /proc: its "listening on" log line (cm/cm_id.cpp) says
+# when a REQ would find the listener.
+wait_for_cm_listener() {
+  local addr=$1 port=$2 pid=$3 seconds=$4 log=$5 waited=0 rc
+  until grep -qE "listening on (${addr//./\\.}|0\\.0\\.0\\.0):$port " "$log" 2>/dev/null; do
+    if ! kill -0 "$pid" 2>/dev/null; then
+      wait "$pid"
+      rc=$?
+      show_logs "$log"
+      fail "server exited ($(status_text $rc)) before its RDMA-CM listened on $addr:$port"
+    fi
+    if ((waited >= seconds * 10)); then
+      show_logs "$log"
+      fail "server's RDMA-CM not listening on $addr:$port after $seconds s"
     fi
     sleep 0.1
     waited=$((waited + 1))

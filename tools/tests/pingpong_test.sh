@@ -8,20 +8,26 @@
 #   large     ibv_rc_pingpong -s 1048576 -n 1000 (multi-packet messages)
 #   events    ibv_rc_pingpong -e (completion channel: ibv_req_notify_cq / ibv_get_cq_event)
 #   devinfo   ibv_devinfo -v shows srdma0, PORT_ACTIVE, Ethernet link layer, RoCE v2 GID
+#   ud        ibv_ud_pingpong with its defaults (UD datagrams of 2048 B, address handles)
+#   uc        ibv_uc_pingpong with its defaults (UC, 4096 B messages at MTU 1024)
+#   srq       ibv_srq_pingpong with its defaults (16 RC QPs receiving from one SRQ)
+#   xsrq      ibv_xsrq_pingpong with its defaults (XRC send/receive QPs, an XRC SRQ, an XRC
+#             domain opened through /tmp/xrc_domain); it prints "success" instead of figures
 #
 # A pingpong case starts the server (softrdma run --addr 127.0.0.A) and the client
 # (--addr 127.0.0.B, TCP exchange with the server via 127.0.0.1), both bounded by
 # `timeout`, and checks that both exit 0 and print
 #   N bytes in T seconds = X Mbit/sec
 #   I iters in T seconds = Y usec/iter
-# with N = 2 * size * iterations and X, Y positive finite figures. Each case has its own
+# with N = 2 * size * iterations (ibv_ud_pingpong: size * iterations) and X, Y positive
+# finite figures. Each case has its own
 # addresses and TCP port so ctest can run the cases in parallel. On failure both logs are
 # printed. A missing ibv_rc_pingpong is a failure (install ibverbs-utils), never a skip.
 set -uo pipefail
 
 # shellcheck source=scripts/lib/test_lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib/test_lib.sh"
-case_test_args pingpong "default large events devinfo" "$@"
+case_test_args pingpong "default large events devinfo ud uc srq xsrq" "$@"
 # Seconds per process. 2 GB through `large` takes ~10 s on an idle 2-core machine, ~50 s
 # under ASan next to other tests.
 if [[ $CASE == large ]]; then STEP_TIMEOUT=${PINGPONG_TIMEOUT:-200}; else STEP_TIMEOUT=${PINGPONG_TIMEOUT:-60}; fi
@@ -58,7 +64,7 @@ check_output() {
   local bytes=${BASH_REMATCH[1]} mbit=${BASH_REMATCH[3]}
   [[ $iters_line =~ $iters_re ]]
   local n=${BASH_REMATCH[1]} usec=${BASH_REMATCH[3]}
-  local want=$((2 * size * iters))
+  local want=$((${DIRECTIONS:-2} * size * iters))
   [[ $bytes -eq $want ]] || { echo "$side: $bytes bytes moved, expected $want" >&2; return 1; }
   [[ $n -eq $iters ]] || { echo "$side: $n iterations, expected $iters" >&2; return 1; }
   awk -v x="$mbit" -v y="$usec" 'BEGIN { exit !(x + 0 > 0 && y + 0 > 0) }' ||
@@ -70,17 +76,18 @@ run_pingpong() {
   local server_addr=$1 client_addr=$2 port=$3 size=$4 iters=$5
   shift 5
   local extra=("$@")
-  need_tool ibv_rc_pingpong
+  local prog=${PROG:-ibv_rc_pingpong}
+  need_tool "$prog"
   local slog="$WORK/server.log" clog="$WORK/client.log"
   local common=(-g 0 -p "$port" "${extra[@]}")
-  echo "server: softrdma run --addr $server_addr -- ibv_rc_pingpong ${common[*]}"
-  echo "client: softrdma run --addr $client_addr -- ibv_rc_pingpong ${common[*]} 127.0.0.1"
+  echo "server: softrdma run --addr $server_addr -- $prog ${common[*]}"
+  echo "client: softrdma run --addr $client_addr -- $prog ${common[*]} 127.0.0.1"
 
   # stdbuf: line-buffered stdout, so a log killed by timeout still shows how far it got.
   # It goes after `softrdma run`: its LD_PRELOAD must not come before the ASan runtime
   # that `softrdma run` preloads in a sanitizer build.
   timeout -k 5 "$STEP_TIMEOUT" "$SOFTRDMA" run --addr "$server_addr" -- \
-    stdbuf -oL /usr/bin/ibv_rc_pingpong "${common[@]}" >"$slog" 2>&1 &
+    stdbuf -oL "/usr/bin/$prog" "${common[@]}" >"$slog" 2>&1 &
   SERVER_PID=$!
 
   # Wait for the server's TCP listener (it opens the device and creates its QP first).
@@ -88,7 +95,7 @@ run_pingpong() {
 
   local crc=0 src=0
   timeout -k 5 "$STEP_TIMEOUT" "$SOFTRDMA" run --addr "$client_addr" -- \
-    stdbuf -oL /usr/bin/ibv_rc_pingpong "${common[@]}" 127.0.0.1 >"$clog" 2>&1 || crc=$?
+    stdbuf -oL "/usr/bin/$prog" "${common[@]}" 127.0.0.1 >"$clog" 2>&1 || crc=$?
   wait "$SERVER_PID" || src=$?
   SERVER_PID=""
 
@@ -96,12 +103,18 @@ run_pingpong() {
   ((src == 0)) || { echo "server exited with $(status_text $src)" >&2; ok=0; }
   ((crc == 0)) || { echo "client exited with $(status_text $crc)" >&2; ok=0; }
   if ((ok)); then
-    check_output "$slog" server "$size" "$iters" || ok=0
-    check_output "$clog" client "$size" "$iters" || ok=0
+    if ((size == 0)); then
+      # ibv_xsrq_pingpong reports no figures, only "success" when every exchange completed.
+      grep -qx success "$slog" || { echo "server: no 'success' line" >&2; ok=0; }
+      grep -qx success "$clog" || { echo "client: no 'success' line" >&2; ok=0; }
+    else
+      check_output "$slog" server "$size" "$iters" || ok=0
+      check_output "$clog" client "$size" "$iters" || ok=0
+    fi
   fi
   if ((!ok)); then
     show_logs "$slog" "$clog"
-    fail "ibv_rc_pingpong ${common[*]}"
+    fail "$prog ${common[*]}"
   fi
   echo "PASS [pingpong.$CASE]"
 }
@@ -134,8 +147,14 @@ case "$CASE" in
   large) run_pingpong 127.0.0.103 127.0.0.104 18602 1048576 1000 -s 1048576 -n 1000 ;;
   events) run_pingpong 127.0.0.105 127.0.0.106 18603 4096 1000 -e ;;
   devinfo) run_devinfo ;;
+  # The other QP types: their own addresses (127.0.61.x) and TCP ports (1810x).
+  # ibv_ud_pingpong counts each datagram's bytes once (size × iterations).
+  ud) PROG=ibv_ud_pingpong DIRECTIONS=1 run_pingpong 127.0.61.101 127.0.61.102 18104 2048 1000 ;;
+  uc) PROG=ibv_uc_pingpong run_pingpong 127.0.61.103 127.0.61.104 18105 4096 1000 ;;
+  srq) PROG=ibv_srq_pingpong run_pingpong 127.0.61.105 127.0.61.106 18106 4096 1000 ;;
+  xsrq) PROG=ibv_xsrq_pingpong run_pingpong 127.0.61.107 127.0.61.108 18107 0 0 ;;
   *)
-    echo "unknown case '$CASE' (default|large|events|devinfo)" >&2
+    echo "unknown case '$CASE' (default|large|events|devinfo|ud|uc|srq|xsrq)" >&2
     exit 2
     ;;
 esac

@@ -15,12 +15,18 @@
 #   write_lat_old_post    ib_write_lat --use_old_post_send -n 200
 #   send_bw_gbits         ib_send_bw --report_gbits -n 200   (BW columns in Gb/sec)
 #   write_bw_8m           ib_write_bw -s 8388608 -n 20
+#   cm_send_lat cm_send_bw cm_write_lat cm_write_bw cm_read_lat cm_read_bw cm_atomic_lat
+#   cm_atomic_bw          ib_<tool> -R -n 200: connections through the RDMA-CM (softrdma's
+#                         librdmacm.so.1) instead of perftest's TCP exchange; the client
+#                         names the server's address (not 127.0.0.1)
 #
 # Case number N (1-16) gives the server --addr 127.0.10.N, the client --addr 127.0.11.N and
 # TCP port 18800+N (perftest's exchange, client -> 127.0.0.1), so ctest can run the cases
-# in parallel. The server is started, the script waits until it listens (/proc/net/tcp, no
-# connection: perftest's server accepts one), then runs the client; both are bounded by
-# `timeout` and must exit 0. The result lines under perftest's table header are checked:
+# in parallel; an RDMA-CM case k (0-7) gets 127.0.63.(20+2k) / 127.0.63.(21+2k) and RDMA-CM
+# port 18310+k. The server is started, the script waits until it listens (/proc/net/tcp, no
+# connection: perftest's server accepts one; with -R, softrdma's CM log line), then runs the
+# client; both are bounded by `timeout` and must exit 0. The result lines under perftest's
+# table header are checked:
 #   latency   ` #bytes #iterations t_min t_max t_typical t_avg t_stdev 99% 99.9%`: the size
 #             (or, with -a, one line per size 2, 4, ... 8388608), the iteration count, and
 #             t_min, t_typical, t_avg finite and positive, t_min <= t_typical, t_avg <= t_max
@@ -39,7 +45,8 @@ set -uo pipefail
 
 CASES="send_lat send_bw write_lat write_bw read_lat read_bw atomic_lat atomic_bw send_lat_all"
 CASES+=" write_bw_all write_bw_q4 send_bw_bidir read_bw_bidir write_lat_old_post send_bw_gbits"
-CASES+=" write_bw_8m"
+CASES+=" write_bw_8m cm_send_lat cm_send_bw cm_write_lat cm_write_bw cm_read_lat cm_read_bw"
+CASES+=" cm_atomic_lat cm_atomic_bw"
 
 # shellcheck source=scripts/lib/test_lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib/test_lib.sh"
@@ -65,14 +72,32 @@ case "$CASE" in
   write_lat_old_post) N=14; TOOL=ib_write_lat;  KIND=lat; SIZE=2;       ITERS=200; ARGS=(--use_old_post_send -n 200) ;;
   send_bw_gbits)      N=15; TOOL=ib_send_bw;    KIND=bw;  SIZE=65536;   ITERS=200; ARGS=(--report_gbits -n 200) ;;
   write_bw_8m)        N=16; TOOL=ib_write_bw;   KIND=bw;  SIZE=8388608; ITERS=20;  ARGS=(-s 8388608 -n 20) ;;
+  cm_send_lat)        N=0;  TOOL=ib_send_lat;   KIND=lat; SIZE=2;       ITERS=200; ARGS=(-R -n 200) ;;
+  cm_send_bw)         N=1;  TOOL=ib_send_bw;    KIND=bw;  SIZE=65536;   ITERS=200; ARGS=(-R -n 200) ;;
+  cm_write_lat)       N=2;  TOOL=ib_write_lat;  KIND=lat; SIZE=2;       ITERS=200; ARGS=(-R -n 200) ;;
+  cm_write_bw)        N=3;  TOOL=ib_write_bw;   KIND=bw;  SIZE=65536;   ITERS=200; ARGS=(-R -n 200) ;;
+  cm_read_lat)        N=4;  TOOL=ib_read_lat;   KIND=lat; SIZE=2;       ITERS=200; ARGS=(-R -n 200) ;;
+  cm_read_bw)         N=5;  TOOL=ib_read_bw;    KIND=bw;  SIZE=65536;   ITERS=200; ARGS=(-R -n 200) ;;
+  cm_atomic_lat)      N=6;  TOOL=ib_atomic_lat; KIND=lat; SIZE=8;       ITERS=200; ARGS=(-R -n 200) ;;
+  cm_atomic_bw)       N=7;  TOOL=ib_atomic_bw;  KIND=bw;  SIZE=8;       ITERS=200; ARGS=(-R -n 200) ;;
   *)
     echo "unknown case '$CASE' (${CASES// /|})" >&2
     exit 2
     ;;
 esac
-SERVER_ADDR=127.0.10.$N
-CLIENT_ADDR=127.0.11.$N
-PORT=$((18800 + N))
+CM=0
+[[ $CASE == cm_* ]] && CM=1
+if ((CM)); then
+  SERVER_ADDR=127.0.63.$((20 + 2 * N))
+  CLIENT_ADDR=127.0.63.$((21 + 2 * N))
+  PORT=$((18310 + N))
+  SERVER_NAME=$SERVER_ADDR  # the RDMA-CM resolves the server's own address
+else
+  SERVER_ADDR=127.0.10.$N
+  CLIENT_ADDR=127.0.11.$N
+  PORT=$((18800 + N))
+  SERVER_NAME=127.0.0.1  # perftest's TCP exchange
+fi
 UNIT="MB/sec"
 [[ $CASE == send_bw_gbits ]] && UNIT="Gb/sec"
 # The passive side of ib_read_lat / ib_atomic_lat prints no result table; that of
@@ -192,23 +217,30 @@ run_case() {
   local slog="$WORK/server.log" clog="$WORK/client.log"
   local common=(-d srdma0 -x 0 -p "$PORT" "${ARGS[@]}")
   echo "server: softrdma run --addr $SERVER_ADDR -- $TOOL ${common[*]}"
-  echo "client: softrdma run --addr $CLIENT_ADDR -- $TOOL ${common[*]} 127.0.0.1"
+  echo "client: softrdma run --addr $CLIENT_ADDR -- $TOOL ${common[*]} $SERVER_NAME"
 
-  tcp_listening "$PORT" && fail "TCP port $PORT is already in use (another test or a leftover server?)"
+  ((CM)) || ! tcp_listening "$PORT" ||
+    fail "TCP port $PORT is already in use (another test or a leftover server?)"
 
   # stdbuf: line-buffered stdout, so a log killed by timeout still shows how far it got.
   # It goes after `softrdma run`: its LD_PRELOAD must not come before the ASan runtime
   # that `softrdma run` preloads in a sanitizer build.
-  timeout -k 5 "$STEP_TIMEOUT" "$SOFTRDMA" run --addr "$SERVER_ADDR" -- \
+  local log_level=()
+  ((CM)) && log_level=(--log info)  # the RDMA-CM says when it listens
+  timeout -k 5 "$STEP_TIMEOUT" "$SOFTRDMA" run --addr "$SERVER_ADDR" "${log_level[@]}" -- \
     stdbuf -oL "/usr/bin/$TOOL" "${common[@]}" >"$slog" 2>&1 &
   SERVER_PID=$!
 
-  # Wait for the server's TCP listener (it opens the device first).
-  wait_for_listener "$PORT" "$SERVER_PID" "$LISTEN_WAIT" "$slog"
+  # Wait for the server's TCP listener (it opens the device first), or its CM listener.
+  if ((CM)); then
+    wait_for_cm_listener "$SERVER_ADDR" "$PORT" "$SERVER_PID" "$LISTEN_WAIT" "$slog"
+  else
+    wait_for_listener "$PORT" "$SERVER_PID" "$LISTEN_WAIT" "$slog"
+  fi
 
   local crc=0 src=0 t0=$SECONDS
   timeout -k 5 "$STEP_TIMEOUT" "$SOFTRDMA" run --addr "$CLIENT_ADDR" -- \
-    stdbuf -oL "/usr/bin/$TOOL" "${common[@]}" 127.0.0.1 >"$clog" 2>&1 || crc=$?
+    stdbuf -oL "/usr/bin/$TOOL" "${common[@]}" "$SERVER_NAME" >"$clog" 2>&1 || crc=$?
   if ((crc != 0)); then
     # The client failed: give the server a few seconds to notice, then stop it rather than
     # waiting for its own timeout.

@@ -32,8 +32,9 @@ constexpr uint32_t kDeviceFirstPsn = 0xfffffe;  // the device's requests cross t
 
 /// The drop counters a garbage datagram may land in.
 const std::vector<std::string> kDropCounters = {
-    "rcvd_malformed", "rcvd_icrc_err",       "rcvd_unknown_qpn",   "rcvd_bad_state",
-    "rcvd_addr_err",  "rcvd_stale_response", "out_of_seq_request", "duplicate_request"};
+    "rcvd_malformed",     "rcvd_icrc_err",       "rcvd_unknown_qpn",   "rcvd_bad_state",
+    "rcvd_addr_err",      "rcvd_stale_response", "out_of_seq_request", "duplicate_request",
+    "rcvd_wrong_service", "rcvd_qkey_err"};
 
 struct Rig : FakePeerQp {
   Role& r;
@@ -570,7 +571,8 @@ TEST(RawPackets, WrongSourceAddressIsDropped) {
 }
 
 // Random datagrams of random lengths, and well-formed-ICRC packets with unknown opcodes,
-// a bad transport version or payload on a payload-less opcode: all dropped and counted.
+// opcodes of another service than the RC QP's (UD, UC), a bad transport version or payload
+// on a payload-less opcode: all dropped and counted.
 TEST(RawPackets, GarbageIsDroppedAndCounted) {
   in_one_process([](Role& r) {
     Rig g(r);

@@ -13,24 +13,36 @@ namespace softrdma::wire {
 namespace {
 
 constexpr Opcode kAllOpcodes[] = {
-    Opcode::kSendFirst,         Opcode::kSendMiddle,        Opcode::kSendLast,
-    Opcode::kSendLastImm,       Opcode::kSendOnly,          Opcode::kSendOnlyImm,
-    Opcode::kWriteFirst,        Opcode::kWriteMiddle,       Opcode::kWriteLast,
-    Opcode::kWriteLastImm,      Opcode::kWriteOnly,         Opcode::kWriteOnlyImm,
-    Opcode::kReadRequest,       Opcode::kReadResponseFirst, Opcode::kReadResponseMiddle,
-    Opcode::kReadResponseLast,  Opcode::kReadResponseOnly,  Opcode::kAcknowledge,
-    Opcode::kAtomicAcknowledge, Opcode::kCompareSwap,       Opcode::kFetchAdd,
-    Opcode::kSendLastInv,       Opcode::kSendOnlyInv,       Opcode::kCnp,
+    Opcode::kSendFirst,          Opcode::kSendMiddle,
+    Opcode::kSendLast,           Opcode::kSendLastImm,
+    Opcode::kSendOnly,           Opcode::kSendOnlyImm,
+    Opcode::kWriteFirst,         Opcode::kWriteMiddle,
+    Opcode::kWriteLast,          Opcode::kWriteLastImm,
+    Opcode::kWriteOnly,          Opcode::kWriteOnlyImm,
+    Opcode::kReadRequest,        Opcode::kReadResponseFirst,
+    Opcode::kReadResponseMiddle, Opcode::kReadResponseLast,
+    Opcode::kReadResponseOnly,   Opcode::kAcknowledge,
+    Opcode::kAtomicAcknowledge,  Opcode::kCompareSwap,
+    Opcode::kFetchAdd,           Opcode::kSendLastInv,
+    Opcode::kSendOnlyInv,        Opcode::kCnp,
 };
 
 uint8_t op(Opcode o) {
   return static_cast<uint8_t>(o);
 }
 
+/// Every opcode the table knows (RC, UC, UD, XRC and the CNP).
+std::vector<uint8_t> known_opcodes() {
+  std::vector<uint8_t> v;
+  for (int i = 0; i < 256; ++i)
+    if (opcode_info(static_cast<uint8_t>(i))) v.push_back(static_cast<uint8_t>(i));
+  return v;
+}
+
 /// Headers with every field set to a distinctive non-default value.
-Headers sample_headers(Opcode o, uint8_t pad) {
+Headers sample_headers(uint8_t opcode, uint8_t pad) {
   Headers h;
-  h.bth.opcode = op(o);
+  h.bth.opcode = opcode;
   h.bth.solicited = true;
   h.bth.mig_req = true;
   h.bth.pad_count = pad;
@@ -44,10 +56,15 @@ Headers sample_headers(Opcode o, uint8_t pad) {
   h.aeth = {aeth_nak(NakCode::kRemoteAccessError), 0x123456};
   h.atomic = {0x1122334455667788ull, 0xcafef00d, 0xa5a5a5a55a5a5a5aull, 0x0f0f0f0ff0f0f0f0ull};
   h.atomic_ack = {0x8877665544332211ull};
+  h.deth = {0x80010000, 0x000001};
+  h.xrceth = {0x0a0b0c};
   const uint8_t imm[4] = {0x01, 0x02, 0x03, 0x04};
   std::memcpy(&h.imm_be, imm, 4);
   h.ieth_rkey = 0x89abcdef;
   return h;
+}
+Headers sample_headers(Opcode o, uint8_t pad) {
+  return sample_headers(op(o), pad);
 }
 
 /// A full UDP payload: headers, `payload_len` bytes of data, pad, ICRC 0x44332211.
@@ -78,14 +95,69 @@ TEST(OpcodeTable, KnownOpcodes) {
       EXPECT_EQ(std::popcount(info->mask & (kIsRequest | kIsResponse)), 1) << info->name;
     }
   }
-  int known = 0;
-  for (int i = 0; i < 256; ++i) known += opcode_info(static_cast<uint8_t>(i)) != nullptr;
-  EXPECT_EQ(known, 24);
+  // RC 23 + CNP + UC 12 (SEND, WRITE) + UD 2 (SEND ONLY) + XRC 23.
+  EXPECT_EQ(known_opcodes().size(), 61u);
   EXPECT_EQ(opcode_info(0x15), nullptr);
+  EXPECT_EQ(opcode_info(0x36), nullptr);  // no UC SEND_LAST_WITH_INVALIDATE
   EXPECT_EQ(opcode_info(0x1d), nullptr);  // RDMA ATOMIC WRITE: not implemented
-  EXPECT_EQ(opcode_info(0x24), nullptr);  // UC
-  EXPECT_EQ(opcode_info(0x64), nullptr);  // UD SEND_ONLY
+  EXPECT_EQ(opcode_info(0x2c), nullptr);  // no UC READ
+  EXPECT_EQ(opcode_info(0x40), nullptr);  // RD: not implemented
+  EXPECT_EQ(opcode_info(0x60), nullptr);  // no UD SEND_FIRST
   EXPECT_EQ(opcode_info(0xff), nullptr);
+  for (uint8_t o : known_opcodes()) {
+    const OpcodeInfo* info = opcode_info(o);
+    EXPECT_EQ(info->service, service_of(o)) << info->name;
+    // The operation's mask bits are the same in every service; only the ETHs differ.
+    if (info->service == Service::kCnp) continue;
+    const OpcodeInfo* rc = opcode_info(opcode_of(Service::kRc, operation_of(o)));
+    ASSERT_NE(rc, nullptr) << info->name;
+    EXPECT_EQ(info->mask & ~(kHasDeth | kHasXrceth), rc->mask) << info->name;
+    EXPECT_EQ((info->mask & kHasXrceth) != 0,
+              info->service == Service::kXrc && (info->mask & kIsRequest))
+        << info->name;
+    EXPECT_EQ((info->mask & kHasDeth) != 0, info->service == Service::kUd) << info->name;
+  }
+}
+
+TEST(OpcodeTable, OtherServicesRows) {
+  struct Expect {
+    uint8_t opcode;
+    const char* name;
+    uint8_t bytes;
+  };
+  const Expect rows[] = {
+      {0x20, "UC_SEND_FIRST", 12},         {0x2b, "UC_RDMA_WRITE_ONLY_WITH_IMMEDIATE", 32},
+      {0x64, "UD_SEND_ONLY", 20},          {0x65, "UD_SEND_ONLY_WITH_IMMEDIATE", 24},
+      {0xa0, "XRC_SEND_FIRST", 16},        {0xab, "XRC_RDMA_WRITE_ONLY_WITH_IMMEDIATE", 36},
+      {0xac, "XRC_RDMA_READ_REQUEST", 32}, {0xb0, "XRC_RDMA_READ_RESPONSE_ONLY", 16},
+      {0xb1, "XRC_ACKNOWLEDGE", 16},       {0xb3, "XRC_COMPARE_SWAP", 44},
+  };
+  for (const Expect& e : rows) {
+    const OpcodeInfo* info = opcode_info(e.opcode);
+    ASSERT_NE(info, nullptr) << e.name;
+    EXPECT_STREQ(info->name, e.name);
+    EXPECT_EQ(info->header_bytes, e.bytes) << e.name;
+  }
+}
+
+// UD SEND ONLY with immediate: BTH, DETH (Q_Key, reserved, source QP), ImmDt; XRC WRITE
+// ONLY: BTH, XRCETH (reserved, SRQ number), RETH — byte by byte.
+TEST(Encode, DethAndXrcethLayout) {
+  Headers h = sample_headers(0x65, 0);
+  h.deth = {0x11111111, 0xabcdef};
+  std::array<uint8_t, 24> b{};
+  b.fill(0xee);
+  ASSERT_EQ(encode_headers(h, b), 24u);
+  const std::array<uint8_t, 12> want = {0x11, 0x11, 0x11, 0x11, 0x00, 0xab,
+                                        0xcd, 0xef, 0x01, 0x02, 0x03, 0x04};
+  EXPECT_EQ(0, std::memcmp(b.data() + 12, want.data(), want.size()));
+  h = sample_headers(0xaa, 0);
+  h.xrceth.srqn = 0xff123456;  // masked to 24 bits
+  std::array<uint8_t, 32> x{};
+  x.fill(0xee);
+  ASSERT_EQ(encode_headers(h, x), 32u);
+  const std::array<uint8_t, 8> want_x = {0x00, 0x12, 0x34, 0x56, 0x01, 0x23, 0x45, 0x67};
+  EXPECT_EQ(0, std::memcmp(x.data() + 12, want_x.data(), want_x.size()));
 }
 
 TEST(OpcodeTable, Rows) {
@@ -173,8 +245,8 @@ TEST(Cnp, EncodesAsAnnexA17AndParsesBack) {
 }
 
 TEST(Parse, RoundTripEveryOpcode) {
-  for (Opcode o : kAllOpcodes) {
-    const OpcodeInfo* info = opcode_info(op(o));
+  for (uint8_t o : known_opcodes()) {
+    const OpcodeInfo* info = opcode_info(o);
     const bool payload = info->mask & kHasPayload;
     for (size_t len :
          payload ? std::vector<size_t>{0, 1, 2, 3, 4, 5, 1024, 4096} : std::vector<size_t>{0}) {
@@ -188,7 +260,7 @@ TEST(Parse, RoundTripEveryOpcode) {
       EXPECT_EQ(p.payload.size(), len);
       EXPECT_EQ(p.payload.data(), pkt.data() + info->header_bytes);
       const Bth& b = p.hdr.bth;
-      EXPECT_EQ(b.opcode, op(o));
+      EXPECT_EQ(b.opcode, o);
       EXPECT_TRUE(b.solicited);
       EXPECT_TRUE(b.mig_req);
       EXPECT_EQ(b.pad_count, pad);
@@ -228,6 +300,9 @@ TEST(Parse, RoundTripEveryOpcode) {
       }
       EXPECT_EQ(p.hdr.imm_be, (info->mask & kHasImmDt) ? h.imm_be : 0u);
       EXPECT_EQ(p.hdr.ieth_rkey, (info->mask & kHasIeth) ? h.ieth_rkey : 0u);
+      EXPECT_EQ(p.hdr.deth.qkey, (info->mask & kHasDeth) ? h.deth.qkey : 0u);
+      EXPECT_EQ(p.hdr.deth.src_qpn, (info->mask & kHasDeth) ? h.deth.src_qpn : 0u);
+      EXPECT_EQ(p.hdr.xrceth.srqn, (info->mask & kHasXrceth) ? h.xrceth.srqn : 0u);
       for (size_t i = 0; i < len; ++i) ASSERT_EQ(p.payload[i], static_cast<uint8_t>(i));
 
       // Re-encoding the parsed headers reproduces the bytes.
@@ -286,7 +361,7 @@ TEST(Encode, WireLayout) {
 }
 
 // SEND ONLY with invalidate: the IETH (IBTA vol 1, 9.3.7) is the R_Key, big-endian, right
-// after the BTH; the payload follows it.
+// after the BTH (after the XRCETH in XRC); the payload follows it.
 TEST(Encode, IethFollowsBth) {
   Headers h = sample_headers(Opcode::kSendOnlyInv, 0);
   const std::vector<uint8_t> pkt = build(h, 4);
@@ -296,6 +371,9 @@ TEST(Encode, IethFollowsBth) {
   EXPECT_EQ(pkt[14], 0xcd);
   EXPECT_EQ(pkt[15], 0xef);
   EXPECT_EQ(pkt[16], 0);  // payload byte 0
+  const OpcodeInfo* x = opcode_info(0xb7);
+  ASSERT_NE(x, nullptr);
+  EXPECT_STREQ(x->name, "XRC_SEND_ONLY_WITH_INVALIDATE");
 }
 
 TEST(Encode, RejectsUnknownOrShort) {
@@ -326,8 +404,8 @@ TEST(Encode, MasksOversizedFields) {
 }
 
 TEST(Parse, TruncatedAtEveryLength) {
-  for (Opcode o : kAllOpcodes) {
-    const OpcodeInfo* info = opcode_info(op(o));
+  for (uint8_t o : known_opcodes()) {
+    const OpcodeInfo* info = opcode_info(o);
     const size_t len = (info->mask & kHasPayload) ? 5 : 0;
     const std::vector<uint8_t> pkt = build(sample_headers(o, pad_for(len)), len);
     // Every prefix shorter than headers + pad + ICRC is truncated; copy it so ASan sees
@@ -378,8 +456,8 @@ TEST(Parse, UnknownOpcode) {
 }
 
 TEST(Parse, PadAndLengthOnPayloadlessOpcodes) {
-  for (Opcode o : kAllOpcodes) {
-    const OpcodeInfo* info = opcode_info(op(o));
+  for (uint8_t o : known_opcodes()) {
+    const OpcodeInfo* info = opcode_info(o);
     if (info->mask & kHasPayload) continue;
     std::vector<uint8_t> pkt = build(sample_headers(o, 0), 0);
     Packet p;

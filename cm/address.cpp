@@ -1,0 +1,94 @@
+#include "cm/address.h"
+
+#include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+#include "wire/roce.h"
+
+namespace softrdma::cm {
+
+uint32_t route_source(uint32_t dst, int& err) {
+  int fd = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) {
+    err = errno;
+    return 0;
+  }
+  sockaddr_in to{};
+  make_sockaddr(to, dst, wire::kRoceV2Port);
+  uint32_t src = 0;
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&to), sizeof to) == 0) {
+    sockaddr_in me{};
+    socklen_t len = sizeof me;
+    if (::getsockname(fd, reinterpret_cast<sockaddr*>(&me), &len) == 0)
+      src = ntohl(me.sin_addr.s_addr);
+    else
+      err = errno;
+  } else {
+    err = errno;
+  }
+  ::close(fd);
+  return src;
+}
+
+bool is_local_address(uint32_t ip) {
+  if ((ip >> 24) == 127) return true;
+  ifaddrs* list = nullptr;
+  if (::getifaddrs(&list) != 0) return false;
+  bool found = false;
+  for (ifaddrs* i = list; i && !found; i = i->ifa_next)
+    if (i->ifa_addr && i->ifa_addr->sa_family == AF_INET)
+      found = ntohl(reinterpret_cast<sockaddr_in*>(i->ifa_addr)->sin_addr.s_addr) == ip;
+  ::freeifaddrs(list);
+  return found;
+}
+
+bool roce_endpoint_at(uint32_t ip) {
+  // /proc/net/udp rows: "sl local_address rem_address st ...", local_address as the
+  // hexadecimal of the 32-bit word in memory (network order read as a host integer) ":" port.
+  std::ifstream in("/proc/net/udp");
+  std::string line;
+  std::getline(in, line);  // header
+  for (int rows = 0; rows < 1'000'000 && std::getline(in, line); ++rows) {
+    std::istringstream row(line);
+    std::string sl, local;
+    if (!(row >> sl >> local)) continue;
+    unsigned addr = 0, port = 0;
+    if (std::sscanf(local.c_str(), "%8X:%4X", &addr, &port) != 2) continue;
+    if (port != wire::kRoceV2Port) continue;
+    const uint32_t bound = ntohl(addr);
+    if (bound == ip || bound == 0) return true;
+  }
+  return false;
+}
+
+std::string ip_string(uint32_t ip) {
+  char buf[INET_ADDRSTRLEN];
+  in_addr a{htonl(ip)};
+  ::inet_ntop(AF_INET, &a, buf, sizeof buf);
+  return buf;
+}
+
+bool sockaddr_ipv4(const sockaddr* sa, uint32_t& ip, uint16_t& port) {
+  if (!sa || sa->sa_family != AF_INET) return false;
+  const auto* sin = reinterpret_cast<const sockaddr_in*>(sa);
+  ip = ntohl(sin->sin_addr.s_addr);
+  port = ntohs(sin->sin_port);
+  return true;
+}
+
+void make_sockaddr(sockaddr_in& sin, uint32_t ip, uint16_t port) {
+  sin = sockaddr_in{};
+  sin.sin_family = AF_INET;
+  sin.sin_addr.s_addr = htonl(ip);
+  sin.sin_port = htons(port);
+}
+
+}  // namespace softrdma::cm

@@ -1,0 +1,269 @@
+#include "cm/cm_device.h"
+
+#include <dlfcn.h>
+#include <endian.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+#include <random>
+
+#include "base/params.h"
+#include "cm/address.h"
+#include "cm/log.h"
+
+namespace softrdma::cm {
+
+std::mutex g_mu;
+std::condition_variable g_cv;
+
+namespace {
+
+/// Every device opened so far, in opening order (the first is the default one).
+std::vector<std::unique_ptr<CmDevice>>& devices() {
+  static auto* d = new std::vector<std::unique_ptr<CmDevice>>;  // closed by close_all()
+  return *d;
+}
+
+using OpenDeviceAt = ibv_context* (*)(uint32_t);
+
+/// Linux's CMA_IBOE_PACKET_LIFETIME: the packet life time of every RoCE path record.
+constexpr uint8_t kRocePacketLifeTime = 16;
+
+uint32_t context_ip(ibv_context* ctx) {
+  ibv_gid gid{};
+  if (ibv_query_gid(ctx, 1, 0, &gid) != 0) return 0;
+  return uint32_t(gid.raw[12]) << 24 | uint32_t(gid.raw[13]) << 16 | uint32_t(gid.raw[14]) << 8 |
+         gid.raw[15];
+}
+
+CmConfig config_for(const ibv_device_attr& attr) {
+  CmConfig c;
+  c.ca_guid = be64toh(attr.node_guid);
+  c.ca_ack_delay = attr.local_ca_ack_delay;
+  c.packet_life_time = kRocePacketLifeTime;
+  int64_t timeout = c.response_timeout, retries = c.max_retries;
+  std::string error;
+  if (!params::read_integer(params::kCmResponseTimeout, timeout, error) ||
+      !params::read_integer(params::kCmRetries, retries, error))
+    log().warn("{} (using the default)", error);
+  c.response_timeout = uint8_t(timeout);
+  c.max_retries = uint8_t(retries);
+  return c;
+}
+
+/// At unload (process exit) the kernel's rdma_cm would tear down the process's connections:
+/// do the same — REJ, DREQ or DREP to every peer — so peers do not wait out their retries.
+/// Best effort: another thread may hold g_mu while the process exits.
+struct Unload {
+  ~Unload() {
+    for (int i = 0; i < 200; ++i) {
+      if (g_mu.try_lock()) {
+        release_all_connections_locked();
+        g_mu.unlock();
+        return;
+      }
+      ::usleep(1000);
+    }
+  }
+} g_unload;
+
+}  // namespace
+
+int library_init() {
+  static const int result = [] {
+    const bool open_at = ::dlsym(RTLD_DEFAULT, "softrdma_open_device_at") != nullptr;
+    const bool qp1 = ::dlsym(RTLD_DEFAULT, "softrdma_create_qp1") != nullptr;
+    if (open_at && qp1) return 0;
+    std::fprintf(stderr,
+                 "librdmacm (softrdma): this RDMA-CM needs softrdma's libibverbs.so.1 and its "
+                 "private hooks (missing: %s): the libibverbs.so.1 loaded is another one, or an "
+                 "older softrdma. Run the program with `softrdma run`, or put softrdma's "
+                 "build/lib first in LD_LIBRARY_PATH.\n",
+                 !open_at && !qp1 ? "softrdma_open_device_at and softrdma_create_qp1"
+                 : !open_at       ? "softrdma_open_device_at"
+                                  : "softrdma_create_qp1 (QP1, the GSI)");
+    return ENODEV;
+  }();
+  return result;
+}
+
+CmDevice* CmDevice::get_locked(uint32_t ip, int& err) {
+  auto& devs = devices();
+  if (ip == 0 && !devs.empty()) return devs.front().get();
+  for (auto& d : devs)
+    if (d->ip_ == ip) return d.get();
+  if ((err = library_init())) return nullptr;
+
+  ibv_context* ctx = nullptr;
+  if (ip == 0) {
+    int n = 0;
+    ibv_device** list = ibv_get_device_list(&n);
+    if (list && n > 0) ctx = ibv_open_device(list[0]);
+    err = ctx ? 0 : (errno ? errno : ENODEV);
+    if (list) ibv_free_device_list(list);
+  } else {
+    if (!is_local_address(ip)) {
+      err = EADDRNOTAVAIL;
+      return nullptr;
+    }
+    auto open_at = reinterpret_cast<OpenDeviceAt>(::dlsym(RTLD_DEFAULT, "softrdma_open_device_at"));
+    ctx = open_at(ip);
+    if (!ctx) err = errno ? errno : ENODEV;
+  }
+  if (!ctx) {
+    log().error("cannot open a softrdma device{}: {}", ip ? " at " + ip_string(ip) : "",
+                std::strerror(err));
+    return nullptr;
+  }
+  const uint32_t got = context_ip(ctx);
+  for (auto& d : devs)  // the default device may be one we already have
+    if (d->ip_ == got) {
+      ibv_close_device(ctx);
+      return d.get();
+    }
+
+  std::unique_ptr<CmDevice> d(new CmDevice);
+  d->ctx_ = ctx;
+  d->ip_ = got;
+  ibv_port_attr port{};
+  if (ibv_query_device(ctx, &d->attr_) != 0 || ibv_query_port(ctx, 1, &port) != 0 ||
+      !(d->pd_ = ibv_alloc_pd(ctx))) {
+    err = errno ? errno : EIO;
+    log().error("cannot query or use the device at {}: {}", ip_string(got), std::strerror(err));
+    ibv_close_device(ctx);
+    return nullptr;
+  }
+  d->active_mtu_ = uint8_t(port.active_mtu);
+  std::string error;
+  d->transport_ = VerbsMadTransport::create(ctx, error, err);
+  if (!d->transport_) {
+    log().error("{}", error);
+    if (err == ENOSYS) std::fprintf(stderr, "librdmacm (softrdma): %s\n", error.c_str());
+    ibv_dealloc_pd(d->pd_);
+    ibv_close_device(ctx);
+    return nullptr;
+  }
+  d->cm_ = std::make_unique<CommManager>(*d->transport_, config_for(d->attr_));
+  d->wake_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  d->thread_ = std::thread([dev = d.get()] { dev->run(); });
+  log().info("RDMA-CM on {} (QP1 ready; response timeout {}, {} retries)", ip_string(got),
+             d->cm_->config().response_timeout, d->cm_->config().max_retries);
+  devs.push_back(std::move(d));
+  return devs.back().get();
+}
+
+std::vector<CmDevice*> CmDevice::all_locked() {
+  std::vector<CmDevice*> out;
+  for (auto& d : devices()) out.push_back(d.get());
+  return out;
+}
+
+void CmDevice::close_all() {
+  std::vector<std::unique_ptr<CmDevice>> devs;
+  {
+    std::lock_guard lk(g_mu);
+    devs.swap(devices());
+  }
+  devs.clear();  // joins the threads outside g_mu (they take it)
+}
+
+CmDevice::~CmDevice() {
+  stop_ = true;
+  kick();
+  if (thread_.joinable()) thread_.join();
+  cm_.reset();
+  transport_.reset();
+  if (xrcd_) ibv_close_xrcd(xrcd_);
+  if (pd_) ibv_dealloc_pd(pd_);
+  if (ctx_) ibv_close_device(ctx_);
+  if (wake_fd_ >= 0) ::close(wake_fd_);
+}
+
+ibv_xrcd* CmDevice::xrcd() {
+  std::lock_guard lk(g_mu);
+  if (!xrcd_) {
+    ibv_xrcd_init_attr a{};
+    a.comp_mask = IBV_XRCD_INIT_ATTR_FD | IBV_XRCD_INIT_ATTR_OFLAGS;
+    a.fd = -1;
+    a.oflags = O_CREAT;
+    xrcd_ = ibv_open_xrcd(ctx_, &a);
+  }
+  return xrcd_;
+}
+
+void CmDevice::kick() {
+  uint64_t one = 1;
+  if (wake_fd_ < 0) return;
+  ssize_t n = ::write(wake_fd_, &one, sizeof one);
+  (void)n;  // a full counter already wakes the thread
+}
+
+void CmDevice::run() {
+  while (!stop_) {
+    int timeout_ms = -1;
+    {
+      std::lock_guard lk(g_mu);
+      if (auto d = cm_->next_deadline()) {
+        const uint64_t now = transport_->now_ns();
+        timeout_ms =
+            *d <= now ? 0 : int(std::min<uint64_t>((*d - now + 999'999) / 1'000'000, 60'000));
+      }
+    }
+    pollfd fds[2] = {{transport_->event_fd(), POLLIN, 0}, {wake_fd_, POLLIN, 0}};
+    ::poll(fds, 2, timeout_ms);
+    if (stop_) break;
+    if (fds[1].revents & POLLIN) {
+      uint64_t v;
+      ssize_t n = ::read(wake_fd_, &v, sizeof v);
+      (void)n;
+    }
+    std::lock_guard lk(g_mu);
+    transport_->arm();  // before polling: a completion after this raises a new event
+    transport_->poll(
+        [this](std::span<const uint8_t> mad, const MadAddress& from) { cm_->on_mad(mad, from); });
+    cm_->on_timer();
+  }
+}
+
+int CmDevice::reserve_port(uint16_t ps, uint16_t& port, IdPriv* id) {
+  if (port == 0) {
+    // An ephemeral port, as Linux's cma_alloc_any_port: random start in the local range.
+    static thread_local std::minstd_rand rng{std::random_device{}()};
+    constexpr uint16_t kLow = 32768, kHigh = 60999;
+    const uint16_t start = uint16_t(kLow + rng() % (kHigh - kLow + 1));
+    for (uint32_t i = 0; i <= kHigh - kLow; ++i) {
+      const uint16_t p = uint16_t(kLow + (start - kLow + i) % (kHigh - kLow + 1));
+      if (!ports_.count({ps, p})) {
+        port = p;
+        break;
+      }
+    }
+    if (port == 0) return EADDRINUSE;
+  }
+  auto& holders = ports_[{ps, port}];
+  for (IdPriv* h : holders)
+    if (!h->reuseaddr || !id->reuseaddr || h->state == IdState::kListen) {
+      if (holders.empty()) ports_.erase({ps, port});
+      return EADDRINUSE;
+    }
+  holders.push_back(id);
+  return 0;
+}
+
+void CmDevice::release_port(uint16_t ps, uint16_t port, IdPriv* id) {
+  auto it = ports_.find({ps, port});
+  if (it == ports_.end()) return;
+  std::erase(it->second, id);
+  if (it->second.empty()) ports_.erase(it);
+}
+
+const std::vector<IdPriv*>* CmDevice::port_holders(uint16_t ps, uint16_t port) const {
+  auto it = ports_.find({ps, port});
+  return it == ports_.end() ? nullptr : &it->second;
+}
+
+}  // namespace softrdma::cm
