@@ -128,6 +128,15 @@ inline constexpr Param kParams[] = {
             "requests carry a reserved BTH bit; a responder with it on keeps WRITE segments "
             "that arrive out of order and NAKs only the missing PSNs. 0: go-back-N only, as "
             "with any other RoCE peer"},
+    {.name = "SOFTRDMA_FAULT_GUARD",
+     .group = Group::kDevice,
+     .kind = Kind::kFlag,
+     .default_value = 1,
+     .default_text = "1",
+     .doc = "copies into and out of registered memory survive memory unmapped since "
+            "registration (a SIGSEGV/SIGBUS handler; the access fails with a remote access "
+            "error). 0: plain copies, no handler (for programs whose own SIGSEGV handler must "
+            "see every fault)"},
     {.name = "SOFTRDMA_CC",
      .group = Group::kDevice,
      .kind = Kind::kChoice,
@@ -501,6 +510,7 @@ inline constexpr const Param& kGso = by_name("SOFTRDMA_GSO");
 inline constexpr const Param& kSpinUs = by_name("SOFTRDMA_SPIN_US");
 inline constexpr const Param& kSelectiveRetx = by_name("SOFTRDMA_SELECTIVE_RETX");
 inline constexpr const Param& kCc = by_name("SOFTRDMA_CC");
+inline constexpr const Param& kFaultGuard = by_name("SOFTRDMA_FAULT_GUARD");
 inline constexpr const Param& kCclAlgo = by_name("SOFTRDMA_CCL_ALGO");
 inline constexpr const Param& kCclSite = by_name("SOFTRDMA_CCL_SITE");
 inline constexpr const Param& kCclWanCompress = by_name("SOFTRDMA_CCL_WAN_COMPRESS");

@@ -6,6 +6,7 @@
 #include "engine/cq.h"
 #include "engine/log.h"
 #include "engine/qp.h"
+#include "net/fault_guard.h"
 
 namespace softrdma::engine::completer {
 
@@ -188,8 +189,9 @@ void on_ack(QueuePair& qp, const wire::Packet& pkt, Transport& t) {
   }
 }
 
-// Copies `data` into the WQE's local buffers at byte `offset`.
-void scatter(SendWqe& w, uint64_t offset, std::span<const uint8_t> data) {
+// Copies `data` into the WQE's local buffers at byte `offset`. False when a buffer was
+// unmapped since registration (the copy faulted; net/fault_guard.h).
+bool scatter(SendWqe& w, uint64_t offset, std::span<const uint8_t> data) {
   size_t done = 0;
   for (const iovec& v : w.local) {
     if (done == data.size()) break;
@@ -198,10 +200,20 @@ void scatter(SendWqe& w, uint64_t offset, std::span<const uint8_t> data) {
       continue;
     }
     size_t take = std::min<size_t>(v.iov_len - offset, data.size() - done);
-    std::memcpy(static_cast<uint8_t*>(v.iov_base) + offset, data.data() + done, take);
+    if (!net::guarded_copy(static_cast<uint8_t*>(v.iov_base) + offset, data.data() + done, take))
+      return false;
     done += take;
     offset = 0;
   }
+  return true;
+}
+
+// A READ response or atomic result found its local buffer unmapped: a local protection
+// error of that WQE (IBTA 10.6.3; rxe's copy_data failure), the QP to ERR.
+void fail_local_buffer(QueuePair& qp, Transport& t) {
+  bump(t.counters().local_access_faults);
+  log().debug("qp {:#x}: local buffer of WQE {} unmapped", qp.qpn(), qp.sq_base);
+  qp.enter_error(WcStatus::kLocProtErr);
 }
 
 // The WQE a READ response or atomic ACK at `pkt`'s PSN answers, or nullptr when the packet
@@ -233,7 +245,7 @@ void on_read_response(QueuePair& qp, const wire::Packet& pkt, Transport& t) {
     bump(t.counters().rcvd_malformed);  // wrong size for its PSN: drop, the timer recovers
     return;
   }
-  scatter(*w, offset, pkt.payload);
+  if (!scatter(*w, offset, pkt.payload)) return fail_local_buffer(qp, t);
   qp.comp.psn = psn_add(psn, 1);
   note_progress(qp, t, psn);
   if (last) qp.retire_send(WcStatus::kSuccess, static_cast<uint32_t>(w->length));
@@ -245,7 +257,7 @@ void on_atomic_ack(QueuePair& qp, const wire::Packet& pkt, Transport& t) {
   const uint64_t orig = pkt.hdr.atomic_ack.orig;
   uint8_t bytes[8];
   std::memcpy(bytes, &orig, sizeof bytes);  // host order, as the CPU would read it
-  scatter(*w, 0, bytes);
+  if (!scatter(*w, 0, bytes)) return fail_local_buffer(qp, t);
   qp.comp.psn = psn_add(pkt.hdr.bth.psn, 1);
   note_progress(qp, t, pkt.hdr.bth.psn);
   qp.retire_send(WcStatus::kSuccess, 8);

@@ -63,6 +63,8 @@ namespace softrdma::engine {
   X(dcqcn_rate_cuts, "DCQCN rate cuts (CNPs that lowered a QP's rate)")                            \
   X(paced_waits, "times a requester waited for its DCQCN pacer")                                   \
   X(resend_again_pkts, "lost resends sent again ~1.5 RTT after the resend (selective)")            \
+  X(resp_access_faults, "requests NAKed: their target memory was unmapped since registration")     \
+  X(local_access_faults, "local buffers found unmapped: WQE in error or packet not sent")          \
   X(send_err, "sendmsg failures")                                                                  \
   X(sent_gso_batches, "UDP GSO sends (several RoCEv2 packets in one sendmsg)")                     \
   X(sent_shm_pkts, "packets sent through the same-host shared-memory path")                        \

@@ -101,6 +101,20 @@ int CompletionQueue::poll(int n, Cqe* out, CompletionTime* times) {
   return pop_locked(n, out, times);
 }
 
+void CompletionQueue::purge_qp(uint32_t qpn) {
+  std::lock_guard lk(mu_);
+  size_t kept = 0;
+  for (size_t i = 0; i < count_; ++i) {
+    const size_t from = (head_ + i) % ring_.size();
+    if (ring_[from].qp_num == qpn) continue;
+    const size_t to = (head_ + kept) % ring_.size();
+    ring_[to] = ring_[from];
+    if (!times_.empty()) times_[to] = times_[from];
+    ++kept;
+  }
+  count_ = kept;
+}
+
 int CompletionQueue::request_notify(bool solicited_only) {
   std::lock_guard lk(mu_);
   // Arming for all completions overrides a solicited-only arm, never the reverse.

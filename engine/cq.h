@@ -72,6 +72,11 @@ class CompletionQueue {
   /// Call before the CQ is used.
   void record_completion_times();
 
+  /// Removes every CQE of QP `qpn` not polled yet (the QP went back to RESET: its stale
+  /// completions, e.g. the flushed receives of its ERR state, must not reach the reused
+  /// QP's poller — mlx5's and mlx4's modify to RESET clean the CQs the same way).
+  void purge_qp(uint32_t qpn);
+
   /// Arms the CQ: the next completion (or next solicited receive completion when
   /// `solicited_only`) fires one event on the channel. Returns 0.
   int request_notify(bool solicited_only);

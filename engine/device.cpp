@@ -23,7 +23,9 @@
 #include "engine/cq.h"
 #include "engine/log.h"
 #include "engine/memory.h"
+#include "engine/mw.h"
 #include "engine/qp.h"
+#include "net/fault_guard.h"
 #include "wire/icrc.h"
 
 namespace softrdma::engine {
@@ -79,6 +81,7 @@ bool DeviceConfig::from_environment(DeviceConfig& out, std::string& error) {
       !params::read_integer(params::kSpinUs, spin_us, error) ||
       !params::read_flag(params::kGso, c.udp_offload, error) ||
       !params::read_flag(params::kSelectiveRetx, c.selective_retx, error) ||
+      !params::read_flag(params::kFaultGuard, c.fault_guard, error) ||
       !params::read_text(params::kCc, cc, error))
     return false;
   if (cc == "dcqcn")
@@ -122,6 +125,8 @@ bool DeviceConfig::from_environment(DeviceConfig& out, std::string& error) {
 }
 
 std::unique_ptr<Device> Device::open(const DeviceConfig& cfg, int& err) {
+  // Copies into and out of registered memory survive memory unmapped since registration.
+  if (cfg.fault_guard) net::install_fault_guard();
   std::unique_ptr<Device> d(new Device());
   err = 0;
   if (cfg.ip) {
@@ -269,7 +274,8 @@ void Device::timer_armed(QueuePair& qp, uint64_t deadline_ns) {
 bool Device::reserve(ObjectKind kind) {
   static constexpr uint32_t kLimit[] = {DeviceLimits::kMaxPd,  DeviceLimits::kMaxCq,
                                         DeviceLimits::kMaxQp,  DeviceLimits::kMaxMr,
-                                        DeviceLimits::kMaxSrq, DeviceLimits::kMaxAh};
+                                        DeviceLimits::kMaxSrq, DeviceLimits::kMaxAh,
+                                        DeviceLimits::kMaxMw};
   static_assert(std::size(kLimit) == static_cast<size_t>(ObjectKind::kCount));
   std::atomic<uint32_t>& n = objects_[static_cast<size_t>(kind)];
   uint32_t cur = n.load(std::memory_order_relaxed);
@@ -322,25 +328,53 @@ SharedReceiveQueue* Device::find_srq(uint32_t srqn) {
   return it == srqs_.end() ? nullptr : it->second;
 }
 
-uint32_t Device::register_mr(MemoryRegion* mr) {
-  // key = index << 8 | 8 random bits, so a stale key is unlikely to match a new MR.
-  static thread_local std::minstd_rand rng{std::random_device{}()};
-  uint32_t key;
+uint32_t Device::allocate_key_index() {
+  uint32_t index;
   do {
-    key = (next_mr_index_++ << 8) | (rng() & 0xff);
+    index = next_mr_index_++;
     if (next_mr_index_ >= (1u << 24)) next_mr_index_ = 1;
-  } while (mrs_.count(key));
-  mrs_[key] = mr;
-  return key;
+  } while (keys_.count(index));
+  return index;
+}
+
+// key = index << 8 | 8 random bits, so a stale key is unlikely to match a new MR or MW.
+namespace {
+uint32_t random_key_byte() {
+  static thread_local std::minstd_rand rng{std::random_device{}()};
+  return rng() & 0xff;
+}
+}  // namespace
+
+uint32_t Device::register_mr(MemoryRegion* mr) {
+  const uint32_t index = allocate_key_index();
+  keys_[index].mr = mr;
+  return (index << 8) | random_key_byte();
 }
 
 void Device::unregister_mr(uint32_t key) {
-  mrs_.erase(key);
+  keys_.erase(key >> 8);
+}
+
+uint32_t Device::register_mw(MemoryWindow* mw) {
+  const uint32_t index = allocate_key_index();
+  keys_[index].mw = mw;
+  return (index << 8) | random_key_byte();
+}
+
+void Device::unregister_mw(uint32_t rkey) {
+  keys_.erase(rkey >> 8);
 }
 
 MemoryRegion* Device::find_mr(uint32_t key) {
-  auto it = mrs_.find(key);
-  return it == mrs_.end() ? nullptr : it->second;
+  auto it = keys_.find(key >> 8);
+  if (it == keys_.end() || !it->second.mr || it->second.mr->key() != key) return nullptr;
+  return it->second.mr;
+}
+
+MemoryWindow* Device::find_mw(uint32_t rkey) {
+  auto it = keys_.find(rkey >> 8);
+  if (it == keys_.end() || !it->second.mw || it->second.mw->rkey() != rkey) return nullptr;
+  return it->second.mw;
 }
 
 bool Device::congestion_control(uint32_t dst_ip, DcqcnParams& out) const {

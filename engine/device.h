@@ -89,11 +89,14 @@ struct DeviceConfig {
   uint64_t spin_ns = 20'000;
   /// Selective retransmission with softrdma peers that ask for it (SOFTRDMA_SELECTIVE_RETX).
   bool selective_retx = true;
+  /// SOFTRDMA_FAULT_GUARD: install the fault guard (net/fault_guard.h) when the device opens.
+  bool fault_guard = true;
   /// Congestion control of this device's requesters (SOFTRDMA_CC).
   CongestionControl cc = CongestionControl::kAuto;
 
   /// Reads SOFTRDMA_ADDR, SOFTRDMA_NETEM, SOFTRDMA_WAN, SOFTRDMA_PCAP, SOFTRDMA_GSO,
-  /// SOFTRDMA_SPIN_US, SOFTRDMA_SELECTIVE_RETX, SOFTRDMA_CC and SOFTRDMA_TRANSPORT. Returns false
+  /// SOFTRDMA_SPIN_US, SOFTRDMA_SELECTIVE_RETX, SOFTRDMA_FAULT_GUARD, SOFTRDMA_CC and
+  /// SOFTRDMA_TRANSPORT. Returns false
   /// with `error` set when a variable is malformed.
   static bool from_environment(DeviceConfig& out, std::string& error);
 };
@@ -117,7 +120,7 @@ enum class RxCheck : uint8_t {
 const char* to_string(RxCheck c);
 
 /// Kinds of object counted against the limits query_device reports (DeviceLimits).
-enum class ObjectKind : uint8_t { kPd, kCq, kQp, kMr, kSrq, kAh, kCount };
+enum class ObjectKind : uint8_t { kPd, kCq, kQp, kMr, kSrq, kAh, kMw, kCount };
 
 /// One device. Created by open(); objects (PD, MR, CQ, QP) reference it and must be
 /// destroyed before it.
@@ -158,6 +161,8 @@ class Device final : public Transport, public ObjectRegistry {
   void unregister_qp(uint32_t qpn) override;
   uint32_t register_mr(MemoryRegion* mr) override;  ///< returns the new key
   void unregister_mr(uint32_t key) override;
+  uint32_t register_mw(MemoryWindow* mw) override;  ///< returns the first R_Key
+  void unregister_mw(uint32_t rkey) override;
   uint32_t register_srq(SharedReceiveQueue* srq) override;  ///< returns the new SRQ number
   void unregister_srq(uint32_t srqn) override;
   Transport& transport() override { return *this; }
@@ -166,6 +171,7 @@ class Device final : public Transport, public ObjectRegistry {
   void transmit(wire::Headers h, uint32_t dst_ip, std::span<const iovec> payload,
                 uint32_t payload_len) override;
   MemoryRegion* find_mr(uint32_t key) override;
+  MemoryWindow* find_mw(uint32_t rkey) override;
   SharedReceiveQueue* find_srq(uint32_t srqn) override;
   uint64_t now_ns() override;
   void timer_armed(QueuePair& qp, uint64_t deadline_ns) override;
@@ -239,7 +245,10 @@ class Device final : public Transport, public ObjectRegistry {
     uint32_t dest_qpn;
     uint32_t psn;
   };
-  void compute_icrc(TxSlot& s);  // over the slot's gather list, for IPv4 id 0
+  /// The slot's ICRC for IPv4 id 0, once; false when its payload faulted (memory unmapped
+  /// since registration): the packet must not be sent.
+  bool compute_icrc(TxSlot& s);
+  void crc_slot(TxSlot& s);  // compute_icrc's work, under the fault guard
   enum class ShmOutcome : uint8_t { kSent, kQueued, kUseUdp, kDropped, kRingFull };
   /// One packet to `dst_ip` through the same-host rings (counted, captured when sent):
   /// kUseUdp when the peer has no mailbox and UDP is allowed; kQueued when it waits in the
@@ -307,11 +316,20 @@ class Device final : public Transport, public ObjectRegistry {
 
   std::atomic<uint32_t> objects_[static_cast<size_t>(ObjectKind::kCount)] = {};
   std::unordered_map<uint32_t, QueuePair*> qps_;
-  std::unordered_map<uint32_t, MemoryRegion*> mrs_;
-  std::unordered_map<uint32_t, SharedReceiveQueue*> srqs_;
+  /// The key table: key index (key >> 8) → the MR or MW that holds it. MRs and MWs share the
+  /// index space, so an R_Key names one object; the low 8 bits must match the object's
+  /// current key (a type 2 window changes them at each bind).
+  struct KeyEntry {
+    MemoryRegion* mr = nullptr;
+    MemoryWindow* mw = nullptr;
+  };
+  std::unordered_map<uint32_t, KeyEntry> keys_;
   uint32_t next_qpn_ = 0;
   uint32_t next_mr_index_ = 1;
+  std::unordered_map<uint32_t, SharedReceiveQueue*> srqs_;
   uint32_t next_srqn_ = 1;
+  /// A free key index (device lock held).
+  uint32_t allocate_key_index();
 
   std::vector<uint32_t> ack_dirty_;  // QPNs with a coalesced ACK to send after this batch
   uint64_t next_deadline_ns_ = 0;    // earliest queued QP timer (0: none)

@@ -24,6 +24,7 @@
 #include "engine/log.h"
 #include "engine/memory.h"
 #include "engine/qp.h"
+#include "net/fault_guard.h"
 #include "wire/icrc.h"
 
 namespace softrdma::engine {
@@ -64,8 +65,24 @@ void Device::transmit(wire::Headers h, uint32_t dst_ip, std::span<const iovec> p
   bump(counters_->sent_bytes, udp_len);
 }
 
-void Device::compute_icrc(TxSlot& s) {
-  if (s.icrc_done) return;
+bool Device::compute_icrc(TxSlot& s) {
+  if (s.icrc_done) return true;
+  // The payload is read from registered memory, which may have been unmapped since (net/
+  // fault_guard.h): the packet is then not sent, and counted.
+  struct Args {
+    Device* dev;
+    TxSlot* slot;
+  } a{this, &s};
+  if (!net::guarded_call(
+          [](void* v) { static_cast<Args*>(v)->dev->crc_slot(*static_cast<Args*>(v)->slot); },
+          &a)) {
+    bump(counters_->local_access_faults);
+    return false;
+  }
+  return true;
+}
+
+void Device::crc_slot(TxSlot& s) {
   // The ICRC for IPv4 id 0, what the kernel sends from this unconnected DF socket; a
   // packet that leaves as segment k of a GSO batch gets its ICRC moved to id k.
   wire::Ipv4UdpTuple tuple;
@@ -182,6 +199,10 @@ void Device::deliver_recv_completion(CompletionQueue& cq, const Cqe& cqe, bool s
 Device::ShmOutcome Device::send_shm(uint32_t dst_ip, std::span<const iovec> iov, bool ce) {
   const net::ShmSendResult r = shm_.send(dst_ip, iov.data(), iov.size(), ce);
   if (r == net::ShmSendResult::kNoPeer && path_ != PacketPath::kShm) return ShmOutcome::kUseUdp;
+  if (r == net::ShmSendResult::kFault) {
+    bump(counters_->local_access_faults);  // payload memory unmapped since registration
+    return ShmOutcome::kDropped;
+  }
   if (r == net::ShmSendResult::kQueued) bump(counters_->shm_backlogged);
   if (r != net::ShmSendResult::kSent && r != net::ShmSendResult::kQueued) {
     // A full ring, or (SOFTRDMA_TRANSPORT=shm) no mailbox: lost, as a full socket buffer
@@ -227,7 +248,7 @@ void Device::send_queued() {
     // No ICRC on the same-host path: shared memory has no bit errors, and a peer that could
     // forge a record could compute an ICRC as well; the engine's other checks all apply. It
     // is computed only for the capture file, which must decode as on the wire.
-    if (pcap_) compute_icrc(s);
+    if (pcap_ && !compute_icrc(s)) continue;  // unmapped payload: not sent
     const uint32_t icrc = pcap_ ? s.icrc : 0;
     for (int b = 0; b < 4; ++b) s.trailer[s.pad + b] = static_cast<uint8_t>(icrc >> (8 * b));
     switch (send_shm(s.dst_ip, s.iov, s.ce)) {
@@ -248,6 +269,9 @@ void Device::send_queued() {
         break;
     }
   }
+  // The ICRC of each UDP packet, first: a packet whose payload faults is dropped here, so
+  // the GSO runs below are built from packets that will be sent.
+  std::erase_if(udp_slots_, [&](size_t k) { return !compute_icrc(tx_[k]); });
   if (shm_sent || !udp_slots_.empty()) {
     const uint64_t now = now_ns();
     if (shm_sent) shm_.ring_doorbells(now);
@@ -320,7 +344,10 @@ bool Device::shape_queued(uint64_t now) {
     TxSlot& s = tx_[k];
     // A held packet leaves later on its own, as a lone datagram (IPv4 id 0): its copy
     // carries that ICRC (the same-host path ignores it).
-    compute_icrc(s);
+    if (!compute_icrc(s)) {
+      s.taken = true;  // unmapped payload: dropped
+      continue;
+    }
     for (int b = 0; b < 4; ++b) s.trailer[s.pad + b] = static_cast<uint8_t>(s.icrc >> (8 * b));
     bool ce = false;
     const net::WanVerdict v = wan_.submit(s.dst_ip, s.iov.data(), s.iov.size(), s.udp_len, now, ce);

@@ -26,6 +26,7 @@ class ProtectionDomain {
 
 /// A registered memory region: host memory [host, host+length) addressed by the peer as
 /// [iova, iova+length), with access rights. lkey == rkey (one key, as rxe does).
+/// ibv_rereg_mr changes translation, PD or rights in place (rereg()); the key stays.
 class MemoryRegion {
  public:
   /// Registers and publishes the MR in the device's key table. Check arguments with
@@ -36,15 +37,35 @@ class MemoryRegion {
   MemoryRegion& operator=(const MemoryRegion&) = delete;
 
   /// Checks reg_mr arguments as verbs does: EINVAL for REMOTE_WRITE/REMOTE_ATOMIC without
-  /// LOCAL_WRITE, unknown access bits, or a null address with non-zero length.
+  /// LOCAL_WRITE, unknown access bits, or a null address with non-zero length (except the
+  /// implicit on-demand MR: NULL, SIZE_MAX, IBV_ACCESS_ON_DEMAND); EOPNOTSUPP for
+  /// IBV_ACCESS_ZERO_BASED.
   static Status validate(const void* host, uint64_t length, uint32_t access);
+  /// Whether (host, length, access) asks for the implicit on-demand MR that covers the whole
+  /// address space (ibv_reg_mr(pd, NULL, SIZE_MAX, IBV_ACCESS_ON_DEMAND), as mlx5 offers).
+  static bool is_implicit_odp(const void* host, uint64_t length, uint32_t access) {
+    return !host && length == UINT64_MAX && (access & kOnDemand);
+  }
 
-  ProtectionDomain& pd() const { return pd_; }
+  /// What ibv_rereg_mr changes (IBV_REREG_MR_CHANGE_* bits). Arguments are checked by the
+  /// caller; takes the device lock, so a request in progress sees the old or the new
+  /// region, never a mix.
+  enum ReregFlag : uint32_t { kChangeTranslation = 1, kChangePd = 2, kChangeAccess = 4 };
+  void rereg(uint32_t flags, ProtectionDomain* pd, void* host, uint64_t length, uint64_t iova,
+             uint32_t access);
+
+  ProtectionDomain& pd() const { return *pd_; }
   uint32_t key() const { return key_; }
   uint64_t iova() const { return iova_; }
   uint64_t length() const { return length_; }
   uint32_t access() const { return access_; }
   uint8_t* host() const { return host_; }
+
+  /// Memory windows bound to this region (device lock held): dereg is refused while > 0
+  /// (IBA 10.6.7.2.6, as rxe_dereg_mr).
+  uint32_t bound_windows = 0;
+  /// Whether windows are bound to it (takes the device lock).
+  bool windows_bound() const;
 
   /// Host address of [va, va+len) if it lies inside the region, else nullptr.
   /// Zero-length ranges inside or at the end of the region translate.
@@ -54,7 +75,7 @@ class MemoryRegion {
   }
 
  private:
-  ProtectionDomain& pd_;
+  ProtectionDomain* pd_;
   uint8_t* host_;
   uint64_t length_;
   uint64_t iova_;

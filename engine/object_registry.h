@@ -11,6 +11,7 @@
 namespace softrdma::engine {
 
 class MemoryRegion;
+class MemoryWindow;
 class QueuePair;
 class SharedReceiveQueue;
 class Transport;
@@ -33,6 +34,11 @@ class ObjectRegistry {
   virtual uint32_t register_mr(MemoryRegion* mr) = 0;
   /// Removes a key from the table; accesses through it fail from now on. Lock held.
   virtual void unregister_mr(uint32_t key) = 0;
+  /// Publishes a memory window in the same key table (its index is never an MR's); returns
+  /// its first R_Key. Lock held.
+  virtual uint32_t register_mw(MemoryWindow* mw) = 0;
+  /// Removes the window that holds `rkey`'s index. Lock held.
+  virtual void unregister_mw(uint32_t rkey) = 0;
   /// Publishes `srq` in the SRQ-number table (XRC requests name SRQs by number); returns its
   /// SRQ number (24 bits, never 0). Lock held.
   virtual uint32_t register_srq(SharedReceiveQueue* srq) = 0;

@@ -3,16 +3,22 @@
 #include <algorithm>
 #include <cstring>
 
+#include "engine/log.h"
 #include "engine/memory.h"
+#include "engine/mw.h"
+#include "net/fault_guard.h"
 
 namespace softrdma::engine::placement {
 
 uint8_t* check_remote(QueuePair& qp, Transport& t, uint32_t rkey, uint64_t va, uint64_t len,
                       uint32_t need) {
   if (!(qp.attr.access_flags & need)) return nullptr;
-  MemoryRegion* mr = t.find_mr(rkey);
-  if (!mr || &mr->pd() != &qp.responder_pd() || !(mr->access() & need)) return nullptr;
-  return mr->translate(va, len);
+  if (MemoryRegion* mr = t.find_mr(rkey)) {
+    if (&mr->pd() != &qp.responder_pd() || !(mr->access() & need)) return nullptr;
+    return mr->translate(va, len);
+  }
+  const MemoryWindow* mw = t.find_mw(rkey);
+  return mw ? mw->translate(qp.responder_pd(), qp.qpn(), va, len, need) : nullptr;
 }
 
 uint32_t message_psns(const QueuePair& qp, uint64_t dma_length) {
@@ -35,7 +41,10 @@ Outcome scatter(QueuePair& qp, Transport& t, uint64_t offset, std::span<const ui
     if (!mr || &mr->pd() != &pd || !(mr->access() & kLocalWrite)) return Outcome::kProtection;
     uint8_t* p = mr->translate(s.addr + offset, take);
     if (!p) return Outcome::kProtection;
-    std::memcpy(p, data.data() + done, take);
+    if (!net::guarded_copy(p, data.data() + done, take)) {
+      bump(t.counters().local_access_faults);  // the receive buffer was unmapped
+      return Outcome::kProtection;
+    }
     done += take;
     offset = 0;
   }
@@ -54,9 +63,23 @@ Outcome send(QueuePair& qp, const wire::Packet& pkt, Transport& t) {
   qp.resp.recv_offset += pkt.payload.size();
   if (m & wire::kConsumesRecvWqe) {
     const bool imm = m & wire::kHasImmDt;
+    uint32_t flags = imm ? uint32_t{kWcWithImm} : 0u;
+    uint32_t imm_or_rkey = imm ? pkt.hdr.imm_be : 0;
+    if (m & wire::kHasIeth) {
+      // SEND with invalidate: the R_Key it names is invalidated before the receive
+      // completes (IBTA 10.6.7.2.2); only a bound type 2 window can be (rxe_invalidate_rkey).
+      MemoryWindow* mw = t.find_mw(pkt.hdr.ieth_rkey);
+      if (!mw || mw->invalidate() != kOk) {
+        log().debug("qp {:#x}: SEND with invalidate names R_Key {:#x}, which cannot be",
+                    qp.qpn(), pkt.hdr.ieth_rkey);
+        return Outcome::kInvalidate;
+      }
+      flags |= kWcWithInv;
+      imm_or_rkey = pkt.hdr.ieth_rkey;
+    }
     qp.complete_recv(WcStatus::kSuccess, WcOpcode::kRecv,
-                     static_cast<uint32_t>(qp.resp.recv_offset), imm ? pkt.hdr.imm_be : 0,
-                     imm ? uint32_t{kWcWithImm} : 0u, pkt.hdr.bth.solicited);
+                     static_cast<uint32_t>(qp.resp.recv_offset), imm_or_rkey, flags,
+                     pkt.hdr.bth.solicited);
     qp.resp.in_send = false;
     qp.resp.msn = wire::psn_add(qp.resp.msn, 1);
   }
@@ -89,7 +112,13 @@ Outcome write(QueuePair& qp, const wire::Packet& pkt, Transport& t) {
   }
   const size_t n = pkt.payload.size();
   if (n > qp.resp.write_left || (ends && n != qp.resp.write_left)) return Outcome::kInvalid;
-  if (n) std::memcpy(qp.resp.write_ptr, pkt.payload.data(), n);
+  if (n && !net::guarded_copy(qp.resp.write_ptr, pkt.payload.data(), n)) {
+    // The MR's memory was unmapped (or protected) since registration: to the requester
+    // this is an R_Key violation (IBTA 9.7.5.2.4), never a crash of this process.
+    bump(t.counters().resp_access_faults);
+    log().debug("qp {:#x}: WRITE psn {:#x} hit unmapped memory", qp.qpn(), psn);
+    return Outcome::kAccess;
+  }
   qp.resp.write_ptr += n;
   qp.resp.write_left -= n;
   if (ends) {

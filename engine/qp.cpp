@@ -14,7 +14,12 @@ namespace softrdma::engine {
 
 namespace {
 
-constexpr uint32_t kAccessAllowedOnQp = kLocalWrite | kRemoteWrite | kRemoteRead | kRemoteAtomic;
+// Bits an application may give qp_access_flags: the ibv_access_flags an MR takes too (the
+// kernel passes them through; only the remote ones mean something on a QP, the others —
+// ON_DEMAND in pyverbs' ODP tests, MW_BIND — are accepted and ignored, as rxe does).
+constexpr uint32_t kAccessAllowedOnQp = kLocalWrite | kRemoteWrite | kRemoteRead | kRemoteAtomic |
+                                        kMwBind | kZeroBased | kOnDemand | kHugetlb |
+                                        kRelaxedOrdering;
 
 const char* state_name(QpState s) {
   static constexpr const char* kNames[] = {"RESET", "INIT", "RTR", "RTS", "SQD", "SQE", "ERR"};
@@ -171,7 +176,7 @@ Status QueuePair::validate_modify(const QpAttr& a, uint32_t mask, ModifyPlan& pl
   if ((mask & kAttrPort) && a.port_num != 1) return refuse("IBV_QP_PORT", "is not 1");
   if ((mask & kAttrPkeyIndex) && a.pkey_index != 0) return refuse("IBV_QP_PKEY_INDEX", "is not 0");
   if ((mask & kAttrAccessFlags) && (a.access_flags & ~kAccessAllowedOnQp))
-    return refuse("IBV_QP_ACCESS_FLAGS", "has bits other than local/remote write, read, atomic");
+    return refuse("IBV_QP_ACCESS_FLAGS", "has bits that are no ibv_access_flags");
   if ((mask & kAttrPathMtu) && (a.path_mtu < 1 || a.path_mtu > dev_.active_mtu()))
     return refuse("IBV_QP_PATH_MTU", "is outside 1 … the port's active MTU");
   if ((mask & kAttrDestQpn) && a.dest_qp_num > wire::kQpnMask)
@@ -231,7 +236,10 @@ void QueuePair::apply_modify(const QpAttr& a, uint32_t mask, const ModifyPlan& p
   attr.state = next;
   switch (next) {
     case QpState::kReset:
-      // RESET discards both queues without completions and forgets transport state.
+      // RESET discards both queues without completions and forgets transport state, and
+      // the completions of this QP still in its CQs (as mlx5_ib_cq_clean on RESET).
+      if (send_cq) send_cq->purge_qp(qpn_);
+      if (recv_cq && recv_cq != send_cq) recv_cq->purge_qp(qpn_);
       sq.clear();
       rq.clear();
       release_recv_wqe();  // RESET discards without completions, a WQE held from an SRQ too
@@ -280,6 +288,9 @@ Status QueuePair::post_send_locked(const SendWr& wr) {
   const WrOpcodeInfo& info = wr_info(wr.opcode);
   // UC takes no READ or atomics, UD only SENDs (IBTA 9.4, table 41 of operations per service).
   if (!type_->allows(info.cls)) return std::errc::invalid_argument;
+  // An operation the service has no opcode for (SEND with invalidate on UC and UD).
+  if (info.cls != WrClass::kLocal && !wire::opcode_info(type_->opcode(info.only)))
+    return std::errc::invalid_argument;
   if (!type_->connected && (wr.ud_dst_ip == 0 || wr.remote_qpn > wire::kQpnMask))
     return std::errc::invalid_argument;
   uint64_t length = 0;
@@ -364,21 +375,31 @@ Status QueuePair::post_recv(uint64_t wr_id, const Sge* sges, uint32_t num_sge) {
 }
 
 void QueuePair::retire_send(WcStatus status, uint32_t byte_len) {
-  SendWqe& w = sq.front();
-  if (status != WcStatus::kSuccess || sq_sig_all || (w.wr.flags & kSignaled)) {
-    Cqe c;
-    c.wr_id = w.wr.wr_id;
-    c.status = status;
-    c.opcode = w.info().wc_opcode;
-    c.byte_len = byte_len;
-    c.qp_num = qpn_;
-    send_cq->push(c, false);
-  }
-  sq.pop_front();
-  ++sq_base;
-  if (req.next < sq_base) {
-    req.next = sq_base;
-    req.offset = 0;
+  for (;;) {
+    SendWqe& w = sq.front();
+    if (status != WcStatus::kSuccess || sq_sig_all || (w.wr.flags & kSignaled)) {
+      Cqe c;
+      c.wr_id = w.wr.wr_id;
+      c.status = status;
+      c.opcode = w.info().wc_opcode;
+      c.byte_len = byte_len;
+      c.qp_num = qpn_;
+      send_cq->push(c, false);
+    }
+    sq.pop_front();
+    ++sq_base;
+    if (req.next < sq_base) {
+      req.next = sq_base;
+      req.offset = 0;
+    }
+    // Local operations (BIND_MW, LOCAL_INV) the requester executed behind this WQE
+    // complete as soon as everything before them has: they wait for no response. Only
+    // successful ones were marked started; a failed one stays unstarted until it reaches
+    // the head (requester::run reports it there).
+    if (status != WcStatus::kSuccess || sq.empty() || !sq.front().started ||
+        sq.front().info().cls != WrClass::kLocal)
+      return;
+    byte_len = 0;
   }
 }
 

@@ -94,8 +94,10 @@ constexpr QpTransition kXrcRecv[] = {
 constexpr uint32_t bit(WrClass c) {
   return 1u << unsigned(c);
 }
-constexpr uint32_t kAllClasses =
-    bit(WrClass::kSend) | bit(WrClass::kWrite) | bit(WrClass::kRead) | bit(WrClass::kAtomic);
+// Memory-window operations (kLocal: BIND_MW, LOCAL_INV) exist on the connected services
+// (IBTA 10.6.7: RC, UC, XRC), not on UD.
+constexpr uint32_t kAllClasses = bit(WrClass::kSend) | bit(WrClass::kWrite) |
+                                 bit(WrClass::kRead) | bit(WrClass::kAtomic) | bit(WrClass::kLocal);
 
 void rc_request(QueuePair& qp, const wire::Packet& pkt, const RxMeta&, Transport& t) {
   responder::on_request(qp, pkt, t);
@@ -125,7 +127,7 @@ constexpr QpTypeInfo kTypes[] = {
      .takes_requests = true,
      .takes_responses = false,
      .single_packet = false,
-     .wr_classes = bit(WrClass::kSend) | bit(WrClass::kWrite),
+     .wr_classes = bit(WrClass::kSend) | bit(WrClass::kWrite) | bit(WrClass::kLocal),
      .transitions = kUc,
      .on_request = uc::on_request},
     {.name = "IBV_QPT_UD",

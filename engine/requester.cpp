@@ -4,6 +4,7 @@
 #include "engine/cq.h"
 #include "engine/log.h"
 #include "engine/memory.h"
+#include "engine/mw.h"
 #include "engine/qp.h"
 
 namespace softrdma::engine::requester {
@@ -36,6 +37,30 @@ bool resolve_local(QueuePair& qp, SendWqe& w, Transport& t) {
     w.local.push_back({p, s.length});
   }
   return true;
+}
+
+// Executes a local operation (IBTA 10.6.7.2): BIND_MW binds the window its WR names to the
+// MR range; LOCAL_INV invalidates a type 2 window. Returns the completion status: success,
+// IBV_WC_MW_BIND_ERR for a refused bind, IBV_WC_LOC_QP_OP_ERR for a refused invalidate (as
+// rxe's do_local_ops). A refused operation changes nothing.
+WcStatus execute_local(QueuePair& qp, const SendWqe& w, Transport& t) {
+  if (w.wr.opcode == WrOpcode::kBindMw) {
+    const MwBind& b = w.wr.bind;
+    MemoryWindow* mw = t.find_mw(b.mw_rkey);
+    if (!mw) {
+      log().debug("qp {:#x}: bind refused: no window with R_Key {:#x}", qp.qpn(), b.mw_rkey);
+      return WcStatus::kMwBindErr;
+    }
+    MemoryRegion* mr = b.length ? t.find_mr(b.mr_lkey) : nullptr;
+    return mw->bind(qp, b, mr) == kOk ? WcStatus::kSuccess : WcStatus::kMwBindErr;
+  }
+  MemoryWindow* mw = t.find_mw(w.wr.invalidate_rkey);
+  if (!mw || mw->invalidate() != kOk) {
+    log().debug("qp {:#x}: local invalidate of R_Key {:#x} refused", qp.qpn(),
+                w.wr.invalidate_rkey);
+    return WcStatus::kLocQpOpErr;
+  }
+  return WcStatus::kSuccess;
 }
 
 // Appends to `out` the iovecs covering [offset, offset+len) of `local`.
@@ -150,6 +175,7 @@ uint32_t emit_data_packet(QueuePair& qp, SendWqe& w, Transport& t, std::vector<i
   }
   if (last) {
     h.imm_be = w.wr.imm_be;
+    h.ieth_rkey = w.wr.invalidate_rkey;  // written only by SEND with invalidate's opcodes
     h.bth.solicited = (w.wr.flags & kSolicited) != 0;
   }
   // Only a reliable service asks for ACKs (IBTA 9.2: AckReq is 0 on UC and UD).
@@ -327,10 +353,30 @@ void run(QueuePair& qp, Transport& t) {
   }
   while (!paced && qp.req.next < qp.sq_end()) {
     SendWqe& w = qp.wqe(qp.req.next);
+    const bool local_op = w.info().cls == WrClass::kLocal;
+    if (w.started && local_op) {
+      ++qp.req.next;  // executed already (the requester went back over it)
+      continue;
+    }
     if (!w.started) {
       if (qp.attr.state == QpState::kSqd) break;  // draining: no new WQE starts
       // Fence: wait until every earlier READ/ATOMIC has its response (IBTA 10.8.3.3).
       if ((w.wr.flags & kFence) && !qp.comp.rd_atomic_inflight.empty()) break;
+      if (local_op) {
+        const WcStatus st = execute_local(qp, w, t);
+        if (st != WcStatus::kSuccess) {
+          // Completions are in order: the error is reported at the head.
+          if (qp.req.next == qp.sq_base) qp.enter_error(st);
+          break;
+        }
+        w.started = true;
+        w.first_psn = qp.req.psn;
+        w.npsn = 0;  // no packet: its PSN range is empty
+        ++qp.req.next;
+        qp.req.offset = 0;
+        if (qp.req.next - 1 == qp.sq_base) qp.retire_send(WcStatus::kSuccess);
+        continue;
+      }
       if (!resolve_local(qp, w, t)) {
         // Completions are in order: report the error once all earlier WQEs are done.
         if (qp.req.next == qp.sq_base) qp.enter_error(WcStatus::kLocProtErr);
@@ -361,6 +407,9 @@ void run(QueuePair& qp, Transport& t) {
       case WrClass::kSend:
       case WrClass::kWrite:
         done = send_data_packet(qp, w, t, iov);
+        break;
+      case WrClass::kLocal:  // executed when started, above
+        done = true;
         break;
     }
     sent = true;
@@ -436,6 +485,8 @@ uint32_t resend(QueuePair& qp, Transport& t, uint32_t psn) {
       pay = emit_data_packet(qp, w, t, iov, psn, off, false);
       break;
     }
+    case WrClass::kLocal:  // holds no PSN: find_wqe never returns it
+      return 0;
   }
   note_paced(qp, t, pay);
   bump(t.counters().retransmitted_pkts);

@@ -11,6 +11,7 @@
 #include "engine/qp.h"
 #include "engine/srq.h"
 #include "engine/xrcd.h"
+#include "net/fault_guard.h"
 
 namespace softrdma::engine::responder {
 
@@ -161,6 +162,9 @@ void on_send(QueuePair& qp, const wire::Packet& pkt, Transport& t) {
     case Outcome::kProtection:
       qp.complete_recv(WcStatus::kLocProtErr, WcOpcode::kRecv, 0, 0, 0, false);
       return nak_and_fail(qp, t, wire::NakCode::kRemoteOperationalError, psn);
+    case Outcome::kInvalidate:  // rxe: the receive completes in error, the request is refused
+      qp.complete_recv(WcStatus::kRemInvReqErr, WcOpcode::kRecv, 0, 0, 0, false);
+      return nak_and_fail(qp, t, wire::NakCode::kInvalidRequest, psn);
     case Outcome::kAccess:
     case Outcome::kInvalid:
       return nak_and_fail(qp, t, wire::NakCode::kInvalidRequest, psn);
@@ -181,6 +185,7 @@ void on_write(QueuePair& qp, const wire::Packet& pkt, Transport& t) {
     case Outcome::kLength:
     case Outcome::kProtection:
     case Outcome::kInvalid:
+    case Outcome::kInvalidate:
       return nak_and_fail(qp, t, wire::NakCode::kInvalidRequest, psn);
   }
   qp.resp.epsn = psn_add(psn, 1);
@@ -201,6 +206,13 @@ void on_read(QueuePair& qp, const wire::Packet& pkt, Transport& t) {
   if (r.dma_length) {
     p = check_remote(qp, t, r.rkey, r.va, r.dma_length, kRemoteRead);
     if (!p) return nak_and_fail(qp, t, wire::NakCode::kRemoteAccessError, psn);
+    // The responses gather from this memory when they are sent: one read per page now
+    // finds memory unmapped since registration while a NAK can still say so.
+    if (!net::guarded_touch(p, r.dma_length)) {
+      bump(t.counters().resp_access_faults);
+      log().debug("qp {:#x}: READ psn {:#x} of unmapped memory", qp.qpn(), psn);
+      return nak_and_fail(qp, t, wire::NakCode::kRemoteAccessError, psn);
+    }
   }
   const uint32_t n = read_psns(qp, r.dma_length);
   remember(qp, {.read = true,
@@ -222,15 +234,31 @@ void on_atomic(QueuePair& qp, const wire::Packet& pkt, Transport& t) {
   uint8_t* p = check_remote(qp, t, a.rkey, a.va, 8, kRemoteAtomic);
   if (!p) return nak_and_fail(qp, t, wire::NakCode::kRemoteAccessError, psn);
   // Atomic with respect to other RDMA atomics (all run under the device lock) and to
-  // CPU atomics on the same word.
-  std::atomic_ref<uint64_t> word(*reinterpret_cast<uint64_t*>(p));
-  uint64_t orig;
-  if (wire::operation_of(pkt.hdr.bth.opcode) == Opcode::kCompareSwap) {
-    orig = a.compare;
-    word.compare_exchange_strong(orig, a.swap_add);
-  } else {
-    orig = word.fetch_add(a.swap_add);
+  // CPU atomics on the same word; under the fault guard (the word may have been unmapped).
+  struct AtomicOp {
+    uint64_t* word;
+    bool cas;
+    uint64_t compare, swap_add, orig;
+  } op{reinterpret_cast<uint64_t*>(p),
+       wire::operation_of(pkt.hdr.bth.opcode) == Opcode::kCompareSwap, a.compare, a.swap_add,
+       0};
+  const bool done = net::guarded_call(
+      [](void* v) {
+        AtomicOp& o = *static_cast<AtomicOp*>(v);
+        std::atomic_ref<uint64_t> word(*o.word);
+        if (o.cas) {
+          o.orig = o.compare;
+          word.compare_exchange_strong(o.orig, o.swap_add);
+        } else {
+          o.orig = word.fetch_add(o.swap_add);
+        }
+      },
+      &op);
+  if (!done) {
+    bump(t.counters().resp_access_faults);
+    return nak_and_fail(qp, t, wire::NakCode::kRemoteAccessError, psn);
   }
+  const uint64_t orig = op.orig;
   remember(qp, {.read = false, .psn = psn, .last_psn = psn, .atomic_orig = orig});
   qp.resp.msn = psn_add(qp.resp.msn, 1);
   flush_ack(qp, t);
@@ -269,7 +297,8 @@ void on_duplicate(QueuePair& qp, const wire::Packet& pkt, Transport& t) {
     const uint8_t* p = nullptr;
     if (find_read(qp, pkt) &&
         (r.dma_length == 0 ||
-         (p = check_remote(qp, t, r.rkey, r.va, r.dma_length, kRemoteRead)) != nullptr)) {
+         ((p = check_remote(qp, t, r.rkey, r.va, r.dma_length, kRemoteRead)) != nullptr &&
+          net::guarded_touch(p, r.dma_length)))) {
       flush_ack(qp, t);
       send_read_responses(qp, t, psn, p, r.dma_length);
       return;
@@ -368,7 +397,7 @@ bool place_early(QueuePair& qp, const wire::Packet& pkt, Transport& t, ReceivedP
       p = check_remote(qp, t, r.rkey, r.va, r.dma_length, kRemoteWrite);
       if (!p) return false;  // the in-order copy draws the access error
     }
-    if (n) std::memcpy(p, pkt.payload.data(), n);
+    if (n && !net::guarded_copy(p, pkt.payload.data(), n)) return false;  // in order: NAK
     if (m & wire::kIsFirst) o.add_write({psn, p, r.dma_length, read_psns(qp, r.dma_length)});
     return true;
   }
@@ -377,8 +406,7 @@ bool place_early(QueuePair& qp, const wire::Packet& pkt, Transport& t, ReceivedP
   const uint64_t off = uint64_t(psn_diff(psn, w->first_psn)) * qp.mtu;
   const bool ends = m & wire::kIsLast;
   if (off + n > w->length || ends != (off + n == w->length)) return false;
-  std::memcpy(w->base + off, pkt.payload.data(), n);
-  return true;
+  return net::guarded_copy(w->base + off, pkt.payload.data(), n);
 }
 
 // PSNs a request uses: a READ its responses', everything else one.

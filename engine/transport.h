@@ -16,6 +16,7 @@ namespace softrdma::engine {
 
 class CompletionQueue;
 class MemoryRegion;
+class MemoryWindow;
 class QueuePair;
 class SharedReceiveQueue;
 struct Cqe;
@@ -47,6 +48,11 @@ class Transport {
   virtual void flush() = 0;
   /// The MR with this lkey/rkey, or nullptr.
   virtual MemoryRegion* find_mr(uint32_t key) = 0;
+  /// The memory window whose current R_Key is `rkey`, or nullptr. The default has none.
+  virtual MemoryWindow* find_mw(uint32_t rkey) {
+    (void)rkey;
+    return nullptr;
+  }
   /// The SRQ with this SRQ number (an XRC request's XRCETH names one), or nullptr. The
   /// default has none.
   virtual SharedReceiveQueue* find_srq(uint32_t srqn) {

@@ -45,6 +45,9 @@ enum class WrOpcode : uint8_t {
   kRdmaRead = 4,
   kCompareSwap = 5,
   kFetchAdd = 6,
+  kLocalInv = 7,  ///< invalidate a type 2 memory window of this QP (IBTA 10.6.7.2.2)
+  kBindMw = 8,    ///< bind a memory window to an MR range (IBTA 10.6.7.2.1)
+  kSendInv = 9,   ///< SEND that invalidates the responder's R_Key (IETH)
 };
 
 /// Send WR flags (values of enum ibv_send_flags).
@@ -53,6 +56,19 @@ enum SendFlag : uint32_t {
   kSignaled = 1u << 1,
   kSolicited = 1u << 2,
   kInline = 1u << 3,
+};
+
+/// What a BIND_MW work request binds (ibv_send_wr::bind_mw, ibv_mw_bind_info): the window
+/// named by its current R_Key, given R_Key `rkey` (same index, new 8-bit key), over
+/// [addr, addr+length) of the MR `mr_lkey` with `access` (Access bits). length 0 unbinds a
+/// type 1 window.
+struct MwBind {
+  uint32_t mw_rkey = 0;
+  uint32_t rkey = 0;
+  uint32_t mr_lkey = 0;
+  uint64_t addr = 0;
+  uint64_t length = 0;
+  uint32_t access = 0;
 };
 
 /// A send work request as posted (the ABI layer fills it from ibv_send_wr).
@@ -67,6 +83,8 @@ struct SendWr {
   uint64_t swap = 0;         ///< CmpSwap swap value
   const Sge* sg_list = nullptr;
   uint32_t num_sge = 0;
+  uint32_t invalidate_rkey = 0;  ///< SEND_WITH_INV / LOCAL_INV: the R_Key to invalidate
+  MwBind bind;                   ///< BIND_MW
   /// UD (wr.ud): the destination from the address handle, resolved at post (host-order
   /// IPv4 address; 0: no AH given), the destination QP and its Q_Key (one with the most
   /// significant bit set means "the QP's own Q_Key", IBTA vol 1 10.2.5).
@@ -118,12 +136,13 @@ enum class WcOpcode : uint8_t {
   kCompSwap = 3,
   kFetchAdd = 4,
   kBindMw = 5,
+  kLocalInv = 6,
   kRecv = 128,
   kRecvRdmaWithImm = 129,
 };
 
 /// Completion flags (values of enum ibv_wc_flags).
-enum WcFlag : uint32_t { kWcGrh = 1u << 0, kWcWithImm = 1u << 1 };
+enum WcFlag : uint32_t { kWcGrh = 1u << 0, kWcWithImm = 1u << 1, kWcWithInv = 1u << 3 };
 
 /// A completion queue entry (maps 1:1 onto struct ibv_wc).
 struct Cqe {
@@ -132,6 +151,8 @@ struct Cqe {
   WcOpcode opcode = WcOpcode::kSend;
   uint32_t vendor_err = 0;
   uint32_t byte_len = 0;
+  /// Immediate data (network order) with kWcWithImm, or the invalidated R_Key (host order)
+  /// with kWcWithInv: the union ibv_wc keeps in one field.
   uint32_t imm_be = 0;
   uint32_t qp_num = 0;
   uint32_t src_qp = 0;
@@ -238,6 +259,7 @@ struct DeviceLimits {
   static constexpr uint32_t kMaxMr = 1u << 20;
   static constexpr uint64_t kMaxMrSize = ~0ull;
   static constexpr uint32_t kMaxPd = 1u << 16;
+  static constexpr uint32_t kMaxMw = 1u << 16;
   static constexpr uint32_t kMaxQpRdAtom = 128;
   static constexpr uint32_t kMaxInlineData = 256;
   static constexpr uint32_t kMaxSrq = 1u << 16;

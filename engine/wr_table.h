@@ -19,6 +19,9 @@ enum class WrClass : uint8_t {
   kWrite,   ///< RDMA WRITE: places data at a remote address
   kRead,    ///< RDMA READ: asks for data, answered by read responses
   kAtomic,  ///< ATOMIC: 8-byte compare&swap / fetch&add, answered by an atomic ACK
+  /// A local operation on this device's memory windows (BIND_MW, LOCAL_INV): executed when
+  /// the requester reaches it, no packet, no PSN; completed in SQ order (IBTA 10.6.7.2).
+  kLocal,
 };
 
 /// One row of the work-request table.
@@ -51,8 +54,11 @@ struct WrOpcodeInfo {
   }
 };
 
-/// Send work-request opcodes the engine implements (IBV_WR_RDMA_WRITE … FETCH_AND_ADD).
-inline constexpr unsigned kWrOpcodeCount = 7;
+/// Send work-request opcodes the engine implements (IBV_WR_RDMA_WRITE … SEND_WITH_INV).
+inline constexpr unsigned kWrOpcodeCount = 10;
+
+/// The wire opcodes of a request that sends none (a local operation).
+inline constexpr wire::Opcode kNoWireOpcode = wire::Opcode::kCnp;
 
 /// The table, indexed by WrOpcode (ibv_wr_opcode value).
 inline constexpr WrOpcodeInfo kWrOpcodeTable[kWrOpcodeCount] = {
@@ -140,11 +146,47 @@ inline constexpr WrOpcodeInfo kWrOpcodeTable[kWrOpcodeCount] = {
      .consumes_recv_wqe = false,
      .read_or_atomic = true,
      .fixed_length = 8},
+    {.name = "IBV_WR_LOCAL_INV",
+     .cls = WrClass::kLocal,
+     .has_imm = false,
+     .inline_allowed = false,
+     .wc_opcode = WcOpcode::kLocalInv,
+     .first = kNoWireOpcode,
+     .middle = kNoWireOpcode,
+     .last = kNoWireOpcode,
+     .only = kNoWireOpcode,
+     .consumes_recv_wqe = false,
+     .read_or_atomic = false,
+     .fixed_length = 0},
+    {.name = "IBV_WR_BIND_MW",
+     .cls = WrClass::kLocal,
+     .has_imm = false,
+     .inline_allowed = false,
+     .wc_opcode = WcOpcode::kBindMw,
+     .first = kNoWireOpcode,
+     .middle = kNoWireOpcode,
+     .last = kNoWireOpcode,
+     .only = kNoWireOpcode,
+     .consumes_recv_wqe = false,
+     .read_or_atomic = false,
+     .fixed_length = 0},
+    {.name = "IBV_WR_SEND_WITH_INV",
+     .cls = WrClass::kSend,
+     .has_imm = false,
+     .inline_allowed = true,
+     .wc_opcode = WcOpcode::kSend,
+     .first = wire::Opcode::kSendFirst,
+     .middle = wire::Opcode::kSendMiddle,
+     .last = wire::Opcode::kSendLastInv,
+     .only = wire::Opcode::kSendOnlyInv,
+     .consumes_recv_wqe = true,
+     .read_or_atomic = false,
+     .fixed_length = 0},
 };
 
 /// Whether `opcode` (an ibv_wr_opcode value as the application passed it) is one the
-/// engine implements; the others (SEND_WITH_INV, LOCAL_INV, BIND_MW, TSO, …) are refused
-/// with EINVAL at post time.
+/// engine implements; the others (TSO, DRIVER1, ATOMIC_WRITE) are refused with EINVAL at
+/// post time, as rxe refuses opcodes its QP type does not allow.
 constexpr bool wr_opcode_supported(uint32_t opcode) {
   return opcode < kWrOpcodeCount;
 }
@@ -155,7 +197,9 @@ constexpr const WrOpcodeInfo& wr_info(WrOpcode op) {
 }
 
 // The rows are in ibv_wr_opcode order and agree with the wire table.
-static_assert(static_cast<unsigned>(WrOpcode::kFetchAdd) + 1 == kWrOpcodeCount);
+static_assert(static_cast<unsigned>(WrOpcode::kSendInv) + 1 == kWrOpcodeCount);
+static_assert(wr_info(WrOpcode::kBindMw).wc_opcode == WcOpcode::kBindMw);
+static_assert(wr_info(WrOpcode::kSendInv).only == wire::Opcode::kSendOnlyInv);
 static_assert(wr_info(WrOpcode::kRdmaWrite).wc_opcode == WcOpcode::kRdmaWrite);
 static_assert(wr_info(WrOpcode::kSendImm).only == wire::Opcode::kSendOnlyImm);
 static_assert(wr_info(WrOpcode::kRdmaRead).cls == WrClass::kRead);
@@ -163,6 +207,10 @@ static_assert(wr_info(WrOpcode::kCompareSwap).wc_opcode == WcOpcode::kCompSwap);
 static_assert(wr_info(WrOpcode::kFetchAdd).only == wire::Opcode::kFetchAdd);
 static_assert([] {
   for (const WrOpcodeInfo& i : kWrOpcodeTable) {
+    if (i.cls == WrClass::kLocal) {
+      if (i.inline_allowed || i.read_or_atomic || i.consumes_recv_wqe) return false;
+      continue;
+    }
     const bool response = i.cls == WrClass::kRead || i.cls == WrClass::kAtomic;
     if (i.read_or_atomic != response || i.inline_allowed == response) return false;
     if ((i.fixed_length != 0) != (i.cls == WrClass::kAtomic)) return false;

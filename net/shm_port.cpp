@@ -25,6 +25,8 @@
 // free-running byte counters (mod ring_bytes, a power of two).
 #include "net/shm_port.h"
 
+#include "net/fault_guard.h"
+
 #include <arpa/inet.h>
 #include <dirent.h>
 #include <errno.h>
@@ -598,7 +600,9 @@ ShmSendResult ShmPort::send(uint32_t dst_ip, const iovec* iov, size_t iovcnt, bo
 
   // Records keep send() order: while older packets wait, this one waits behind them.
   if (p.backlog.empty() || drain_peer(p)) {
-    if (write_record(p, iov, iovcnt, len, ecn_ce)) return ShmSendResult::kSent;
+    bool faulted = false;
+    if (write_record(p, iov, iovcnt, len, ecn_ce, &faulted)) return ShmSendResult::kSent;
+    if (faulted) return ShmSendResult::kFault;
   }
   if (p.backlog_bytes + len > cfg_.backlog_bytes) {
     ++stats_.full_drops;
@@ -609,7 +613,10 @@ ShmSendResult ShmPort::send(uint32_t dst_ip, const iovec* iov, size_t iovcnt, bo
   uint8_t* dst = h.bytes.data();
   for (size_t i = 0; i < iovcnt; ++i) {
     if (iov[i].iov_len == 0) continue;
-    std::memcpy(dst, iov[i].iov_base, iov[i].iov_len);
+    if (!guarded_copy(dst, iov[i].iov_base, iov[i].iov_len)) {  // as in write_record
+      p.backlog.pop_back();
+      return ShmSendResult::kFault;
+    }
     dst += iov[i].iov_len;
   }
   h.ce = ecn_ce;
@@ -619,7 +626,8 @@ ShmSendResult ShmPort::send(uint32_t dst_ip, const iovec* iov, size_t iovcnt, bo
   return ShmSendResult::kQueued;
 }
 
-bool ShmPort::write_record(Peer& p, const iovec* iov, size_t iovcnt, uint64_t len, bool ecn_ce) {
+bool ShmPort::write_record(Peer& p, const iovec* iov, size_t iovcnt, uint64_t len, bool ecn_ce,
+                           bool* faulted) {
   const uint64_t cap = p.ring_bytes;
   const uint64_t need = align_up(kRecordHeader + len, kAlign);
   uint64_t pos = p.tail & (cap - 1);
@@ -640,7 +648,12 @@ bool ShmPort::write_record(Peer& p, const iovec* iov, size_t iovcnt, uint64_t le
   dst += kRecordHeader;
   for (size_t i = 0; i < iovcnt; ++i) {
     if (iov[i].iov_len == 0) continue;
-    std::memcpy(dst, iov[i].iov_base, iov[i].iov_len);
+    // Payload comes straight from registered memory, which may have been unmapped: the
+    // record stays unpublished (tail not moved) if the copy faults.
+    if (!guarded_copy(dst, iov[i].iov_base, iov[i].iov_len)) {
+      if (faulted) *faulted = true;
+      return false;
+    }
     dst += iov[i].iov_len;
   }
   p.tail += need;

@@ -91,6 +91,8 @@ enum class ShmSendResult {
             ///< retransmits it)
   kNoPeer,  ///< no live mailbox for dst (or no free ring there, or the packet is larger than
             ///< max_packet_bytes): nothing was written; send by UDP or drop
+  kFault,   ///< reading the packet's memory faulted (unmapped since registration): the
+            ///< record was not published (net/fault_guard.h)
 };
 
 /// Counters of one port (plain integers: read them under the same lock as the port).
@@ -224,8 +226,10 @@ class ShmPort {
 
   size_t poll_impl(PacketFn fn, void* ctx, size_t budget);
   bool backlogged_slow(uint32_t dst_ip) const;
-  /// Appends one record to p's ring if it fits; false (nothing written) when it does not.
-  bool write_record(Peer& p, const iovec* iov, size_t iovcnt, uint64_t len, bool ecn_ce);
+  /// Appends one record to p's ring if it fits; false (nothing published) when it does not,
+  /// or when reading the payload faulted (then *faulted is set; net/fault_guard.h).
+  bool write_record(Peer& p, const iovec* iov, size_t iovcnt, uint64_t len, bool ecn_ce,
+                    bool* faulted = nullptr);
   /// Writes p's backlog into its ring while it fits; true when the backlog is empty.
   bool drain_peer(Peer& p);
   /// Discards p's backlog (its receiver went away).

@@ -6,8 +6,10 @@
 //       SOFTRDMA_ADDR / SOFTRDMA_NETEM / SOFTRDMA_WAN / SOFTRDMA_PCAP / SOFTRDMA_LOG, puts the
 //       directory holding
 //       the drop-in libibverbs.so.1 and librdmacm.so.1 (<dir of this executable>/../lib) first
-//       in LD_LIBRARY_PATH and
-//       execs PROGRAM in place of itself (same pid, exit status, signals and stdio).
+//       in LD_LIBRARY_PATH, preloads libsoftrdma_sysfs.so from the same directory (the virtual
+//       /sys/class/infiniband, /sys/class/infiniband_verbs and /dev/infiniband; --no-sysfs
+//       leaves it out) and execs PROGRAM in place of itself (same pid, exit status, signals
+//       and stdio).
 //
 //   softrdma stat [--all] [--json]
 //       Prints the counters that every open softrdma device publishes in
@@ -16,6 +18,11 @@
 //
 //   softrdma stat --clean
 //       Removes the counter files left behind by processes that have exited.
+//
+//   softrdma sysfs --create DIR [--addr IP]
+//       Writes srdma0's sysfs and /dev entries (the tree `softrdma run` shows every program
+//       through libsoftrdma_sysfs.so) under DIR, for an administrator to bind-mount
+//       (docs/verbs.md, "The device outside the verbs API").
 //
 //   softrdma params [--markdown] [device|ccl]
 //       Lists every SOFTRDMA_* environment variable from the registry (base/params.h): name,
@@ -47,6 +54,7 @@
 #include "net/udp_port.h"
 #include "net/wan_topology.h"
 #include "verbs/device_name.h"
+#include "verbs/sysfs/tree.h"
 
 namespace {
 
@@ -126,6 +134,7 @@ struct RunOptions {
   std::string pcap;
   std::string log;
   std::string transport;
+  bool no_sysfs = false;
   std::vector<std::string> command;
 };
 
@@ -187,6 +196,16 @@ int cmd_run(const RunOptions& o) {
   // was built, so `softrdma run -- torchrun ...` finds `import softrdma_torch`.
   if (std::error_code ec; fs::is_directory(dir->parent_path() / "python" / "softrdma_torch", ec))
     prepend_env_path("PYTHONPATH", (dir->parent_path() / "python").string());
+  // The sysfs interposer first, then (below) the ASan runtime in front of everything.
+  if (const fs::path sysfs = *dir / "libsoftrdma_sysfs.so"; !o.no_sysfs) {
+    std::error_code ec;
+    if (!fs::exists(sysfs, ec)) {
+      error(fmt::format("{} is missing (build the softrdma_sysfs target, or pass --no-sysfs)",
+                        sysfs.string()));
+      return 1;
+    }
+    prepend_env_path("LD_PRELOAD", sysfs.string());
+  }
   if (std::string asan = loaded_asan_runtime(); !asan.empty()) {
     const char* pre = std::getenv("LD_PRELOAD");
     if (!pre || !std::strstr(pre, "libasan.so")) prepend_env_path("LD_PRELOAD", asan);
@@ -292,6 +311,37 @@ int cmd_stat(const StatOptions& o) {
   return 0;
 }
 
+/// `softrdma sysfs --create DIR`: the virtual tree as real files under DIR.
+int cmd_sysfs(const std::string& dir, const std::string& addr) {
+  uint32_t ip = (127u << 24) | 1;
+  if (!addr.empty()) {
+    if (!softrdma::net::ipv4_from_string(addr, ip) || ip == 0) {
+      error(fmt::format("--addr: '{}' is not a usable IPv4 address", addr));
+      return kExitUsage;
+    }
+  } else {
+    std::string malformed;
+    params::read_ipv4(params::kAddr, ip, malformed);
+  }
+  namespace sysfs = softrdma::verbs::sysfs;
+  const sysfs::DeviceView v{ip, sysfs::interface_for(ip)};
+  if (int e = sysfs::materialize(dir, sysfs::build(v)); e != 0) {
+    error(fmt::format("cannot write the tree under {}: {}", dir, std::strerror(e)));
+    return 1;
+  }
+  fmt::print(
+      "wrote {0}/sys/class/infiniband, {0}/sys/class/infiniband_verbs and {0}/dev/infiniband "
+      "for {1} ({2}, net device {3}).\n"
+      "As root, to show them to every program (uverbs0 there stands in as a link to "
+      "/dev/null):\n"
+      "  mkdir -p /sys/class/infiniband /sys/class/infiniband_verbs /dev/infiniband\n"
+      "  mount --bind {0}/sys/class/infiniband /sys/class/infiniband\n"
+      "  mount --bind {0}/sys/class/infiniband_verbs /sys/class/infiniband_verbs\n"
+      "  mknod /dev/infiniband/uverbs0 c 231 192\n",
+      dir, kDeviceName, softrdma::net::ipv4_to_string(ip), v.ifname);
+  return 0;
+}
+
 /// Options of `softrdma params`.
 struct ParamsOptions {
   bool markdown = false;
@@ -337,8 +387,9 @@ int main(int argc, char** argv) {
   CLI::App app{
       "softrdma: user-space RoCEv2 behind the libibverbs API/ABI. Unmodified verbs programs\n"
       "run over it through the drop-in libibverbs.so.1 (and librdmacm.so.1 for RDMA-CM\n"
-      "programs); this tool starts them (run), shows\n"
-      "the devices' counters (stat) and lists the SOFTRDMA_* parameters (params)."};
+      "programs); this tool starts them (run), shows the devices' counters (stat), lists\n"
+      "the SOFTRDMA_* parameters (params) and writes srdma0's sysfs tree for bind mounts\n"
+      "(sysfs)."};
   app.name("softrdma");
   app.set_version_flag("--version", std::string(SOFTRDMA_VERSION));
   app.require_subcommand(1, 1);
@@ -387,6 +438,9 @@ int main(int argc, char** argv) {
   run->add_option("--log", ro.log, "library log level (sets SOFTRDMA_LOG); default warn")
       ->type_name("LEVEL")
       ->check(CLI::IsMember(params::choices(params::kLog)));
+  run->add_flag("--no-sysfs", ro.no_sysfs,
+                "do not preload libsoftrdma_sysfs.so (the virtual /sys/class/infiniband, "
+                "/sys/class/infiniband_verbs and /dev/infiniband/uverbs0)");
   run->add_option("PROGRAM", ro.command,
                   "the program to run (searched in PATH) and its arguments; put them after "
                   "`--` so that their options are not taken for softrdma's")
@@ -420,6 +474,24 @@ int main(int argc, char** argv) {
       ->type_name("DIR")
       ->capture_default_str();
 
+  // ---- sysfs --------------------------------------------------------------------------
+  std::string sysfs_dir, sysfs_addr;
+  CLI::App* sysfs = app.add_subcommand(
+      "sysfs", "write srdma0's sysfs and /dev entries to a directory (for bind mounts as root)");
+  sysfs->footer(
+      "`softrdma run` shows every program the virtual /sys/class/infiniband,\n"
+      "/sys/class/infiniband_verbs and /dev/infiniband through an LD_PRELOAD library, no root\n"
+      "needed. This writes the same tree as real files, for an administrator who wants it\n"
+      "visible to every process (bind mounts; a real mknod for uverbs0).");
+  sysfs->add_option("--create", sysfs_dir, "the directory to write (created if missing)")
+      ->type_name("DIR")
+      ->required();
+  sysfs
+      ->add_option("--addr", sysfs_addr,
+                   "the device address the files describe (default SOFTRDMA_ADDR, else "
+                   "127.0.0.1)")
+      ->type_name("IP");
+
   // ---- params -------------------------------------------------------------------------
   ParamsOptions po;
   CLI::App* prm = app.add_subcommand(
@@ -444,5 +516,6 @@ int main(int argc, char** argv) {
   if (run->parsed()) return cmd_run(ro);
   if (stat->parsed()) return cmd_stat(so);
   if (prm->parsed()) return cmd_params(po);
+  if (sysfs->parsed()) return cmd_sysfs(sysfs_dir, sysfs_addr);
   return kExitUsage;  // unreachable: require_subcommand(1)
 }

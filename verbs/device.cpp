@@ -12,7 +12,7 @@
 #include "base/params.h"
 #include "engine/log.h"
 #include "net/udp_port.h"
-#include "verbs/device_name.h"
+#include "verbs/device_identity.h"
 #include "verbs/ops.h"
 #include "verbs/softrdma_private.h"
 
@@ -25,8 +25,6 @@ using namespace softrdma::verbs;
 
 namespace {
 
-constexpr uint32_t kVendorId = 0xffffff;  // as rxe: no IEEE OUI
-constexpr char kFirmware[] = "softrdma-0.1.0";
 
 /// The one device this library exposes. Its identity fields are static; the address it
 /// binds is chosen at ibv_open_device.
@@ -48,10 +46,10 @@ std::mutex g_open_mu;
 std::map<uint32_t, std::weak_ptr<engine::Device>> g_open_devices;
 std::weak_ptr<engine::Device> g_default_device;
 
-/// EUI-64-style GUID from the device address (02:00:a:ff:fe:b:c:d), in network order.
+/// EUI-64-style GUID from the device address (device_identity.h), in network order.
 __be64 guid_for(uint32_t ip) {
-  uint8_t b[8] = {
-      0x02, 0x00, uint8_t(ip >> 24), 0xff, 0xfe, uint8_t(ip >> 16), uint8_t(ip >> 8), uint8_t(ip)};
+  uint8_t b[8];
+  guid_bytes(ip, b);
   __be64 g;
   std::memcpy(&g, b, sizeof g);
   return g;
@@ -66,6 +64,20 @@ uint32_t configured_ip() {
   return ip;
 }
 
+}  // namespace
+
+namespace softrdma::verbs {
+
+uint32_t device_ip() {
+  std::lock_guard lk(g_open_mu);
+  auto dev = g_default_device.lock();
+  return dev ? dev->ip() : configured_ip();
+}
+
+}  // namespace softrdma::verbs
+
+namespace {
+
 void fill_device_attr(Context* c, ibv_device_attr& a) {
   using L = engine::DeviceLimits;
   a = ibv_device_attr{};
@@ -79,15 +91,19 @@ void fill_device_attr(Context* c, ibv_device_attr& a) {
   a.hw_ver = 0;
   a.max_qp = L::kMaxQp;
   a.max_qp_wr = L::kMaxQpWr;
+  // Memory windows of both types (IBV_DEVICE_MEM_WINDOW_TYPE_2B: a type 2 window is bound
+  // to one QP, as rxe's IB_DEVICE_MEM_WINDOW_TYPE_2B).
   a.device_cap_flags = IBV_DEVICE_RC_RNR_NAK_GEN | IBV_DEVICE_SYS_IMAGE_GUID |
                        IBV_DEVICE_PORT_ACTIVE_EVENT | IBV_DEVICE_SRQ_RESIZE | IBV_DEVICE_XRC |
-                       IBV_DEVICE_UD_AV_PORT_ENFORCE;
+                       IBV_DEVICE_UD_AV_PORT_ENFORCE | IBV_DEVICE_MEM_WINDOW |
+                       IBV_DEVICE_MEM_WINDOW_TYPE_2B;
   a.max_sge = L::kMaxSge;
   a.max_sge_rd = L::kMaxSge;
   a.max_cq = L::kMaxCq;
   a.max_cqe = L::kMaxCqe;
   a.max_mr = L::kMaxMr;
   a.max_pd = L::kMaxPd;
+  a.max_mw = L::kMaxMw;
   a.max_qp_rd_atom = L::kMaxQpRdAtom;
   a.max_res_rd_atom = L::kMaxQpRdAtom * 1024;
   a.max_qp_init_rd_atom = L::kMaxQpRdAtom;
@@ -107,13 +123,14 @@ void fill_port_attr(Context* c, ibv_port_attr& p) {
   p.max_mtu = static_cast<ibv_mtu>(c->dev->active_mtu());
   p.active_mtu = static_cast<ibv_mtu>(c->dev->active_mtu());
   p.gid_tbl_len = 1;
-  p.port_cap_flags = IBV_PORT_IP_BASED_GIDS;
+  p.port_cap_flags = kPortCapFlags;
+  static_assert(kPortCapFlags == IBV_PORT_IP_BASED_GIDS);
   p.max_msg_sz = static_cast<uint32_t>(engine::DeviceLimits::kMaxMsgSize);
   p.pkey_tbl_len = 1;
   p.max_vl_num = 1;
-  p.active_width = 2;   // 4X
-  p.active_speed = 32;  // EDR (25 Gb/s per lane): the port claims 100 Gb/s
-  p.phys_state = 5;     // LinkUp
+  p.active_width = kActiveWidth;  // 4X
+  p.active_speed = kActiveSpeed;  // EDR (25 Gb/s per lane): the port claims 100 Gb/s
+  p.phys_state = kPhysStateLinkUp;
   p.link_layer = IBV_LINK_LAYER_ETHERNET;
 }
 
@@ -131,6 +148,21 @@ int ctx_query_device_ex(ibv_context* ctx, const ibv_query_device_ex_input* input
   ibv_device_attr_ex full{};
   fill_device_attr(to_ctx(ctx), full.orig_attr);
   full.max_dm_size = 0;
+  // On-demand paging: the engine reaches registered memory through the process's own page
+  // tables, so every MR is "on demand" already — nothing is pinned, pages fault in when the
+  // engine copies, and an access to memory unmapped since registration ends in an access
+  // error, never a crash (net/fault_guard.h). ODP MRs (IBV_ACCESS_ON_DEMAND) are accepted
+  // over ranges not yet mapped, and the implicit MR (NULL, SIZE_MAX) over the whole address
+  // space; every transport and operation is covered (docs/verbs.md).
+  constexpr uint32_t kOdpAll = IBV_ODP_SUPPORT_SEND | IBV_ODP_SUPPORT_RECV |
+                               IBV_ODP_SUPPORT_WRITE | IBV_ODP_SUPPORT_READ |
+                               IBV_ODP_SUPPORT_ATOMIC | IBV_ODP_SUPPORT_SRQ_RECV;
+  full.odp_caps.general_caps = IBV_ODP_SUPPORT | IBV_ODP_SUPPORT_IMPLICIT;
+  full.odp_caps.per_transport_caps.rc_odp_caps = kOdpAll;
+  full.odp_caps.per_transport_caps.uc_odp_caps =
+      IBV_ODP_SUPPORT_SEND | IBV_ODP_SUPPORT_RECV | IBV_ODP_SUPPORT_WRITE;
+  full.odp_caps.per_transport_caps.ud_odp_caps = IBV_ODP_SUPPORT_SEND | IBV_ODP_SUPPORT_RECV;
+  full.xrc_odp_caps = kOdpAll;
   full.phys_port_cnt_ex = full.orig_attr.phys_port_cnt;  // pyverbs test_phys_port_cnt_ex
   // Completion timestamps count ns of CLOCK_MONOTONIC (cq_ex.cpp): a 1 GHz clock, 64 bits.
   full.completion_timestamp_mask = ~uint64_t{0};
@@ -200,6 +232,7 @@ ibv_context* new_context(std::shared_ptr<engine::Device> dev) {
   v.open_xrcd = ctx_open_xrcd;
   v.close_xrcd = ctx_close_xrcd;
   v.open_qp = ctx_open_qp;
+  v.advise_mr = ctx_advise_mr;
   ibv_context& ctx = v.context;
   ctx.device = &g_device;
   ctx.ops.poll_cq = op_poll_cq;
@@ -207,7 +240,13 @@ ibv_context* new_context(std::shared_ptr<engine::Device> dev) {
   ctx.ops.post_send = op_post_send;
   ctx.ops.post_recv = op_post_recv;
   ctx.ops.post_srq_recv = op_post_srq_recv;
-  ctx.cmd_fd = -1;
+  ctx.ops.alloc_mw = op_alloc_mw;
+  ctx.ops.dealloc_mw = op_dealloc_mw;
+  ctx.ops.bind_mw = op_bind_mw;
+  // A real descriptor where libibverbs has the open uverbs device: programs dup it to
+  // share the context (ibv_import_device, which answers EOPNOTSUPP here) or poll it. Nothing
+  // is ever read from or written to it.
+  ctx.cmd_fd = ::open("/dev/null", O_RDWR | O_CLOEXEC);
   ctx.async_fd = c->async_fds[0];
   ctx.num_comp_vectors = 1;
   pthread_mutex_init(&ctx.mutex, nullptr);
@@ -236,9 +275,7 @@ const char* ibv_get_device_name(ibv_device* device) {
 }
 
 __be64 ibv_get_device_guid(ibv_device*) {
-  std::lock_guard lk(g_open_mu);
-  auto dev = g_default_device.lock();
-  return guid_for(dev ? dev->ip() : configured_ip());
+  return guid_for(device_ip());
 }
 
 int ibv_get_device_index(ibv_device* device) {
@@ -255,6 +292,7 @@ ibv_context* ibv_open_device(ibv_device* device) {
 
 int ibv_close_device(ibv_context* ctx) {
   Context* c = to_ctx(ctx);
+  if (ctx->cmd_fd >= 0) ::close(ctx->cmd_fd);
   ::close(c->async_fds[0]);
   ::close(c->async_fds[1]);
   pthread_mutex_destroy(&ctx->mutex);

@@ -1,5 +1,5 @@
 // The helper functions of the libibverbs API that need no device: strings (ibv_*_str),
-// static-rate conversions, sysfs readers (with the synthetic sysfs files of srdma0) and
+// static-rate conversions, sysfs readers (srdma0's files from the virtual tree) and
 // fork protection. Verbs softrdma does not implement are in unsupported.cpp.
 #include <fcntl.h>
 #include <infiniband/verbs.h>
@@ -9,9 +9,11 @@
 #include <cstdarg>
 #include <cstdio>
 #include <cstring>
+#include <optional>
 #include <string>
 
-#include "verbs/device_name.h"
+#include "verbs/ops.h"
+#include "verbs/sysfs/tree.h"
 
 namespace {
 
@@ -37,27 +39,18 @@ constexpr RateRow kRates[] = {
     {IBV_RATE_1200_GBPS, 480, 1275000},
 };
 
-/// sysfs attributes of our device that real drivers expose under
-/// /sys/class/infiniband/<dev>/ (ibv_devinfo reads board_id through ibv_read_sysfs_file).
-const char* synthetic_sysfs(const std::string& path) {
-  static const std::string dir =
-      std::string("/sys/class/infiniband/") + softrdma::verbs::kDeviceName;
-  if (path == dir + "/board_id") return "softrdma user-space RoCEv2";
-  if (path == dir + "/fw_ver") return "softrdma-0.1.0";
-  if (path == dir + "/hca_type") return "softrdma";
-  if (path == dir + "/hw_rev") return "0";
-  static const std::string node_desc = std::string("softrdma ") + softrdma::verbs::kDeviceName;
-  if (path == dir + "/node_desc") return node_desc.c_str();
-  if (path == dir + "/node_type") return "1: CA";
-  if (path == dir + "/ports/1/gid_attrs/types/0") return "RoCE v2";
-  return nullptr;
-}
-
 int read_file(const char* dir, const char* file, char* buf, size_t size) {
   std::string path = std::string(dir) + "/" + file;
-  if (const char* v = synthetic_sysfs(path)) {
-    int n = std::snprintf(buf, size, "%s", v);
-    return n < 0 ? -1 : std::min<int>(n, static_cast<int>(size) - 1);
+  // srdma0's own files come from the virtual tree (verbs/sysfs/tree.h): the same text the
+  // interposer of `softrdma run` serves, without a trailing newline as libibverbs returns it.
+  if (softrdma::verbs::sysfs::in_tree(path.c_str())) {
+    const uint32_t ip = softrdma::verbs::device_ip();
+    const softrdma::verbs::sysfs::DeviceView v{ip, softrdma::verbs::sysfs::interface_for(ip)};
+    if (std::optional<std::string> text = softrdma::verbs::sysfs::read(v, path)) {
+      if (!text->empty() && text->back() == '\n') text->pop_back();
+      int n = std::snprintf(buf, size, "%s", text->c_str());
+      return n < 0 ? -1 : std::min<int>(n, static_cast<int>(size) - 1);
+    }
   }
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return -1;

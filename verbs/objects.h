@@ -15,6 +15,7 @@
 #include "engine/cq.h"
 #include "engine/device.h"
 #include "engine/memory.h"
+#include "engine/mw.h"
 #include "engine/qp.h"
 #include "engine/srq.h"
 #include "engine/xrcd.h"
@@ -70,6 +71,12 @@ struct Mr {
   Reservation slot;
 };
 
+struct Mw {
+  ibv_mw ibv;
+  std::unique_ptr<engine::MemoryWindow> mw;
+  Reservation slot;
+};
+
 struct Channel {
   ibv_comp_channel ibv;
   engine::CompletionChannel channel;
@@ -92,6 +99,8 @@ struct Cq {
   ibv_cq* as_cq() { return reinterpret_cast<ibv_cq*>(&ibv); }
 };
 
+struct QpExBuilder;  // qp_ex.cpp: the work requests between ibv_wr_start and ibv_wr_complete
+
 /// ibv_qp, laid out as ibv_qp_ex so the extended post API can share it. The engine QP is
 /// shared by the handles of an XRC receive QP (ibv_create_qp_ex, then ibv_open_qp): it
 /// lives until the last one is destroyed.
@@ -100,7 +109,11 @@ struct Qp {
   std::shared_ptr<engine::QueuePair> qp;
   Reservation slot;
   std::atomic<unsigned> async_reported{0};  // events returned by ibv_get_async_event
+  /// Set for QPs created with IBV_QP_INIT_ATTR_SEND_OPS_FLAGS (ibv_qp_to_qp_ex answers them).
+  std::unique_ptr<QpExBuilder> ex;
   ibv_qp* as_qp() { return &ibv.qp_base; }
+  Qp();
+  ~Qp();
 };
 
 /// ibv_ah: an engine address handle (ah.cpp).
@@ -144,6 +157,9 @@ inline Pd* to_pd(ibv_pd* p) {
 }
 inline Mr* to_mr(ibv_mr* m) {
   return reinterpret_cast<Mr*>(m);
+}
+inline Mw* to_mw(ibv_mw* m) {
+  return reinterpret_cast<Mw*>(m);
 }
 inline Channel* to_channel(ibv_comp_channel* c) {
   return reinterpret_cast<Channel*>(c);

@@ -44,6 +44,10 @@ T* fail(int e) {
   return nullptr;
 }
 
+// device.cpp: the address of this process's default device — the open one, else SOFTRDMA_ADDR,
+// else 127.0.0.1 — which the GUID and the sysfs files describe.
+uint32_t device_ip();
+
 // cq.cpp: the CQ both ibv_create_cq and ibv_create_cq_ex build (checks `cqe` against
 // max_cqe and `comp_vector`; EINVAL, ENOMEM at max_cq); `record_times` stamps completions.
 // Returns NULL with errno set on failure.
@@ -82,6 +86,22 @@ ibv_xrcd* ctx_open_xrcd(ibv_context* ctx, ibv_xrcd_init_attr* attr);
 int ctx_close_xrcd(ibv_xrcd* xrcd);
 ibv_qp* ctx_open_qp(ibv_context* ctx, ibv_qp_open_attr* attr);
 void track_xrc_recv_qp(ibv_xrcd* xrcd, const std::shared_ptr<engine::QueuePair>& qp);
+
+// qp_ex.cpp: the extended post API (ibv_wr_*).
+/// 0 when `flags` (IBV_QP_EX_WITH_*) are all ops a QP of `type` can post here, else
+/// EOPNOTSUPP (TSO, ATOMIC_WRITE, RDMA/atomics on UD, …), as rxe's provider.
+int check_send_ops_flags(ibv_qp_type type, uint64_t flags);
+/// Makes `q` an ibv_qp_ex: fills its wr_* function pointers (ibv_qp_to_qp_ex answers it).
+void enable_qp_ex(Qp* q, uint64_t send_ops_flags);
+
+// mw.cpp: memory windows (ibv_context::ops alloc_mw / dealloc_mw / bind_mw).
+ibv_mw* op_alloc_mw(ibv_pd* pd, ibv_mw_type type);
+int op_dealloc_mw(ibv_mw* mw);
+int op_bind_mw(ibv_qp* qp, ibv_mw* mw, ibv_mw_bind* bind);
+
+// pd_mr.cpp: verbs_context::advise_mr (ibv_advise_mr).
+int ctx_advise_mr(ibv_pd* pd, ibv_advise_mr_advice advice, uint32_t flags, ibv_sge* sg_list,
+                  uint32_t num_sge);
 
 // async_event.cpp: affiliated asynchronous events.
 /// Marks a QP or CQ handle as one events may name (on create) or may no longer name (first

@@ -2,6 +2,9 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <mutex>
+
+#include "net/fault_guard.h"
 #include "verbs/ops.h"
 
 // verbs.h wraps these exported names in inline helpers; we define the real symbols.
@@ -25,7 +28,52 @@ bool range_is_mapped(const void* addr, size_t length) {
   return ::msync(reinterpret_cast<void*>(start), end - start, MS_ASYNC) == 0;
 }
 
+/// Asks the kernel to read [p, p+n) ahead and, when `fault_in`, touches one byte of each
+/// page through the fault guard so that the pages are present when the engine copies.
+void prefetch(uint8_t* p, size_t n, bool fault_in) {
+  static const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const uintptr_t start = reinterpret_cast<uintptr_t>(p) & ~(page - 1);
+  const uintptr_t end = reinterpret_cast<uintptr_t>(p) + n;
+  ::madvise(reinterpret_cast<void*>(start), end - start, MADV_WILLNEED);
+  if (fault_in) net::guarded_touch(p, n);
+}
+
 }  // namespace
+
+namespace softrdma::verbs {
+
+/// verbs_context::advise_mr (ibv_advise_mr(3)): the ranges must lie in MRs of `pd` with
+/// IBV_ACCESS_ON_DEMAND (EINVAL otherwise, or for no SGE / an unknown flag; EOPNOTSUPP for
+/// an unknown advice). PREFETCH and PREFETCH_WRITE fault the pages in now (MADV_WILLNEED,
+/// then one touch per page; a write prefetch writes nothing), PREFETCH_NO_FAULT only asks
+/// the kernel to read ahead. An unmapped page is skipped, never an error: on hardware the
+/// prefetch of such a page fails later, at the access. IBV_ADVISE_MR_FLAG_FLUSH changes
+/// nothing here: the work is done before the call returns either way.
+int ctx_advise_mr(ibv_pd* pd, ibv_advise_mr_advice advice, uint32_t flags, ibv_sge* sg_list,
+                  uint32_t num_sge) {
+  if (!pd || !sg_list || num_sge == 0) return EINVAL;
+  if (advice != IBV_ADVISE_MR_ADVICE_PREFETCH && advice != IBV_ADVISE_MR_ADVICE_PREFETCH_WRITE &&
+      advice != IBV_ADVISE_MR_ADVICE_PREFETCH_NO_FAULT)
+    return EOPNOTSUPP;
+  if (flags & ~uint32_t(IBV_ADVISE_MR_FLAG_FLUSH)) return EINVAL;
+  engine::Device& dev = *to_ctx(pd->context)->dev;
+  for (uint32_t i = 0; i < num_sge; ++i) {
+    const ibv_sge& s = sg_list[i];
+    uint8_t* host = nullptr;
+    {
+      std::lock_guard lk(dev.mutex());
+      engine::MemoryRegion* mr = dev.find_mr(s.lkey);
+      if (!mr || &mr->pd() != to_pd(pd)->pd.get() || !(mr->access() & IBV_ACCESS_ON_DEMAND))
+        return EINVAL;
+      host = mr->translate(s.addr, s.length);
+      if (!host) return EINVAL;
+    }
+    if (s.length) prefetch(host, s.length, advice != IBV_ADVISE_MR_ADVICE_PREFETCH_NO_FAULT);
+  }
+  return 0;
+}
+
+}  // namespace softrdma::verbs
 
 extern "C" {
 
@@ -56,9 +104,14 @@ ibv_mr* ibv_reg_mr_iova2(ibv_pd* pd, void* addr, size_t length, uint64_t iova,
     return fail<ibv_mr>(err(s));
   // As ib_umem_get: a range that wraps the address space is EINVAL, one that is not mapped
   // (e.g. address 0x10) EFAULT.
-  if (reinterpret_cast<uintptr_t>(addr) + length < reinterpret_cast<uintptr_t>(addr))
-    return fail<ibv_mr>(EINVAL);
-  if (length && !range_is_mapped(addr, length)) return fail<ibv_mr>(EFAULT);
+  // On-demand MRs need not be mapped yet (their pages are reached when used), and the
+  // implicit one covers the whole address space.
+  const bool odp = access & IBV_ACCESS_ON_DEMAND;
+  if (!engine::MemoryRegion::is_implicit_odp(addr, length, access)) {
+    if (reinterpret_cast<uintptr_t>(addr) + length < reinterpret_cast<uintptr_t>(addr))
+      return fail<ibv_mr>(EINVAL);
+    if (length && !odp && !range_is_mapped(addr, length)) return fail<ibv_mr>(EFAULT);
+  }
   auto* m = new Mr{};
   if (!m->slot.take(*to_ctx(pd->context)->dev, engine::ObjectKind::kMr)) {
     delete m;
@@ -84,12 +137,62 @@ ibv_mr* ibv_reg_mr_iova(ibv_pd* pd, void* addr, size_t length, uint64_t iova, in
   return ibv_reg_mr_iova2(pd, addr, length, iova, static_cast<unsigned>(access));
 }
 
-int ibv_rereg_mr(ibv_mr*, int, ibv_pd*, void*, size_t, int) {
-  errno = EOPNOTSUPP;
-  return IBV_REREG_MR_ERR_INPUT;
+/// ibv_rereg_mr(3): changes an MR in place, keeping its lkey/rkey. Returns 0, or an
+/// ibv_rereg_mr_err_code with errno set, checked in the order libibverbs and the kernel's
+/// ib_uverbs_rereg_mr check:
+///   IBV_REREG_MR_ERR_INPUT (EINVAL): no flag, an unknown flag, CHANGE_TRANSLATION without an
+///   address or a length;
+///   IBV_REREG_MR_ERR_CMD: EINVAL for bad access bits (remote write/atomic without local
+///   write, unknown bits), a missing PD or one of another device, a wrapping range; EBUSY
+///   while memory windows are bound to the MR (the kernel's usecnt check); EFAULT for a
+///   new range that is not mapped (unless on-demand); EOPNOTSUPP for zero-based access.
+/// The change is atomic for the engine: a request in flight sees the old or the new region.
+int ibv_rereg_mr(ibv_mr* mr, int flags, ibv_pd* pd, void* addr, size_t length, int access) {
+  auto input_error = [] {
+    errno = EINVAL;
+    return IBV_REREG_MR_ERR_INPUT;
+  };
+  auto cmd_error = [](int e) {
+    errno = e;
+    return IBV_REREG_MR_ERR_CMD;
+  };
+  if (!mr || !flags || (flags & ~IBV_REREG_MR_FLAGS_SUPPORTED)) return input_error();
+  if ((flags & IBV_REREG_MR_CHANGE_TRANSLATION) && (!addr || !length)) return input_error();
+  Mr* m = to_mr(mr);
+  const unsigned new_access =
+      (flags & IBV_REREG_MR_CHANGE_ACCESS) ? static_cast<unsigned>(access) : m->mr->access();
+  void* new_addr = (flags & IBV_REREG_MR_CHANGE_TRANSLATION) ? addr : mr->addr;
+  const size_t new_length = (flags & IBV_REREG_MR_CHANGE_TRANSLATION) ? length : mr->length;
+  if (flags & IBV_REREG_MR_CHANGE_ACCESS) {
+    if (engine::Status s = engine::MemoryRegion::validate(new_addr, new_length, new_access);
+        s != engine::kOk)
+      return cmd_error(err(s));
+  }
+  if ((flags & IBV_REREG_MR_CHANGE_PD) && (!pd || pd->context != mr->context))
+    return cmd_error(EINVAL);
+  if (m->mr->windows_bound()) return cmd_error(EBUSY);
+  if (flags & IBV_REREG_MR_CHANGE_TRANSLATION) {
+    if (reinterpret_cast<uintptr_t>(addr) + length < reinterpret_cast<uintptr_t>(addr))
+      return cmd_error(EINVAL);
+    if (!(new_access & IBV_ACCESS_ON_DEMAND) && !range_is_mapped(addr, length))
+      return cmd_error(EFAULT);
+  }
+  m->mr->rereg(static_cast<uint32_t>(flags),
+               (flags & IBV_REREG_MR_CHANGE_PD) ? to_pd(pd)->pd.get() : nullptr, addr, length,
+               reinterpret_cast<uintptr_t>(addr), new_access);
+  if (flags & IBV_REREG_MR_CHANGE_PD) mr->pd = pd;
+  if (flags & IBV_REREG_MR_CHANGE_TRANSLATION) {
+    mr->addr = addr;
+    mr->length = length;
+  }
+  return 0;
 }
 
+/// ibv_dereg_mr(3): 0, or EINVAL while memory windows are bound to the MR (IBA 10.6.7.2.6;
+/// rxe_dereg_mr refuses the same way). Accesses through its key fail from now on.
 int ibv_dereg_mr(ibv_mr* mr) {
+  if (!mr) return EINVAL;
+  if (to_mr(mr)->mr->windows_bound()) return EINVAL;
   delete to_mr(mr);
   return 0;
 }

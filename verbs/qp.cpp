@@ -16,7 +16,11 @@ namespace {
 static_assert(sizeof(ibv_sge) == sizeof(engine::Sge));
 static_assert(offsetof(ibv_sge, lkey) == offsetof(engine::Sge, lkey));
 static_assert(IBV_WR_ATOMIC_FETCH_AND_ADD == int(engine::WrOpcode::kFetchAdd) &&
-              IBV_WR_ATOMIC_FETCH_AND_ADD + 1 == int(engine::kWrOpcodeCount));
+              IBV_WR_LOCAL_INV == int(engine::WrOpcode::kLocalInv) &&
+              IBV_WR_BIND_MW == int(engine::WrOpcode::kBindMw) &&
+              IBV_WR_SEND_WITH_INV + 1 == int(engine::kWrOpcodeCount));
+static_assert(IBV_WC_LOCAL_INV == int(engine::WcOpcode::kLocalInv) &&
+              IBV_WC_WITH_INV == int(engine::kWcWithInv));
 static_assert(unsigned(IBV_QP_DEST_QPN) == engine::kAttrDestQpn &&
               unsigned(IBV_QP_RATE_LIMIT) == engine::kAttrRateLimit);
 static_assert(unsigned(IBV_ACCESS_REMOTE_ATOMIC) == engine::kRemoteAtomic);
@@ -137,58 +141,78 @@ struct PostBuffer {
 };
 thread_local PostBuffer t_post_buffer;
 
+/// The engine's view of one ibv_send_wr (fields by opcode and QP type, as rxe's
+/// init_send_wr). False for an opcode the engine does not implement or a negative num_sge.
+static bool to_engine_wr(const ibv_qp& qp, const ibv_send_wr& w, engine::SendWr& e) {
+  if (!engine::wr_opcode_supported(w.opcode) || w.num_sge < 0) return false;
+  e.wr_id = w.wr_id;
+  e.opcode = static_cast<engine::WrOpcode>(w.opcode);
+  e.flags = w.send_flags;
+  e.imm_be = w.imm_data;
+  e.sg_list = reinterpret_cast<const engine::Sge*>(w.sg_list);
+  e.num_sge = static_cast<uint32_t>(w.num_sge);
+  switch (engine::wr_info(e.opcode).cls) {
+    case engine::WrClass::kAtomic:
+      e.remote_addr = w.wr.atomic.remote_addr;
+      e.rkey = w.wr.atomic.rkey;
+      e.compare_add = w.wr.atomic.compare_add;
+      e.swap = w.wr.atomic.swap;
+      break;
+    case engine::WrClass::kLocal:
+      e.sg_list = nullptr;  // a local operation gathers nothing
+      e.num_sge = 0;
+      e.flags &= ~unsigned(IBV_SEND_INLINE);
+      if (e.opcode == engine::WrOpcode::kLocalInv) {
+        e.invalidate_rkey = w.invalidate_rkey;
+      } else {
+        const ibv_mw_bind_info& b = w.bind_mw.bind_info;
+        if (!w.bind_mw.mw) return false;
+        e.bind = {w.bind_mw.mw->rkey,  w.bind_mw.rkey,   b.mr ? b.mr->lkey : 0u, b.addr,
+                  b.mr ? b.length : 0, b.mw_access_flags};
+      }
+      return true;
+    default:
+      e.remote_addr = w.wr.rdma.remote_addr;
+      e.rkey = w.wr.rdma.rkey;
+      if (e.opcode == engine::WrOpcode::kSendInv) e.invalidate_rkey = w.invalidate_rkey;
+      break;
+  }
+  if (qp.qp_type == IBV_QPT_UD) {
+    // The destination resolved now: a WQE outlives neither its AH nor needs it later.
+    e.ud_dst_ip = w.wr.ud.ah ? to_ah(w.wr.ud.ah)->ah->peer_ip() : 0;
+    e.remote_qpn = w.wr.ud.remote_qpn;
+    e.remote_qkey = w.wr.ud.remote_qkey;
+  } else if (qp.qp_type == IBV_QPT_XRC_SEND) {
+    e.remote_srqn = w.qp_type.xrc.remote_srqn;
+  }
+  return true;
+}
+
 int op_post_send(ibv_qp* ibqp, ibv_send_wr* wr, ibv_send_wr** bad) {
   engine::QueuePair& qp = *to_qp(ibqp)->qp;
   std::vector<engine::SendWr> late;  // stays empty (no allocation) unless the buffer is gone
   std::vector<engine::SendWr>& wrs = t_post_buffer_gone ? late : t_post_buffer.wrs;
   wrs.clear();
+  ibv_send_wr* refused = nullptr;
   for (ibv_send_wr* w = wr; w; w = w->next) {
     engine::SendWr e;
-    e.wr_id = w->wr_id;
-    if (!engine::wr_opcode_supported(w->opcode) || w->num_sge < 0) {
-      // SEND_WITH_INV, LOCAL_INV, BIND_MW, TSO, ATOMIC_WRITE, …: not on an RC QP here.
-      // WRs before this one are posted.
-      size_t ok = 0;
-      engine::Status st = qp.post_send_batch(wrs.data(), wrs.size(), ok);
-      if (bad) {
-        ibv_send_wr* b = wr;
-        for (size_t i = 0; i < ok; ++i) b = b->next;
-        *bad = st == engine::kOk ? w : b;
-      }
-      return st == engine::kOk ? EINVAL : err(st);
-    }
-    e.opcode = static_cast<engine::WrOpcode>(w->opcode);
-    e.flags = w->send_flags;
-    e.imm_be = w->imm_data;
-    e.sg_list = reinterpret_cast<const engine::Sge*>(w->sg_list);
-    e.num_sge = static_cast<uint32_t>(w->num_sge);
-    if (engine::wr_info(e.opcode).cls == engine::WrClass::kAtomic) {
-      e.remote_addr = w->wr.atomic.remote_addr;
-      e.rkey = w->wr.atomic.rkey;
-      e.compare_add = w->wr.atomic.compare_add;
-      e.swap = w->wr.atomic.swap;
-    } else {
-      e.remote_addr = w->wr.rdma.remote_addr;
-      e.rkey = w->wr.rdma.rkey;
-    }
-    if (ibqp->qp_type == IBV_QPT_UD) {
-      // The destination resolved now: a WQE outlives neither its AH nor needs it later.
-      e.ud_dst_ip = w->wr.ud.ah ? to_ah(w->wr.ud.ah)->ah->peer_ip() : 0;
-      e.remote_qpn = w->wr.ud.remote_qpn;
-      e.remote_qkey = w->wr.ud.remote_qkey;
-    } else if (ibqp->qp_type == IBV_QPT_XRC_SEND) {
-      e.remote_srqn = w->qp_type.xrc.remote_srqn;
+    if (!to_engine_wr(*ibqp, *w, e)) {
+      // TSO, DRIVER1, ATOMIC_WRITE, …: not on this device. WRs before this one are posted.
+      refused = w;
+      break;
     }
     wrs.push_back(e);
   }
   size_t ok = 0;
   engine::Status st = qp.post_send_batch(wrs.data(), wrs.size(), ok);
-  if (st != engine::kOk && bad) {
-    ibv_send_wr* b = wr;
-    for (size_t i = 0; i < ok; ++i) b = b->next;
-    *bad = b;
-  }
-  return err(st);
+  // A window's R_Key changes with each bind posted (what rxe's provider does for
+  // ibv_bind_mw); the application reads the new one from the ibv_mw.
+  ibv_send_wr* w = wr;
+  for (size_t i = 0; i < ok; ++i, w = w->next)
+    if (w->opcode == IBV_WR_BIND_MW) w->bind_mw.mw->rkey = w->bind_mw.rkey;
+  if (st == engine::kOk && !refused) return 0;
+  if (bad) *bad = st == engine::kOk ? refused : w;
+  return st == engine::kOk ? EINVAL : err(st);
 }
 
 int op_post_recv(ibv_qp* ibqp, ibv_recv_wr* wr, ibv_recv_wr** bad) {
@@ -205,9 +229,20 @@ ibv_qp* ctx_create_qp_ex(ibv_context* ctx, ibv_qp_init_attr_ex* a) {
   if (!(a->comp_mask & needed) ||
       (needed == IBV_QP_INIT_ATTR_PD ? a->pd == nullptr : a->xrcd == nullptr))
     return fail<ibv_qp>(EINVAL);
-  if (a->comp_mask & ~uint32_t(IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_XRCD))
+  constexpr uint32_t kKnown = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_XRCD |
+                              IBV_QP_INIT_ATTR_SEND_OPS_FLAGS | IBV_QP_INIT_ATTR_CREATE_FLAGS;
+  if (a->comp_mask & ~kKnown) return fail<ibv_qp>(EOPNOTSUPP);
+  // No create flag (scatter FCS, CVLAN stripping, source QPN, …) applies to this device;
+  // the mask bit with no flag set is accepted (pyverbs sets it at random).
+  if ((a->comp_mask & IBV_QP_INIT_ATTR_CREATE_FLAGS) && a->create_flags)
     return fail<ibv_qp>(EOPNOTSUPP);
-  return create_qp(ctx, a, 0);
+  const bool ex = a->comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
+  if (ex) {
+    if (int e = check_send_ops_flags(a->qp_type, a->send_ops_flags)) return fail<ibv_qp>(e);
+  }
+  ibv_qp* qp = create_qp(ctx, a, 0);
+  if (qp && ex) enable_qp_ex(to_qp(qp), a->send_ops_flags);
+  return qp;
 }
 
 }  // namespace softrdma::verbs
@@ -324,9 +359,5 @@ int ibv_destroy_qp(ibv_qp* qp) {
   delete q;
   return 0;
 }
-
-ibv_qp_ex* ibv_qp_to_qp_ex(ibv_qp*) {
-  return nullptr;
-}  // only QPs created with send_ops
 
 }  // extern "C"

@@ -18,6 +18,7 @@ constexpr uint8_t header_bytes_for(uint32_t mask, size_t extra = 0) {
   if (mask & kHasAeth) n += kAethBytes;
   if (mask & kHasAtomicAckEth) n += kAtomicAckEthBytes;
   if (mask & kHasImmDt) n += kImmDtBytes;
+  if (mask & kHasIeth) n += kIethBytes;
   return static_cast<uint8_t>(n);
 }
 
@@ -85,6 +86,12 @@ constexpr Row kRows[] = {
      kReq | kIsAtomic | kHasAtomicEth | kIsOnly},
     {Opcode::kFetchAdd, "RC_FETCH_ADD", nullptr, "XRC_FETCH_ADD",
      kReq | kIsAtomic | kHasAtomicEth | kIsOnly},
+    {Opcode::kSendLastInv, "RC_SEND_LAST_WITH_INVALIDATE", nullptr,
+     "XRC_SEND_LAST_WITH_INVALIDATE",
+     kReq | kIsSend | kHasPayload | kHasIeth | kIsLast | kConsumesRecvWqe},
+    {Opcode::kSendOnlyInv, "RC_SEND_ONLY_WITH_INVALIDATE", nullptr,
+     "XRC_SEND_ONLY_WITH_INVALIDATE",
+     kReq | kIsSend | kHasPayload | kHasIeth | kIsOnly | kConsumesRecvWqe},
 };
 
 /// The two UD opcodes (IBTA vol 1, table 38: UD carries single-packet SENDs, each with a
@@ -124,6 +131,8 @@ static_assert(kTable[0x13].header_bytes == kBthBytes + kAtomicEthBytes);
 static_assert(kTable[0x0b].header_bytes == kBthBytes + kRethBytes + kImmDtBytes);
 static_assert(kTable[0x12].header_bytes == kBthBytes + kAethBytes + kAtomicAckEthBytes);
 static_assert(kTable[0x81].header_bytes == kBthBytes + kCnpReservedBytes);
+static_assert(kTable[0x17].header_bytes == kBthBytes + kIethBytes);
+static_assert(kTable[0xb7].header_bytes == kBthBytes + kXrcethBytes + kIethBytes);
 static_assert(kTable[0x65].header_bytes == kBthBytes + kDethBytes + kImmDtBytes);
 static_assert(kTable[0x2b].header_bytes == kTable[0x0b].header_bytes);
 static_assert(kTable[0xab].header_bytes == kBthBytes + kXrcethBytes + kRethBytes + kImmDtBytes);
@@ -272,7 +281,9 @@ ParseError parse(std::span<const uint8_t> udp_payload, Packet& out) noexcept {
   }
   if (info->mask & kHasImmDt) {
     std::memcpy(&h.imm_be, q, kImmDtBytes);  // kept in network order
+    q += kImmDtBytes;
   }
+  if (info->mask & kHasIeth) h.ieth_rkey = load32(q);
 
   uint32_t icrc = 0;
   const uint8_t* tail = p + len - kIcrcBytes;
@@ -337,6 +348,10 @@ size_t encode_headers(const Headers& h, std::span<uint8_t> out) noexcept {
   if (info->mask & kHasImmDt) {
     std::memcpy(q, &h.imm_be, kImmDtBytes);
     q += kImmDtBytes;
+  }
+  if (info->mask & kHasIeth) {
+    store32(q, h.ieth_rkey);
+    q += kIethBytes;
   }
   // Reserved header bytes (the CNP's 16) are sent as zero.
   const size_t written = static_cast<size_t>(q - p);

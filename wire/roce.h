@@ -28,6 +28,7 @@ inline constexpr size_t kAethBytes = 4;
 inline constexpr size_t kAtomicEthBytes = 28;
 inline constexpr size_t kAtomicAckEthBytes = 8;
 inline constexpr size_t kImmDtBytes = 4;
+inline constexpr size_t kIethBytes = 4;
 inline constexpr size_t kDethBytes = 8;
 inline constexpr size_t kXrcethBytes = 4;
 inline constexpr size_t kIcrcBytes = 4;
@@ -68,6 +69,8 @@ enum class Opcode : uint8_t {
   kAtomicAcknowledge = 0x12,
   kCompareSwap = 0x13,
   kFetchAdd = 0x14,
+  kSendLastInv = 0x16,  ///< SEND last with invalidate (IETH; RC and XRC)
+  kSendOnlyInv = 0x17,  ///< SEND only with invalidate (IETH; RC and XRC)
   kCnp = 0x81,
 };
 
@@ -107,6 +110,7 @@ enum OpcodeFlag : uint32_t {
   kIsCnp = 1u << 17,
   kHasDeth = 1u << 18,    ///< Datagram ETH (UD requests): Q_Key, source QP
   kHasXrceth = 1u << 19,  ///< XRC ETH (XRC requests): the target's XRC SRQ number
+  kHasIeth = 1u << 20,    ///< Invalidate ETH (9.3.7): the R_Key the responder invalidates
 };
 
 /// One row of the opcode table.
@@ -117,8 +121,8 @@ struct OpcodeInfo {
   uint8_t header_bytes;  ///< BTH + all extended headers, bytes (payload starts here)
 };
 
-/// Table lookup. Returns nullptr for opcodes softrdma does not implement (RD, SEND with
-/// invalidate, ATOMIC WRITE, FLUSH, …); such packets are dropped and counted by the receiver.
+/// Table lookup. Returns nullptr for opcodes softrdma does not implement (RD, ATOMIC
+/// WRITE, FLUSH, …); such packets are dropped and counted by the receiver.
 const OpcodeInfo* opcode_info(uint8_t opcode) noexcept;
 
 /// Base Transport Header (IBTA vol 1, 9.2), host-order values.
@@ -191,6 +195,7 @@ struct Headers {
   Deth deth;
   Xrceth xrceth;
   uint32_t imm_be = 0;  ///< immediate data exactly as on the wire (network order), as ibv_wc
+  uint32_t ieth_rkey = 0;  ///< IETH: the R_Key a SEND with invalidate names (host order)
 };
 
 /// A parsed RoCEv2 UDP payload: headers, payload (without pad) and the ICRC as received.

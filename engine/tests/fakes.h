@@ -12,6 +12,7 @@
 
 #include "engine/cq.h"
 #include "engine/memory.h"
+#include "engine/mw.h"
 #include "engine/object_registry.h"
 #include "engine/qp.h"
 
@@ -43,6 +44,16 @@ class FakeDevice : public ObjectRegistry {
     return next_key_;
   }
   void unregister_mr(uint32_t key) override { mrs_.erase(key); }
+  uint32_t register_mw(MemoryWindow* mw) override {
+    next_key_ += 0x100;
+    mws_[next_key_ >> 8] = mw;
+    return next_key_;
+  }
+  void unregister_mw(uint32_t rkey) override { mws_.erase(rkey >> 8); }
+  MemoryWindow* find_mw(uint32_t rkey) {
+    auto it = mws_.find(rkey >> 8);
+    return it == mws_.end() || it->second->rkey() != rkey ? nullptr : it->second;
+  }
   uint8_t active_mtu() const override { return 5; }
   Transport& transport() override { return *transport_; }
   void try_progress() override {}
@@ -60,6 +71,7 @@ class FakeDevice : public ObjectRegistry {
   std::mutex mu_;
   std::unordered_map<uint32_t, QueuePair*> qps_;
   std::unordered_map<uint32_t, MemoryRegion*> mrs_;
+  std::unordered_map<uint32_t, MemoryWindow*> mws_;
   std::unordered_map<uint32_t, SharedReceiveQueue*> srqs_;
   uint32_t next_qpn_ = 0x100;
   uint32_t next_srqn_ = 1;
@@ -83,6 +95,7 @@ class FakeTransport : public Transport {
   }
   void flush() override {}
   MemoryRegion* find_mr(uint32_t key) override { return dev_.find_mr(key); }
+  MemoryWindow* find_mw(uint32_t rkey) override { return dev_.find_mw(rkey); }
   SharedReceiveQueue* find_srq(uint32_t srqn) override { return dev_.find_srq(srqn); }
   Counters& counters() override { return counters_; }
   uint64_t now_ns() override { return now_; }

@@ -12,6 +12,7 @@ TEST(WrTable, RowsAgreeWithTheWirePacketTable) {
   for (unsigned op = 0; op < kWrOpcodeCount; ++op) {
     const WrOpcodeInfo& w = wr_info(static_cast<WrOpcode>(op));
     SCOPED_TRACE(w.name);
+    if (w.cls == WrClass::kLocal) continue;  // no packets
     for (wire::Opcode o : {w.first, w.middle, w.last, w.only}) {
       const wire::OpcodeInfo* p = wire::opcode_info(static_cast<uint8_t>(o));
       ASSERT_NE(p, nullptr);
@@ -23,6 +24,8 @@ TEST(WrTable, RowsAgreeWithTheWirePacketTable) {
     EXPECT_EQ((last & wire::kHasImmDt) != 0, w.has_imm);
     EXPECT_EQ((only & wire::kConsumesRecvWqe) != 0, w.consumes_recv_wqe);
     EXPECT_EQ((only & (wire::kIsRead | wire::kIsAtomic)) != 0, w.read_or_atomic);
+    EXPECT_EQ((only & wire::kHasIeth) != 0,
+              w.wc_opcode == WcOpcode::kSend && static_cast<WrOpcode>(op) == WrOpcode::kSendInv);
   }
 }
 
@@ -35,10 +38,21 @@ TEST(WrTable, DataPacketOpcodeFollowsPositionInMessage) {
   EXPECT_EQ(wr_info(WrOpcode::kRdmaWrite).wire_opcode(false, true), wire::Opcode::kWriteLast);
 }
 
-TEST(WrTable, OnlyTheVerbsOpcodesUpToFetchAddAreSupported) {
+TEST(WrTable, OnlyTheVerbsOpcodesUpToSendWithInvalidateAreSupported) {
   EXPECT_TRUE(wr_opcode_supported(static_cast<uint32_t>(WrOpcode::kFetchAdd)));
-  EXPECT_FALSE(wr_opcode_supported(7));            // IBV_WR_LOCAL_INV
+  EXPECT_TRUE(wr_opcode_supported(7));             // IBV_WR_LOCAL_INV
+  EXPECT_TRUE(wr_opcode_supported(8));             // IBV_WR_BIND_MW
+  EXPECT_TRUE(wr_opcode_supported(9));             // IBV_WR_SEND_WITH_INV
+  EXPECT_FALSE(wr_opcode_supported(10));           // IBV_WR_TSO
+  EXPECT_FALSE(wr_opcode_supported(15));           // IBV_WR_ATOMIC_WRITE
   EXPECT_FALSE(wr_opcode_supported(0xffffffffu));  // a negative int from C
+}
+
+TEST(WrTable, LocalOperationsSendNothingAndCompleteWithTheirOwnOpcode) {
+  EXPECT_EQ(wr_info(WrOpcode::kBindMw).cls, WrClass::kLocal);
+  EXPECT_EQ(wr_info(WrOpcode::kLocalInv).cls, WrClass::kLocal);
+  EXPECT_EQ(wr_info(WrOpcode::kLocalInv).wc_opcode, WcOpcode::kLocalInv);
+  EXPECT_FALSE(wr_info(WrOpcode::kBindMw).inline_allowed);
 }
 
 }  // namespace

@@ -7,6 +7,8 @@
 #       message); `run -- true` works; `run -- /nonexistent` exits 127 naming the program;
 #       the options reach the program's environment and LD_LIBRARY_PATH starts with the
 #       drop-in's directory; PROGRAM's own options after `--` are left alone.
+#       `run` preloads libsoftrdma_sysfs.so (not with --no-sysfs).
+# sysfs: --create DIR writes srdma0's tree there; a bad --addr or no --create is a usage error.
 # params: lists the registry (all groups, one group, Markdown); an unknown group is a usage
 #       error.
 # stat: with nothing published it says so and exits 0; a live device (an ibv_rc_pingpong
@@ -123,6 +125,10 @@ grep -Eq "^LD_LIBRARY_PATH=$want_lib:/opt/x$" <<<"$OUT" ||
   bad "an inherited LD_LIBRARY_PATH is not kept after the drop-in's directory"
 SOFTRDMA_ADDR=127.0.0.77 sr run -- env
 grep -qx "SOFTRDMA_ADDR=127.0.0.77" <<<"$OUT" || bad "inherited SOFTRDMA_ADDR not left alone"
+want_sysfs="$want_lib/libsoftrdma_sysfs.so"
+grep -Eq "^LD_PRELOAD=$want_sysfs(:|$)" <<<"$OUT" || bad "LD_PRELOAD does not start with $want_sysfs"
+sr run --no-sysfs -- env
+grep -q "libsoftrdma_sysfs" <<<"$OUT" && bad "run --no-sysfs still preloads libsoftrdma_sysfs.so"
 ok "environment set up for the program"
 
 sr run -- printf '%s|' --addr -x -- --help
@@ -155,6 +161,19 @@ grep -q "SOFTRDMA_ADDR" <<<"$OUT" && bad "params ccl lists a device variable"
 sr params tcp
 expect_status 2 "params tcp" "GROUP"
 ok "params"
+
+# ---- sysfs --create: the tree as files ------------------------------------------------------
+sr sysfs --create "$WORK/tree" --addr 127.0.0.9
+[[ $RC -eq 0 && $(<"$WORK/tree/sys/class/infiniband/srdma0/node_guid") == 0200:7fff:fe00:0009 &&
+  -L "$WORK/tree/dev/infiniband/uverbs0" &&
+  $(<"$WORK/tree/sys/class/infiniband_verbs/uverbs0/ibdev") == srdma0 ]] ||
+  bad "sysfs --create did not write srdma0's tree"
+grep -q "mknod /dev/infiniband/uverbs0 c 231 192" <<<"$OUT" || bad "sysfs --create prints no mount lines"
+sr sysfs --create "$WORK/tree2" --addr 300.1.1.1
+expect_status 2 "sysfs --addr 300.1.1.1" "--addr"
+sr sysfs
+expect_status 2 "sysfs without --create" "--create"
+ok "sysfs --create"
 
 # ---- stat with nothing published ----------------------------------------------------------
 mkdir -p "$WORK/empty"

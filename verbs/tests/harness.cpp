@@ -305,7 +305,22 @@ bool create_endpoint(Device& d, const ConnOptions& o, Endpoint& e, ibv_comp_chan
   ia.cap.max_send_sge = o.max_send_sge;
   ia.cap.max_recv_sge = o.max_recv_sge;
   ia.cap.max_inline_data = o.max_inline_data;
-  e.qp = ibv_create_qp(d.pd, &ia);
+  if (o.send_ops_flags) {
+    // The extended post API (ibv_wr_*): ibv_create_qp_ex with the ops the test posts.
+    ibv_qp_init_attr_ex ix{};
+    ix.send_cq = ia.send_cq;
+    ix.recv_cq = ia.recv_cq;
+    ix.qp_type = ia.qp_type;
+    ix.sq_sig_all = ia.sq_sig_all;
+    ix.cap = ia.cap;
+    ix.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
+    ix.pd = d.pd;
+    ix.send_ops_flags = o.send_ops_flags;
+    e.qp = ibv_create_qp_ex(d.ctx, &ix);
+    ia.cap = ix.cap;
+  } else {
+    e.qp = ibv_create_qp(d.pd, &ia);
+  }
   if (!e.qp) {
     ADD_FAILURE() << "ibv_create_qp: " << strerror(errno);
     return false;

@@ -141,6 +141,9 @@ struct ConnOptions {
   int cq_depth = 2048;
   /// Initial send PSN of every QP; negative: a pseudo-random 24-bit value per QP.
   int64_t psn = -1;
+  /// Non-zero: QPs are created by ibv_create_qp_ex with these IBV_QP_EX_WITH_* ops, so
+  /// ibv_qp_to_qp_ex gives their ibv_wr_* API.
+  uint64_t send_ops_flags = 0;
 };
 
 /// One RC QP with its own send and receive CQs.

@@ -585,8 +585,8 @@ TEST(RawPackets, GarbageIsDroppedAndCounted) {
       pkts.push_back(std::move(p));
     }
     uint8_t payload[24] = {9};
-    for (uint8_t op : {uint8_t(0x64), uint8_t(0x24), uint8_t(0x17), uint8_t(0x1f), uint8_t(0xff),
-                       uint8_t(0x40)}) {  // UD SEND, UC SEND, RC SEND_ONLY_INV, reserved, …
+    for (uint8_t op : {uint8_t(0x64), uint8_t(0x24), uint8_t(0x15), uint8_t(0x1f), uint8_t(0xff),
+                       uint8_t(0x40)}) {  // UD SEND, UC SEND, RC reserved 0x15, reserved, …
       Bth b;
       b.opcode = op;
       b.dest_qpn = g.ep.qpn;

@@ -23,7 +23,8 @@ constexpr Opcode kAllOpcodes[] = {
     Opcode::kReadResponseMiddle, Opcode::kReadResponseLast,
     Opcode::kReadResponseOnly,   Opcode::kAcknowledge,
     Opcode::kAtomicAcknowledge,  Opcode::kCompareSwap,
-    Opcode::kFetchAdd,           Opcode::kCnp,
+    Opcode::kFetchAdd,           Opcode::kSendLastInv,
+    Opcode::kSendOnlyInv,        Opcode::kCnp,
 };
 
 uint8_t op(Opcode o) {
@@ -59,6 +60,7 @@ Headers sample_headers(uint8_t opcode, uint8_t pad) {
   h.xrceth = {0x0a0b0c};
   const uint8_t imm[4] = {0x01, 0x02, 0x03, 0x04};
   std::memcpy(&h.imm_be, imm, 4);
+  h.ieth_rkey = 0x89abcdef;
   return h;
 }
 Headers sample_headers(Opcode o, uint8_t pad) {
@@ -93,10 +95,11 @@ TEST(OpcodeTable, KnownOpcodes) {
       EXPECT_EQ(std::popcount(info->mask & (kIsRequest | kIsResponse)), 1) << info->name;
     }
   }
-  // RC 21 + CNP + UC 12 (SEND, WRITE) + UD 2 (SEND ONLY) + XRC 21.
-  EXPECT_EQ(known_opcodes().size(), 57u);
+  // RC 23 + CNP + UC 12 (SEND, WRITE) + UD 2 (SEND ONLY) + XRC 23.
+  EXPECT_EQ(known_opcodes().size(), 61u);
   EXPECT_EQ(opcode_info(0x15), nullptr);
-  EXPECT_EQ(opcode_info(0x16), nullptr);  // SEND_LAST_WITH_INVALIDATE: not implemented
+  EXPECT_EQ(opcode_info(0x36), nullptr);  // no UC SEND_LAST_WITH_INVALIDATE
+  EXPECT_EQ(opcode_info(0x1d), nullptr);  // RDMA ATOMIC WRITE: not implemented
   EXPECT_EQ(opcode_info(0x2c), nullptr);  // no UC READ
   EXPECT_EQ(opcode_info(0x40), nullptr);  // RD: not implemented
   EXPECT_EQ(opcode_info(0x60), nullptr);  // no UD SEND_FIRST
@@ -201,6 +204,10 @@ TEST(OpcodeTable, Rows) {
       {Opcode::kCompareSwap, "RC_COMPARE_SWAP", kIsRequest | kIsAtomic | kHasAtomicEth | kIsOnly,
        40},
       {Opcode::kFetchAdd, "RC_FETCH_ADD", kIsRequest | kIsAtomic | kHasAtomicEth | kIsOnly, 40},
+      {Opcode::kSendLastInv, "RC_SEND_LAST_WITH_INVALIDATE",
+       kIsRequest | kIsSend | kHasPayload | kHasIeth | kIsLast | kConsumesRecvWqe, 16},
+      {Opcode::kSendOnlyInv, "RC_SEND_ONLY_WITH_INVALIDATE",
+       kIsRequest | kIsSend | kHasPayload | kHasIeth | kIsOnly | kConsumesRecvWqe, 16},
       {Opcode::kCnp, "CNP", kIsCnp, 28},
   };
   for (const Expect& e : rows) {
@@ -292,6 +299,7 @@ TEST(Parse, RoundTripEveryOpcode) {
         EXPECT_EQ(p.hdr.atomic_ack.orig, def.atomic_ack.orig);
       }
       EXPECT_EQ(p.hdr.imm_be, (info->mask & kHasImmDt) ? h.imm_be : 0u);
+      EXPECT_EQ(p.hdr.ieth_rkey, (info->mask & kHasIeth) ? h.ieth_rkey : 0u);
       EXPECT_EQ(p.hdr.deth.qkey, (info->mask & kHasDeth) ? h.deth.qkey : 0u);
       EXPECT_EQ(p.hdr.deth.src_qpn, (info->mask & kHasDeth) ? h.deth.src_qpn : 0u);
       EXPECT_EQ(p.hdr.xrceth.srqn, (info->mask & kHasXrceth) ? h.xrceth.srqn : 0u);
@@ -350,6 +358,22 @@ TEST(Encode, WireLayout) {
   n.fill(0xee);
   ASSERT_EQ(encode_headers(h, n), 28u);
   for (size_t i = 12; i < 28; ++i) EXPECT_EQ(n[i], 0) << i;
+}
+
+// SEND ONLY with invalidate: the IETH (IBTA vol 1, 9.3.7) is the R_Key, big-endian, right
+// after the BTH (after the XRCETH in XRC); the payload follows it.
+TEST(Encode, IethFollowsBth) {
+  Headers h = sample_headers(Opcode::kSendOnlyInv, 0);
+  const std::vector<uint8_t> pkt = build(h, 4);
+  ASSERT_EQ(pkt.size(), kBthBytes + kIethBytes + 4 + kIcrcBytes);
+  EXPECT_EQ(pkt[12], 0x89);
+  EXPECT_EQ(pkt[13], 0xab);
+  EXPECT_EQ(pkt[14], 0xcd);
+  EXPECT_EQ(pkt[15], 0xef);
+  EXPECT_EQ(pkt[16], 0);  // payload byte 0
+  const OpcodeInfo* x = opcode_info(0xb7);
+  ASSERT_NE(x, nullptr);
+  EXPECT_STREQ(x->name, "XRC_SEND_ONLY_WITH_INVALIDATE");
 }
 
 TEST(Encode, RejectsUnknownOrShort) {

@@ -1,0 +1,351 @@
+// libsoftrdma_sysfs.so: an LD_PRELOAD library (loaded by `softrdma run`) that gives programs
+// the sysfs and /dev entries of srdma0 without root. The virtual tree (tree.h) is written
+// once per device view to a real directory, /dev/shm/softrdma-sysfs-<uid>/v1-<ip>-<ifname>,
+// and the libc calls that take a path send paths under /sys/class/infiniband,
+// /sys/class/infiniband_verbs and /dev/infiniband there: open/open64/openat/openat64 (and
+// their _FORTIFY_SOURCE __*_2 forms), fopen/fopen64, stat/lstat/fstatat (and the 64 and
+// pre-2.33 __xstat forms), statx, access/faccessat/euidaccess, opendir, readlink/readlinkat,
+// realpath/canonicalize_file_name (mapped back to the virtual path), chdir and the
+// getxattr/listxattr family. Everything
+// that works on the returned descriptors — read, fstat, getdents/readdir, fdopendir,
+// openat relative to a tree directory — then needs no interposition at all. This covers what
+// rdma-core 44's libibverbs sysfs.c, pyverbs (os.path.exists, os.listdir, open, `ls` in a
+// subprocess) and librdmacm reach for. /dev/infiniband/uverbs0 stats as a character device
+// 231:192 (it is /dev/null underneath: nothing can be done with it but open and close).
+//
+// Which device: SOFTRDMA_ADDR when set (what `softrdma run --addr` sets, and what the
+// device binds); otherwise the device this process — or its parent, for a helper program a
+// verbs program started — has open (its counter file /dev/shm/softrdma.<ip>.<pid>); otherwise
+// 127.0.0.1. The values are those of the verbs queries (verbs/device_identity.h).
+//
+// Not covered: relative paths resolved against a working directory inside /sys/class, and
+// the "//" or "/./" spellings of the virtual paths; programs that make system calls without
+// libc (Go binaries) see the real /sys.
+#include <dirent.h>
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
+#include <sys/xattr.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <cstring>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "base/params.h"
+#include "verbs/device_identity.h"
+#include "verbs/sysfs/tree.h"
+
+namespace sysfs = softrdma::verbs::sysfs;
+
+namespace {
+
+/// The next definition of libc function `name` (the real one), looked up once.
+#define REAL(name)                                                                 \
+  ([]() {                                                                          \
+    static auto fn = reinterpret_cast<decltype(&::name)>(dlsym(RTLD_NEXT, #name)); \
+    return fn;                                                                     \
+  }())
+
+std::string dotted(uint32_t ip) {
+  return std::to_string(ip >> 24) + "." + std::to_string((ip >> 16) & 255) + "." +
+         std::to_string((ip >> 8) & 255) + "." + std::to_string(ip & 255);
+}
+
+bool parse_dotted(const char* s, uint32_t& ip) {
+  unsigned a, b, c, d;
+  char tail;
+  if (std::sscanf(s, "%u.%u.%u.%u%c", &a, &b, &c, &d, &tail) != 4 || a > 255 || b > 255 ||
+      c > 255 || d > 255)
+    return false;
+  ip = (a << 24) | (b << 16) | (c << 8) | d;
+  return true;
+}
+
+/// The address of the device process `pid` has open, from its counter file
+/// /dev/shm/softrdma.<a.b.c.d>.<pid> (engine/counters.cpp); 0 when none.
+uint32_t device_of(pid_t pid) {
+  DIR* d = REAL(opendir)("/dev/shm");
+  if (!d) return 0;
+  const std::string suffix = "." + std::to_string(pid);
+  uint32_t ip = 0;
+  while (dirent* e = readdir(d)) {
+    const std::string n = e->d_name;
+    if (n.rfind("softrdma.", 0) != 0 || n.size() <= suffix.size() + 9 ||
+        n.compare(n.size() - suffix.size(), suffix.size(), suffix) != 0)
+      continue;
+    if (parse_dotted(n.substr(9, n.size() - 9 - suffix.size()).c_str(), ip)) break;
+  }
+  closedir(d);
+  return ip;
+}
+
+uint32_t device_ip() {
+  uint32_t ip = 0;
+  std::string malformed;
+  if (softrdma::params::read_ipv4(softrdma::params::kAddr, ip, malformed) && ip) return ip;
+  if ((ip = device_of(::getpid())) || (ip = device_of(::getppid()))) return ip;
+  return (127u << 24) | 1;
+}
+
+/// The directory holding the tree for this process's device view, written on first use;
+/// empty when it cannot be (the real paths are used then).
+std::string tree_root() {
+  static std::mutex mu;
+  static uint32_t cached_ip = 0;
+  static std::string cached_root;
+  const uint32_t ip = device_ip();
+  std::lock_guard lk(mu);
+  if (ip == cached_ip && !cached_root.empty()) return cached_root;
+  const int saved = errno;
+  sysfs::DeviceView v{ip, sysfs::interface_for(ip)};
+  const std::string base = "/dev/shm/softrdma-sysfs-" + std::to_string(::getuid());
+  const std::string root = base + "/v1-" + dotted(ip) + "-" + v.ifname;
+  struct stat st;
+  if (REAL(stat)((root + "/dev").c_str(), &st) != 0) {
+    // Written aside, then renamed into place: a reader never sees a partial tree.
+    ::mkdir(base.c_str(), 0755);
+    const std::string pattern = base + "/tmp-XXXXXX";
+    std::string tmp = pattern;
+    const std::vector<sysfs::Entry> entries = sysfs::build(v);
+    if (!::mkdtemp(tmp.data()) || sysfs::materialize(tmp, entries) != 0) {
+      errno = saved;
+      return {};
+    }
+    ::chmod(tmp.c_str(), 0755);
+    if (::rename(tmp.c_str(), root.c_str()) != 0) {
+      // Another process won the race (its tree is the same): remove ours, children first.
+      for (auto e = entries.rbegin(); e != entries.rend(); ++e) {
+        const std::string p = tmp + "/" + e->path;
+        if (e->kind == sysfs::Entry::Kind::kDir)
+          ::rmdir(p.c_str());
+        else
+          ::unlink(p.c_str());
+      }
+      ::rmdir(tmp.c_str());
+    }
+  }
+  errno = saved;
+  cached_ip = ip;
+  cached_root = root;
+  return root;
+}
+
+/// The path to use instead of `path`: the tree's copy for a virtual path, else `path`.
+/// `keep` holds the string the returned pointer points into.
+const char* map(const char* path, std::string& keep) {
+  if (!sysfs::in_tree(path)) return path;
+  const std::string root = tree_root();
+  if (root.empty()) return path;
+  keep = root + path;
+  return keep.c_str();
+}
+
+/// fn(tree path, args…) for a path-taking libc function `fn`.
+template <class Fn, class... Args>
+auto redirect(Fn fn, const char* path, Args... args) {
+  std::string keep;
+  return fn(map(path, keep), args...);
+}
+/// fn(dirfd, tree path, args…) for the *at forms (a relative path is left alone).
+template <class Fn, class... Args>
+auto redirect_at(Fn fn, int dirfd, const char* path, Args... args) {
+  std::string keep;
+  return fn(dirfd, map(path, keep), args...);
+}
+
+bool is_uverbs(const char* path) {
+  return path && std::strncmp(path, "/dev/infiniband/uverbs", 22) == 0;
+}
+
+/// /dev/infiniband/uverbsN is a character device 231:192 (its stand-in is /dev/null):
+/// patches a successful stat of it; returns `rc`.
+template <class Stat>
+int fix_uverbs(const char* path, int rc, Stat* st) {
+  if (rc == 0 && is_uverbs(path)) {
+    st->st_mode = S_IFCHR | 0666;
+    st->st_rdev = makedev(softrdma::verbs::kUverbsMajor, softrdma::verbs::kUverbsMinor);
+  }
+  return rc;
+}
+
+}  // namespace
+
+/// Declares `mode`: the mode argument of an open call that has one (O_CREAT or O_TMPFILE),
+/// else 0. A macro: it reads the calling function's variadic arguments.
+#define DECLARE_OPEN_MODE(flags, mode)                         \
+  mode_t mode = 0;                                             \
+  if (((flags)&O_CREAT) || ((flags)&O_TMPFILE) == O_TMPFILE) { \
+    va_list ap;                                                \
+    va_start(ap, flags);                                       \
+    mode = va_arg(ap, mode_t);                                 \
+    va_end(ap);                                                \
+  }
+
+namespace {}  // namespace
+
+// Declarations glibc's headers no longer give (pre-2.33 stat entry points, still exported
+// for old binaries).
+extern "C" {
+int __xstat(int, const char*, struct stat*);
+int __xstat64(int, const char*, struct stat64*);
+int __lxstat(int, const char*, struct stat*);
+int __lxstat64(int, const char*, struct stat64*);
+int __fxstatat(int, int, const char*, struct stat*, int);
+int __fxstatat64(int, int, const char*, struct stat64*, int);
+int __open_2(const char*, int);
+int __open64_2(const char*, int);
+int __openat_2(int, const char*, int);
+int __openat64_2(int, const char*, int);
+}
+
+extern "C" {
+
+// ---- open, stat, access, directories, links --------------------------------------------
+// Each call goes to the real function with the tree's path in place of a virtual one.
+
+int open(const char* path, int flags, ...) {
+  DECLARE_OPEN_MODE(flags, mode);
+  return redirect(REAL(open), path, flags, mode);
+}
+int open64(const char* path, int flags, ...) {
+  DECLARE_OPEN_MODE(flags, mode);
+  return redirect(REAL(open64), path, flags, mode);
+}
+int openat(int dirfd, const char* path, int flags, ...) {
+  DECLARE_OPEN_MODE(flags, mode);
+  return redirect_at(REAL(openat), dirfd, path, flags, mode);
+}
+int openat64(int dirfd, const char* path, int flags, ...) {
+  DECLARE_OPEN_MODE(flags, mode);
+  return redirect_at(REAL(openat64), dirfd, path, flags, mode);
+}
+int __open_2(const char* path, int flags) {
+  return redirect(REAL(__open_2), path, flags);
+}
+int __open64_2(const char* path, int flags) {
+  return redirect(REAL(__open64_2), path, flags);
+}
+int __openat_2(int dirfd, const char* path, int flags) {
+  return redirect_at(REAL(__openat_2), dirfd, path, flags);
+}
+int __openat64_2(int dirfd, const char* path, int flags) {
+  return redirect_at(REAL(__openat64_2), dirfd, path, flags);
+}
+FILE* fopen(const char* path, const char* mode) {
+  return redirect(REAL(fopen), path, mode);
+}
+FILE* fopen64(const char* path, const char* mode) {
+  return redirect(REAL(fopen64), path, mode);
+}
+
+int stat(const char* path, struct stat* st) {
+  return fix_uverbs(path, redirect(REAL(stat), path, st), st);
+}
+int stat64(const char* path, struct stat64* st) {
+  return fix_uverbs(path, redirect(REAL(stat64), path, st), st);
+}
+int lstat(const char* path, struct stat* st) {
+  return fix_uverbs(path, redirect(REAL(lstat), path, st), st);
+}
+int lstat64(const char* path, struct stat64* st) {
+  return fix_uverbs(path, redirect(REAL(lstat64), path, st), st);
+}
+int fstatat(int dirfd, const char* path, struct stat* st, int flags) {
+  return fix_uverbs(path, redirect_at(REAL(fstatat), dirfd, path, st, flags), st);
+}
+int fstatat64(int dirfd, const char* path, struct stat64* st, int flags) {
+  return fix_uverbs(path, redirect_at(REAL(fstatat64), dirfd, path, st, flags), st);
+}
+// The pre-2.33 entry points: on x86_64 their struct is the kernel's, as stat's.
+int __xstat(int, const char* path, struct stat* st) {
+  return stat(path, st);
+}
+int __xstat64(int, const char* path, struct stat64* st) {
+  return stat64(path, st);
+}
+int __lxstat(int, const char* path, struct stat* st) {
+  return lstat(path, st);
+}
+int __lxstat64(int, const char* path, struct stat64* st) {
+  return lstat64(path, st);
+}
+int __fxstatat(int, int dirfd, const char* path, struct stat* st, int flags) {
+  return fstatat(dirfd, path, st, flags);
+}
+int __fxstatat64(int, int dirfd, const char* path, struct stat64* st, int flags) {
+  return fstatat64(dirfd, path, st, flags);
+}
+int statx(int dirfd, const char* path, int flags, unsigned int mask, struct statx* st) {
+  const int rc = redirect_at(REAL(statx), dirfd, path, flags, mask, st);
+  if (rc == 0 && is_uverbs(path)) {
+    st->stx_mode = S_IFCHR | 0666;
+    st->stx_rdev_major = softrdma::verbs::kUverbsMajor;
+    st->stx_rdev_minor = softrdma::verbs::kUverbsMinor;
+  }
+  return rc;
+}
+
+int access(const char* path, int how) {
+  return redirect(REAL(access), path, how);
+}
+int faccessat(int dirfd, const char* path, int how, int flags) {
+  return redirect_at(REAL(faccessat), dirfd, path, how, flags);
+}
+int euidaccess(const char* path, int how) {
+  return redirect(REAL(euidaccess), path, how);
+}
+int eaccess(const char* path, int how) {
+  return redirect(REAL(eaccess), path, how);
+}
+DIR* opendir(const char* path) {
+  return redirect(REAL(opendir), path);
+}
+int chdir(const char* path) {
+  return redirect(REAL(chdir), path);
+}
+ssize_t readlink(const char* path, char* buf, size_t size) {
+  return redirect(REAL(readlink), path, buf, size);
+}
+ssize_t readlinkat(int dirfd, const char* path, char* buf, size_t size) {
+  return redirect_at(REAL(readlinkat), dirfd, path, buf, size);
+}
+// Extended attributes (ls -l asks for ACLs and security labels).
+ssize_t getxattr(const char* path, const char* name, void* value, size_t size) {
+  return redirect(REAL(getxattr), path, name, value, size);
+}
+ssize_t lgetxattr(const char* path, const char* name, void* value, size_t size) {
+  return redirect(REAL(lgetxattr), path, name, value, size);
+}
+ssize_t listxattr(const char* path, char* list, size_t size) {
+  return redirect(REAL(listxattr), path, list, size);
+}
+ssize_t llistxattr(const char* path, char* list, size_t size) {
+  return redirect(REAL(llistxattr), path, list, size);
+}
+
+/// realpath of a virtual path: resolved in the tree, then given back under its virtual name
+/// (a link out of the tree, e.g. device/net/lo, resolves to the real target).
+char* realpath(const char* path, char* resolved) {
+  std::string k;
+  const char* p = map(path, k);
+  char* r = REAL(realpath)(p, resolved);
+  if (!r || p == path) return r;
+  const std::string root = k.substr(0, k.size() - std::strlen(path));
+  if (std::strncmp(r, root.c_str(), root.size()) == 0)
+    std::memmove(r, r + root.size(), std::strlen(r + root.size()) + 1);
+  return r;
+}
+char* canonicalize_file_name(const char* path) {
+  return realpath(path, nullptr);
+}
+
+}  // extern "C"
