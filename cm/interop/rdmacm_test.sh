@@ -9,6 +9,7 @@
 #                  (SEND + RDMA READ/WRITE each iteration, data validated; the client prints
 #                  100 "ping data" lines)
 #   ucmatose       ucmatose -b S -p P / ucmatose -s S -p P           (RC, SEND/RECV)
+#   ucmatose_many  the same with -c 8 -C 50: eight connections at once, 50 messages each
 #   udaddy         udaddy -b S / udaddy -s S                         (UD: SIDR, port 7174 fixed)
 #   rdma_server    rdma_server -s S -p P / rdma_client -s S -p P     (synchronous endpoints)
 #   rdma_xserver   rdma_xserver -p P / rdma_xclient -s S -p P        (RC, wildcard listen)
@@ -32,7 +33,7 @@
 # A missing /usr/bin program is a failure (install rdmacm-utils: scripts/deps.sh), never a skip.
 set -uo pipefail
 
-CASES="rping ucmatose udaddy rdma_server rdma_xserver rdma_xserver_xrc no_listener peer_stopped"
+CASES="rping ucmatose ucmatose_many udaddy rdma_server rdma_xserver rdma_xserver_xrc no_listener peer_stopped"
 CASES+=" no_device capture"
 
 # shellcheck source=scripts/lib/test_lib.sh
@@ -53,6 +54,7 @@ case "$CASE" in
   peer_stopped) N=8 ;;
   no_device) N=9 ;;
   capture) N=10 ;;
+  ucmatose_many) N=11 ;;
 esac
 S=127.0.63.$((2 * N - 1))
 C=127.0.63.$((2 * N))
@@ -154,6 +156,12 @@ case "$CASE" in
   ucmatose)
     start_server "$S" ucmatose -b "$S" -p "$PORT"
     run_client "$C" ucmatose -s "$S" -p "$PORT"
+    wait_server
+    expect_ok "^return status 0$" "^return status 0$"
+    ;;
+  ucmatose_many)
+    start_server "$S" ucmatose -b "$S" -p "$PORT" -c 8 -C 50
+    run_client "$C" ucmatose -s "$S" -p "$PORT" -c 8 -C 50
     wait_server
     expect_ok "^return status 0$" "^return status 0$"
     ;;
