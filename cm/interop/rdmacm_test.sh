@@ -23,6 +23,8 @@
 #                  with status -110 (-ETIMEDOUT) — never a hang
 #   no_device      rping -c to an address where no RoCEv2 endpoint lives:
 #                  RDMA_CM_EVENT_ADDR_ERROR with status -113 (-EHOSTUNREACH), at once
+#   foreign_verbs  rping with softrdma's librdmacm.so.1 but Debian's libibverbs.so.1: it must
+#                  fail at once, saying it needs softrdma's libibverbs
 #   capture        rping -C 1 with both sides' packets captured (softrdma run --pcap):
 #                  tshark must decode the CM MADs on QP1 — REQ (service ID 0x01060000|P, the
 #                  annex A11 IP CM header's addresses and port), REP, RTU, DREQ, DREP
@@ -34,7 +36,7 @@
 set -uo pipefail
 
 CASES="rping ucmatose ucmatose_many udaddy rdma_server rdma_xserver rdma_xserver_xrc no_listener peer_stopped"
-CASES+=" no_device capture"
+CASES+=" no_device capture foreign_verbs"
 
 # shellcheck source=scripts/lib/test_lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib/test_lib.sh"
@@ -55,6 +57,7 @@ case "$CASE" in
   no_device) N=9 ;;
   capture) N=10 ;;
   ucmatose_many) N=11 ;;
+  foreign_verbs) N=12 ;;
 esac
 S=127.0.63.$((2 * N - 1))
 C=127.0.63.$((2 * N))
@@ -207,6 +210,15 @@ case "$CASE" in
     t1=$SECONDS
     run_client "$C" rping -c -a "$S" -p "$PORT" -C 1
     client_fails_with "RDMA_CM_EVENT_ADDR_ERROR, error -113$" 10 $((SECONDS - t1))
+    ;;
+  foreign_verbs)
+    need_tool rping
+    mkdir -p "$WORK/lib"
+    ln -s "$BUILD_DIR/lib/librdmacm.so.1" "$WORK/lib/librdmacm.so.1"  # and no libibverbs
+    CRC=0
+    LD_LIBRARY_PATH="$WORK/lib" timeout -k 5 "$STEP_TIMEOUT" rping -s -a "$S" -p "$PORT" -C 1 \
+      >"$CLOG" 2>&1 || CRC=$?
+    client_fails_with "needs softrdma's libibverbs.so.1" 10 $((SECONDS - t0))
     ;;
   capture)
     command -v tshark >/dev/null || fail "tshark is missing: install Debian's tshark (scripts/deps.sh)"
