@@ -69,6 +69,22 @@ bool roce_endpoint_at(uint32_t ip) {
   return false;
 }
 
+ibv_gid ipv4_gid(uint32_t ip) {
+  ibv_gid g{};
+  g.raw[10] = g.raw[11] = 0xff;
+  g.raw[12] = uint8_t(ip >> 24);
+  g.raw[13] = uint8_t(ip >> 16);
+  g.raw[14] = uint8_t(ip >> 8);
+  g.raw[15] = uint8_t(ip);
+  return g;
+}
+
+uint32_t gid_ipv4(const uint8_t (&raw)[16]) {
+  static const uint8_t kMapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+  if (std::memcmp(raw, kMapped, sizeof kMapped) != 0) return 0;
+  return uint32_t(raw[12]) << 24 | uint32_t(raw[13]) << 16 | uint32_t(raw[14]) << 8 | raw[15];
+}
+
 std::string ip_string(uint32_t ip) {
   char buf[INET_ADDRSTRLEN];
   in_addr a{htonl(ip)};

@@ -4,6 +4,7 @@
 // on a local address. All addresses are host order.
 #pragma once
 
+#include <infiniband/verbs.h>
 #include <netinet/in.h>
 
 #include <cstdint>
@@ -23,6 +24,11 @@ bool is_local_address(uint32_t ip);
 /// /proc/net/udp without binding anything (a probe bind could steal the address from a
 /// device being opened at that moment).
 bool roce_endpoint_at(uint32_t ip);
+
+/// The RoCEv2 GID of an IPv4 address: ::ffff:a.b.c.d (IPv4-mapped).
+ibv_gid ipv4_gid(uint32_t ip);
+/// The IPv4 address of an IPv4-mapped GID; 0 when it is not one.
+uint32_t gid_ipv4(const uint8_t (&raw)[16]);
 
 /// "a.b.c.d".
 std::string ip_string(uint32_t ip);

@@ -27,17 +27,6 @@ std::set<IdPriv*>& ids() {
   return *s;
 }
 
-ibv_gid gid_of(uint32_t ip) {
-  ibv_gid g{};
-  g.raw[10] = 0xff;
-  g.raw[11] = 0xff;
-  g.raw[12] = uint8_t(ip >> 24);
-  g.raw[13] = uint8_t(ip >> 16);
-  g.raw[14] = uint8_t(ip >> 8);
-  g.raw[15] = uint8_t(ip);
-  return g;
-}
-
 bool valid_port_space(int ps) {
   return ps == RDMA_PS_TCP || ps == RDMA_PS_UDP || ps == RDMA_PS_IPOIB || ps == RDMA_PS_IB;
 }
@@ -127,8 +116,8 @@ void publish_addresses_locked(IdPriv* id) {
   rdma_addr& a = id->id.route.addr;
   make_sockaddr(a.src_sin, id->wildcard ? 0 : id->src_ip, id->src_port);
   if (id->dst_ip || id->dst_port) make_sockaddr(a.dst_sin, id->dst_ip, id->dst_port);
-  if (id->dev) a.addr.ibaddr.sgid = gid_of(id->dev->ip());
-  if (id->dst_ip) a.addr.ibaddr.dgid = gid_of(id->dst_ip);
+  if (id->dev) a.addr.ibaddr.sgid = ipv4_gid(id->dev->ip());
+  if (id->dst_ip) a.addr.ibaddr.dgid = ipv4_gid(id->dst_ip);
   a.addr.ibaddr.pkey = htobe16(0xffff);
 }
 
@@ -153,12 +142,11 @@ int bind_locked(IdPriv* id, uint32_t ip, uint16_t port, bool wildcard) {
   return 0;
 }
 
-/// The path record of the ID's route (RoCE: built locally, no SA; Linux cma_resolve_iboe_route).
 void build_path_locked(IdPriv* id) {
   ibv_sa_path_rec& p = id->path;
   p = ibv_sa_path_rec{};
-  p.sgid = gid_of(id->dev->ip());
-  p.dgid = gid_of(id->dst_ip);
+  p.sgid = ipv4_gid(id->dev->ip());
+  p.dgid = ipv4_gid(id->dst_ip);
   p.hop_limit = id->hop_limit;
   p.traffic_class = id->tos;
   p.reversible = 1;

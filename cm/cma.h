@@ -175,6 +175,10 @@ int bind_locked(IdPriv* id, uint32_t ip, uint16_t port, bool wildcard);
 void release_all_connections_locked();
 /// Fills id.route.addr from the ID's addresses and GIDs.
 void publish_addresses_locked(IdPriv* id);
+/// The path record of the ID's route (RoCE: built locally, no SA; Linux
+/// cma_resolve_iboe_route), from its addresses, path MTU, hop limit and TOS; id.route points
+/// at it.
+void build_path_locked(IdPriv* id);
 
 // ---- connections (connection.cpp) ----------------------------------------------------------
 /// The CommManager handler of an ID (active or passive) and of a listener.
@@ -183,8 +187,10 @@ CmHandler id_handler(IdPriv* id);
 void release_connection_locked(IdPriv* id);
 /// Sends RTU after a REP (the active side's accept step, librdmacm ucma_process_conn_resp).
 int send_rtu_locked(IdPriv* id);
-/// The IB time-wait-free "path" values of a new connection: MTU, ACK timeout, hop limit.
+/// The path values of a new connection not set yet: MTU (the port's), local ACK timeout.
 void init_path_locked(IdPriv* id);
+/// The address vector to reach the ID's peer (RoCEv2: a GRH with the IPv4-mapped GID).
+ibv_ah_attr peer_ah_attr(const IdPriv* id);
 
 // ---- QPs (qp.cpp) ------------------------------------------------------------------------
 /// rdma_init_qp_attr's body (the attributes of the requested state for the ID's QP).

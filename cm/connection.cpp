@@ -25,40 +25,11 @@ uint32_t random_psn() {
   return rng() & 0xffffff;
 }
 
-ibv_gid gid_of(uint32_t ip) {
-  ibv_gid g{};
-  g.raw[10] = g.raw[11] = 0xff;
-  g.raw[12] = uint8_t(ip >> 24);
-  g.raw[13] = uint8_t(ip >> 16);
-  g.raw[14] = uint8_t(ip >> 8);
-  g.raw[15] = uint8_t(ip);
-  return g;
-}
-
 std::array<uint8_t, 16> gid_bytes(uint32_t ip) {
   std::array<uint8_t, 16> b;
-  ibv_gid g = gid_of(ip);
+  ibv_gid g = ipv4_gid(ip);
   std::memcpy(b.data(), g.raw, 16);
   return b;
-}
-
-/// The IPv4 address of an IPv4-mapped GID (0 when it is not one).
-uint32_t gid_ipv4(const std::array<uint8_t, 16>& g) {
-  static const uint8_t kMapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
-  if (std::memcmp(g.data(), kMapped, 12) != 0) return 0;
-  return uint32_t(g[12]) << 24 | uint32_t(g[13]) << 16 | uint32_t(g[14]) << 8 | g[15];
-}
-
-/// The address vector to reach the ID's peer (RoCEv2: a GRH with the IPv4-mapped GID).
-ibv_ah_attr ah_attr_for(const IdPriv* id) {
-  ibv_ah_attr a{};
-  a.is_global = 1;
-  a.port_num = 1;
-  a.grh.dgid = gid_of(id->dst_ip);
-  a.grh.sgid_index = 0;
-  a.grh.hop_limit = id->hop_limit;
-  a.grh.traffic_class = id->tos;
-  return a;
 }
 
 /// librdmacm's ucma_valid_param: RC IDs need a QP or parameters; depths within the device's.
@@ -154,7 +125,7 @@ void on_request_locked(IdPriv* listener, const CmEvent& e) {
   ev->owner = listener;  // counted against the listener (librdmacm: the event's id_priv)
   if (sidr) {
     init_path_locked(child);
-    fill_ud_param(ev.get(), pdata.subspan(kIpCmHeaderBytes), ah_attr_for(child), 0, 0);
+    fill_ud_param(ev.get(), pdata.subspan(kIpCmHeaderBytes), peer_ah_attr(child), 0, 0);
   } else {
     const Req& req = std::get<Req>(e.mad->message);
     child->remote_qpn = req.local_qpn;
@@ -170,7 +141,9 @@ void on_request_locked(IdPriv* listener, const CmEvent& e) {
     child->initiator_depth = req.responder_resources;
     child->remote_ece.vendor_id = req.vendor_id;
     child->remote_ece.options = e.mad->header.attr_mod;
-    if (const uint32_t gid_ip = gid_ipv4(req.primary.local_gid); gid_ip && gid_ip != e.peer.ip)
+    uint8_t gid[16];
+    std::memcpy(gid, req.primary.local_gid.data(), sizeof gid);
+    if (const uint32_t gid_ip = gid_ipv4(gid); gid_ip && gid_ip != e.peer.ip)
       child->dst_ip = gid_ip;  // the QP's peer is the REQ's GID (the same for softrdma peers)
     init_path_locked(child);
     fill_conn_param(ev.get(), pdata.subspan(kIpCmHeaderBytes), req.initiator_depth,
@@ -178,23 +151,7 @@ void on_request_locked(IdPriv* listener, const CmEvent& e) {
                     req.srq, req.local_qpn);
   }
   publish_addresses_locked(child);
-  // rdma_cm_id::route of a passive ID: its path record, as the kernel fills it.
-  child->path = ibv_sa_path_rec{};
-  child->path.sgid = gid_of(child->src_ip);
-  child->path.dgid = gid_of(child->dst_ip);
-  child->path.hop_limit = child->hop_limit;
-  child->path.traffic_class = child->tos;
-  child->path.pkey = htobe16(0xffff);
-  child->path.mtu_selector = 2;
-  child->path.mtu = child->path_mtu;
-  child->path.rate_selector = 2;
-  child->path.rate = child->dev->rate();
-  child->path.packet_life_time_selector = 2;
-  child->path.packet_life_time = cm.config().packet_life_time;
-  child->path.numb_path = 1;
-  child->path.reversible = 1;
-  child->id.route.path_rec = &child->path;
-  child->id.route.num_paths = 1;
+  build_path_locked(child);  // rdma_cm_id::route of a passive ID, as the kernel fills it
   queue_event_locked(child, std::move(ev));
 }
 
@@ -255,7 +212,7 @@ void on_cm_event_locked(IdPriv* id, const CmEvent& e) {
       }
       id->remote_qpn = rep.qpn;
       auto ev = make_event(id, RDMA_CM_EVENT_ESTABLISHED);
-      fill_ud_param(ev.get(), rep.private_data, ah_attr_for(id), rep.qpn, rep.qkey);
+      fill_ud_param(ev.get(), rep.private_data, peer_ah_attr(id), rep.qpn, rep.qkey);
       queue_event_locked(id, std::move(ev));
       return;
     }
@@ -315,6 +272,18 @@ int send_rtu_locked(IdPriv* id) {
   if (!id->comm_id) return fail_errno(EINVAL);
   if (int e = id->dev->cm().send_rtu(id->comm_id, {})) return fail_errno(e);
   return 0;
+}
+
+ibv_ah_attr peer_ah_attr(const IdPriv* id) {
+  ibv_ah_attr a{};
+  a.is_global = 1;
+  a.port_num = 1;
+  a.grh.dgid = ipv4_gid(id->dst_ip);
+  a.grh.sgid_index = 0;
+  a.grh.hop_limit = id->hop_limit;
+  a.grh.traffic_class = id->tos;
+  a.sl = id->tos >> 5;
+  return a;
 }
 
 void init_path_locked(IdPriv* id) {

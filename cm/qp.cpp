@@ -115,18 +115,7 @@ int init_qp_attr_locked(IdPriv* id, ibv_qp_attr* attr, int* mask) {
         return 0;
       }
       if (!connection_known(id)) return fail_errno(EINVAL);
-      attr->ah_attr.is_global = 1;
-      attr->ah_attr.port_num = 1;
-      std::memcpy(attr->ah_attr.grh.dgid.raw, id->path.dgid.raw, 16);
-      attr->ah_attr.grh.dgid.raw[10] = attr->ah_attr.grh.dgid.raw[11] = 0xff;
-      attr->ah_attr.grh.dgid.raw[12] = uint8_t(id->dst_ip >> 24);
-      attr->ah_attr.grh.dgid.raw[13] = uint8_t(id->dst_ip >> 16);
-      attr->ah_attr.grh.dgid.raw[14] = uint8_t(id->dst_ip >> 8);
-      attr->ah_attr.grh.dgid.raw[15] = uint8_t(id->dst_ip);
-      attr->ah_attr.grh.sgid_index = 0;
-      attr->ah_attr.grh.hop_limit = id->hop_limit;
-      attr->ah_attr.grh.traffic_class = id->tos;
-      attr->ah_attr.sl = id->tos >> 5;
+      attr->ah_attr = peer_ah_attr(id);
       attr->path_mtu = ibv_mtu(id->path_mtu ? id->path_mtu : id->dev->active_mtu());
       attr->dest_qp_num = id->remote_qpn;
       attr->rq_psn = id->remote_psn;

@@ -29,11 +29,9 @@ uint32_t source_ip(const uint8_t* grh) {
   const uint8_t* ip4 = grh + 20;
   if ((ip4[0] >> 4) == 4)
     return uint32_t(ip4[12]) << 24 | uint32_t(ip4[13]) << 16 | uint32_t(ip4[14]) << 8 | ip4[15];
-  const uint8_t* sgid = grh + 8;
-  static const uint8_t kMapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
-  if (std::memcmp(sgid, kMapped, 12) == 0)
-    return uint32_t(sgid[12]) << 24 | uint32_t(sgid[13]) << 16 | uint32_t(sgid[14]) << 8 | sgid[15];
-  return 0;
+  uint8_t sgid[16];
+  std::memcpy(sgid, grh + 8, sizeof sgid);
+  return gid_ipv4(sgid);
 }
 
 }  // namespace
@@ -131,12 +129,7 @@ ibv_ah* VerbsMadTransport::ah_for(uint32_t ip) {
   a.port_num = 1;
   a.grh.sgid_index = 0;
   a.grh.hop_limit = 64;
-  a.grh.dgid.raw[10] = 0xff;
-  a.grh.dgid.raw[11] = 0xff;
-  a.grh.dgid.raw[12] = uint8_t(ip >> 24);
-  a.grh.dgid.raw[13] = uint8_t(ip >> 16);
-  a.grh.dgid.raw[14] = uint8_t(ip >> 8);
-  a.grh.dgid.raw[15] = uint8_t(ip);
+  a.grh.dgid = ipv4_gid(ip);
   ibv_ah* ah = ibv_create_ah(pd_, &a);
   if (ah) ahs_.emplace(ip, ah);
   return ah;

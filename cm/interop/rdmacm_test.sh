@@ -9,6 +9,7 @@
 #                  (SEND + RDMA READ/WRITE each iteration, data validated; the client prints
 #                  100 "ping data" lines)
 #   ucmatose       ucmatose -b S -p P / ucmatose -s S -p P           (RC, SEND/RECV)
+#   ucmatose_many  the same with -c 8 -C 50: eight connections at once, 50 messages each
 #   udaddy         udaddy -b S / udaddy -s S                         (UD: SIDR, port 7174 fixed)
 #   rdma_server    rdma_server -s S -p P / rdma_client -s S -p P     (synchronous endpoints)
 #   rdma_xserver   rdma_xserver -p P / rdma_xclient -s S -p P        (RC, wildcard listen)
@@ -22,6 +23,8 @@
 #                  with status -110 (-ETIMEDOUT) — never a hang
 #   no_device      rping -c to an address where no RoCEv2 endpoint lives:
 #                  RDMA_CM_EVENT_ADDR_ERROR with status -113 (-EHOSTUNREACH), at once
+#   foreign_verbs  rping with softrdma's librdmacm.so.1 but Debian's libibverbs.so.1: it must
+#                  fail at once, saying it needs softrdma's libibverbs
 #   capture        rping -C 1 with both sides' packets captured (softrdma run --pcap):
 #                  tshark must decode the CM MADs on QP1 — REQ (service ID 0x01060000|P, the
 #                  annex A11 IP CM header's addresses and port), REP, RTU, DREQ, DREP
@@ -32,8 +35,8 @@
 # A missing /usr/bin program is a failure (install rdmacm-utils: scripts/deps.sh), never a skip.
 set -uo pipefail
 
-CASES="rping ucmatose udaddy rdma_server rdma_xserver rdma_xserver_xrc no_listener peer_stopped"
-CASES+=" no_device capture"
+CASES="rping ucmatose ucmatose_many udaddy rdma_server rdma_xserver rdma_xserver_xrc no_listener peer_stopped"
+CASES+=" no_device capture foreign_verbs"
 
 # shellcheck source=scripts/lib/test_lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib/test_lib.sh"
@@ -53,6 +56,8 @@ case "$CASE" in
   peer_stopped) N=8 ;;
   no_device) N=9 ;;
   capture) N=10 ;;
+  ucmatose_many) N=11 ;;
+  foreign_verbs) N=12 ;;
 esac
 S=127.0.63.$((2 * N - 1))
 C=127.0.63.$((2 * N))
@@ -157,6 +162,12 @@ case "$CASE" in
     wait_server
     expect_ok "^return status 0$" "^return status 0$"
     ;;
+  ucmatose_many)
+    start_server "$S" ucmatose -b "$S" -p "$PORT" -c 8 -C 50
+    run_client "$C" ucmatose -s "$S" -p "$PORT" -c 8 -C 50
+    wait_server
+    expect_ok "^return status 0$" "^return status 0$"
+    ;;
   udaddy)
     start_server "$S" udaddy -b "$S"
     run_client "$C" udaddy -s "$S"
@@ -199,6 +210,15 @@ case "$CASE" in
     t1=$SECONDS
     run_client "$C" rping -c -a "$S" -p "$PORT" -C 1
     client_fails_with "RDMA_CM_EVENT_ADDR_ERROR, error -113$" 10 $((SECONDS - t1))
+    ;;
+  foreign_verbs)
+    need_tool rping
+    mkdir -p "$WORK/lib"
+    ln -s "$BUILD_DIR/lib/librdmacm.so.1" "$WORK/lib/librdmacm.so.1"  # and no libibverbs
+    CRC=0
+    LD_LIBRARY_PATH="$WORK/lib" timeout -k 5 "$STEP_TIMEOUT" rping -s -a "$S" -p "$PORT" -C 1 \
+      >"$CLOG" 2>&1 || CRC=$?
+    client_fails_with "needs softrdma's libibverbs.so.1" 10 $((SECONDS - t0))
     ;;
   capture)
     command -v tshark >/dev/null || fail "tshark is missing: install Debian's tshark (scripts/deps.sh)"

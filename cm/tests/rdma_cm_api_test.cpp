@@ -1,8 +1,10 @@
 // softrdma's librdmacm.so.1 through its C API, in one process holding two softrdma devices
 // (127.0.63.60 and 127.0.63.61, opened by rdma_bind_addr / rdma_resolve_addr): event channels
 // as fds, the errno of invalid calls (as librdmacm over the kernel's rdma_cm), RC connections
-// with data, rejects, UD over SIDR, the synchronous endpoint API, and ID migration. Every
-// wait is bounded (poll with a timeout); nothing sleeps blindly.
+// with data, rejects, UD over SIDR, the synchronous endpoint API, and ID migration; and, with
+// a client process that misbehaves (cm_peer_helper, 127.0.63.62-65), a peer that exits
+// without cleaning up and one that dies mid-handshake. Every wait is bounded (poll with a
+// timeout); nothing sleeps blindly.
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <gtest/gtest.h>
@@ -11,9 +13,15 @@
 #include <rdma/rdma_verbs.h>
 #include <rdma/rsocket.h>
 
+#include <spawn.h>
+#include <sys/wait.h>
+
 #include <cstring>
 #include <string>
 #include <thread>
+#include <vector>
+
+extern char** environ;
 
 namespace {
 
@@ -415,6 +423,89 @@ TEST(RdmaCmApi, MigratedIdReportsOnItsNewChannel) {
   EXPECT_EQ(poll(&p, 1, 0), 0);  // nothing on the old channel
   EXPECT_EQ(rdma_destroy_id(id), 0);
   EXPECT_EQ(rdma_destroy_id(srv), 0);
+}
+
+/// Runs cm_peer_helper (a client that misbehaves) with `extra_env` added; returns its pid.
+pid_t spawn_helper(std::vector<std::string> args, std::vector<std::string> extra_env = {}) {
+  args.insert(args.begin(), CM_PEER_HELPER);
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  std::vector<std::string> env(extra_env);
+  for (char** e = environ; *e; ++e) env.emplace_back(*e);
+  std::vector<char*> envp;
+  for (auto& e : env) envp.push_back(e.data());
+  envp.push_back(nullptr);
+  pid_t pid = -1;
+  if (posix_spawn(&pid, CM_PEER_HELPER, nullptr, nullptr, argv.data(), envp.data()) != 0) return -1;
+  return pid;
+}
+
+/// A listening ID on ip:port (its device opened there).
+void listen_on(rdma_event_channel* ch, rdma_cm_id** listen, const char* ip, uint16_t port) {
+  auto s = addr(ip, port);
+  EXPECT_EQ(rdma_create_id(ch, listen, nullptr, RDMA_PS_TCP), 0);
+  EXPECT_EQ(rdma_bind_addr(*listen, sa(s)), 0) << strerror(errno);
+  EXPECT_EQ(rdma_listen(*listen, 1), 0);
+}
+
+TEST(RdmaCmApi, PeerThatExitsWithoutCleaningUpStillDisconnects) {
+  Channel c;
+  rdma_cm_id* listen = nullptr;
+  listen_on(c.ch, &listen, "127.0.63.62", 18350);
+  pid_t pid = spawn_helper({"exit-after-connect", "127.0.63.62", "18350", "127.0.63.63"});
+  ASSERT_GT(pid, 0);
+  rdma_cm_event* req = expect_event(c.ch, RDMA_CM_EVENT_CONNECT_REQUEST, 0, true);
+  ASSERT_NE(req, nullptr);
+  rdma_cm_id* id = req->id;
+  rdma_ack_cm_event(req);
+  ibv_qp_init_attr a{};
+  a.qp_type = IBV_QPT_RC;
+  a.cap.max_send_wr = a.cap.max_recv_wr = 4;
+  a.cap.max_send_sge = a.cap.max_recv_sge = 1;
+  ASSERT_EQ(rdma_create_qp(id, nullptr, &a), 0);
+  rdma_conn_param p{};
+  p.responder_resources = p.initiator_depth = 1;
+  ASSERT_EQ(rdma_accept(id, &p), 0);
+  expect_event(c.ch, RDMA_CM_EVENT_ESTABLISHED);
+  // The helper exits without rdma_disconnect: its library's unload sends the DREQ.
+  expect_event(c.ch, RDMA_CM_EVENT_DISCONNECTED);
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  rdma_destroy_qp(id);
+  EXPECT_EQ(rdma_destroy_id(id), 0);
+  EXPECT_EQ(rdma_destroy_id(listen), 0);
+}
+
+TEST(RdmaCmApi, PeerThatDiesBeforeItsRtuEndsInUnreachable) {
+  Channel c;
+  rdma_cm_id* listen = nullptr;
+  listen_on(c.ch, &listen, "127.0.63.64", 18351);
+  // The helper's REQ asks for short CM timeouts (2 × 268 ms + 4 ms per try, 3 tries).
+  pid_t pid = spawn_helper({"die-before-rtu", "127.0.63.64", "18351", "127.0.63.65"},
+                           {"SOFTRDMA_CM_RESPONSE_TIMEOUT=10", "SOFTRDMA_CM_RETRIES=2"});
+  ASSERT_GT(pid, 0);
+  rdma_cm_event* req = expect_event(c.ch, RDMA_CM_EVENT_CONNECT_REQUEST, 0, true);
+  ASSERT_NE(req, nullptr);
+  rdma_cm_id* id = req->id;
+  rdma_ack_cm_event(req);
+  ibv_qp_init_attr a{};
+  a.qp_type = IBV_QPT_RC;
+  a.cap.max_send_wr = a.cap.max_recv_wr = 4;
+  a.cap.max_send_sge = a.cap.max_recv_sge = 1;
+  ASSERT_EQ(rdma_create_qp(id, nullptr, &a), 0);
+  rdma_conn_param p{};
+  p.responder_resources = p.initiator_depth = 1;
+  ASSERT_EQ(rdma_accept(id, &p), 0);
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << status;
+  // The REP is resent, then given up: UNREACHABLE, -ETIMEDOUT — not a hang.
+  expect_event(c.ch, RDMA_CM_EVENT_UNREACHABLE, -ETIMEDOUT);
+  rdma_destroy_qp(id);
+  EXPECT_EQ(rdma_destroy_id(id), 0);
+  EXPECT_EQ(rdma_destroy_id(listen), 0);
 }
 
 }  // namespace
