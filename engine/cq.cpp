@@ -115,6 +115,23 @@ void CompletionQueue::purge_qp(uint32_t qpn) {
   count_ = kept;
 }
 
+std::errc CompletionQueue::resize(uint32_t capacity) {
+  std::lock_guard lk(mu_);
+  if (capacity == 0 || capacity > DeviceLimits::kMaxCqe || capacity < count_)
+    return std::errc::invalid_argument;
+  std::vector<Cqe> ring(capacity);
+  std::vector<CompletionTime> times(times_.empty() ? 0 : capacity);
+  for (size_t i = 0; i < count_; ++i) {
+    const size_t from = (head_ + i) % ring_.size();
+    ring[i] = ring_[from];
+    if (!times_.empty()) times[i] = times_[from];
+  }
+  ring_.swap(ring);
+  times_.swap(times);
+  head_ = 0;
+  return std::errc{};
+}
+
 int CompletionQueue::request_notify(bool solicited_only) {
   std::lock_guard lk(mu_);
   // Arming for all completions overrides a solicited-only arm, never the reverse.

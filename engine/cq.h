@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <functional>
 #include <mutex>
+#include <system_error>
 #include <vector>
 
 #include "engine/object_registry.h"
@@ -76,6 +77,12 @@ class CompletionQueue {
   /// completions, e.g. the flushed receives of its ERR state, must not reach the reused
   /// QP's poller — mlx5's and mlx4's modify to RESET clean the CQs the same way).
   void purge_qp(uint32_t qpn);
+
+  /// Changes the capacity to `capacity` CQEs, keeping the CQEs not polled yet in order
+  /// (ibv_resize_cq; rxe_cq_resize_queue). std::errc::invalid_argument, nothing changed,
+  /// for 0, more than DeviceLimits::kMaxCqe, or fewer than the CQEs it holds now (as
+  /// rxe_cq_chk_attr). An overrun CQ stays overrun.
+  std::errc resize(uint32_t capacity);
 
   /// Arms the CQ: the next completion (or next solicited receive completion when
   /// `solicited_only`) fires one event on the channel. Returns 0.

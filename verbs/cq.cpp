@@ -123,8 +123,14 @@ ibv_cq* ibv_create_cq(ibv_context* ctx, int cqe, void* cq_context, ibv_comp_chan
   return c ? c->as_cq() : nullptr;
 }
 
-int ibv_resize_cq(ibv_cq*, int) {
-  return EOPNOTSUPP;
+/// Resizes `cq` to at least `cqe` entries (exactly `cqe` here; cq->cqe is updated). Returns
+/// 0, or EINVAL for cqe < 1, cqe > max_cqe or fewer entries than the CQ holds unpolled, as
+/// rxe (rxe_cq_chk_attr) — an errno value, as libibverbs returns it.
+int ibv_resize_cq(ibv_cq* cq, int cqe) {
+  if (!cq || cqe < 1) return EINVAL;
+  if (to_cq(cq)->cq->resize(static_cast<uint32_t>(cqe)) != std::errc{}) return EINVAL;
+  cq->cqe = cqe;
+  return 0;
 }
 
 int ibv_destroy_cq(ibv_cq* cq) {

@@ -777,6 +777,35 @@ TEST_F(Api, CompletionChannelSignalsArmedCq) {
   p.close();
 }
 
+// ibv_resize_cq keeps the completions not polled yet, in order, and refuses (EINVAL, as
+// rxe_cq_chk_attr) 0, more than max_cqe, or fewer entries than the CQ holds.
+TEST_F(Api, ResizeCqKeepsUnpolledCompletionsInOrder) {
+  ChannelPair p;
+  ASSERT_NO_FATAL_FAILURE(p.open(d));
+  for (int i = 0; i < 3; ++i)
+    ASSERT_EQ(0, post_recv(p.b.qp, i, p.buf.data() + i * 1024, 1024, p.mr->lkey));
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_EQ(0, post_send(p.a.qp, IBV_WR_SEND, 10 + i, p.buf.data() + 8192, 10, p.mr->lkey));
+    // Acknowledged, so the receive completion is in b.rcq, not polled.
+    EXPECT_EQ(IBV_WC_SUCCESS, poll_one(p.a.scq).status);
+  }
+  EXPECT_EQ(EINVAL, ibv_resize_cq(p.b.rcq, 0));
+  EXPECT_EQ(EINVAL, ibv_resize_cq(p.b.rcq, d.attr.max_cqe + 1));
+  EXPECT_EQ(EINVAL, ibv_resize_cq(p.b.rcq, 2)) << "3 completions do not fit in 2 entries";
+  ASSERT_EQ(0, ibv_resize_cq(p.b.rcq, 3));
+  EXPECT_EQ(3, p.b.rcq->cqe);
+  ASSERT_EQ(0, ibv_resize_cq(p.b.rcq, 1000));
+  EXPECT_EQ(1000, p.b.rcq->cqe);
+  for (uint64_t i = 0; i < 3; ++i) EXPECT_EQ(i, poll_one(p.b.rcq).wr_id);
+  // Empty now: it may shrink to one entry and still works.
+  ASSERT_EQ(0, ibv_resize_cq(p.b.rcq, 1));
+  ASSERT_EQ(0, post_recv(p.b.qp, 7, p.buf.data(), 1024, p.mr->lkey));
+  ASSERT_EQ(0, post_send(p.a.qp, IBV_WR_SEND, 20, p.buf.data() + 8192, 10, p.mr->lkey));
+  EXPECT_EQ(IBV_WC_SUCCESS, poll_one(p.a.scq).status);
+  EXPECT_EQ(7u, poll_one(p.b.rcq).wr_id);
+  p.close();
+}
+
 TEST_F(Api, SolicitedOnlyArming) {
   ChannelPair p;
   ASSERT_NO_FATAL_FAILURE(p.open(d));
