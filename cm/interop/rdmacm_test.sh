@@ -215,9 +215,12 @@ case "$CASE" in
     need_tool rping
     mkdir -p "$WORK/lib"
     ln -s "$BUILD_DIR/lib/librdmacm.so.1" "$WORK/lib/librdmacm.so.1"  # and no libibverbs
+    # A sanitizer build's library needs the ASan runtime loaded first (what `softrdma run`
+    # does for it), or the loader refuses before our check can speak.
+    asan=$(ldd "$BUILD_DIR/lib/librdmacm.so.1" | awk '/libasan\.so/ {print $3; exit}')
     CRC=0
-    LD_LIBRARY_PATH="$WORK/lib" timeout -k 5 "$STEP_TIMEOUT" rping -s -a "$S" -p "$PORT" -C 1 \
-      >"$CLOG" 2>&1 || CRC=$?
+    LD_PRELOAD="${asan}" LD_LIBRARY_PATH="$WORK/lib" timeout -k 5 "$STEP_TIMEOUT" \
+      rping -s -a "$S" -p "$PORT" -C 1 >"$CLOG" 2>&1 || CRC=$?
     client_fails_with "needs softrdma's libibverbs.so.1" 10 $((SECONDS - t0))
     ;;
   capture)

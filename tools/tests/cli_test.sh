@@ -126,7 +126,9 @@ grep -Eq "^LD_LIBRARY_PATH=$want_lib:/opt/x$" <<<"$OUT" ||
 SOFTRDMA_ADDR=127.0.0.77 sr run -- env
 grep -qx "SOFTRDMA_ADDR=127.0.0.77" <<<"$OUT" || bad "inherited SOFTRDMA_ADDR not left alone"
 want_sysfs="$want_lib/libsoftrdma_sysfs.so"
-grep -Eq "^LD_PRELOAD=$want_sysfs(:|$)" <<<"$OUT" || bad "LD_PRELOAD does not start with $want_sysfs"
+# In a sanitizer build the ASan runtime comes first (it must be the first library loaded).
+grep -Eq "^LD_PRELOAD=([^:]*/libasan\.so[^:]*:)?$want_sysfs(:|$)" <<<"$OUT" ||
+  bad "LD_PRELOAD does not start with $want_sysfs (after the ASan runtime, if any)"
 sr run --no-sysfs -- env
 grep -q "libsoftrdma_sysfs" <<<"$OUT" && bad "run --no-sysfs still preloads libsoftrdma_sysfs.so"
 ok "environment set up for the program"
