@@ -50,7 +50,14 @@ enum class Opcode : uint8_t {
 /// Settings of one engine. from_environment() reads the SOFTRDMA_KV_* parameters
 /// (base/params.h; `softrdma params kv`).
 struct EngineOptions {
-  std::string device;                 ///< verbs device name; empty: the first
+  /// Verbs devices to use, by name; several make a multi-NIC engine: QP i to a peer uses
+  /// local device i % devices and the peer's device i % its devices, so slices striped over
+  /// the QPs spread over every device (docs/kv.md, "Devices"). Empty: `device` if set, else
+  /// every device ibv_get_device_list returns whose `port` is ACTIVE.
+  std::vector<std::string> devices;
+  std::string device;                 ///< shorthand for a one-device `devices`
+  /// The names asked for: `devices`, else {device}, else empty (every active device).
+  std::vector<std::string> device_list() const;
   uint8_t port = 1;                   ///< verbs port
   int gid_index = 0;                  ///< GID index (RoCE)
   uint32_t qps_per_peer = 2;          ///< RC QPs per peer (slices are striped over them)
@@ -146,8 +153,10 @@ class Engine {
 
   const std::string& name() const;
   const EngineOptions& options() const;
-  /// "127.0.0.3" (the device's GID as an address) — for messages and docs.
+  /// "127.0.0.3" (the first device's GID as an address) — for messages and docs.
   const std::string& device_address() const;
+  /// The devices the engine opened, in order ("srdma0", "srdma1").
+  const std::vector<std::string>& devices() const;
 
   // ---- memory -----------------------------------------------------------------------------
 
