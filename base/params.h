@@ -37,13 +37,13 @@ enum class Group : uint8_t { kDevice, kCcl, kKv, kCm };
 
 /// How a value is written.
 enum class Kind : uint8_t {
-  kInteger,  ///< decimal integer in [min, max]
-  kSize,     ///< byte count in [min, max], optional suffix k/m/g (also kb/kib, …; ×1024ⁿ)
-  kFlag,     ///< 1/on or 0/off
-  kChoice,   ///< one of `choices` ("a|b|c")
-  kIpv4,     ///< dotted-quad IPv4 address other than 0.0.0.0
-  kIpv4List, ///< one such address, or a comma-separated list of them (no spaces)
-  kText,     ///< free text (a path, a host:port, a spec parsed by its reader)
+  kInteger,   ///< decimal integer in [min, max]
+  kSize,      ///< byte count in [min, max], optional suffix k/m/g (also kb/kib, …; ×1024ⁿ)
+  kFlag,      ///< 1/on or 0/off
+  kChoice,    ///< one of `choices` ("a|b|c")
+  kIpv4,      ///< dotted-quad IPv4 address other than 0.0.0.0
+  kIpv4List,  ///< one such address, or a comma-separated list of them (no spaces)
+  kText,      ///< free text (a path, a host:port, a spec parsed by its reader)
 };
 
 /// One registered parameter. Values live in kParams; refer to them by their handles.

@@ -133,11 +133,12 @@ void Engine::Impl::open_devices() {
       if (w == ibv_get_device_name(list[i])) found = list[i];
     if (!found || std::count(wanted.begin(), wanted.end(), w) > 1) {
       std::string names;
-      for (int i = 0; i < num; ++i) names += std::string(i ? ", " : "") + ibv_get_device_name(list[i]);
+      for (int i = 0; i < num; ++i)
+        names += std::string(i ? ", " : "") + ibv_get_device_name(list[i]);
       ibv_free_device_list(list);
       fail_local(found ? "verbs device '" + w + "' is named twice"
-                       : "no verbs device named '" + w + "' (devices: " +
-                             (names.empty() ? "none" : names) + ")");
+                       : "no verbs device named '" + w +
+                             "' (devices: " + (names.empty() ? "none" : names) + ")");
     }
     chosen.push_back(found);
   }
@@ -299,8 +300,8 @@ std::vector<Qp*> Engine::Impl::create_qps(Peer& p, uint32_t n) {
     if (!raw || e) {
       if (raw) ibv_destroy_qp(raw);
       for (Qp* q : set) destroy_qp(q);
-      throw KvError("kv engine '" + name + "': creating a QP on " + d.name + " for peer " +
-                        p.desc + ": " + errno_text(e),
+      throw KvError("kv engine '" + name + "': creating a QP on " + d.name + " for peer " + p.desc +
+                        ": " + errno_text(e),
                     p.name);
     }
     auto q = std::make_unique<Qp>();

@@ -51,7 +51,8 @@ EngineOptions EngineOptions::from_environment() {
     if (comma == at) throw std::invalid_argument(params::malformed(params::kKvIbDevice, d));
     o.devices.push_back(d.substr(at, comma - at));
     at = comma + 1;
-    if (comma + 1 == d.size()) throw std::invalid_argument(params::malformed(params::kKvIbDevice, d));
+    if (comma + 1 == d.size())
+      throw std::invalid_argument(params::malformed(params::kKvIbDevice, d));
   }
   o.gid_index = static_cast<int>(integer(params::kKvIbGidIndex, o.gid_index));
   o.qps_per_peer = static_cast<uint32_t>(integer(params::kKvQps, o.qps_per_peer));
@@ -285,8 +286,8 @@ Segment Engine::register_memory(void* addr, size_t length, std::string_view loca
       if (!mr) {
         const int e = errno;
         for (ibv_mr* done : mrs) ibv_dereg_mr(done);
-        I.fail_local("ibv_reg_mr(" + std::to_string(length) + " bytes) on device " + d.name +
-                     ": " + std::strerror(e));
+        I.fail_local("ibv_reg_mr(" + std::to_string(length) + " bytes) on device " + d.name + ": " +
+                     std::strerror(e));
       }
       mrs.push_back(mr);
     }

@@ -10,7 +10,8 @@
 // submitTransfer / getTransferStatus / freeBatchID (mooncake-transfer-engine/include/
 // transfer_engine.h). NIXL: nixlAgent registerMem / createXferReq / postXferReq /
 // getXferStatus / genNotif / getNotifs. The bytes move over RC QPs: one set of QPs per peer,
-// slices striped over them (docs/kv.md, "Design").
+// slices striped over them, the QPs spread over the engine's devices (docs/kv.md, "Design",
+// "Devices").
 #pragma once
 
 #include <chrono>
@@ -55,7 +56,7 @@ struct EngineOptions {
   /// the QPs spread over every device (docs/kv.md, "Devices"). Empty: `device` if set, else
   /// every device ibv_get_device_list returns whose `port` is ACTIVE.
   std::vector<std::string> devices;
-  std::string device;                 ///< shorthand for a one-device `devices`
+  std::string device;  ///< shorthand for a one-device `devices`
   /// The names asked for: `devices`, else {device}, else empty (every active device).
   std::vector<std::string> device_list() const;
   uint8_t port = 1;                   ///< verbs port
@@ -133,12 +134,14 @@ class Engine {
   /// Bytes a notification may carry.
   static constexpr size_t kMaxNotifyBytes = 1000;
 
-  /// Opens the verbs device, starts the progress thread and the handshake listener and
+  /// Opens the verbs device(s) (EngineOptions::device_list()), starts the progress thread
+  /// and the handshake listener and
   /// publishes this engine under `name` in `store` (key "softrdma-kv/<name>"). `name`: 1–64
   /// characters of [A-Za-z0-9._:-], unique among the engines sharing the store.
   /// A record already under `name` (a crashed engine's) is replaced, as in Mooncake.
-  /// Throws std::invalid_argument on a bad name or options, KvError when the device or the
-  /// listener cannot be opened, std::runtime_error when the store cannot be reached.
+  /// Throws std::invalid_argument on a bad name or options, KvError when a device (named in
+  /// the message: one that does not exist, or fails to open) or the listener cannot be opened,
+  /// std::runtime_error when the store cannot be reached.
   Engine(std::string name, std::shared_ptr<MetadataStore> store,
          const EngineOptions& options = EngineOptions::from_environment());
   /// Lingers until the send work requests already posted to connected peers (notifications
@@ -163,8 +166,10 @@ class Engine {
   /// Registers [addr, addr + length) for local and remote READ/WRITE and publishes it as
   /// segment `name` (empty: "seg<N>"). Registering the same range again returns the same
   /// segment and counts a reference (the registration cache); a different range under a
-  /// taken name, a zero length or a null address throw std::invalid_argument; a failed
-  /// ibv_reg_mr throws KvError and leaves nothing registered.
+  /// taken name, a zero length or a null address throw std::invalid_argument. The range is
+  /// registered on every device of the engine (one rkey each, all published); a failed
+  /// ibv_reg_mr on any device throws KvError naming that device and leaves nothing
+  /// registered on any.
   Segment register_memory(void* addr, size_t length, std::string_view location = "cpu:0",
                           std::string_view name = {});
   /// Drops one reference to segment `name`; the last one deregisters it and withdraws it

@@ -28,7 +28,6 @@ using namespace softrdma::verbs;
 
 namespace {
 
-
 /// Devices a SOFTRDMA_ADDR list may name (entries past this are not listed).
 constexpr size_t kMaxDevices = 64;
 
@@ -189,9 +188,9 @@ int ctx_query_device_ex(ibv_context* ctx, const ibv_query_device_ex_input* input
   // error, never a crash (net/fault_guard.h). ODP MRs (IBV_ACCESS_ON_DEMAND) are accepted
   // over ranges not yet mapped, and the implicit MR (NULL, SIZE_MAX) over the whole address
   // space; every transport and operation is covered (docs/verbs.md).
-  constexpr uint32_t kOdpAll = IBV_ODP_SUPPORT_SEND | IBV_ODP_SUPPORT_RECV |
-                               IBV_ODP_SUPPORT_WRITE | IBV_ODP_SUPPORT_READ |
-                               IBV_ODP_SUPPORT_ATOMIC | IBV_ODP_SUPPORT_SRQ_RECV;
+  constexpr uint32_t kOdpAll = IBV_ODP_SUPPORT_SEND | IBV_ODP_SUPPORT_RECV | IBV_ODP_SUPPORT_WRITE |
+                               IBV_ODP_SUPPORT_READ | IBV_ODP_SUPPORT_ATOMIC |
+                               IBV_ODP_SUPPORT_SRQ_RECV;
   full.odp_caps.general_caps = IBV_ODP_SUPPORT | IBV_ODP_SUPPORT_IMPLICIT;
   full.odp_caps.per_transport_caps.rc_odp_caps = kOdpAll;
   full.odp_caps.per_transport_caps.uc_odp_caps =

@@ -6,6 +6,7 @@
 // byte and every device of both sides carried packets (their published counters grew);
 // 2-device and 1-device peers work with each other; a named device that does not exist is
 // an error naming it; the device list of the verbs layer itself.
+#include <dlfcn.h>
 #include <infiniband/verbs.h>
 #include <poll.h>
 #include <signal.h>
@@ -21,7 +22,36 @@
 
 #include "engine/counters.h"
 #include "kv/engine.h"
+#include "kv/tests/kv_fork_util.h"
 #include "kv/tests/kv_test_util.h"
+
+/// Set by a test: ibv_reg_mr on a PD of this device fails with ENOMEM (the kv engine, linked
+/// statically into this executable, calls the ibv_reg_mr below; everything else goes on to
+/// libibverbs').
+static const char* g_fail_reg_mr_on = nullptr;
+/// Live MRs (on any device) of exactly kWatchedBytes, the failing test's buffer size.
+constexpr size_t kWatchedBytes = 3 << 20;
+static int g_watched_mrs = 0;
+
+extern "C" ibv_mr*(ibv_reg_mr)(ibv_pd* pd, void* addr, size_t length, int access) {
+  using Fn = ibv_mr* (*)(ibv_pd*, void*, size_t, int);
+  static Fn real = reinterpret_cast<Fn>(dlvsym(RTLD_NEXT, "ibv_reg_mr", "IBVERBS_1.1"));
+  if (g_fail_reg_mr_on && pd &&
+      std::string(ibv_get_device_name(pd->context->device)) == g_fail_reg_mr_on) {
+    errno = ENOMEM;
+    return nullptr;
+  }
+  ibv_mr* mr = real(pd, addr, length, access);
+  if (mr && length == kWatchedBytes) ++g_watched_mrs;
+  return mr;
+}
+
+extern "C" int ibv_dereg_mr(ibv_mr* mr) {
+  using Fn = int (*)(ibv_mr*);
+  static Fn real = reinterpret_cast<Fn>(dlvsym(RTLD_NEXT, "ibv_dereg_mr", "IBVERBS_1.1"));
+  if (mr && mr->length == kWatchedBytes) --g_watched_mrs;
+  return real(mr);
+}
 
 namespace softrdma::kv {
 namespace {
@@ -29,50 +59,8 @@ namespace {
 using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
 
-/// A forked child running `fn` with SOFTRDMA_ADDR = `addrs`; exit code 0 when fn returned,
-/// 1 when it threw (the message goes to stderr).
-struct Child {
-  pid_t pid = -1;
-  Child(const std::string& addrs, const std::function<void()>& fn) {
-    std::fflush(stdout);
-    std::fflush(stderr);
-    pid = fork();
-    if (pid == 0) {
-      int code = 0;
-      try {
-        setenv("SOFTRDMA_ADDR", addrs.c_str(), 1);
-        fn();
-      } catch (const std::exception& e) {
-        std::fprintf(stderr, "child %d (%s): %s\n", getpid(), addrs.c_str(), e.what());
-        code = 1;
-      }
-      std::fflush(stderr);
-      _exit(code);
-    }
-  }
-  /// Exit code, or -1 if it had to be killed at the deadline (or died by a signal).
-  int wait_for(std::chrono::seconds deadline) {
-    const auto until = Clock::now() + deadline;
-    while (Clock::now() < until) {
-      int st = 0;
-      if (waitpid(pid, &st, WNOHANG) == pid) {
-        pid = -1;
-        return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-      }
-      std::this_thread::sleep_for(5ms);
-    }
-    kill(pid, SIGKILL);
-    waitpid(pid, nullptr, 0);
-    pid = -1;
-    return -1;
-  }
-  ~Child() {
-    if (pid > 0) {
-      kill(pid, SIGKILL);
-      waitpid(pid, nullptr, 0);
-    }
-  }
-};
+using test::Child;
+using test::Signal;
 
 /// Packets sent plus received by this process's device at `addr` (its published counters).
 uint64_t packets(const std::string& addr) {
@@ -85,7 +73,8 @@ uint64_t packets(const std::string& addr) {
 std::vector<std::string> split(const std::string& s) {
   std::vector<std::string> out;
   size_t at = 0;
-  for (size_t c; (c = s.find(',', at)) != std::string::npos; at = c + 1) out.push_back(s.substr(at, c - at));
+  for (size_t c; (c = s.find(',', at)) != std::string::npos; at = c + 1)
+    out.push_back(s.substr(at, c - at));
   out.push_back(s.substr(at));
   return out;
 }
@@ -192,6 +181,52 @@ TEST(Devices, OneDeviceInitiatorWithTwoDeviceTarget) {
   transfer_between("127.0.40.5", "127.0.41.5,127.0.41.6", 3, 8 << 20, 100);
 }
 
+TEST(Devices, APeerKilledMidBatchFailsTheBatchNamingItOnEveryDevice) {
+  test::TempStore store;
+  const size_t kSize = 16 << 20;
+  Signal target_ready, in_flight;
+  Child target("127.0.41.15,127.0.41.16", [&] {
+    std::vector<uint8_t> buf(kSize);
+    Engine e("victim", store.store(), test::test_options());
+    e.register_memory(buf.data(), buf.size(), "cpu:0", "buf");
+    target_ready.raise();
+    std::this_thread::sleep_for(120s);  // killed long before
+  });
+  ASSERT_TRUE(target_ready.wait(30s));
+  Child initiator("127.0.40.15,127.0.40.16", [&] {
+    std::vector<uint8_t> buf(kSize);
+    EngineOptions o = test::test_options();
+    o.qps_per_peer = 4;
+    Engine e("survivor", store.store(), o);
+    e.register_memory(buf.data(), buf.size());
+    const SegmentHandle h = e.open_segment("victim", "buf");
+    // 64 × 16 MiB = 1 GiB over both devices: still running when the victim dies.
+    const BatchId b = e.allocate_batch(64);
+    e.submit_transfer(b,
+                      std::vector<TransferRequest>(64, {Opcode::kWrite, buf.data(), h, 0, kSize}));
+    while (e.get_status(b).bytes_done == 0) std::this_thread::sleep_for(1ms);
+    in_flight.raise();
+    const auto t0 = Clock::now();
+    const BatchStatus s = e.wait(b, 20s);
+    const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0);
+    require(s.state == BatchState::kFailed, "the batch did not fail");
+    require(s.peer == "victim" && s.error.find("'victim'") != std::string::npos,
+            "the error does not name the victim: " + s.error);
+    require(ms <= 5s, "took " + std::to_string(ms.count()) + " ms");
+    e.free_batch(b);  // nothing is left in flight on either device
+    bool threw = false;
+    try {
+      e.check_peer("victim");
+    } catch (const KvError& err) {
+      threw = err.peer() == "victim";
+    }
+    require(threw, "check_peer did not name the dead peer");
+  });
+  ASSERT_TRUE(in_flight.wait(30s));
+  kill(target.pid, SIGKILL);
+  EXPECT_EQ(0, initiator.wait_for(30s));
+}
+
 TEST(Devices, AnUnknownDeviceIsAnErrorNamingIt) {
   Child c("127.0.40.7,127.0.40.8", [] {
     test::TempStore store;
@@ -207,6 +242,34 @@ TEST(Devices, AnUnknownDeviceIsAnErrorNamingIt) {
       return;
     }
     throw std::runtime_error("an engine opened a device named srdma9");
+  });
+  EXPECT_EQ(0, c.wait_for(60s));
+}
+
+TEST(Devices, ARegistrationThatFailsOnOneDeviceLeavesNothingAndNamesIt) {
+  Child c("127.0.40.13,127.0.40.14", [] {
+    test::TempStore store;
+    Engine e("x", store.store(), test::test_options());
+    require(e.devices().size() == 2, "two devices");
+    std::vector<uint8_t> buf(kWatchedBytes);
+    g_fail_reg_mr_on = "srdma1";
+    try {
+      e.register_memory(buf.data(), buf.size(), "cpu:0", "buf");
+      throw std::runtime_error("registered although srdma1 refused");
+    } catch (const KvError& err) {
+      const std::string what = err.what();
+      require(what.find("srdma1") != std::string::npos, "error does not name srdma1: " + what);
+    }
+    g_fail_reg_mr_on = nullptr;
+    require(e.segments().empty(), "a segment is left after the failure");
+    require(g_watched_mrs == 0,
+            "srdma0's MR was not deregistered (" + std::to_string(g_watched_mrs) + " live)");
+    // The same range then registers afresh on both devices, and goes with one deregister.
+    const Segment s = e.register_memory(buf.data(), buf.size(), "cpu:0", "buf");
+    require(s.name == "buf" && e.segments().size() == 1 && g_watched_mrs == 2,
+            "registration after the failure");
+    e.deregister_memory("buf");
+    require(e.segments().empty() && g_watched_mrs == 0, "one reference only");
   });
   EXPECT_EQ(0, c.wait_for(60s));
 }

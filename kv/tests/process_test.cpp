@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "kv/engine.h"
+#include "kv/tests/kv_fork_util.h"
 #include "kv/tests/kv_test_util.h"
 
 namespace softrdma::kv {
@@ -23,68 +24,8 @@ namespace {
 using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
 
-/// A forked child running `fn`; its exit code is 0 when fn returned, 1 when it threw (the
-/// message goes to stderr, which the test shows).
-struct Child {
-  pid_t pid = -1;
-  explicit Child(const std::function<void()>& fn) {
-    std::fflush(stdout);
-    std::fflush(stderr);
-    pid = fork();
-    if (pid == 0) {
-      int code = 0;
-      try {
-        fn();
-      } catch (const std::exception& e) {
-        std::fprintf(stderr, "child %d: %s\n", getpid(), e.what());
-        code = 1;
-      }
-      std::fflush(stderr);
-      _exit(code);
-    }
-  }
-  // Exit code, or -1 if it had to be killed at the deadline (or died by a signal).
-  int wait_for(std::chrono::seconds deadline) {
-    const auto until = Clock::now() + deadline;
-    while (Clock::now() < until) {
-      int st = 0;
-      if (waitpid(pid, &st, WNOHANG) == pid) {
-        pid = -1;
-        return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-      }
-      std::this_thread::sleep_for(5ms);
-    }
-    kill(pid, SIGKILL);
-    waitpid(pid, nullptr, 0);
-    pid = -1;
-    return -1;
-  }
-  ~Child() {
-    if (pid > 0) {
-      kill(pid, SIGKILL);
-      waitpid(pid, nullptr, 0);
-    }
-  }
-};
-
-/// A pipe carrying one-byte signals between processes.
-struct Signal {
-  int fd[2];
-  Signal() {
-    if (pipe(fd) != 0) throw std::runtime_error("pipe");
-  }
-  ~Signal() {
-    close(fd[0]);
-    close(fd[1]);
-  }
-  void raise() { [[maybe_unused]] ssize_t n = write(fd[1], "x", 1); }
-  bool wait(std::chrono::milliseconds timeout) {
-    pollfd p{fd[0], POLLIN, 0};
-    if (poll(&p, 1, static_cast<int>(timeout.count())) <= 0) return false;
-    char c;
-    return read(fd[0], &c, 1) == 1;
-  }
-};
+using test::Child;
+using test::Signal;
 
 TEST(Processes, WriteWithNotificationBetweenTwoProcesses) {
   test::TempStore store;

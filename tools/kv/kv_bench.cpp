@@ -86,8 +86,8 @@ int run_target(const Options& o, std::shared_ptr<MetadataStore> store) {
   std::vector<uint8_t> buf(size);
   Engine e(o.name.empty() ? "target" : o.name, store, engine_options(o));
   e.register_memory(buf.data(), buf.size(), "cpu:0", kSegment);
-  fmt::print("kv-bench target '{}' on {} (devices {}): {} registered as '{}'; store {}\n",
-             e.name(), e.device_address(), join(e.devices()), tool::size_text(size), kSegment,
+  fmt::print("kv-bench target '{}' on {} (devices {}): {} registered as '{}'; store {}\n", e.name(),
+             e.device_address(), join(e.devices()), tool::size_text(size), kSegment,
              store->describe());
   std::fflush(stdout);
   while (!g_interrupted) {
