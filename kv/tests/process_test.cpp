@@ -1,5 +1,6 @@
-// Engines in separate processes (fork; each opens its own srdma0 on its own 127.0.0.x): a
-// transfer between them, and a peer killed in the middle of a batch — the batch fails
+// Engines in separate processes (fork; each opens its own srdma0 on its own 127.0.0.x, or two
+// devices on 127.0.40.x / 127.0.41.x): a transfer between them, and a peer killed in the
+// middle of a batch — the batch fails
 // naming it within a bounded time, and nothing hangs. The gtest process itself opens no
 // device: it forks both sides and coordinates them through pipes.
 #include <poll.h>
@@ -64,11 +65,15 @@ TEST(Processes, WriteWithNotificationBetweenTwoProcesses) {
   EXPECT_EQ(0, target.wait_for(60s));
 }
 
-TEST(Processes, APeerKilledMidBatchFailsTheBatchNamingItWithinTheRetryBound) {
+/// Kills the target (SOFTRDMA_ADDR `victim_addrs`, empty: its own 127.0.0.x) while a 1 GiB
+/// WRITE batch from the initiator (`survivor_addrs`, `qps` QPs) runs: the batch must fail
+/// naming it within 5 s, free_batch must find nothing in flight and check_peer must name it.
+void peer_killed_mid_batch(const std::string& victim_addrs, const std::string& survivor_addrs,
+                           uint32_t qps) {
   test::TempStore store;
   const size_t kSize = 16 << 20;
   Signal target_ready, in_flight;
-  Child target([&] {
+  Child target(victim_addrs, [&] {
     std::vector<uint8_t> buf(kSize);
     Engine e("victim", store.store(), test::test_options());
     e.register_memory(buf.data(), buf.size(), "cpu:0", "buf");
@@ -76,9 +81,11 @@ TEST(Processes, APeerKilledMidBatchFailsTheBatchNamingItWithinTheRetryBound) {
     std::this_thread::sleep_for(120s);  // killed long before
   });
   ASSERT_TRUE(target_ready.wait(30s));
-  Child initiator([&] {
+  Child initiator(survivor_addrs, [&] {
     std::vector<uint8_t> buf(kSize);
-    Engine e("survivor", store.store(), test::test_options());
+    EngineOptions o = test::test_options();
+    o.qps_per_peer = qps;
+    Engine e("survivor", store.store(), o);
     e.register_memory(buf.data(), buf.size());
     const SegmentHandle h = e.open_segment("victim", "buf");
     // 64 × 16 MiB = 1 GiB: still running when the victim dies.
@@ -108,6 +115,16 @@ TEST(Processes, APeerKilledMidBatchFailsTheBatchNamingItWithinTheRetryBound) {
   ASSERT_TRUE(in_flight.wait(30s));
   kill(target.pid, SIGKILL);
   EXPECT_EQ(0, initiator.wait_for(30s));
+}
+
+TEST(Processes, APeerKilledMidBatchFailsTheBatchNamingItWithinTheRetryBound) {
+  peer_killed_mid_batch("", "", test::test_options().qps_per_peer);
+}
+
+TEST(Processes, APeerWithTwoDevicesKilledMidBatchFailsTheBatchNamingIt) {
+  // Two devices on each side (127.0.41.15/.16 victim, 127.0.40.15/.16 survivor), 4 QPs:
+  // slices in flight on both devices fail, and the batch names the victim once.
+  peer_killed_mid_batch("127.0.41.15,127.0.41.16", "127.0.40.15,127.0.40.16", 4);
 }
 
 }  // namespace
