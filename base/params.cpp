@@ -118,6 +118,8 @@ std::string accepted(const Param& p) {
     }
     case Kind::kIpv4:
       return "an IPv4 address (not 0.0.0.0)";
+    case Kind::kIpv4List:
+      return "an IPv4 address (not 0.0.0.0), or a comma-separated list of them";
     case Kind::kText:
       return std::string(p.choices);
   }
@@ -190,16 +192,32 @@ bool read_text(const Param& p, std::string& out, std::string& error) {
   return false;
 }
 
-bool read_ipv4(const Param& p, uint32_t& out, std::string& error) {
-  assert(p.kind == Kind::kIpv4);
+bool read_ipv4_list(const Param& p, std::vector<uint32_t>& out, std::string& error) {
+  assert(p.kind == Kind::kIpv4 || p.kind == Kind::kIpv4List);
   const char* v = raw(p);
   if (v == nullptr) return true;
-  in_addr a{};
-  if (inet_pton(AF_INET, v, &a) != 1 || a.s_addr == 0) {
-    error = malformed(p, v);
-    return false;
+  std::vector<uint32_t> ips;
+  std::string_view rest(v);
+  for (;;) {
+    const size_t comma = p.kind == Kind::kIpv4List ? rest.find(',') : std::string_view::npos;
+    const std::string one(rest.substr(0, comma));
+    in_addr a{};
+    if (inet_pton(AF_INET, one.c_str(), &a) != 1 || a.s_addr == 0) {
+      error = malformed(p, v);
+      return false;
+    }
+    ips.push_back(ntohl(a.s_addr));
+    if (comma == std::string_view::npos) break;
+    rest.remove_prefix(comma + 1);
   }
-  out = ntohl(a.s_addr);
+  out = std::move(ips);
+  return true;
+}
+
+bool read_ipv4(const Param& p, uint32_t& out, std::string& error) {
+  std::vector<uint32_t> ips;
+  if (!read_ipv4_list(p, ips, error)) return false;
+  if (!ips.empty()) out = ips.front();
   return true;
 }
 

@@ -37,12 +37,13 @@ enum class Group : uint8_t { kDevice, kCcl, kKv, kCm };
 
 /// How a value is written.
 enum class Kind : uint8_t {
-  kInteger,  ///< decimal integer in [min, max]
-  kSize,     ///< byte count in [min, max], optional suffix k/m/g (also kb/kib, …; ×1024ⁿ)
-  kFlag,     ///< 1/on or 0/off
-  kChoice,   ///< one of `choices` ("a|b|c")
-  kIpv4,     ///< dotted-quad IPv4 address other than 0.0.0.0
-  kText,     ///< free text (a path, a host:port, a spec parsed by its reader)
+  kInteger,   ///< decimal integer in [min, max]
+  kSize,      ///< byte count in [min, max], optional suffix k/m/g (also kb/kib, …; ×1024ⁿ)
+  kFlag,      ///< 1/on or 0/off
+  kChoice,    ///< one of `choices` ("a|b|c")
+  kIpv4,      ///< dotted-quad IPv4 address other than 0.0.0.0
+  kIpv4List,  ///< one such address, or a comma-separated list of them (no spaces)
+  kText,      ///< free text (a path, a host:port, a spec parsed by its reader)
 };
 
 /// One registered parameter. Values live in kParams; refer to them by their handles.
@@ -72,11 +73,12 @@ inline constexpr Param kParams[] = {
     // ---- device (engine/, read when a process opens srdma0) ------------------------------
     {.name = "SOFTRDMA_ADDR",
      .group = Group::kDevice,
-     .kind = Kind::kIpv4,
+     .kind = Kind::kIpv4List,
      .default_text = "first free 127.0.0.1–254",
      .doc = "IPv4 address the device srdma0 binds (UDP 4791; `softrdma run --addr`). GID index "
             "0 is `::ffff:<addr>` (RoCE v2): give verbs programs `-g 0` (pingpong) or `-x 0` "
-            "(perftest)"},
+            "(perftest). A comma-separated list (`127.0.0.2,127.0.0.3`) makes a multi-NIC "
+            "host: one device per address, srdma0, srdma1, … in list order"},
     {.name = "SOFTRDMA_NETEM",
      .group = Group::kDevice,
      .kind = Kind::kText,
@@ -385,9 +387,10 @@ inline constexpr Param kParams[] = {
     {.name = "SOFTRDMA_KV_IB_DEVICE",
      .group = Group::kKv,
      .kind = Kind::kText,
-     .default_text = "first device",
-     .choices = "a verbs device name",
-     .doc = "verbs device name"},
+     .default_text = "every active device",
+     .choices = "a verbs device name, or a comma-separated list",
+     .doc = "verbs device(s) the engine opens; with several, its QPs to a peer and the slices "
+            "over them are striped across the devices (docs/kv.md, Devices)"},
     {.name = "SOFTRDMA_KV_IB_GID_INDEX",
      .group = Group::kKv,
      .kind = Kind::kInteger,
@@ -573,8 +576,11 @@ bool read_flag(const Param& p, bool& out, std::string& error);
 /// kChoice: the value as listed in p.choices (so lower case when p.ignore_case); kText: the
 /// value as set.
 bool read_text(const Param& p, std::string& out, std::string& error);
-/// kIpv4: host byte order.
+/// kIpv4: host byte order. kIpv4List: the first address (every entry is checked).
 bool read_ipv4(const Param& p, uint32_t& out, std::string& error);
+/// kIpv4List (or kIpv4): every address, host byte order, in the order given; a malformed or
+/// empty entry, or 0.0.0.0, is an error naming the whole value.
+bool read_ipv4_list(const Param& p, std::vector<uint32_t>& out, std::string& error);
 
 /// read_integer over p.default_value; throws std::invalid_argument(malformed(…)).
 int64_t integer(const Param& p);

@@ -6,6 +6,10 @@
 # the best kv-bench figure as % of the best perftest one, per operation. With PLOT=DIR
 # (default docs) and gnuplot installed, writes DIR/kv_write_gbps.png and DIR/kv_read_gbps.png:
 # GB/s against block size, one line per QP count, perftest's best as a dashed line.
+# Last, one row: best kv-bench WRITE with 1 device vs 2 devices per process (SOFTRDMA_ADDR
+# with two addresses on each side, --devices default = both; 4 QPs, so 2 per device), the
+# median of DEV_REPS (default 3) alternating runs each, side by side with their ratio.
+# DEVICES_ONLY=1 runs only that row.
 set -euo pipefail
 B=${1:-build}
 SECS=${2:-2}
@@ -14,6 +18,7 @@ QPS=${QPS:-1,2,4,8}
 out=$(mktemp -d /tmp/kv-bench-XXXXXX)
 trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$out"' EXIT
 
+if [[ ${DEVICES_ONLY:-0} != 1 ]]; then
 echo "## perftest on the same path (BW average, GB/s = 1e9 B/s)"
 port=18990
 for tool in ib_write_bw ib_read_bw; do
@@ -51,3 +56,29 @@ for op in write read; do
     gnuplot "$out/plot.gp" && echo "(plot: ${PLOT-docs}/kv_${op}_gbps.png)"
   fi
 done
+fi
+
+# Best WRITE GB/s of one kv-bench pair: target at $1, initiator at $2 (each an --addr list).
+best_write() {
+  "$B"/bin/softrdma run --addr "$1" -- "$B"/bin/kv-bench --mode target --serve-metadata \
+    --metadata tcp://127.0.0.1:17901 --buffer_size 256m >"$out/target" 2>&1 &
+  "$B"/bin/softrdma run --addr "$2" -- "$B"/bin/kv-bench --mode initiator \
+    --metadata tcp://127.0.0.1:17901 --operation write --block_size "${DEV_BLOCKS:-1m,4m}" \
+    --qps 4 --batch_size 32 --buffer_size 256m --duration "$SECS" >"$out/dev" 2>&1
+  wait
+  grep -q '^# kv-bench' "$out/dev" || { cat "$out/dev" "$out/target" >&2; return 1; }
+  awk '$1 == "write" { if ($6 > m) m = $6 } END { printf "%.3f\n", m + 0 }' "$out/dev"
+}
+median() { sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
+
+echo "## kv-bench WRITE: 1 vs 2 devices per process (4 QPs, best of ${DEV_BLOCKS:-1m,4m}, median of ${DEV_REPS:-3})"
+: >"$out/one"
+: >"$out/two"
+for _ in $(seq "${DEV_REPS:-3}"); do
+  best_write 127.0.40.31 127.0.41.31 | tee -a "$out/one" | sed 's/^/1 device:  /'
+  best_write 127.0.40.31,127.0.40.32 127.0.41.31,127.0.41.32 | tee -a "$out/two" | sed 's/^/2 devices: /'
+done
+one=$(median <"$out/one")
+two=$(median <"$out/two")
+printf "%-28s %12s %12s %7s\n" "best WRITE GB/s (median)" "1 device" "2 devices" "ratio"
+awk -v a="$one" -v b="$two" 'BEGIN { printf "%-28s %12.3f %12.3f %7.2f\n", "kv-bench, 4 QPs, batch 32", a, b, (a > 0 ? b / a : 0) }'

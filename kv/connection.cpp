@@ -27,7 +27,7 @@ namespace {
 
 constexpr uint32_t kRequestMagic = 0x484b5653;  // "SVKH"
 constexpr uint32_t kReplyMagic = 0x524b5653;    // "SVKR"
-constexpr uint32_t kVersion = 1;
+constexpr uint32_t kVersion = 2;  // 2: per-QP device and address (multi-device engines)
 enum : uint32_t { kOk = 0, kBusy = 1, kRefused = 2 };
 
 std::string errno_text(int e) {
@@ -45,35 +45,38 @@ std::string gid_text(const uint8_t* g, uint8_t link_layer, uint16_t lid) {
   return inet_ntop(AF_INET6, g, buf, sizeof buf);
 }
 
-void put_set(std::string& s, const QpSetInfo& q) {
-  s.append(reinterpret_cast<const char*>(q.gid), 16);
-  net::put_u32(s, q.lid);
-  net::put_u32(s, q.link_layer);
-  net::put_u32(s, q.mtu);
-  net::put_u32(s, static_cast<uint32_t>(q.qpns.size()));
-  for (size_t i = 0; i < q.qpns.size(); ++i) {
-    net::put_u32(s, q.qpns[i]);
-    net::put_u32(s, q.psns[i]);
+// A QP set: a count, then per QP its device's GID (16 bytes), LID, link layer, MTU, the
+// device index, QPN and PSN (u32 each, network order).
+void put_set(std::string& s, const QpSetInfo& set) {
+  net::put_u32(s, static_cast<uint32_t>(set.qps.size()));
+  for (const detail::QpInfo& q : set.qps) {
+    s.append(reinterpret_cast<const char*>(q.gid), 16);
+    for (uint32_t v : {q.lid, q.link_layer, q.mtu, q.dev, q.qpn, q.psn}) net::put_u32(s, v);
   }
 }
 
 // Reads a QP set at `at`; throws std::out_of_range when the message is short.
 QpSetInfo get_set(std::string_view s, size_t& at) {
-  QpSetInfo q;
-  if (s.size() < at + 32) throw std::out_of_range("short QP set");
-  std::memcpy(q.gid, s.data() + at, 16);
-  at += 16;
-  q.lid = net::get_u32(s, at);
-  q.link_layer = net::get_u32(s, at + 4);
-  q.mtu = net::get_u32(s, at + 8);
-  const uint32_t n = net::get_u32(s, at + 12);
-  at += 16;
+  constexpr size_t kPerQp = 16 + 6 * 4;
+  if (s.size() < at + 4) throw std::out_of_range("short QP set");
+  const uint32_t n = net::get_u32(s, at);
+  at += 4;
   if (n == 0 || n > 16) throw std::out_of_range("QP count out of range");
-  for (uint32_t i = 0; i < n; ++i, at += 8) {
-    q.qpns.push_back(net::get_u32(s, at));
-    q.psns.push_back(net::get_u32(s, at + 4));
+  if (s.size() < at + n * kPerQp) throw std::out_of_range("short QP set");
+  QpSetInfo set;
+  for (uint32_t i = 0; i < n; ++i, at += kPerQp) {
+    detail::QpInfo q;
+    std::memcpy(q.gid, s.data() + at, 16);
+    q.lid = net::get_u32(s, at + 16);
+    q.link_layer = net::get_u32(s, at + 20);
+    q.mtu = net::get_u32(s, at + 24);
+    q.dev = net::get_u32(s, at + 28);
+    q.qpn = net::get_u32(s, at + 32);
+    q.psn = net::get_u32(s, at + 36);
+    if (q.dev >= 64) throw std::out_of_range("device index out of range");
+    set.qps.push_back(q);
   }
-  return q;
+  return set;
 }
 
 std::string get_bytes(std::string_view s, size_t& at) {
@@ -99,52 +102,109 @@ bool recv_frame(int fd, std::string& body, net::Clock::time_point deadline) {
   return net::recv_exact(fd, n, body, deadline);
 }
 
+// Closes what `d` holds (any part of it may be missing).
+void release(detail::Device& d) {
+  if (d.cq) ibv_destroy_cq(d.cq);
+  if (d.channel) ibv_destroy_comp_channel(d.channel);
+  if (d.pd) ibv_dealloc_pd(d.pd);
+  if (d.ctx) ibv_close_device(d.ctx);
+  d = detail::Device{};
+}
+
 }  // namespace
 
 // ---- device -------------------------------------------------------------------------------
 
-void Engine::Impl::open_device() {
+std::vector<std::string> EngineOptions::device_list() const {
+  if (!devices.empty()) return devices;
+  if (!device.empty()) return {device};
+  return {};
+}
+
+void Engine::Impl::open_devices() {
   int num = 0;
   ibv_device** list = ibv_get_device_list(&num);
   if (!list) fail_local("no verbs device (ibv_get_device_list: " + errno_text(errno) + ")");
-  ibv_device* chosen = nullptr;
-  for (int i = 0; i < num && !chosen; ++i)
-    if (opt.device.empty() || opt.device == ibv_get_device_name(list[i])) chosen = list[i];
-  if (!chosen) {
-    ibv_free_device_list(list);
-    fail_local(opt.device.empty() ? "no verbs device"
-                                  : "no verbs device named '" + opt.device + "'");
+  const std::vector<std::string> wanted = opt.device_list();
+  std::vector<ibv_device*> chosen;
+  for (const std::string& w : wanted) {
+    ibv_device* found = nullptr;
+    for (int i = 0; i < num && !found; ++i)
+      if (w == ibv_get_device_name(list[i])) found = list[i];
+    if (!found || std::count(wanted.begin(), wanted.end(), w) > 1) {
+      std::string names;
+      for (int i = 0; i < num; ++i)
+        names += std::string(i ? ", " : "") + ibv_get_device_name(list[i]);
+      ibv_free_device_list(list);
+      fail_local(found ? "verbs device '" + w + "' is named twice"
+                       : "no verbs device named '" + w +
+                             "' (devices: " + (names.empty() ? "none" : names) + ")");
+    }
+    chosen.push_back(found);
   }
-  ctx = ibv_open_device(chosen);
-  const int open_errno = errno;
+  try {
+    if (wanted.empty()) {
+      // Every device whose port is active (one that cannot be opened is skipped; the first
+      // such failure is reported when none is left).
+      std::string first_error;
+      for (int i = 0; i < num; ++i) {
+        detail::Device d;
+        try {
+          open_one(d, list[i]);
+        } catch (const KvError& e) {
+          release(d);
+          if (first_error.empty()) first_error = e.what();
+          continue;
+        }
+        devs.push_back(d);
+      }
+      if (devs.empty() && !first_error.empty()) throw KvError(first_error, "");
+      if (devs.empty()) fail_local("no verbs device");
+    } else {
+      for (ibv_device* c : chosen) {
+        devs.emplace_back();
+        open_one(devs.back(), c);
+      }
+    }
+  } catch (...) {
+    ibv_free_device_list(list);
+    throw;  // close_device() releases what devs holds
+  }
   ibv_free_device_list(list);
-  if (!ctx) fail_local("ibv_open_device: " + errno_text(open_errno));
-  ibv_port_attr pa{};
-  if (int e = ibv_query_port(ctx, opt.port, &pa)) fail_local("ibv_query_port: " + errno_text(e));
-  if (pa.state != IBV_PORT_ACTIVE)
-    fail_local("port " + std::to_string(opt.port) + " is not active");
-  link_layer = pa.link_layer;
-  active_mtu = pa.active_mtu;
-  lid = pa.lid;
-  if (pa.max_msg_sz) max_msg = std::min<uint64_t>(max_msg, pa.max_msg_sz);
-  if (int e = ibv_query_gid(ctx, opt.port, opt.gid_index, &gid))
-    fail_local("ibv_query_gid(index " + std::to_string(opt.gid_index) + "): " + errno_text(e));
-  device_addr = gid_text(gid.raw, link_layer, lid);
-  ibv_device_attr da{};
-  if (int e = ibv_query_device(ctx, &da)) fail_local("ibv_query_device: " + errno_text(e));
-  max_rd_atomic = static_cast<uint8_t>(std::clamp(da.max_qp_init_rd_atom, 1, 16));
-  max_dest_rd_atomic = static_cast<uint8_t>(std::clamp(da.max_qp_rd_atom, 1, 16));
-  pd = ibv_alloc_pd(ctx);
-  if (!pd) fail_local("ibv_alloc_pd: " + errno_text(errno));
-  channel = ibv_create_comp_channel(ctx);
-  if (!channel) fail_local("ibv_create_comp_channel: " + errno_text(errno));
-  fcntl(channel->fd, F_SETFL, fcntl(channel->fd, F_GETFL) | O_NONBLOCK);
-  cq_capacity = 16384;
-  if (da.max_cqe > 0) cq_capacity = std::min(cq_capacity, da.max_cqe);
-  cq = ibv_create_cq(ctx, cq_capacity, nullptr, channel, 0);
-  if (!cq) fail_local("ibv_create_cq(" + std::to_string(cq_capacity) + "): " + errno_text(errno));
+  device_addr = devs[0].addr;
+  for (const detail::Device& d : devs) device_names.push_back(d.name);
   wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   if (wake_fd < 0) fail_local("eventfd: " + errno_text(errno));
+}
+
+void Engine::Impl::open_one(detail::Device& d, ibv_device* dev) {
+  d.name = ibv_get_device_name(dev);
+  auto fail = [&](const std::string& what) { fail_local("device " + d.name + ": " + what); };
+  d.ctx = ibv_open_device(dev);
+  if (!d.ctx) fail("ibv_open_device: " + errno_text(errno));
+  ibv_port_attr pa{};
+  if (int e = ibv_query_port(d.ctx, opt.port, &pa)) fail("ibv_query_port: " + errno_text(e));
+  if (pa.state != IBV_PORT_ACTIVE) fail("port " + std::to_string(opt.port) + " is not active");
+  d.link_layer = pa.link_layer;
+  d.active_mtu = pa.active_mtu;
+  d.lid = pa.lid;
+  if (pa.max_msg_sz) max_msg = std::min<uint64_t>(max_msg, pa.max_msg_sz);
+  if (int e = ibv_query_gid(d.ctx, opt.port, opt.gid_index, &d.gid))
+    fail("ibv_query_gid(index " + std::to_string(opt.gid_index) + "): " + errno_text(e));
+  d.addr = gid_text(d.gid.raw, d.link_layer, d.lid);
+  ibv_device_attr da{};
+  if (int e = ibv_query_device(d.ctx, &da)) fail("ibv_query_device: " + errno_text(e));
+  d.max_rd_atomic = static_cast<uint8_t>(std::clamp(da.max_qp_init_rd_atom, 1, 16));
+  d.max_dest_rd_atomic = static_cast<uint8_t>(std::clamp(da.max_qp_rd_atom, 1, 16));
+  d.pd = ibv_alloc_pd(d.ctx);
+  if (!d.pd) fail("ibv_alloc_pd: " + errno_text(errno));
+  d.channel = ibv_create_comp_channel(d.ctx);
+  if (!d.channel) fail("ibv_create_comp_channel: " + errno_text(errno));
+  fcntl(d.channel->fd, F_SETFL, fcntl(d.channel->fd, F_GETFL) | O_NONBLOCK);
+  d.cq_capacity = 16384;
+  if (da.max_cqe > 0) d.cq_capacity = std::min(d.cq_capacity, da.max_cqe);
+  d.cq = ibv_create_cq(d.ctx, d.cq_capacity, nullptr, d.channel, 0);
+  if (!d.cq) fail("ibv_create_cq(" + std::to_string(d.cq_capacity) + "): " + errno_text(errno));
 }
 
 void Engine::Impl::close_device() {
@@ -167,17 +227,12 @@ void Engine::Impl::close_device() {
     if (p->send_mr) ibv_dereg_mr(p->send_mr);
   }
   peers.clear();
-  for (auto& [a, r] : regions) ibv_dereg_mr(r->mr);
+  for (auto& [a, r] : regions)
+    for (ibv_mr* mr : r->mrs) ibv_dereg_mr(mr);
   regions.clear();
   regions_by_name.clear();
-  if (cq) ibv_destroy_cq(cq);
-  cq = nullptr;
-  if (channel) ibv_destroy_comp_channel(channel);
-  channel = nullptr;
-  if (pd) ibv_dealloc_pd(pd);
-  pd = nullptr;
-  if (ctx) ibv_close_device(ctx);
-  ctx = nullptr;
+  for (detail::Device& d : devs) release(d);
+  devs.clear();
   if (wake_fd >= 0) close(wake_fd);
   wake_fd = -1;
 }
@@ -200,8 +255,9 @@ void Engine::Impl::register_notify_buffers(Peer& p) {
   const int local_write = IBV_ACCESS_LOCAL_WRITE;
   p.recv_buf.assign(size_t{detail::kNotifySlots} * detail::kSlotBytes, 0);
   p.send_buf.assign(size_t{detail::kNotifySlots} * detail::kSlotBytes, 0);
-  p.recv_mr = ibv_reg_mr(pd, p.recv_buf.data(), p.recv_buf.size(), local_write);
-  p.send_mr = ibv_reg_mr(pd, p.send_buf.data(), p.send_buf.size(), local_write);
+  // Notifications travel on QP 0, which is always on device 0.
+  p.recv_mr = ibv_reg_mr(devs[0].pd, p.recv_buf.data(), p.recv_buf.size(), local_write);
+  p.send_mr = ibv_reg_mr(devs[0].pd, p.send_buf.data(), p.send_buf.size(), local_write);
   if (!p.recv_mr || !p.send_mr)
     fail_local("ibv_reg_mr(notification buffers): " + errno_text(errno));
   for (uint32_t s = 0; s < detail::kNotifySlots; ++s)
@@ -211,22 +267,28 @@ void Engine::Impl::register_notify_buffers(Peer& p) {
 std::vector<Qp*> Engine::Impl::create_qps(Peer& p, uint32_t n) {
   const uint32_t send_wr = opt.max_wr + detail::kNotifySlots + 8;
   const int per_qp = static_cast<int>(send_wr + detail::kNotifySlots);
-  if (cq_reserved + per_qp * static_cast<int>(n) > cq_capacity)
-    throw KvError("kv engine '" + name + "': too many connections for the CQ (" +
-                      std::to_string(cq_capacity) + " entries) to add peer " + p.desc,
-                  p.name);
+  const auto nd = static_cast<uint32_t>(devs.size());
+  for (uint32_t k = 0; k < nd && k < n; ++k) {
+    const detail::Device& d = devs[k];
+    const int on_dev = static_cast<int>((n - k + nd - 1) / nd);  // QPs k, k + nd, …
+    if (d.cq_reserved + per_qp * on_dev > d.cq_capacity)
+      throw KvError("kv engine '" + name + "': too many connections for the CQ of " + d.name +
+                        " (" + std::to_string(d.cq_capacity) + " entries) to add peer " + p.desc,
+                    p.name);
+  }
   std::random_device rd;
   std::vector<Qp*> set;
   for (uint32_t i = 0; i < n; ++i) {
+    detail::Device& d = devs[i % nd];
     ibv_qp_init_attr ia{};
-    ia.send_cq = cq;
-    ia.recv_cq = cq;
+    ia.send_cq = d.cq;
+    ia.recv_cq = d.cq;
     ia.qp_type = IBV_QPT_RC;
     ia.cap.max_send_wr = send_wr;
     ia.cap.max_recv_wr = detail::kNotifySlots;
     ia.cap.max_send_sge = 1;
     ia.cap.max_recv_sge = 1;
-    ibv_qp* raw = ibv_create_qp(pd, &ia);
+    ibv_qp* raw = ibv_create_qp(d.pd, &ia);
     ibv_qp_attr a{};
     a.qp_state = IBV_QPS_INIT;
     a.port_num = opt.port;
@@ -238,18 +300,19 @@ std::vector<Qp*> Engine::Impl::create_qps(Peer& p, uint32_t n) {
     if (!raw || e) {
       if (raw) ibv_destroy_qp(raw);
       for (Qp* q : set) destroy_qp(q);
-      throw KvError(
-          "kv engine '" + name + "': creating a QP for peer " + p.desc + ": " + errno_text(e),
-          p.name);
+      throw KvError("kv engine '" + name + "': creating a QP on " + d.name + " for peer " + p.desc +
+                        ": " + errno_text(e),
+                    p.name);
     }
     auto q = std::make_unique<Qp>();
     q->qp = raw;
     q->peer = &p;
     q->index = i;
-    qp_by_num[raw->qp_num] = q.get();
+    q->dev = i % nd;
+    qp_by_num[qp_key(q->dev, raw->qp_num)] = q.get();
     set.push_back(q.get());
     qps.push_back(std::move(q));
-    cq_reserved += per_qp;
+    d.cq_reserved += per_qp;
   }
   psns.clear();
   for (uint32_t i = 0; i < n; ++i) psns.push_back(rd() & 0xffffff);
@@ -257,52 +320,59 @@ std::vector<Qp*> Engine::Impl::create_qps(Peer& p, uint32_t n) {
 }
 
 QpSetInfo Engine::Impl::local_info(const std::vector<Qp*>& set) const {
-  QpSetInfo i;
-  std::memcpy(i.gid, gid.raw, 16);
-  i.lid = lid;
-  i.link_layer = link_layer;
-  i.mtu = active_mtu;
+  QpSetInfo info;
   for (size_t k = 0; k < set.size(); ++k) {
-    i.qpns.push_back(set[k]->qp->qp_num);
-    i.psns.push_back(psns.size() > k ? psns[k] : 0);
+    const detail::Device& d = devs[set[k]->dev];
+    detail::QpInfo q;
+    std::memcpy(q.gid, d.gid.raw, 16);
+    q.lid = d.lid;
+    q.link_layer = d.link_layer;
+    q.mtu = d.active_mtu;
+    q.dev = set[k]->dev;
+    q.qpn = set[k]->qp->qp_num;
+    q.psn = psns.size() > k ? psns[k] : 0;
+    info.qps.push_back(q);
   }
-  return i;
+  return info;
 }
 
 void Engine::Impl::destroy_qp(Qp* q) {
-  qp_by_num.erase(q->qp->qp_num);
+  qp_by_num.erase(qp_key(q->dev, q->qp->qp_num));
   ibv_destroy_qp(q->qp);
-  cq_reserved -= static_cast<int>(opt.max_wr + 2 * detail::kNotifySlots + 8);
+  devs[q->dev].cq_reserved -= static_cast<int>(opt.max_wr + 2 * detail::kNotifySlots + 8);
   auto it = std::find_if(qps.begin(), qps.end(), [q](const auto& u) { return u.get() == q; });
   if (it != qps.end()) qps.erase(it);
 }
 
 void Engine::Impl::install_qps(Peer& p, const std::vector<Qp*>& set, const QpSetInfo& remote,
                                const std::vector<uint32_t>& my_psns, detail::DueCallbacks& due) {
-  if (remote.qpns.size() != set.size())
+  if (remote.qps.size() != set.size())
     throw KvError("kv engine '" + name + "': peer " + p.desc + " answered with " +
-                      std::to_string(remote.qpns.size()) + " QPs for " + std::to_string(set.size()),
+                      std::to_string(remote.qps.size()) + " QPs for " + std::to_string(set.size()),
                   p.name);
   for (size_t i = 0; i < set.size(); ++i) {
+    const detail::Device& d = devs[set[i]->dev];
+    const detail::QpInfo& r = remote.qps[i];
     ibv_qp_attr a{};
     a.qp_state = IBV_QPS_RTR;
-    a.path_mtu = static_cast<ibv_mtu>(std::min<uint32_t>(active_mtu, remote.mtu));
-    a.dest_qp_num = remote.qpns[i];
-    a.rq_psn = remote.psns[i];
-    a.max_dest_rd_atomic = max_dest_rd_atomic;
+    a.path_mtu = static_cast<ibv_mtu>(std::min<uint32_t>(d.active_mtu, r.mtu));
+    a.dest_qp_num = r.qpn;
+    a.rq_psn = r.psn;
+    a.max_dest_rd_atomic = d.max_dest_rd_atomic;
     a.min_rnr_timer = 12;
     a.ah_attr.port_num = opt.port;
-    a.ah_attr.dlid = static_cast<uint16_t>(remote.lid);
-    if (link_layer == IBV_LINK_LAYER_ETHERNET || remote.link_layer == IBV_LINK_LAYER_ETHERNET) {
+    a.ah_attr.dlid = static_cast<uint16_t>(r.lid);
+    if (d.link_layer == IBV_LINK_LAYER_ETHERNET || r.link_layer == IBV_LINK_LAYER_ETHERNET) {
       a.ah_attr.is_global = 1;
-      std::memcpy(a.ah_attr.grh.dgid.raw, remote.gid, 16);
+      std::memcpy(a.ah_attr.grh.dgid.raw, r.gid, 16);
       a.ah_attr.grh.sgid_index = static_cast<uint8_t>(opt.gid_index);
       a.ah_attr.grh.hop_limit = 64;
     }
     if (int e = ibv_modify_qp(set[i]->qp, &a,
                               IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
                                   IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER))
-      throw KvError("kv engine '" + name + "': QP to RTR for peer " + p.desc + ": " + errno_text(e),
+      throw KvError("kv engine '" + name + "': QP to RTR on " + d.name + " for peer " + p.desc +
+                        ": " + errno_text(e),
                     p.name);
     ibv_qp_attr s{};
     s.qp_state = IBV_QPS_RTS;
@@ -310,18 +380,20 @@ void Engine::Impl::install_qps(Peer& p, const std::vector<Qp*>& set, const QpSet
     s.retry_cnt = opt.retry_cnt;
     s.rnr_retry = 7;
     s.sq_psn = my_psns[i];
-    s.max_rd_atomic = max_rd_atomic;
+    s.max_rd_atomic = d.max_rd_atomic;
     if (int e = ibv_modify_qp(set[i]->qp, &s,
                               IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
                                   IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC))
-      throw KvError("kv engine '" + name + "': QP to RTS for peer " + p.desc + ": " + errno_text(e),
+      throw KvError("kv engine '" + name + "': QP to RTS on " + d.name + " for peer " + p.desc +
+                        ": " + errno_text(e),
                     p.name);
+    set[i]->remote_dev = r.dev;
   }
   // The old set (a peer that restarted or reconnects after a failure) goes.
   if (!p.qps.empty()) fail_peer(p, "the connection was replaced by a new handshake", due);
+  const detail::QpInfo& r0 = remote.qps[0];
   p.desc = "'" + p.name + "' (" +
-           gid_text(remote.gid, static_cast<uint8_t>(remote.link_layer),
-                    static_cast<uint16_t>(remote.lid)) +
+           gid_text(r0.gid, static_cast<uint8_t>(r0.link_layer), static_cast<uint16_t>(r0.lid)) +
            ")";
   p.qps = set;
   p.state = PeerState::kConnected;
@@ -367,7 +439,7 @@ void Engine::Impl::serve_handshake(net::Fd fd) {
       net::put_u32(reply, kBusy);
       net::put_bytes(reply, {});
     } else {
-      std::vector<Qp*> set = create_qps(p, static_cast<uint32_t>(remote.qpns.size()));
+      std::vector<Qp*> set = create_qps(p, static_cast<uint32_t>(remote.qps.size()));
       const std::vector<uint32_t> mine = psns;
       try {
         install_qps(p, set, remote, mine, due);

@@ -7,6 +7,8 @@
 #include <cctype>
 #include <cerrno>
 #include <cmath>
+#include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <sstream>
 #include <thread>
@@ -25,7 +27,7 @@ using detail::Slice;
 namespace {
 
 constexpr const char* kRecordPrefix = "softrdma-kv/";
-constexpr const char* kRecordMagic = "softrdma-kv-record 1";
+constexpr const char* kRecordMagic = "softrdma-kv-record 2";  // 2: one rkey per device
 
 bool valid_name(std::string_view n) {
   if (n.empty() || n.size() > 64) return false;
@@ -42,7 +44,16 @@ bool valid_name(std::string_view n) {
 EngineOptions EngineOptions::from_environment() {
   EngineOptions o;
   using params::integer;
-  if (std::string d = params::text(params::kKvIbDevice); !d.empty()) o.device = d;
+  // One name, or a comma-separated list of them (several devices).
+  const std::string d = params::text(params::kKvIbDevice);
+  for (size_t at = 0; at < d.size();) {
+    const size_t comma = std::min(d.find(',', at), d.size());
+    if (comma == at) throw std::invalid_argument(params::malformed(params::kKvIbDevice, d));
+    o.devices.push_back(d.substr(at, comma - at));
+    at = comma + 1;
+    if (comma + 1 == d.size())
+      throw std::invalid_argument(params::malformed(params::kKvIbDevice, d));
+  }
   o.gid_index = static_cast<int>(integer(params::kKvIbGidIndex, o.gid_index));
   o.qps_per_peer = static_cast<uint32_t>(integer(params::kKvQps, o.qps_per_peer));
   o.slice_bytes =
@@ -75,18 +86,29 @@ PeerRecord parse_record(const std::string& text) {
       l >> r.pid;
     } else if (key == "handshake") {
       l >> r.host >> r.port;
-    } else if (key == "device") {
-      l >> r.device;
+    } else if (key == "devices") {
+      for (std::string a; l >> a;) r.devices.push_back(a);
+      l.clear();
     } else if (key == "segment") {
       Segment s;
-      uint32_t rkey = 0;
-      l >> s.name >> std::hex >> s.addr >> std::dec >> s.length >> rkey >> s.location;
+      std::string keys;
+      l >> s.name >> std::hex >> s.addr >> std::dec >> s.length >> s.location >> keys;
+      std::vector<uint32_t> rkeys;
+      std::istringstream k(keys);
+      for (std::string one; std::getline(k, one, ',');) {
+        char* end = nullptr;
+        const unsigned long v = std::strtoul(one.c_str(), &end, 10);
+        if (one.empty() || *end || v > UINT32_MAX) l.setstate(std::ios::failbit);
+        rkeys.push_back(static_cast<uint32_t>(v));
+      }
+      if (rkeys.empty() || rkeys.size() != r.devices.size()) l.setstate(std::ios::failbit);
       r.segments.push_back(s);
-      r.rkeys.push_back(rkey);
+      r.rkeys.push_back(rkeys);
     }
     if (l.fail()) throw std::runtime_error("malformed record line '" + line + "'");
   }
   if (r.host.empty() || r.port == 0) throw std::runtime_error("record without a handshake address");
+  if (r.devices.empty()) throw std::runtime_error("record without devices");
   return r;
 }
 
@@ -97,10 +119,15 @@ std::string Engine::Impl::record_text() const {
   s << kRecordMagic << "\n";
   s << "pid " << getpid() << "\n";
   s << "handshake " << listen_host << " " << listen_port << "\n";
-  s << "device " << device_addr << "\n";
-  for (const auto& [n, r] : regions_by_name)
+  s << "devices";
+  for (const detail::Device& d : devs) s << " " << d.addr;
+  s << "\n";
+  for (const auto& [n, r] : regions_by_name) {
     s << "segment " << n << " " << std::hex << r->seg.addr << std::dec << " " << r->seg.length
-      << " " << r->mr->rkey << " " << r->seg.location << "\n";
+      << " " << r->seg.location << " ";
+    for (size_t i = 0; i < r->mrs.size(); ++i) s << (i ? "," : "") << r->mrs[i]->rkey;
+    s << "\n";
+  }
   return s.str();
 }
 
@@ -158,7 +185,7 @@ Engine::Engine(std::string name, std::shared_ptr<MetadataStore> store, const Eng
   I.opt = options;
   I.store = std::move(store);
   try {
-    I.open_device();
+    I.open_devices();
     I.start_listener();
     I.start_progress();
     I.publish();
@@ -213,6 +240,10 @@ const std::string& Engine::device_address() const {
   return impl_->device_addr;
 }
 
+const std::vector<std::string>& Engine::devices() const {
+  return impl_->device_names;
+}
+
 // ---- memory -------------------------------------------------------------------------------
 
 Segment Engine::register_memory(void* addr, size_t length, std::string_view location,
@@ -247,13 +278,22 @@ Segment Engine::register_memory(void* addr, size_t length, std::string_view loca
     }
     if (I.regions_by_name.count(n))
       throw std::invalid_argument(who + ": segment name '" + n + "' is taken");
+    // On every device, or on none: a failure deregisters the ones done and names the device.
     const int access = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
-    ibv_mr* mr = ibv_reg_mr(I.pd, addr, length, access);
-    if (!mr)
-      I.fail_local("ibv_reg_mr(" + std::to_string(length) + " bytes): " + std::strerror(errno));
+    std::vector<ibv_mr*> mrs;
+    for (const detail::Device& d : I.devs) {
+      ibv_mr* mr = ibv_reg_mr(d.pd, addr, length, access);
+      if (!mr) {
+        const int e = errno;
+        for (ibv_mr* done : mrs) ibv_dereg_mr(done);
+        I.fail_local("ibv_reg_mr(" + std::to_string(length) + " bytes) on device " + d.name + ": " +
+                     std::strerror(e));
+      }
+      mrs.push_back(mr);
+    }
     auto r = std::make_unique<Region>();
     r->seg = Segment{n, a, length, std::string(location)};
-    r->mr = mr;
+    r->mrs = std::move(mrs);
     out = r->seg;
     I.regions_by_name[n] = r.get();
     I.regions[a] = std::move(r);
@@ -264,7 +304,7 @@ Segment Engine::register_memory(void* addr, size_t length, std::string_view loca
     // Nothing left half-registered: undo, then report.
     std::lock_guard lk(I.mu);
     auto it = I.regions.find(a);
-    ibv_dereg_mr(it->second->mr);
+    for (ibv_mr* mr : it->second->mrs) ibv_dereg_mr(mr);
     I.regions_by_name.erase(out.name);
     I.regions.erase(it);
     throw;
@@ -286,7 +326,7 @@ void Engine::deregister_memory(std::string_view name) {
                                   std::string(name) + "' is in use by " +
                                   std::to_string(r->inflight) + " transfer slice(s)");
     if (--r->refs > 0) return;
-    ibv_dereg_mr(r->mr);
+    for (ibv_mr* mr : r->mrs) ibv_dereg_mr(mr);
     const uint64_t a = r->seg.addr;
     I.regions_by_name.erase(it);
     I.regions.erase(a);
@@ -433,6 +473,15 @@ void Engine::submit_transfer(BatchId batch, std::span<const TransferRequest> req
     if (peer.state != detail::PeerState::kConnected)
       throw KvError(who + ": peer " + peer.desc + ": " + peer.broken_reason, p);
   }
+  // The peer's QPs must land on devices its segment record has keys for (a peer that came
+  // back with fewer devices than its record announced).
+  for (const Checked& c : checked)
+    for (const detail::Qp* q : I.peers.find(c.seg.peer)->second->qps)
+      if (q->remote_dev >= c.seg.rkeys.size())
+        throw KvError(who + ": segment '" + c.seg.seg.name + "' of peer '" + c.seg.peer +
+                          "' has no key for its device " + std::to_string(q->remote_dev) +
+                          " (open the segment again)",
+                      c.seg.peer);
   if (I.batches.find(batch) == I.batches.end())
     throw std::invalid_argument(who + ": batch freed meanwhile");
 
@@ -451,11 +500,11 @@ void Engine::submit_transfer(BatchId batch, std::span<const TransferRequest> req
       Slice& s = b.slices.emplace_back();
       s.batch = &b;
       s.region = c.region;
-      s.qp = p.qps[p.stripe++ % p.qps.size()];
+      s.qp = p.qps[p.stripe++ % p.qps.size()];  // QP i is on local device i % devices
       s.local = reinterpret_cast<uint64_t>(r.local) + off;
       s.remote = c.seg.seg.addr + r.offset + off;
-      s.lkey = c.region->mr->lkey;
-      s.rkey = c.seg.rkey;
+      s.lkey = c.region->mrs[s.qp->dev]->lkey;
+      s.rkey = c.seg.rkeys[s.qp->remote_dev];
       s.length = static_cast<uint32_t>(len);
       s.opcode = r.opcode;
       s.qp->queue.push_back(&s);

@@ -10,7 +10,8 @@
 // submitTransfer / getTransferStatus / freeBatchID (mooncake-transfer-engine/include/
 // transfer_engine.h). NIXL: nixlAgent registerMem / createXferReq / postXferReq /
 // getXferStatus / genNotif / getNotifs. The bytes move over RC QPs: one set of QPs per peer,
-// slices striped over them (docs/kv.md, "Design").
+// slices striped over them, the QPs spread over the engine's devices (docs/kv.md, "Design",
+// "Devices").
 #pragma once
 
 #include <chrono>
@@ -50,7 +51,14 @@ enum class Opcode : uint8_t {
 /// Settings of one engine. from_environment() reads the SOFTRDMA_KV_* parameters
 /// (base/params.h; `softrdma params kv`).
 struct EngineOptions {
-  std::string device;                 ///< verbs device name; empty: the first
+  /// Verbs devices to use, by name; several make a multi-NIC engine: QP i to a peer uses
+  /// local device i % devices and the peer's device i % its devices, so slices striped over
+  /// the QPs spread over every device (docs/kv.md, "Devices"). Empty: `device` if set, else
+  /// every device ibv_get_device_list returns whose `port` is ACTIVE.
+  std::vector<std::string> devices;
+  std::string device;  ///< shorthand for a one-device `devices`
+  /// The names asked for: `devices`, else {device}, else empty (every active device).
+  std::vector<std::string> device_list() const;
   uint8_t port = 1;                   ///< verbs port
   int gid_index = 0;                  ///< GID index (RoCE)
   uint32_t qps_per_peer = 2;          ///< RC QPs per peer (slices are striped over them)
@@ -126,12 +134,14 @@ class Engine {
   /// Bytes a notification may carry.
   static constexpr size_t kMaxNotifyBytes = 1000;
 
-  /// Opens the verbs device, starts the progress thread and the handshake listener and
+  /// Opens the verbs device(s) (EngineOptions::device_list()), starts the progress thread
+  /// and the handshake listener and
   /// publishes this engine under `name` in `store` (key "softrdma-kv/<name>"). `name`: 1–64
   /// characters of [A-Za-z0-9._:-], unique among the engines sharing the store.
   /// A record already under `name` (a crashed engine's) is replaced, as in Mooncake.
-  /// Throws std::invalid_argument on a bad name or options, KvError when the device or the
-  /// listener cannot be opened, std::runtime_error when the store cannot be reached.
+  /// Throws std::invalid_argument on a bad name or options, KvError when a device (named in
+  /// the message: one that does not exist, or fails to open) or the listener cannot be opened,
+  /// std::runtime_error when the store cannot be reached.
   Engine(std::string name, std::shared_ptr<MetadataStore> store,
          const EngineOptions& options = EngineOptions::from_environment());
   /// Lingers until the send work requests already posted to connected peers (notifications
@@ -146,16 +156,20 @@ class Engine {
 
   const std::string& name() const;
   const EngineOptions& options() const;
-  /// "127.0.0.3" (the device's GID as an address) — for messages and docs.
+  /// "127.0.0.3" (the first device's GID as an address) — for messages and docs.
   const std::string& device_address() const;
+  /// The devices the engine opened, in order ("srdma0", "srdma1").
+  const std::vector<std::string>& devices() const;
 
   // ---- memory -----------------------------------------------------------------------------
 
   /// Registers [addr, addr + length) for local and remote READ/WRITE and publishes it as
   /// segment `name` (empty: "seg<N>"). Registering the same range again returns the same
   /// segment and counts a reference (the registration cache); a different range under a
-  /// taken name, a zero length or a null address throw std::invalid_argument; a failed
-  /// ibv_reg_mr throws KvError and leaves nothing registered.
+  /// taken name, a zero length or a null address throw std::invalid_argument. The range is
+  /// registered on every device of the engine (one rkey each, all published); a failed
+  /// ibv_reg_mr on any device throws KvError naming that device and leaves nothing
+  /// registered on any.
   Segment register_memory(void* addr, size_t length, std::string_view location = "cpu:0",
                           std::string_view name = {});
   /// Drops one reference to segment `name`; the last one deregisters it and withdraws it

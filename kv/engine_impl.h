@@ -44,11 +44,11 @@ struct Batch;
 struct Qp;
 struct Peer;
 
-/// A local registration (a Segment plus its MR). `refs` counts register_memory calls;
-/// `inflight` the slices that use it.
+/// A local registration (a Segment plus one MR per device, in device order). `refs` counts
+/// register_memory calls; `inflight` the slices that use it.
 struct Region {
   Segment seg;
-  ibv_mr* mr = nullptr;
+  std::vector<ibv_mr*> mrs;
   int refs = 1;
   uint64_t inflight = 0;
 };
@@ -88,6 +88,8 @@ struct Qp {
   ibv_qp* qp = nullptr;
   Peer* peer = nullptr;
   uint32_t index = 0;             ///< position in the peer's set (0 carries notifications)
+  uint32_t dev = 0;               ///< local device (index % local devices)
+  uint32_t remote_dev = 0;        ///< the peer's device at the other end (its rkey index)
   uint32_t outstanding = 0;       ///< send work requests posted and not yet completed
   uint32_t data_outstanding = 0;  ///< of which data slices (bounded by max_wr)
   uint32_t recvs_posted = 0;
@@ -114,13 +116,39 @@ struct Peer {
   uint64_t probes_sent = 0, probes_done = 0;
 };
 
-/// Connection details of one side of a handshake.
-struct QpSetInfo {
+/// Connection details of one QP of one side of a handshake: its device's address (GID,
+/// LID, link layer, active MTU), the device's index on that side, the QPN and first PSN.
+struct QpInfo {
   uint8_t gid[16] = {};
   uint32_t lid = 0;
   uint32_t link_layer = 0;
   uint32_t mtu = 0;
-  std::vector<uint32_t> qpns, psns;
+  uint32_t dev = 0;
+  uint32_t qpn = 0;
+  uint32_t psn = 0;
+};
+
+/// Connection details of one side of a handshake: QP i of the set, in order.
+struct QpSetInfo {
+  std::vector<QpInfo> qps;
+};
+
+/// One opened verbs device of the engine: its context, PD, CQ and completion channel, and
+/// the port facts the QPs on it need.
+struct Device {
+  std::string name;  ///< "srdma1"
+  std::string addr;  ///< "127.0.0.3" (gid_text)
+  ibv_context* ctx = nullptr;
+  ibv_pd* pd = nullptr;
+  ibv_comp_channel* channel = nullptr;
+  ibv_cq* cq = nullptr;
+  int cq_capacity = 0;
+  int cq_reserved = 0;  ///< CQ entries the QPs may need (a connection is refused beyond)
+  ibv_gid gid{};
+  uint16_t lid = 0;
+  uint8_t link_layer = 0;
+  uint8_t active_mtu = 0;
+  uint8_t max_rd_atomic = 1, max_dest_rd_atomic = 1;
 };
 
 /// A peer's published record (parse_record / Impl::record_text).
@@ -128,9 +156,9 @@ struct PeerRecord {
   uint32_t pid = 0;
   std::string host;  ///< handshake listener
   uint16_t port = 0;
-  std::string device;  ///< device address, for messages
+  std::vector<std::string> devices;  ///< device addresses, in device order
   std::vector<Segment> segments;
-  std::vector<uint32_t> rkeys;  ///< parallel to segments
+  std::vector<std::vector<uint32_t>> rkeys;  ///< parallel to segments: one per device
 };
 
 /// Callbacks due (run by the progress thread once mu is released), with their arguments.
@@ -151,20 +179,11 @@ struct Engine::Impl {
   EngineOptions opt;
   std::shared_ptr<MetadataStore> store;
 
-  // ---- device (connection.cpp) ----
-  ibv_context* ctx = nullptr;
-  ibv_pd* pd = nullptr;
-  ibv_comp_channel* channel = nullptr;
-  ibv_cq* cq = nullptr;
-  int cq_capacity = 0;
-  int cq_reserved = 0;  ///< CQ entries the QPs may need (a connection is refused beyond)
-  ibv_gid gid{};
-  uint16_t lid = 0;
-  uint8_t link_layer = 0;
-  uint8_t active_mtu = 0;
-  uint64_t max_msg = 1u << 30;
-  uint8_t max_rd_atomic = 1, max_dest_rd_atomic = 1;
-  std::string device_addr;
+  // ---- devices (connection.cpp) ----
+  std::vector<detail::Device> devs;  ///< at least one once open_devices() returned
+  uint64_t max_msg = 1u << 30;       ///< the smallest of the devices' largest messages
+  std::string device_addr;           ///< devs[0]'s address
+  std::vector<std::string> device_names;
 
   // ---- handshake listener ----
   std::string listen_host;
@@ -185,11 +204,11 @@ struct Engine::Impl {
   uint64_t next_segment = 1;
   std::map<std::string, std::unique_ptr<Peer>, std::less<>> peers;
   std::vector<std::unique_ptr<Qp>> qps;
-  std::unordered_map<uint32_t, Qp*> qp_by_num;
+  std::unordered_map<uint64_t, Qp*> qp_by_num;  ///< by qp_key(device, QPN)
   struct OpenSegment {
     std::string peer;
     Segment seg;
-    uint32_t rkey = 0;
+    std::vector<uint32_t> rkeys;  ///< one per device of the peer
   };
   std::map<SegmentHandle, OpenSegment> open_segments;
   SegmentHandle next_handle = 1;
@@ -204,8 +223,12 @@ struct Engine::Impl {
   [[noreturn]] void fail_local(const std::string& what) const;
 
   // ---- connection.cpp ----
-  void open_device();
+  /// Opens every device of opt (EngineOptions::device_list, empty: all active ones); throws
+  /// KvError naming a device that is missing or fails, with nothing left open by it.
+  void open_devices();
+  void open_one(detail::Device& d, ibv_device* dev);
   void close_device();
+  static uint64_t qp_key(uint32_t dev, uint32_t qpn) { return (uint64_t{dev} << 32) | qpn; }
   void start_listener();
   void serve_handshake(net::Fd fd);
   /// Connects to `peer` if not connected (the handshake, mu released meanwhile) and returns
@@ -228,7 +251,7 @@ struct Engine::Impl {
   void start_progress();
   void progress_loop();
   /// Handles `n` completions; appends batches whose callback is due to `done`.
-  void handle_completions(const ibv_wc* wc, int n, detail::DueCallbacks& due);
+  void handle_completions(uint32_t dev, const ibv_wc* wc, int n, detail::DueCallbacks& due);
   /// Posts queued slices of `q` up to max_wr outstanding; a failed post fails the peer.
   void pump(Qp& q, detail::DueCallbacks& due);
   void post_notify(Peer& p, detail::DueCallbacks& due);

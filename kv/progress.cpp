@@ -1,8 +1,8 @@
 // kv::Engine's progress thread: posts queued slices (at most max_wr per QP), turns
 // completions into batch progress, notifications and probe answers, and fails a peer on the
 // first error completion (its QPs go to the error state so everything they hold flushes at
-// once; a later use reconnects). It busy-polls the CQ for `spin` after activity, then
-// sleeps on the completion channel (never a core spinning while idle).
+// once; a later use reconnects). It busy-polls every device's CQ for `spin` after activity,
+// then sleeps on the devices' completion channels (never a core spinning while idle).
 #include <poll.h>
 #include <unistd.h>
 
@@ -43,46 +43,54 @@ void Engine::Impl::start_progress() {
 void Engine::Impl::progress_loop() {
   ibv_wc wc[32];
   auto last = Clock::now();
-  auto drain = [&](int n) {
+  const auto nd = static_cast<uint32_t>(devs.size());
+  auto drain = [&](uint32_t dev, int n) {
     DueCallbacks due;
     {
       std::lock_guard lk(mu);
-      handle_completions(wc, n, due);
+      handle_completions(dev, wc, n, due);
       reap_retired();
     }
     for (auto& [cb, args] : due) cb(args.first, args.second);
     last = Clock::now();
   };
-  while (!stop) {
-    int n = ibv_poll_cq(cq, 32, wc);
-    if (n > 0) {
-      drain(n);
-      continue;
+  // One pass over every device's CQ; whether any had completions.
+  auto poll_all = [&] {
+    bool any = false;
+    for (uint32_t d = 0; d < nd; ++d) {
+      const int n = ibv_poll_cq(devs[d].cq, 32, wc);
+      if (n > 0) {
+        drain(d, n);
+        any = true;
+      }
     }
+    return any;
+  };
+  std::vector<pollfd> fds(nd + 1);
+  while (!stop) {
+    if (poll_all()) continue;
     if (Clock::now() - last < opt.spin) continue;
     // Sleep: arm, poll once more (a completion between the poll and the arming raises no
-    // event), then wait for the channel or the stop eventfd.
-    ibv_req_notify_cq(cq, 0);
-    n = ibv_poll_cq(cq, 32, wc);
-    if (n > 0) {
-      drain(n);
-      continue;
-    }
-    pollfd fds[2] = {{channel->fd, POLLIN, 0}, {wake_fd, POLLIN, 0}};
-    ::poll(fds, 2, 100);
-    if (fds[0].revents & POLLIN) {
+    // event), then wait for a channel or the stop eventfd.
+    for (uint32_t d = 0; d < nd; ++d) ibv_req_notify_cq(devs[d].cq, 0);
+    if (poll_all()) continue;
+    for (uint32_t d = 0; d < nd; ++d) fds[d] = {devs[d].channel->fd, POLLIN, 0};
+    fds[nd] = {wake_fd, POLLIN, 0};
+    ::poll(fds.data(), nd + 1, 100);
+    for (uint32_t d = 0; d < nd; ++d) {
+      if (!(fds[d].revents & POLLIN)) continue;
       ibv_cq* ev_cq = nullptr;
       void* ev_ctx = nullptr;
-      while (ibv_get_cq_event(channel, &ev_cq, &ev_ctx) == 0) ibv_ack_cq_events(ev_cq, 1);
+      while (ibv_get_cq_event(devs[d].channel, &ev_cq, &ev_ctx) == 0) ibv_ack_cq_events(ev_cq, 1);
       last = Clock::now();
     }
   }
 }
 
-void Engine::Impl::handle_completions(const ibv_wc* wc, int n, DueCallbacks& due) {
+void Engine::Impl::handle_completions(uint32_t dev, const ibv_wc* wc, int n, DueCallbacks& due) {
   for (int i = 0; i < n; ++i) {
     const ibv_wc& w = wc[i];
-    auto qit = qp_by_num.find(w.qp_num);
+    auto qit = qp_by_num.find(qp_key(dev, w.qp_num));
     if (qit == qp_by_num.end()) continue;  // a QP already destroyed
     Qp& q = *qit->second;
     Peer& p = *q.peer;

@@ -1,6 +1,6 @@
 // softrdma — command-line companion of the softrdma drop-ins libibverbs.so.1 and librdmacm.so.1.
 //
-//   softrdma run [--addr IP] [--transport auto|udp|shm] [--netem SPEC] [--wan FILE|SPEC]
+//   softrdma run [--addr IP[,IP...]] [--transport auto|udp|shm] [--netem SPEC] [--wan FILE|SPEC]
 //                [--pcap FILE] [--log LEVEL] -- PROGRAM [ARGS...]
 //       Runs an unmodified verbs program over softrdma: checks the options, exports
 //       SOFTRDMA_ADDR / SOFTRDMA_NETEM / SOFTRDMA_WAN / SOFTRDMA_PCAP / SOFTRDMA_LOG, puts the
@@ -141,13 +141,21 @@ struct RunOptions {
 /// `softrdma run`: validate, set the environment, exec. Returns only on failure.
 int cmd_run(const RunOptions& o) {
   if (!o.addr.empty()) {
-    uint32_t ip = 0;
-    if (!softrdma::net::ipv4_from_string(o.addr, ip) || ip == 0) {
-      error(
-          fmt::format("--addr: '{}' is not a usable IPv4 address (expected a dotted quad "
-                      "such as 127.0.0.2)",
-                      o.addr));
-      return kExitUsage;
+    // One address, or a comma-separated list (one device each: srdma0, srdma1, …).
+    size_t at = 0;
+    for (;;) {
+      const size_t comma = o.addr.find(',', at);
+      const std::string one = o.addr.substr(at, comma == std::string::npos ? comma : comma - at);
+      uint32_t ip = 0;
+      if (!softrdma::net::ipv4_from_string(one, ip) || ip == 0) {
+        error(
+            fmt::format("--addr: '{}' is not a usable IPv4 address (expected a dotted quad "
+                        "such as 127.0.0.2, or a comma-separated list of them)",
+                        one));
+        return kExitUsage;
+      }
+      if (comma == std::string::npos) break;
+      at = comma + 1;
     }
   }
   if (!o.netem.empty()) {
@@ -414,8 +422,10 @@ int main(int argc, char** argv) {
       env_help);
   run->add_option("--addr", ro.addr,
                   "IPv4 address of this process's device (sets SOFTRDMA_ADDR), e.g. "
-                  "127.0.0.2; each process needs its own. Default: the first free 127.0.0.x")
-      ->type_name("IP");
+                  "127.0.0.2; each process needs its own. A comma-separated list gives the "
+                  "process one device per address (srdma0, srdma1, ...). Default: the first "
+                  "free 127.0.0.x")
+      ->type_name("IP[,IP...]");
   run->add_option("--transport", ro.transport,
                   "packet path (sets SOFTRDMA_TRANSPORT): auto = shared memory to softrdma "
                   "peers on this host, UDP otherwise; udp = UDP port 4791 only; shm = shared "

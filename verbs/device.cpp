@@ -1,8 +1,11 @@
-// ibv_device and ibv_context: the device list (one device, srdma0), opening a context on the
-// process's engine device, and the device, port, GID and P_Key queries.
+// ibv_device and ibv_context: the device list (srdma0, or one device per SOFTRDMA_ADDR list
+// entry: a multi-NIC host), opening a context on the process's engine device at that address,
+// and the device, port, GID and P_Key queries.
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <array>
 #include <cstdio>
 #include <cstring>
 #include <map>
@@ -25,19 +28,50 @@ using namespace softrdma::verbs;
 
 namespace {
 
+/// Devices a SOFTRDMA_ADDR list may name (entries past this are not listed).
+constexpr size_t kMaxDevices = 64;
 
-/// The one device this library exposes. Its identity fields are static; the address it
-/// binds is chosen at ibv_open_device.
-ibv_device g_device = [] {
-  ibv_device d{};
-  d.node_type = IBV_NODE_CA;
-  d.transport_type = IBV_TRANSPORT_IB;
-  std::snprintf(d.name, sizeof d.name, "%s", kDeviceName);
-  std::snprintf(d.dev_name, sizeof d.dev_name, "uverbs0");
-  std::snprintf(d.dev_path, sizeof d.dev_path, "/sys/class/infiniband_verbs/uverbs0");
-  std::snprintf(d.ibdev_path, sizeof d.ibdev_path, "/sys/class/infiniband/%s", kDeviceName);
-  return d;
+/// The devices this library can list: srdma<N> / uverbs<N> for the N-th address of
+/// SOFTRDMA_ADDR (srdma0 only when it holds one address or none). Their identity fields are
+/// static; the address a device binds is read at ibv_open_device.
+std::array<ibv_device, kMaxDevices> g_devices = [] {
+  std::array<ibv_device, kMaxDevices> all{};
+  for (size_t i = 0; i < kMaxDevices; ++i) {
+    ibv_device& d = all[i];
+    d.node_type = IBV_NODE_CA;
+    d.transport_type = IBV_TRANSPORT_IB;
+    std::snprintf(d.name, sizeof d.name, "srdma%zu", i);
+    std::snprintf(d.dev_name, sizeof d.dev_name, "uverbs%zu", i);
+    std::snprintf(d.dev_path, sizeof d.dev_path, "/sys/class/infiniband_verbs/uverbs%zu", i);
+    std::snprintf(d.ibdev_path, sizeof d.ibdev_path, "/sys/class/infiniband/srdma%zu", i);
+  }
+  return all;
 }();
+static_assert(std::string_view(kDeviceName) == "srdma0");
+
+/// How many devices SOFTRDMA_ADDR describes: its comma-separated entries (1 when unset),
+/// malformed ones included — opening such a device fails as a malformed address does.
+size_t configured_devices() {
+  const char* v = params::raw(params::kAddr);
+  if (!v) return 1;
+  const size_t n = 1 + static_cast<size_t>(std::count(v, v + std::strlen(v), ','));
+  return std::min(n, kMaxDevices);
+}
+
+/// Index of `d` in g_devices, or -1 when it is not one of ours.
+int device_index(const ibv_device* d) {
+  if (d < g_devices.data() || d >= g_devices.data() + kMaxDevices) return -1;
+  return static_cast<int>(d - g_devices.data());
+}
+
+/// The address of device `index` (host order): the index-th SOFTRDMA_ADDR entry; 0 when the
+/// list is unset, malformed or shorter.
+uint32_t configured_ip_at(size_t index) {
+  std::vector<uint32_t> ips;
+  std::string malformed;
+  if (!params::read_ipv4_list(params::kAddr, ips, malformed) || index >= ips.size()) return 0;
+  return ips[index];
+}
 
 std::mutex g_open_mu;
 /// The devices this process has open, by address. ibv_open_device shares one of them (the
@@ -154,9 +188,9 @@ int ctx_query_device_ex(ibv_context* ctx, const ibv_query_device_ex_input* input
   // error, never a crash (net/fault_guard.h). ODP MRs (IBV_ACCESS_ON_DEMAND) are accepted
   // over ranges not yet mapped, and the implicit MR (NULL, SIZE_MAX) over the whole address
   // space; every transport and operation is covered (docs/verbs.md).
-  constexpr uint32_t kOdpAll = IBV_ODP_SUPPORT_SEND | IBV_ODP_SUPPORT_RECV |
-                               IBV_ODP_SUPPORT_WRITE | IBV_ODP_SUPPORT_READ |
-                               IBV_ODP_SUPPORT_ATOMIC | IBV_ODP_SUPPORT_SRQ_RECV;
+  constexpr uint32_t kOdpAll = IBV_ODP_SUPPORT_SEND | IBV_ODP_SUPPORT_RECV | IBV_ODP_SUPPORT_WRITE |
+                               IBV_ODP_SUPPORT_READ | IBV_ODP_SUPPORT_ATOMIC |
+                               IBV_ODP_SUPPORT_SRQ_RECV;
   full.odp_caps.general_caps = IBV_ODP_SUPPORT | IBV_ODP_SUPPORT_IMPLICIT;
   full.odp_caps.per_transport_caps.rc_odp_caps = kOdpAll;
   full.odp_caps.per_transport_caps.uc_odp_caps =
@@ -210,8 +244,8 @@ std::shared_ptr<engine::Device> open_engine_device(uint32_t ip, int& err) {
   return dev;
 }
 
-/// A new ibv_context on `dev` (several contexts may share one device).
-ibv_context* new_context(std::shared_ptr<engine::Device> dev) {
+/// A new ibv_context on `dev`, listed as `device` (several contexts may share one device).
+ibv_context* new_context(std::shared_ptr<engine::Device> dev, ibv_device* device) {
   auto* c = new Context{};
   c->dev = std::move(dev);
   if (::pipe2(c->async_fds, O_CLOEXEC) != 0) {
@@ -234,7 +268,7 @@ ibv_context* new_context(std::shared_ptr<engine::Device> dev) {
   v.open_qp = ctx_open_qp;
   v.advise_mr = ctx_advise_mr;
   ibv_context& ctx = v.context;
-  ctx.device = &g_device;
+  ctx.device = device;
   ctx.ops.poll_cq = op_poll_cq;
   ctx.ops.req_notify_cq = op_req_notify_cq;
   ctx.ops.post_send = op_post_send;
@@ -259,10 +293,11 @@ ibv_context* new_context(std::shared_ptr<engine::Device> dev) {
 extern "C" {
 
 ibv_device** ibv_get_device_list(int* num_devices) {
-  auto** list = static_cast<ibv_device**>(std::calloc(2, sizeof(ibv_device*)));
+  const size_t n = configured_devices();
+  auto** list = static_cast<ibv_device**>(std::calloc(n + 1, sizeof(ibv_device*)));
   if (!list) return fail<ibv_device*>(ENOMEM);
-  list[0] = &g_device;
-  if (num_devices) *num_devices = 1;
+  for (size_t i = 0; i < n; ++i) list[i] = &g_devices[i];
+  if (num_devices) *num_devices = static_cast<int>(n);
   return list;
 }
 
@@ -274,20 +309,27 @@ const char* ibv_get_device_name(ibv_device* device) {
   return device ? device->name : nullptr;
 }
 
-__be64 ibv_get_device_guid(ibv_device*) {
-  return guid_for(device_ip());
+__be64 ibv_get_device_guid(ibv_device* device) {
+  const int i = device_index(device);
+  const uint32_t ip = i > 0 ? configured_ip_at(static_cast<size_t>(i)) : 0;
+  return guid_for(ip ? ip : device_ip());
 }
 
 int ibv_get_device_index(ibv_device* device) {
-  return device == &g_device ? 0 : -1;
+  const int i = device_index(device);
+  return i >= 0 && static_cast<size_t>(i) < configured_devices() ? i : -1;
 }
 
 ibv_context* ibv_open_device(ibv_device* device) {
-  if (device != &g_device) return fail<ibv_context>(ENODEV);
+  const int i = device_index(device);
+  if (i < 0 || static_cast<size_t>(i) >= configured_devices()) return fail<ibv_context>(ENODEV);
+  // srdma0 is the default device (SOFTRDMA_ADDR's first address, else shared or picked);
+  // srdmaN the N-th address. A malformed list makes open_engine_device refuse (EINVAL).
+  const uint32_t ip = i == 0 ? 0 : configured_ip_at(static_cast<size_t>(i));
   int rc = 0;
-  std::shared_ptr<engine::Device> dev = open_engine_device(0, rc);
+  std::shared_ptr<engine::Device> dev = open_engine_device(ip, rc);
   if (!dev) return fail<ibv_context>(rc);
-  return new_context(std::move(dev));
+  return new_context(std::move(dev), device);
 }
 
 int ibv_close_device(ibv_context* ctx) {
@@ -374,7 +416,11 @@ ibv_context* softrdma_open_device_at(uint32_t ipv4) {
   int rc = 0;
   std::shared_ptr<engine::Device> dev = open_engine_device(ipv4, rc);
   if (!dev) return fail<ibv_context>(rc);
-  return new_context(std::move(dev));
+  // Listed as the SOFTRDMA_ADDR entry it is, else as srdma0.
+  ibv_device* listed = &g_devices[0];
+  for (size_t i = 1; i < configured_devices(); ++i)
+    if (configured_ip_at(i) == ipv4) listed = &g_devices[i];
+  return new_context(std::move(dev), listed);
 }
 
 }  // extern "C"

@@ -5,7 +5,8 @@
 
 namespace softrdma::verbs {
 
-/// ibv_device::name of the softrdma device (as rxe's "rxe0").
+/// ibv_device::name of the softrdma device (as rxe's "rxe0"): the first, default one; a
+/// SOFTRDMA_ADDR list adds srdma1, srdma2, … (verbs/device.cpp).
 inline constexpr char kDeviceName[] = "srdma0";
 
 }  // namespace softrdma::verbs

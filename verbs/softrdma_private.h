@@ -51,8 +51,10 @@ struct ibv_qp* softrdma_create_qp1(struct ibv_pd* pd, struct ibv_qp_init_attr* a
 
 /// Opens (or shares) this process's softrdma device bound to the IPv4 address `ipv4` (host
 /// order) and returns a new context on it; ibv_close_device releases it. A process may own
-/// several addresses this way (ibv_open_device returns the default one: SOFTRDMA_ADDR's, else
-/// the first opened). Returns NULL with errno: EINVAL (ipv4 0 or a malformed SOFTRDMA_*
+/// several addresses this way (ibv_open_device(srdma0) returns the default one: SOFTRDMA_ADDR's
+/// first address, else the first opened; srdmaN the N-th address of a SOFTRDMA_ADDR list, from
+/// the same per-address map). The context's device is the srdmaN whose address `ipv4` is, else
+/// srdma0. Returns NULL with errno: EINVAL (ipv4 0 or a malformed SOFTRDMA_*
 /// variable), EADDRINUSE (another process's device owns the address), EADDRNOTAVAIL (the
 /// address is not configured on this host), or the socket error.
 struct ibv_context* softrdma_open_device_at(uint32_t ipv4);

@@ -140,6 +140,32 @@ TEST(Registry, Ipv4RefusesZeroAndNonAddresses) {
   }
 }
 
+TEST(Registry, Ipv4ListGivesEveryAddressInOrderAndRefusesABadEntry) {
+  {
+    ScopedEnv e(kAddr, "127.0.40.1,127.0.40.2");
+    std::vector<uint32_t> ips;
+    uint32_t first = 0;
+    std::string error;
+    ASSERT_TRUE(read_ipv4_list(kAddr, ips, error)) << error;
+    EXPECT_EQ((std::vector<uint32_t>{(127u << 24) | (40u << 8) | 1, (127u << 24) | (40u << 8) | 2}),
+              ips);
+    ASSERT_TRUE(read_ipv4(kAddr, first, error)) << error;
+    EXPECT_EQ(ips[0], first);
+  }
+  for (const char* bad : {"127.0.40.1,", ",127.0.40.1", "127.0.40.1,,127.0.40.2",
+                          "127.0.40.1,0.0.0.0", "127.0.40.1, 127.0.40.2"}) {
+    ScopedEnv e(kAddr, bad);
+    std::vector<uint32_t> ips{7};
+    uint32_t ip = 5;
+    std::string error;
+    EXPECT_FALSE(read_ipv4_list(kAddr, ips, error)) << bad;
+    EXPECT_FALSE(read_ipv4(kAddr, ip, error)) << bad;
+    EXPECT_EQ(std::vector<uint32_t>{7}, ips);
+    EXPECT_EQ(5u, ip);
+    EXPECT_NE(std::string::npos, error.find(bad)) << error;
+  }
+}
+
 // ccl's Config::from_environment cases (ccl/tests/reduce_test.cpp), so that ccl can read its
 // tunables through the registry with the same outcomes.
 TEST(Registry, CclTunablesAcceptWhatCclAccepts) {

@@ -1,5 +1,6 @@
-// Engines in separate processes (fork; each opens its own srdma0 on its own 127.0.0.x): a
-// transfer between them, and a peer killed in the middle of a batch — the batch fails
+// Engines in separate processes (fork; each opens its own srdma0 on its own 127.0.0.x, or two
+// devices on 127.0.40.x / 127.0.41.x): a transfer between them, and a peer killed in the
+// middle of a batch — the batch fails
 // naming it within a bounded time, and nothing hangs. The gtest process itself opens no
 // device: it forks both sides and coordinates them through pipes.
 #include <poll.h>
@@ -15,6 +16,7 @@
 #include <thread>
 
 #include "kv/engine.h"
+#include "kv/tests/kv_fork_util.h"
 #include "kv/tests/kv_test_util.h"
 
 namespace softrdma::kv {
@@ -23,68 +25,8 @@ namespace {
 using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
 
-/// A forked child running `fn`; its exit code is 0 when fn returned, 1 when it threw (the
-/// message goes to stderr, which the test shows).
-struct Child {
-  pid_t pid = -1;
-  explicit Child(const std::function<void()>& fn) {
-    std::fflush(stdout);
-    std::fflush(stderr);
-    pid = fork();
-    if (pid == 0) {
-      int code = 0;
-      try {
-        fn();
-      } catch (const std::exception& e) {
-        std::fprintf(stderr, "child %d: %s\n", getpid(), e.what());
-        code = 1;
-      }
-      std::fflush(stderr);
-      _exit(code);
-    }
-  }
-  // Exit code, or -1 if it had to be killed at the deadline (or died by a signal).
-  int wait_for(std::chrono::seconds deadline) {
-    const auto until = Clock::now() + deadline;
-    while (Clock::now() < until) {
-      int st = 0;
-      if (waitpid(pid, &st, WNOHANG) == pid) {
-        pid = -1;
-        return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-      }
-      std::this_thread::sleep_for(5ms);
-    }
-    kill(pid, SIGKILL);
-    waitpid(pid, nullptr, 0);
-    pid = -1;
-    return -1;
-  }
-  ~Child() {
-    if (pid > 0) {
-      kill(pid, SIGKILL);
-      waitpid(pid, nullptr, 0);
-    }
-  }
-};
-
-/// A pipe carrying one-byte signals between processes.
-struct Signal {
-  int fd[2];
-  Signal() {
-    if (pipe(fd) != 0) throw std::runtime_error("pipe");
-  }
-  ~Signal() {
-    close(fd[0]);
-    close(fd[1]);
-  }
-  void raise() { [[maybe_unused]] ssize_t n = write(fd[1], "x", 1); }
-  bool wait(std::chrono::milliseconds timeout) {
-    pollfd p{fd[0], POLLIN, 0};
-    if (poll(&p, 1, static_cast<int>(timeout.count())) <= 0) return false;
-    char c;
-    return read(fd[0], &c, 1) == 1;
-  }
-};
+using test::Child;
+using test::Signal;
 
 TEST(Processes, WriteWithNotificationBetweenTwoProcesses) {
   test::TempStore store;
@@ -123,11 +65,15 @@ TEST(Processes, WriteWithNotificationBetweenTwoProcesses) {
   EXPECT_EQ(0, target.wait_for(60s));
 }
 
-TEST(Processes, APeerKilledMidBatchFailsTheBatchNamingItWithinTheRetryBound) {
+/// Kills the target (SOFTRDMA_ADDR `victim_addrs`, empty: its own 127.0.0.x) while a 1 GiB
+/// WRITE batch from the initiator (`survivor_addrs`, `qps` QPs) runs: the batch must fail
+/// naming it within 5 s, free_batch must find nothing in flight and check_peer must name it.
+void peer_killed_mid_batch(const std::string& victim_addrs, const std::string& survivor_addrs,
+                           uint32_t qps) {
   test::TempStore store;
   const size_t kSize = 16 << 20;
   Signal target_ready, in_flight;
-  Child target([&] {
+  Child target(victim_addrs, [&] {
     std::vector<uint8_t> buf(kSize);
     Engine e("victim", store.store(), test::test_options());
     e.register_memory(buf.data(), buf.size(), "cpu:0", "buf");
@@ -135,9 +81,11 @@ TEST(Processes, APeerKilledMidBatchFailsTheBatchNamingItWithinTheRetryBound) {
     std::this_thread::sleep_for(120s);  // killed long before
   });
   ASSERT_TRUE(target_ready.wait(30s));
-  Child initiator([&] {
+  Child initiator(survivor_addrs, [&] {
     std::vector<uint8_t> buf(kSize);
-    Engine e("survivor", store.store(), test::test_options());
+    EngineOptions o = test::test_options();
+    o.qps_per_peer = qps;
+    Engine e("survivor", store.store(), o);
     e.register_memory(buf.data(), buf.size());
     const SegmentHandle h = e.open_segment("victim", "buf");
     // 64 × 16 MiB = 1 GiB: still running when the victim dies.
@@ -167,6 +115,16 @@ TEST(Processes, APeerKilledMidBatchFailsTheBatchNamingItWithinTheRetryBound) {
   ASSERT_TRUE(in_flight.wait(30s));
   kill(target.pid, SIGKILL);
   EXPECT_EQ(0, initiator.wait_for(30s));
+}
+
+TEST(Processes, APeerKilledMidBatchFailsTheBatchNamingItWithinTheRetryBound) {
+  peer_killed_mid_batch("", "", test::test_options().qps_per_peer);
+}
+
+TEST(Processes, APeerWithTwoDevicesKilledMidBatchFailsTheBatchNamingIt) {
+  // Two devices on each side (127.0.41.15/.16 victim, 127.0.40.15/.16 survivor), 4 QPs:
+  // slices in flight on both devices fail, and the batch names the victim once.
+  peer_killed_mid_batch("127.0.41.15,127.0.41.16", "127.0.40.15,127.0.40.16", 4);
 }
 
 }  // namespace

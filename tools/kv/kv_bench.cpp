@@ -50,7 +50,30 @@ struct Options {
   uint32_t threads = 1;
   double duration = 2.0;
   bool keep_target = false;
+  std::string devices;  ///< comma list of verbs device names; empty: SOFTRDMA_KV_IB_DEVICE / all
 };
+
+/// The engine options of this process: SOFTRDMA_KV_* with --devices over them.
+EngineOptions engine_options(const Options& o) {
+  EngineOptions e = EngineOptions::from_environment();
+  if (!o.devices.empty()) {
+    e.devices.clear();
+    e.device.clear();
+    for (size_t at = 0; at <= o.devices.size();) {
+      const size_t comma = std::min(o.devices.find(',', at), o.devices.size());
+      if (comma == at) throw std::invalid_argument("--devices: an empty device name");
+      e.devices.push_back(o.devices.substr(at, comma - at));
+      at = comma + 1;
+    }
+  }
+  return e;
+}
+
+std::string join(const std::vector<std::string>& v) {
+  std::string s;
+  for (const std::string& x : v) s += (s.empty() ? "" : ",") + x;
+  return s;
+}
 
 struct Row {
   double gbps = 0;
@@ -61,10 +84,11 @@ struct Row {
 int run_target(const Options& o, std::shared_ptr<MetadataStore> store) {
   const uint64_t size = tool::parse_size(o.buffer_size);
   std::vector<uint8_t> buf(size);
-  Engine e(o.name.empty() ? "target" : o.name, store);
+  Engine e(o.name.empty() ? "target" : o.name, store, engine_options(o));
   e.register_memory(buf.data(), buf.size(), "cpu:0", kSegment);
-  fmt::print("kv-bench target '{}' on {}: {} registered as '{}'; store {}\n", e.name(),
-             e.device_address(), tool::size_text(size), kSegment, store->describe());
+  fmt::print("kv-bench target '{}' on {} (devices {}): {} registered as '{}'; store {}\n", e.name(),
+             e.device_address(), join(e.devices()), tool::size_text(size), kSegment,
+             store->describe());
   std::fflush(stdout);
   while (!g_interrupted) {
     auto n = e.wait_notification(200ms);
@@ -132,7 +156,7 @@ int run_initiator(const Options& o, std::shared_ptr<MetadataStore> store) {
   const Opcode op = o.operation == "read" ? Opcode::kRead : Opcode::kWrite;
   const std::vector<uint64_t> blocks = tool::parse_sizes(o.block_sizes);
   const uint64_t size = tool::parse_size(o.buffer_size);
-  EngineOptions base = EngineOptions::from_environment();
+  EngineOptions base = engine_options(o);
   std::vector<uint64_t> qps_list;
   for (uint64_t q : tool::parse_sizes(o.qps.empty() ? std::to_string(base.qps_per_peer) : o.qps))
     qps_list.push_back(q);
@@ -143,9 +167,12 @@ int run_initiator(const Options& o, std::shared_ptr<MetadataStore> store) {
   std::vector<uint8_t> buf(size);
   for (size_t i = 0; i < buf.size(); ++i) buf[i] = static_cast<uint8_t>(i * 131 + 7);
   const std::string name = o.name.empty() ? "initiator" : o.name;
-  fmt::print("# kv-bench: {} to '{}', batch {} × threads {}, {} s per row, slice {}, max_wr {}\n",
-             o.operation, o.segment_id, o.batch_size, o.threads, o.duration,
-             tool::size_text(base.slice_bytes), base.max_wr);
+  fmt::print(
+      "# kv-bench: {} to '{}', batch {} × threads {}, {} s per row, slice {}, max_wr {}, "
+      "devices {}\n",
+      o.operation, o.segment_id, o.batch_size, o.threads, o.duration,
+      tool::size_text(base.slice_bytes), base.max_wr,
+      base.device_list().empty() ? std::string("all") : join(base.device_list()));
   fmt::print("{:>9} {:>11} {:>10} {:>4} {:>7} {:>9} {:>9} {:>10} {:>10}\n", "operation",
              "block_size", "batch_size", "qps", "threads", "GB/s", "batches", "p50_us", "p99_us");
   std::fflush(stdout);
@@ -226,6 +253,10 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(0.01, 3600.0))
       ->capture_default_str();
   app.add_flag("--keep-target", o.keep_target, "do not tell the target to exit at the end");
+  app.add_option("--devices", o.devices,
+                 "verbs devices of this process's engine, a comma list such as srdma0,srdma1 "
+                 "(default SOFTRDMA_KV_IB_DEVICE, else every active device; give a process "
+                 "several with SOFTRDMA_ADDR=A,B)");
   CLI11_PARSE(app, argc, argv);
   std::signal(SIGINT, [](int) { g_interrupted = true; });
   std::signal(SIGTERM, [](int) { g_interrupted = true; });
