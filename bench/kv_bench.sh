@@ -9,7 +9,11 @@
 # Last, one row: best kv-bench WRITE with 1 device vs 2 devices per process (SOFTRDMA_ADDR
 # with two addresses on each side, --devices default = both; 4 QPs, so 2 per device), the
 # median of DEV_REPS (default 3) alternating runs each, side by side with their ratio.
-# DEVICES_ONLY=1 runs only that row.
+# Before it, one more row: best kv-bench WRITE with 1 vs 4 batches in flight per thread
+# (--inflight; 1 = submit, wait, submit, as Mooncake's transfer_engine_bench; 4 keeps the QPs
+# busy between batches, as perftest's tx depth does), median of DEV_REPS runs each, with
+# their ratio and each as % of ib_write_bw's best. INFLIGHT (default 1) sets --inflight for
+# the tables. DEVICES_ONLY=1 runs only the devices row.
 set -euo pipefail
 B=${1:-build}
 SECS=${2:-2}
@@ -39,7 +43,8 @@ for op in write read; do
     --metadata tcp://127.0.0.1:17793 --buffer_size 256m >"$out/target" 2>&1 &
   $B/bin/softrdma run --addr 127.0.30.4 -- $B/bin/kv-bench --mode initiator \
     --metadata tcp://127.0.0.1:17793 --operation $op --block_size "$BLOCKS" --qps "$QPS" \
-    --batch_size 32 --buffer_size 256m --duration "$SECS" | tee "$out/kv-$op"
+    --batch_size 32 --buffer_size 256m --duration "$SECS" --inflight "${INFLIGHT:-1}" |
+    tee "$out/kv-$op"
   wait
   ref=$(awk -v t="ib_${op}_bw" '$1 == t { if ($4 > m) m = $4 } END { print m + 0 }' "$out/perftest")
   best=$(awk '$1 == "'$op'" { if ($6 > m) m = $6 } END { print m + 0 }' "$out/kv-$op")
@@ -58,18 +63,37 @@ for op in write read; do
 done
 fi
 
-# Best WRITE GB/s of one kv-bench pair: target at $1, initiator at $2 (each an --addr list).
+# Best WRITE GB/s of one kv-bench pair: target at $1, initiator at $2 (each an --addr list);
+# further arguments go to the initiator.
 best_write() {
-  "$B"/bin/softrdma run --addr "$1" -- "$B"/bin/kv-bench --mode target --serve-metadata \
+  local target=$1 initiator=$2
+  shift 2
+  "$B"/bin/softrdma run --addr "$target" -- "$B"/bin/kv-bench --mode target --serve-metadata \
     --metadata tcp://127.0.0.1:17901 --buffer_size 256m >"$out/target" 2>&1 &
-  "$B"/bin/softrdma run --addr "$2" -- "$B"/bin/kv-bench --mode initiator \
+  "$B"/bin/softrdma run --addr "$initiator" -- "$B"/bin/kv-bench --mode initiator \
     --metadata tcp://127.0.0.1:17901 --operation write --block_size "${DEV_BLOCKS:-1m,4m}" \
-    --qps 4 --batch_size 32 --buffer_size 256m --duration "$SECS" >"$out/dev" 2>&1
+    --qps 4 --batch_size 32 --buffer_size 256m --duration "$SECS" "$@" >"$out/dev" 2>&1
   wait
   grep -q '^# kv-bench' "$out/dev" || { cat "$out/dev" "$out/target" >&2; return 1; }
   awk '$1 == "write" { if ($6 > m) m = $6 } END { printf "%.3f\n", m + 0 }' "$out/dev"
 }
 median() { sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
+
+if [[ ${DEVICES_ONLY:-0} != 1 ]]; then
+  echo "## kv-bench WRITE: 1 vs 4 batches in flight per thread (4 QPs, best of ${DEV_BLOCKS:-1m,4m}, median of ${DEV_REPS:-3})"
+  : >"$out/inf1"
+  : >"$out/inf4"
+  for _ in $(seq "${DEV_REPS:-3}"); do
+    best_write 127.0.40.33 127.0.41.33 --inflight 1 | tee -a "$out/inf1" | sed 's/^/--inflight 1: /'
+    best_write 127.0.40.33 127.0.41.33 --inflight 4 | tee -a "$out/inf4" | sed 's/^/--inflight 4: /'
+  done
+  ref=$(awk '$1 == "ib_write_bw" { if ($4 > m) m = $4 } END { print m + 0 }' "$out/perftest")
+  i1=$(median <"$out/inf1")
+  i4=$(median <"$out/inf4")
+  printf "%-28s %12s %12s %7s\n" "best WRITE GB/s (median)" "inflight 1" "inflight 4" "ratio"
+  awk -v a="$i1" -v b="$i4" 'BEGIN { printf "%-28s %12.3f %12.3f %7.2f\n", "kv-bench, 4 QPs, batch 32", a, b, (a > 0 ? b / a : 0) }'
+  awk -v a="$i1" -v b="$i4" -v r="$ref" 'BEGIN { printf "%-28s %11.0f%% %11.0f%%   (ib_write_bw best %.2f GB/s)\n", "% of ib_write_bw best", (r > 0 ? 100 * a / r : 0), (r > 0 ? 100 * b / r : 0), r }'
+fi
 
 echo "## kv-bench WRITE: 1 vs 2 devices per process (4 QPs, best of ${DEV_BLOCKS:-1m,4m}, median of ${DEV_REPS:-3})"
 : >"$out/one"

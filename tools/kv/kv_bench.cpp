@@ -9,16 +9,19 @@
 //
 // The initiator runs every (QPs, block size) pair for --duration seconds: `threads` threads
 // each submit batches of `batch_size` transfers of `block_size` bytes (distinct offsets of
-// its share of the buffer, the same offsets on the target) and wait for each. A QP count is
+// its share of the buffer, the same offsets on the target) and wait for each, keeping up to
+// --inflight batches submitted (default 1: submit, wait, submit). A QP count is
 // a fresh engine "<name>-q<N>" (the QPs per peer are fixed per connection). Output, one row
 // per pair: GB/s (1e9 B/s) over the row's wall time, and the batch latency p50 / p99 (µs;
-// submit to completion). The initiator finally tells the target to exit.
+// submit to completion, so with --inflight > 1 it includes the wait behind earlier
+// batches). The initiator finally tells the target to exit.
 #include <fmt/core.h>
 
 #include <CLI/CLI.hpp>
 #include <atomic>
 #include <chrono>
 #include <csignal>
+#include <deque>
 #include <thread>
 
 #include "kv/engine.h"
@@ -48,6 +51,7 @@ struct Options {
   uint64_t batch_size = 128;
   std::string buffer_size = "256m";
   uint32_t threads = 1;
+  uint32_t inflight = 1;  ///< batches each thread keeps submitted before it waits
   double duration = 2.0;
   bool keep_target = false;
   std::string devices;  ///< comma list of verbs device names; empty: SOFTRDMA_KV_IB_DEVICE / all
@@ -111,22 +115,31 @@ Row run_row(Engine& e, SegmentHandle h, uint8_t* buf, uint64_t buf_size, Opcode 
   auto worker = [&](uint32_t t) {
     uint64_t next = 0;
     std::vector<TransferRequest> reqs(o.batch_size);
+    // Batches submitted and not yet waited for, oldest first, with their submit times.
+    std::deque<std::pair<BatchId, Clock::time_point>> pending;
+    auto finish_oldest = [&] {
+      const auto [b, submitted] = pending.front();
+      pending.pop_front();
+      const BatchStatus s = e.wait(b, 60s);
+      if (s.state != BatchState::kCompleted)
+        throw std::runtime_error(s.state == BatchState::kFailed ? s.error : "batch timed out");
+      e.free_batch(b);
+      lat[t].push_back(std::chrono::duration<double, std::micro>(Clock::now() - submitted).count());
+      bytes += block * o.batch_size;
+    };
     try {
       while (!stop) {
+        while (pending.size() >= o.inflight) finish_oldest();
         for (uint64_t i = 0; i < o.batch_size; ++i) {
           const uint64_t off = t * share + (next++ % slots) * block;
           reqs[i] = TransferRequest{op, buf + off, h, off, block};
         }
-        const auto t0 = Clock::now();
+        const auto submitted = Clock::now();
         const BatchId b = e.allocate_batch(reqs.size());
-        e.submit_transfer(b, reqs);
-        const BatchStatus s = e.wait(b, 60s);
-        if (s.state != BatchState::kCompleted)
-          throw std::runtime_error(s.state == BatchState::kFailed ? s.error : "batch timed out");
-        e.free_batch(b);
-        lat[t].push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count());
-        bytes += block * o.batch_size;
+        e.submit_transfer(b, reqs);  // sliced at submit: reqs may be refilled at once
+        pending.emplace_back(b, submitted);
       }
+      while (!pending.empty()) finish_oldest();
     } catch (const std::exception& ex) {
       errors[t] = ex.what();
     }
@@ -168,9 +181,9 @@ int run_initiator(const Options& o, std::shared_ptr<MetadataStore> store) {
   for (size_t i = 0; i < buf.size(); ++i) buf[i] = static_cast<uint8_t>(i * 131 + 7);
   const std::string name = o.name.empty() ? "initiator" : o.name;
   fmt::print(
-      "# kv-bench: {} to '{}', batch {} × threads {}, {} s per row, slice {}, max_wr {}, "
-      "devices {}\n",
-      o.operation, o.segment_id, o.batch_size, o.threads, o.duration,
+      "# kv-bench: {} to '{}', batch {} × threads {} × in flight {}, {} s per row, slice {}, "
+      "max_wr {}, devices {}\n",
+      o.operation, o.segment_id, o.batch_size, o.threads, o.inflight, o.duration,
       tool::size_text(base.slice_bytes), base.max_wr,
       base.device_list().empty() ? std::string("all") : join(base.device_list()));
   fmt::print("{:>9} {:>11} {:>10} {:>4} {:>7} {:>9} {:>9} {:>10} {:>10}\n", "operation",
@@ -245,6 +258,12 @@ int main(int argc, char** argv) {
   app.add_option("--buffer_size", o.buffer_size, "bytes registered on each side")
       ->capture_default_str();
   app.add_option("--threads", o.threads, "submitting threads (initiator)")
+      ->check(CLI::Range(1, 64))
+      ->capture_default_str();
+  app.add_option("--inflight", o.inflight,
+                 "batches each thread keeps submitted before waiting for the oldest (1: submit, "
+                 "wait, submit: Mooncake's transfer_engine_bench; more keeps the QPs busy "
+                 "between batches, as perftest's tx depth does)")
       ->check(CLI::Range(1, 64))
       ->capture_default_str();
   app.add_option("--qps", o.qps,

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # kv-bench and kv-demo end to end, two processes each over softrdma on loopback: the bench's
-# rows have positive GB/s for WRITE and READ, the demo verifies every block and prints its
+# rows have positive GB/s for WRITE (one batch at a time) and READ (3 batches in flight per
+# thread, --inflight), the demo verifies every block and prints its
 # TTFT comparison. Each process takes the first free 127.0.0.x; the TCP stores use their
 # own ports (17791, 17792).
 set -euo pipefail
@@ -9,11 +10,13 @@ out=$(mktemp -d /tmp/kv-tools-XXXXXX)
 trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$out"' EXIT
 
 for op in write read; do
+  inflight=1
+  [[ $op == read ]] && inflight=3
   timeout 60 "$B/bin/kv-bench" --mode target --serve-metadata --metadata tcp://127.0.0.1:17791 \
     --buffer_size 16m >"$out/target.$op" 2>&1 &
   timeout 60 "$B/bin/kv-bench" --mode initiator --metadata tcp://127.0.0.1:17791 --operation $op \
     --block_size 16k,1m --qps 1,2 --batch_size 16 --buffer_size 16m --duration 0.3 \
-    >"$out/init.$op" 2>&1 || { cat "$out/init.$op" "$out/target.$op"; exit 1; }
+    --inflight $inflight >"$out/init.$op" 2>&1 || { cat "$out/init.$op" "$out/target.$op"; exit 1; }
   wait
   cat "$out/init.$op"
   rows=$(awk -v op=$op '$1 == op && $6 > 0 {n++} END {print n + 0}' "$out/init.$op")
