@@ -263,12 +263,18 @@ int rdma_create_srq_ex(rdma_cm_id* id, ibv_srq_init_attr_ex* attr) {
     attr->pd = id->pd;
     attr->comp_mask |= IBV_SRQ_INIT_ATTR_PD;
   }
+  bool made_cqs = false;
   if (attr->srq_type == IBV_SRQT_XRC) {
     if (!(attr->comp_mask & IBV_SRQ_INIT_ATTR_XRCD) || !attr->xrcd) {
       if (!priv(id)->dev || !(attr->xrcd = priv(id)->dev->xrcd())) return -1;
     }
     if (!(attr->comp_mask & IBV_SRQ_INIT_ATTR_CQ) || !attr->cq) {
-      if (create_cqs(id, 0, attr->attr.max_wr)) return -1;
+      // The ID's receive CQ if it has one already (rdma_get_request made one with an XRC
+      // target QP, which receives nothing itself); making another would orphan that one.
+      if (!id->recv_cq) {
+        if (create_cqs(id, 0, attr->attr.max_wr)) return -1;
+        made_cqs = true;
+      }
       attr->cq = id->recv_cq;
     }
     attr->comp_mask |= IBV_SRQ_INIT_ATTR_XRCD | IBV_SRQ_INIT_ATTR_CQ;
@@ -276,7 +282,7 @@ int rdma_create_srq_ex(rdma_cm_id* id, ibv_srq_init_attr_ex* attr) {
   ibv_srq* srq = ibv_create_srq_ex(id->verbs, attr);
   if (!srq) {
     int e = errno;
-    destroy_cqs(id);
+    if (made_cqs) destroy_cqs(id);  // only what this call made: a QP may use the ID's CQs
     return fail_errno(e);
   }
   if (!id->pd) id->pd = attr->pd;
