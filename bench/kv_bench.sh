@@ -113,7 +113,7 @@ if [[ ${DEVICES_ONLY:-0} != 1 ]]; then
   printf "%-28s %12s %12s %7s\n" "best WRITE GB/s (median)" "inflight 1" "inflight 4" "ratio"
   awk -v a="$i1" -v b="$i4" 'BEGIN { printf "%-28s %12.3f %12.3f %7.2f\n", "kv-bench, 4 QPs, batch 32", a, b, (a > 0 ? b / a : 0) }'
   awk -v a="$i1" -v b="$i4" -v r="$ref" 'BEGIN { printf "%-28s %11.0f%% %11.0f%%   (ib_write_bw best %.2f GB/s)\n", "% of ib_write_bw best", (r > 0 ? 100 * a / r : 0), (r > 0 ? 100 * b / r : 0), r }' |
-    sed 's/ib_write_bw best/ib_write_bw, 64 MiB messages,/'
+    sed 's/ib_write_bw best/ib_write_bw 64 MiB/g'
 fi
 
 echo "## kv-bench WRITE: 1 vs 2 devices per process (4 QPs, best of ${DEV_BLOCKS:-1m,4m}, median of ${DEV_REPS:-3})"
