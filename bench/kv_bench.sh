@@ -67,34 +67,29 @@ for op in write read; do
 done
 fi
 
-# Best WRITE GB/s of one kv-bench pair: target at $1, initiator at $2 (each an --addr list);
-# further arguments go to the initiator.
-best_write() {
-  local target=$1 initiator=$2
-  shift 2
+# Best GB/s of one kv-bench pair for operation $1 (write or read) over 256 MiB buffers, 4 QPs,
+# batch 32: target at $2, initiator at $3 (each an --addr list); further arguments go to the
+# initiator.
+best_gbps() {
+  local op=$1 target=$2 initiator=$3
+  shift 3
   "$B"/bin/softrdma run --addr "$target" -- "$B"/bin/kv-bench --mode target --serve-metadata \
     --metadata tcp://127.0.0.1:17901 --buffer_size 256m >"$out/target" 2>&1 &
   "$B"/bin/softrdma run --addr "$initiator" -- "$B"/bin/kv-bench --mode initiator \
-    --metadata tcp://127.0.0.1:17901 --operation write --block_size "${DEV_BLOCKS:-1m,4m}" \
+    --metadata tcp://127.0.0.1:17901 --operation "$op" --block_size "${DEV_BLOCKS:-1m,4m}" \
     --qps 4 --batch_size 32 --buffer_size 256m --duration "$SECS" "$@" >"$out/dev" 2>&1
   wait
   grep -q '^# kv-bench' "$out/dev" || { cat "$out/dev" "$out/target" >&2; return 1; }
-  awk '$1 == "write" { if ($6 > m) m = $6 } END { printf "%.3f\n", m + 0 }' "$out/dev"
+  awk -v op="$op" '$1 == op { if ($6 > m) m = $6 } END { printf "%.3f\n", m + 0 }' "$out/dev"
 }
 median() { sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
 
 if [[ ${DEVICES_ONLY:-0} != 1 ]]; then
   # The same comparison with memory that does not fit in the caches: perftest with 64 MiB
   # messages (its buffer: 2 of them, 128 MiB) against kv-bench over a 256 MiB buffer.
-  echo "## large memory footprint: kv-bench over 256 MiB vs perftest with 64 MiB messages (4 QPs, best of 1m,4m)"
+  echo "## large memory footprint: kv-bench over 256 MiB vs perftest with 64 MiB messages (4 QPs, best of ${DEV_BLOCKS:-1m,4m})"
   for op in write read; do
-    "$B"/bin/softrdma run --addr 127.0.30.3 -- "$B"/bin/kv-bench --mode target --serve-metadata \
-      --metadata tcp://127.0.0.1:17793 --buffer_size 256m >"$out/target" 2>&1 &
-    "$B"/bin/softrdma run --addr 127.0.30.4 -- "$B"/bin/kv-bench --mode initiator \
-      --metadata tcp://127.0.0.1:17793 --operation $op --block_size 1m,4m --qps 4 \
-      --batch_size 32 --buffer_size 256m --duration "$SECS" >"$out/big-$op" 2>&1
-    wait
-    big=$(awk '$1 == "'$op'" { if ($6 > m) m = $6 } END { print m + 0 }' "$out/big-$op")
+    big=$(best_gbps $op 127.0.30.3 127.0.30.4)
     ref=$(awk -v t="ib_${op}_bw" '$1 == t && $2 == 67108864 { print $4 }' "$out/perftest")
     awk -v o=$op -v b="$big" -v r="${ref:-0}" 'BEGIN { printf "kv-bench %s, 256 MiB buffer: %.2f GB/s = %.0f %% of ib_%s_bw with 64 MiB messages (%.2f GB/s)\n", o, b, (r > 0 ? 100 * b / r : 0), o, r }'
   done
@@ -103,8 +98,8 @@ if [[ ${DEVICES_ONLY:-0} != 1 ]]; then
   : >"$out/inf1"
   : >"$out/inf4"
   for _ in $(seq "${DEV_REPS:-3}"); do
-    best_write 127.0.40.33 127.0.41.33 --inflight 1 | tee -a "$out/inf1" | sed 's/^/--inflight 1: /'
-    best_write 127.0.40.33 127.0.41.33 --inflight 4 | tee -a "$out/inf4" | sed 's/^/--inflight 4: /'
+    best_gbps write 127.0.40.33 127.0.41.33 --inflight 1 | tee -a "$out/inf1" | sed 's/^/--inflight 1: /'
+    best_gbps write 127.0.40.33 127.0.41.33 --inflight 4 | tee -a "$out/inf4" | sed 's/^/--inflight 4: /'
   done
   # These runs use 256 MiB buffers: compared with perftest's large-footprint figure.
   ref=$(awk '$1 == "ib_write_bw" && $2 == 67108864 { print $4 }' "$out/perftest")
@@ -120,8 +115,8 @@ echo "## kv-bench WRITE: 1 vs 2 devices per process (4 QPs, best of ${DEV_BLOCKS
 : >"$out/one"
 : >"$out/two"
 for _ in $(seq "${DEV_REPS:-3}"); do
-  best_write 127.0.40.31 127.0.41.31 | tee -a "$out/one" | sed 's/^/1 device:  /'
-  best_write 127.0.40.31,127.0.40.32 127.0.41.31,127.0.41.32 | tee -a "$out/two" | sed 's/^/2 devices: /'
+  best_gbps write 127.0.40.31 127.0.41.31 | tee -a "$out/one" | sed 's/^/1 device:  /'
+  best_gbps write 127.0.40.31,127.0.40.32 127.0.41.31,127.0.41.32 | tee -a "$out/two" | sed 's/^/2 devices: /'
 done
 one=$(median <"$out/one")
 two=$(median <"$out/two")
