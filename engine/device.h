@@ -186,6 +186,9 @@ class Device final : public Transport, public ObjectRegistry {
 
   /// Sends everything queued by transmit(), then the coalesced ACKs (device lock held).
   void flush() override;
+  /// Sends tx_ (shared memory or GSO runs per peer), coalesced ACKs excluded (device lock
+  /// held).
+  void send_queued() override;
 
  private:
   Device() = default;
@@ -212,7 +215,6 @@ class Device final : public Transport, public ObjectRegistry {
   void capture_received(const net::RxDatagram& d, const uint8_t* data, size_t length,
                         uint16_t ip_id_hint, bool from_shm, const wire::IcrcVerdict& v);
   wire::Ipv4UdpTuple rx_tuple(const net::RxDatagram& d, uint16_t ip_id_hint) const;
-  void send_queued();  // sends tx_ (shared memory or GSO runs per peer), ACKs excluded
   /// Requests that found a peer's same-host ring full were dropped here, so this device
   /// knows the loss at once (a NIC would have back-pressured): each QP concerned goes back
   /// to its first dropped PSN with its window at half of what was in flight, and sends again

@@ -189,8 +189,8 @@ void Device::handle_packet(const net::RxDatagram& d, const uint8_t* data, size_t
                   pkt.hdr.bth.dest_qpn, pkt.hdr.bth.psn);
     return;
   }
-  bump(counters_->rcvd_pkts);
-  bump(counters_->rcvd_bytes, length);
+  bump_locked(counters_->rcvd_pkts);
+  bump_locked(counters_->rcvd_bytes, length);
   if (pkt.info->mask & wire::kIsCnp) return completer::on_cnp(*qp, *this);
   // RFC 3168's Congestion Experienced (an emulated link's queue marked it): the responder
   // notifies the requester with a CNP (DCQCN's notification point).
@@ -228,7 +228,7 @@ size_t Device::receive_shm_locked() {
         d.tos = static_cast<uint8_t>(tx_tos_ | (ce ? 0x3 : 0));
         d.data = const_cast<uint8_t*>(bytes.data());
         d.length = bytes.size();
-        bump(counters_->rcvd_shm_pkts);
+        bump_locked(counters_->rcvd_shm_pkts);
         handle_packet(d, bytes.data(), bytes.size(), 0, /*from_shm=*/true);
       },
       kRxBudget);

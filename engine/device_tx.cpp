@@ -61,8 +61,8 @@ void Device::transmit(wire::Headers h, uint32_t dst_ip, std::span<const iovec> p
   s.dest_qpn = h.bth.dest_qpn;
   s.psn = h.bth.psn;
   ++tx_count_;
-  bump(counters_->sent_pkts);
-  bump(counters_->sent_bytes, udp_len);
+  bump_locked(counters_->sent_pkts);
+  bump_locked(counters_->sent_bytes, udp_len);
 }
 
 bool Device::compute_icrc(TxSlot& s) {
@@ -175,7 +175,8 @@ void Device::drain_backlog(uint64_t now) {
         path_waiters_.push_back(qpn);  // still waiting
         continue;
       }
-      requester::run(qp, *this);  // may wait again
+      requester::run(qp, *this);     // may wait again
+      responder::resume(qp, *this);  // READ responses it still owes (may wait again)
       ran = true;
     }
     if (ran) send_queued();
@@ -211,7 +212,7 @@ Device::ShmOutcome Device::send_shm(uint32_t dst_ip, std::span<const iovec> iov,
     bump(counters_->shm_drops);
     return r == net::ShmSendResult::kFull ? ShmOutcome::kRingFull : ShmOutcome::kDropped;
   }
-  bump(counters_->sent_shm_pkts);
+  bump_locked(counters_->sent_shm_pkts);
   if (pcap_) {
     // As if it had crossed the wire unsegmented: id 0, DF, the socket's TTL and TOS.
     pcap_->record({ip(), dst_ip, wire::kRoceV2Port, wire::kRoceV2Port, 0, true, tx_ttl_,

@@ -467,6 +467,7 @@ void QueuePair::flush_queues() {
   req.rnr_wait = false;
   resp.in_send = resp.in_write = false;
   resp.ack_pending = false;
+  resp.pending.clear();
 }
 
 void QueuePair::enter_error(WcStatus status) {

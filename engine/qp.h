@@ -135,6 +135,23 @@ struct ResponderResource {
   uint64_t atomic_orig = 0;  ///< ATOMIC: the original value returned
 };
 
+/// A response the responder owes its requester and has not sent yet, because the path to
+/// it is paused (a full same-host ring: Transport::path_busy): the rest of a READ's
+/// responses, or an ACK/NAK/atomic ACK that must follow them — responses leave in PSN order
+/// (IBTA vol 1, 9.7.5.1). A READ keeps its R_Key and address, not a pointer: the memory is
+/// looked up again (and checked) each time sending resumes.
+struct PendingResponse {
+  bool read = false;      ///< READ responses (else `control`, a ready ACK/NAK/atomic ACK)
+  wire::Headers control;  ///< !read: the packet's headers
+  uint32_t psn = 0;       ///< READ: PSN of its first response
+  uint32_t msn = 0;       ///< READ: the MSN its responses carry
+  uint32_t rkey = 0;      ///< READ: RETH R_Key
+  uint64_t va = 0;        ///< READ: RETH virtual address
+  uint64_t length = 0;    ///< READ: bytes
+  uint32_t packets = 0;   ///< READ: responses in all (1 for a zero-length READ)
+  uint32_t sent = 0;      ///< READ: responses sent so far
+};
+
 /// Responder progress (rxe's qp->resp).
 struct ResponderState {
   uint32_t epsn = 0;         ///< expected PSN
@@ -155,6 +172,9 @@ struct ResponderState {
   uint64_t last_cnp_ns = 0;
   /// READs and atomics executed, newest last; at most max(16, max_dest_rd_atomic).
   std::deque<ResponderResource> resources;
+  /// Responses owed, oldest first (responder::resume sends them); empty unless the path to
+  /// the requester paused mid-READ.
+  std::deque<PendingResponse> pending;
   /// Selective retransmission: packets kept beyond the expected PSN and the gaps reported;
   /// allocated at the first out-of-order packet of a requester that asked for it.
   std::unique_ptr<ReceivedPsns> ooo;
@@ -394,6 +414,14 @@ RequestCheck check_request(const QueuePair& qp, const wire::Packet& pkt);
 void on_request(QueuePair& qp, const wire::Packet& pkt, Transport& t);
 /// Sends the coalesced ACK, if one is pending (end of a receive batch).
 void flush_ack(QueuePair& qp, Transport& t);
+/// Sends the responses `qp` still owes (ResponderState::pending) while the path to its
+/// requester has room; when it pauses again, registers the QP with Transport::wait_for_path.
+/// A QP in ERR or RESET owes nothing (they are dropped).
+void resume(QueuePair& qp, Transport& t);
+/// Response bytes queued between two looks at Transport::path_busy: a pause costs at most
+/// this much held in the sender's backlog (copied there), instead of whole READs. 64 KiB:
+/// a UDP GSO run's size (net::kMaxGsoBytes), so the looks split no run on the UDP path.
+inline constexpr uint64_t kResponseBurstBytes = 64 * 1024;
 /// A request for this QP arrived CE-marked: send the requester a RoCEv2 CNP (IBTA vol 1
 /// annex A17.9.3: BTH opcode 0x81, DestQP = the requester's QP, 16 reserved bytes, ICRC),
 /// at most one per kMinTimeBetweenCnpsNs per QP (the notification point of DCQCN).

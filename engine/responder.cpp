@@ -26,6 +26,14 @@ constexpr size_t kMinResources = 16;
 
 uint8_t opcode(const QueuePair& qp, Opcode op);
 
+// Sends a ready response now, or behind the READ responses still owed (PSN order).
+void send_control(QueuePair& qp, Transport& t, const wire::Headers& h) {
+  if (qp.resp.pending.empty())
+    t.transmit(h, qp.remote_ip, {}, 0);
+  else
+    qp.resp.pending.push_back({.read = false, .control = h});
+}
+
 void send_ack(QueuePair& qp, Transport& t, uint8_t syndrome, uint32_t psn) {
   wire::Headers h;
   h.bth.opcode = opcode(qp, Opcode::kAcknowledge);
@@ -33,7 +41,7 @@ void send_ack(QueuePair& qp, Transport& t, uint8_t syndrome, uint32_t psn) {
   h.bth.psn = psn;
   h.aeth.syndrome = syndrome;
   h.aeth.msn = qp.resp.msn;
-  t.transmit(h, qp.remote_ip, {}, 0);
+  send_control(qp, t, h);
   if (wire::aeth_kind(syndrome) == wire::AckKind::kAck)
     bump(t.counters().ack_sent);
   else if (wire::aeth_kind(syndrome) == wire::AckKind::kNak)
@@ -48,6 +56,8 @@ void nak(QueuePair& qp, Transport& t, wire::NakCode code, uint32_t psn) {
 
 // Class C/D errors (IBTA 9.9.3): NAK the request, then the QP goes to ERR.
 void nak_and_fail(QueuePair& qp, Transport& t, wire::NakCode code, uint32_t psn) {
+  // The QP is failing: READ responses it still owed are not sent, the NAK goes now.
+  qp.resp.pending.clear();
   nak(qp, t, code, psn);
   qp.enter_error(WcStatus::kWrFlushErr);
 }
@@ -80,25 +90,39 @@ uint8_t opcode(const QueuePair& qp, Opcode op) {
   return qp.type_info().opcode(op);
 }
 
-void send_read_responses(QueuePair& qp, Transport& t, uint32_t psn, const uint8_t* src,
+// Response `i` of READ `r`, whose memory starts at `src`.
+void send_read_response(QueuePair& qp, Transport& t, const PendingResponse& r, const uint8_t* src,
+                        uint32_t i) {
+  const uint64_t off = uint64_t(i) * qp.mtu;
+  const uint32_t pay = static_cast<uint32_t>(std::min<uint64_t>(qp.mtu, r.length - off));
+  const uint32_t n = r.packets;
+  Opcode op = n == 1       ? Opcode::kReadResponseOnly
+              : i == 0     ? Opcode::kReadResponseFirst
+              : i == n - 1 ? Opcode::kReadResponseLast
+                           : Opcode::kReadResponseMiddle;
+  wire::Headers h;
+  h.bth.opcode = opcode(qp, op);
+  h.bth.dest_qpn = qp.attr.dest_qp_num;
+  h.bth.psn = psn_add(r.psn, i);
+  h.aeth.syndrome = wire::aeth_ack();
+  h.aeth.msn = r.msn;
+  iovec v{const_cast<uint8_t*>(src) + off, pay};
+  t.transmit(h, qp.remote_ip, std::span<const iovec>(&v, pay ? 1 : 0), pay);
+}
+
+// Owes the responses of a READ of `len` bytes at rkey/va starting at PSN `psn`, and sends
+// what the path has room for now (resume()).
+void send_read_responses(QueuePair& qp, Transport& t, uint32_t psn, uint32_t rkey, uint64_t va,
                          uint64_t len) {
-  const uint32_t n = len == 0 ? 1 : static_cast<uint32_t>((len + qp.mtu - 1) / qp.mtu);
-  for (uint32_t i = 0; i < n; ++i) {
-    const uint64_t off = uint64_t(i) * qp.mtu;
-    const uint32_t pay = static_cast<uint32_t>(std::min<uint64_t>(qp.mtu, len - off));
-    Opcode op = n == 1       ? Opcode::kReadResponseOnly
-                : i == 0     ? Opcode::kReadResponseFirst
-                : i == n - 1 ? Opcode::kReadResponseLast
-                             : Opcode::kReadResponseMiddle;
-    wire::Headers h;
-    h.bth.opcode = opcode(qp, op);
-    h.bth.dest_qpn = qp.attr.dest_qp_num;
-    h.bth.psn = psn_add(psn, i);
-    h.aeth.syndrome = wire::aeth_ack();
-    h.aeth.msn = qp.resp.msn;
-    iovec v{const_cast<uint8_t*>(src) + off, pay};
-    t.transmit(h, qp.remote_ip, std::span<const iovec>(&v, pay ? 1 : 0), pay);
-  }
+  qp.resp.pending.push_back(
+      {.read = true,
+       .psn = psn,
+       .msn = qp.resp.msn,
+       .rkey = rkey,
+       .va = va,
+       .length = len,
+       .packets = len == 0 ? 1 : static_cast<uint32_t>((len + qp.mtu - 1) / qp.mtu)});
+  if (qp.resp.pending.size() == 1) resume(qp, t);
 }
 
 void send_atomic_ack(QueuePair& qp, Transport& t, uint32_t psn, uint64_t orig) {
@@ -109,7 +133,7 @@ void send_atomic_ack(QueuePair& qp, Transport& t, uint32_t psn, uint64_t orig) {
   h.aeth.syndrome = wire::aeth_ack();
   h.aeth.msn = qp.resp.msn;
   h.atomic_ack.orig = orig;
-  t.transmit(h, qp.remote_ip, {}, 0);
+  send_control(qp, t, h);
   bump(t.counters().ack_sent);
 }
 
@@ -222,7 +246,7 @@ void on_read(QueuePair& qp, const wire::Packet& pkt, Transport& t) {
                 .rkey = r.rkey,
                 .length = r.dma_length});
   flush_ack(qp, t);  // keep ACKs for earlier PSNs ahead of the responses
-  send_read_responses(qp, t, psn, p, r.dma_length);
+  send_read_responses(qp, t, psn, r.rkey, r.va, r.dma_length);
   qp.resp.msn = psn_add(qp.resp.msn, 1);
   qp.resp.epsn = psn_add(psn, n);
 }
@@ -240,8 +264,7 @@ void on_atomic(QueuePair& qp, const wire::Packet& pkt, Transport& t) {
     bool cas;
     uint64_t compare, swap_add, orig;
   } op{reinterpret_cast<uint64_t*>(p),
-       wire::operation_of(pkt.hdr.bth.opcode) == Opcode::kCompareSwap, a.compare, a.swap_add,
-       0};
+       wire::operation_of(pkt.hdr.bth.opcode) == Opcode::kCompareSwap, a.compare, a.swap_add, 0};
   const bool done = net::guarded_call(
       [](void* v) {
         AtomicOp& o = *static_cast<AtomicOp*>(v);
@@ -300,7 +323,7 @@ void on_duplicate(QueuePair& qp, const wire::Packet& pkt, Transport& t) {
          ((p = check_remote(qp, t, r.rkey, r.va, r.dma_length, kRemoteRead)) != nullptr &&
           net::guarded_touch(p, r.dma_length)))) {
       flush_ack(qp, t);
-      send_read_responses(qp, t, psn, p, r.dma_length);
+      send_read_responses(qp, t, psn, r.rkey, r.va, r.dma_length);
       return;
     }
     bump(t.counters().duplicate_dropped);
@@ -573,6 +596,46 @@ void on_congestion_experienced(QueuePair& qp, Transport& t) {
   qp.resp.last_cnp_ns = now;
   t.transmit(wire::cnp_headers(qp.attr.dest_qp_num), qp.remote_ip, {}, 0);
   bump(t.counters().cnp_sent);
+}
+
+void resume(QueuePair& qp, Transport& t) {
+  auto& pending = qp.resp.pending;
+  if (qp.attr.state == QpState::kErr || qp.attr.state == QpState::kReset) {
+    pending.clear();
+    return;
+  }
+  uint64_t burst = 0;  // bytes queued since the last look at the path
+  bool looked = false;
+  while (!pending.empty()) {
+    if (burst >= kResponseBurstBytes) {
+      t.send_queued();
+      burst = 0;
+      looked = false;
+    }
+    if (!looked) {
+      if (t.path_busy(qp.remote_ip)) return t.wait_for_path(qp);
+      looked = true;
+    }
+    PendingResponse& r = pending.front();
+    if (!r.read) {
+      t.transmit(r.control, qp.remote_ip, {}, 0);
+      pending.pop_front();
+      burst += wire::kBthBytes;
+      continue;
+    }
+    // Checked again: the MR may have been deregistered (or the MW invalidated) meanwhile.
+    const uint8_t* src = nullptr;
+    if (r.length) {
+      src = placement::check_remote(qp, t, r.rkey, r.va, r.length, kRemoteRead);
+      if (!src)
+        return nak_and_fail(qp, t, wire::NakCode::kRemoteAccessError, psn_add(r.psn, r.sent));
+    }
+    while (r.sent < r.packets && burst < kResponseBurstBytes) {
+      send_read_response(qp, t, r, src, r.sent++);
+      burst += qp.mtu;
+    }
+    if (r.sent == r.packets) pending.pop_front();
+  }
 }
 
 void flush_ack(QueuePair& qp, Transport& t) {

@@ -46,6 +46,10 @@ class Transport {
                         uint32_t payload_len) = 0;
   /// Sends everything transmit() queued.
   virtual void flush() = 0;
+  /// Sends what transmit() queued so far, without flush()'s end-of-round work (coalesced
+  /// ACKs, backlogs): a sender that paces itself by path_busy() calls it to learn whether
+  /// what it queued found room. The default does nothing.
+  virtual void send_queued() {}
   /// The MR with this lkey/rkey, or nullptr.
   virtual MemoryRegion* find_mr(uint32_t key) = 0;
   /// The memory window whose current R_Key is `rkey`, or nullptr. The default has none.
@@ -86,7 +90,8 @@ class Transport {
     (void)dst_ip;
     return false;
   }
-  /// Registers `qp` to be run again (requester::run) when path_busy(its peer) turns false.
+  /// Registers `qp` to be run again (requester::run, and responder::resume for the READ
+  /// responses it still owes) when path_busy(its peer) turns false.
   virtual void wait_for_path(QueuePair& qp) { (void)qp; }
   /// Whether requesters towards `dst_ip` (host order) pace their packets with DCQCN
   /// (SOFTRDMA_CC); if so `out` gets the reaction point's parameters (the line rate: the

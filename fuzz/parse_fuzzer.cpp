@@ -51,7 +51,7 @@ void check_parsed(std::span<const uint8_t> in, const Packet& p) {
   FUZZ_CHECK(info->header_bytes + p.payload.size() + pad + kIcrcBytes == in.size());
   FUZZ_CHECK(p.payload.data() == in.data() + info->header_bytes);
   if (!(info->mask & kHasPayload)) FUZZ_CHECK(p.payload.empty() && pad == 0);
-  FUZZ_CHECK(p.icrc == load_le32(in.data() + in.size() - kIcrcBytes));
+  FUZZ_CHECK(received_icrc(in) == load_le32(in.data() + in.size() - kIcrcBytes));
   FUZZ_CHECK(p.hdr.bth.dest_qpn <= kPsnMask && p.hdr.bth.psn <= kPsnMask);
   FUZZ_CHECK(p.hdr.aeth.msn <= kPsnMask);
 

@@ -864,6 +864,10 @@ size_t ShmPort::poll_impl(PacketFn fn, void* ctx, size_t budget) {
         broken = true;
         break;
       }
+      // The next record's header was written by another core: start fetching it now, so
+      // the miss overlaps with this packet's handling (its payload copy) instead of
+      // stalling the next parse.
+      if (need < avail) __builtin_prefetch(d + ((head + need) & (cap - 1)));
       fn(ctx, rh[1], std::span<const uint8_t>(d + pos + kRecordHeader, len),
          (rh[0] & kRecordCe) != 0);
       ++done;

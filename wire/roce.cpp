@@ -86,11 +86,9 @@ constexpr Row kRows[] = {
      kReq | kIsAtomic | kHasAtomicEth | kIsOnly},
     {Opcode::kFetchAdd, "RC_FETCH_ADD", nullptr, "XRC_FETCH_ADD",
      kReq | kIsAtomic | kHasAtomicEth | kIsOnly},
-    {Opcode::kSendLastInv, "RC_SEND_LAST_WITH_INVALIDATE", nullptr,
-     "XRC_SEND_LAST_WITH_INVALIDATE",
+    {Opcode::kSendLastInv, "RC_SEND_LAST_WITH_INVALIDATE", nullptr, "XRC_SEND_LAST_WITH_INVALIDATE",
      kReq | kIsSend | kHasPayload | kHasIeth | kIsLast | kConsumesRecvWqe},
-    {Opcode::kSendOnlyInv, "RC_SEND_ONLY_WITH_INVALIDATE", nullptr,
-     "XRC_SEND_ONLY_WITH_INVALIDATE",
+    {Opcode::kSendOnlyInv, "RC_SEND_ONLY_WITH_INVALIDATE", nullptr, "XRC_SEND_ONLY_WITH_INVALIDATE",
      kReq | kIsSend | kHasPayload | kHasIeth | kIsOnly | kConsumesRecvWqe},
 };
 
@@ -285,15 +283,17 @@ ParseError parse(std::span<const uint8_t> udp_payload, Packet& out) noexcept {
   }
   if (info->mask & kHasIeth) h.ieth_rkey = load32(q);
 
-  uint32_t icrc = 0;
-  const uint8_t* tail = p + len - kIcrcBytes;
-  for (size_t i = kIcrcBytes; i-- > 0;) icrc = (icrc << 8) | tail[i];
-
   out.hdr = h;
   out.info = info;
   out.payload = udp_payload.subspan(info->header_bytes, payload_bytes);
-  out.icrc = icrc;
   return ParseError::kOk;
+}
+
+uint32_t received_icrc(std::span<const uint8_t> udp_payload) noexcept {
+  const uint8_t* tail = udp_payload.data() + udp_payload.size() - kIcrcBytes;
+  uint32_t icrc = 0;
+  for (size_t i = kIcrcBytes; i-- > 0;) icrc = (icrc << 8) | tail[i];
+  return icrc;
 }
 
 size_t encode_headers(const Headers& h, std::span<uint8_t> out) noexcept {

@@ -194,16 +194,17 @@ struct Headers {
   AtomicAckEth atomic_ack;
   Deth deth;
   Xrceth xrceth;
-  uint32_t imm_be = 0;  ///< immediate data exactly as on the wire (network order), as ibv_wc
+  uint32_t imm_be = 0;     ///< immediate data exactly as on the wire (network order), as ibv_wc
   uint32_t ieth_rkey = 0;  ///< IETH: the R_Key a SEND with invalidate names (host order)
 };
 
-/// A parsed RoCEv2 UDP payload: headers, payload (without pad) and the ICRC as received.
+/// A parsed RoCEv2 UDP payload: headers and payload (without pad). The ICRC is not read
+/// (received_icrc()): it is the packet's last 4 bytes, in a cache line nothing else touches
+/// before the payload copy, and on the same-host path nobody checks it.
 struct Packet {
   Headers hdr;
   const OpcodeInfo* info = nullptr;
   std::span<const uint8_t> payload;  ///< data bytes, pad excluded
-  uint32_t icrc = 0;                 ///< value of the trailing 4 bytes read little-endian
 };
 
 /// Why a UDP payload was rejected by parse().
@@ -224,6 +225,11 @@ const char* to_string(ParseError e) noexcept;
 /// Returns kOk and fills `out` (whose payload span points into `udp_payload`), or the
 /// reason the packet must be dropped.
 ParseError parse(std::span<const uint8_t> udp_payload, Packet& out) noexcept;
+
+/// The ICRC a packet carries: its trailing 4 bytes read little-endian (IBTA vol 1 annex
+/// A17.3.3, as icrc.h computes it). `udp_payload` must hold at least kIcrcBytes (true of
+/// every payload parse() accepted).
+uint32_t received_icrc(std::span<const uint8_t> udp_payload) noexcept;
 
 /// Writes BTH and the extended headers that `opcode_info(h.bth.opcode)` says the opcode
 /// carries into `out`. Returns the number of bytes written (info->header_bytes), or 0 if

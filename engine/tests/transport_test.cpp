@@ -703,6 +703,75 @@ TEST_F(TransportTest, RequesterHoldsBackWhileThePathIsBusyAndResumesWhereItStopp
   EXPECT_GE(a->req.window.psns(), window);
 }
 
+// The responder paces READ responses by the path too: on a paused path it stops between
+// bursts and owes the rest (nothing dropped, nothing copied aside), an ACK for a later request
+// waits behind them (responses leave in PSN order, IBTA 9.7.5.1), and when run again it
+// sends the rest in order.
+TEST_F(TransportTest, ResponderPausesReadResponsesWhileThePathIsBusyAndKeepsPsnOrder) {
+  // Three READ requests (the requester asks kReadChunkPsns packets at a time), then a WRITE.
+  constexpr uint32_t kPackets = 3 * requester::kReadChunkPsns;
+  ASSERT_EQ(post(*a, WrOpcode::kRdmaRead, 0, kPackets * kMtu, 0, 1), kOk);
+  ASSERT_EQ(post(*a, WrOpcode::kRdmaWrite, 0, kMtu, 512 * 1024, 2), kOk);
+  tb->busy_after = 1;  // busy once anything is out
+  deliver(*ta, *b, *tb);
+  // The first READ's responses went; the path then paused: the other two READs and the
+  // WRITE's ACK are owed, in that order.
+  ASSERT_EQ(tb->sent.size(), size_t{requester::kReadChunkPsns});
+  ASSERT_EQ(tb->path_waiters.size(), 1u);
+  EXPECT_EQ(tb->path_waiters[0], b.get());
+  ASSERT_EQ(b->resp.pending.size(), 3u);
+  EXPECT_TRUE(b->resp.pending[0].read);
+  EXPECT_TRUE(b->resp.pending[1].read);
+  EXPECT_FALSE(b->resp.pending[2].read);
+  tb->busy_after = SIZE_MAX;
+  tb->path_waiters.clear();
+  {
+    std::lock_guard lk(dev->mutex());
+    responder::resume(*b, *tb);
+  }
+  EXPECT_TRUE(b->resp.pending.empty());
+  EXPECT_TRUE(tb->path_waiters.empty());
+  ASSERT_EQ(tb->sent.size(), kPackets + 1u);
+  for (size_t i = 0; i < kPackets; ++i) {
+    const wire::Packet p = parse(tb->sent[i]);
+    ASSERT_EQ(p.hdr.bth.psn, wire::psn_add(kSqPsn, static_cast<uint32_t>(i))) << i;
+    ASSERT_TRUE(p.info->mask & wire::kIsRead) << i;
+  }
+  const wire::Packet ack = parse(tb->sent.back());
+  EXPECT_EQ(wire::operation_of(ack.hdr.bth.opcode), wire::Opcode::kAcknowledge);
+  EXPECT_EQ(ack.hdr.bth.psn, wire::psn_add(kSqPsn, kPackets));
+  settle();
+  auto c = drain();
+  ASSERT_EQ(c.size(), 2u);
+  EXPECT_EQ(c[0].status, WcStatus::kSuccess);
+  EXPECT_EQ(c[0].opcode, WcOpcode::kRdmaRead);
+  EXPECT_EQ(c[1].status, WcStatus::kSuccess);
+  EXPECT_EQ(std::memcmp(dst.data(), src.data(), kPackets * kMtu), 0);
+  EXPECT_EQ(ta->counters_.retransmitted_pkts.load(), 0u);
+}
+
+// READ responses a QP still owes are dropped when it fails, and a deregistered MR found
+// when sending resumes NAKs (remote access error) instead of reading freed memory.
+TEST_F(TransportTest, OwedReadResponsesEndWithTheQpOrItsMemory) {
+  ASSERT_EQ(post(*a, WrOpcode::kRdmaRead, 0, 3 * requester::kReadChunkPsns * kMtu, 0, 1), kOk);
+  tb->busy_after = 1;
+  deliver(*ta, *b, *tb);
+  ASSERT_FALSE(b->resp.pending.empty());
+  tb->sent.clear();
+  tb->busy_after = SIZE_MAX;
+  mr_src.reset();  // the READ's memory is deregistered while its responses are owed
+  {
+    std::lock_guard lk(dev->mutex());
+    responder::resume(*b, *tb);
+  }
+  EXPECT_TRUE(b->resp.pending.empty());
+  ASSERT_EQ(tb->sent.size(), 1u);
+  const wire::Packet nak = parse(tb->sent[0]);
+  EXPECT_EQ(wire::operation_of(nak.hdr.bth.opcode), wire::Opcode::kAcknowledge);
+  EXPECT_EQ(wire::aeth_kind(nak.hdr.aeth.syndrome), wire::AckKind::kNak);
+  EXPECT_EQ(b->attr.state, QpState::kErr);
+}
+
 // A resend lost as well is sent again ~1.5 smoothed RTTs after it left — well before the
 // retransmit timeout — and the window is not collapsed to one PSN (issue 9: at 1 % loss
 // every lost resend used to wait for the 134 ms timer and restart from one PSN).

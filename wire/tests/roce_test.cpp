@@ -256,7 +256,7 @@ TEST(Parse, RoundTripEveryOpcode) {
       Packet p;
       ASSERT_EQ(parse(pkt, p), ParseError::kOk) << info->name << " len " << len;
       EXPECT_EQ(p.info, info);
-      EXPECT_EQ(p.icrc, 0x44332211u);
+      EXPECT_EQ(received_icrc(pkt), 0x44332211u);
       EXPECT_EQ(p.payload.size(), len);
       EXPECT_EQ(p.payload.data(), pkt.data() + info->header_bytes);
       const Bth& b = p.hdr.bth;
