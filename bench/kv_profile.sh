@@ -17,9 +17,9 @@ command -v perf >/dev/null || { echo "perf is missing (apt-get install linux-per
 trap 'kill $(jobs -p) 2>/dev/null || true' EXIT
 
 "$B"/bin/softrdma run --addr 127.0.32.3 -- timeout 60 "$B"/bin/kv-bench --mode target \
-  --serve-metadata --metadata tcp://127.0.0.1:$PORT --buffer_size 8m >"$OUT/target.log" 2>&1 &
+  --serve-metadata --metadata "tcp://127.0.0.1:$PORT" --buffer_size 8m >"$OUT/target.log" 2>&1 &
 "$B"/bin/softrdma run --addr 127.0.32.4 -- timeout 60 "$B"/bin/kv-bench --mode initiator \
-  --metadata tcp://127.0.0.1:$PORT --operation "$OP" --block_size "$BLOCK" --qps "$QPS" \
+  --metadata "tcp://127.0.0.1:$PORT" --operation "$OP" --block_size "$BLOCK" --qps "$QPS" \
   --batch_size 32 --buffer_size 8m --duration 6 >"$OUT/initiator.log" 2>&1 &
 sleep 2
 # The kv-bench processes themselves (not `softrdma run` or `timeout` around them).
