@@ -418,6 +418,21 @@ TEST_F(TransportTest, MisalignedAtomicWriteIsRemoteInvalidRequest) {
       << "not 8 bytes";
 }
 
+// An ATOMIC WRITE whose RETH DMA length is not 8 (a foreign or broken requester) is NAKed as
+// an invalid request (rxe's length check) and stores nothing.
+TEST_F(TransportTest, AtomicWriteOfOtherThanEightBytesIsRemoteInvalidRequest) {
+  std::memset(dst.data(), 0xee, 64);
+  ASSERT_EQ(post(*a, WrOpcode::kAtomicWrite, 0, 8, 0), kOk);
+  ASSERT_EQ(ta->sent.size(), 1u);
+  ta->sent.front()[wire::kBthBytes + 15] = 16;  // RETH DMA length, low byte: 8 → 16
+  settle();
+  auto c = drain();
+  ASSERT_EQ(c.size(), 1u);
+  EXPECT_EQ(c[0].status, WcStatus::kRemInvReqErr);
+  for (int i = 0; i < 64; ++i) ASSERT_EQ(dst[size_t(i)], 0xee);
+  EXPECT_EQ(tb->counters_.atomic_write_executed.load(), 0u);
+}
+
 // A READ "duplicate" the responder never executed — e.g. forged with a PSN behind the
 // expected one and an rkey it has no right to — is dropped and counted; it neither NAKs
 // nor errors the QP (IBTA 9.7.5.1.3 treats duplicates as retransmissions of requests the
