@@ -10,7 +10,7 @@ Status check_address_vector(const AddressVector& av, bool port_may_be_zero, uint
   } else if (!av.is_global) {
     why = "has no GRH (RoCE routes every packet by its IP header)";
   } else if (av.sgid_index != 0) {
-    why = "sgid_index is not 0 (the port's only GID)";
+    why = "sgid_index is not 0 (the port's only populated GID)";
   } else if (!av.dgid.to_ipv4(peer_ip) || peer_ip == 0) {
     why = "dgid is not an IPv4-mapped address";
   } else {

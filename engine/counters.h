@@ -19,6 +19,7 @@ namespace softrdma::engine {
   X(rcvd_bytes, "UDP payload bytes received")                                                      \
   X(duplicate_request, "duplicate requests seen by the responder (re-ACKed / replayed)")           \
   X(duplicate_dropped, "duplicate READ/atomic requests dropped: no record of executing them")      \
+  X(atomic_write_executed, "RDMA ATOMIC WRITE requests executed by the responder (8-byte stores)") \
   X(out_of_seq_request, "requests with a PSN ahead of the expected one (NAK sent once)")           \
   X(rcvd_seq_err, "PSN sequence error NAKs received")                                              \
   X(send_rnr_err, "RNR NAKs sent (SEND with no receive posted)")                                   \

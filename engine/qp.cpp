@@ -296,12 +296,18 @@ Status QueuePair::post_send_locked(const SendWr& wr) {
   uint64_t length = 0;
   for (uint32_t i = 0; i < wr.num_sge; ++i) length += wr.sg_list[i].length;
   if (length > DeviceLimits::kMaxMsgSize) return std::errc::invalid_argument;
-  // Atomics: exactly 8 bytes at an 8-byte aligned remote address (IBTA 9.4.5).
+  // Atomics: exactly 8 bytes at an 8-byte aligned remote address (IBTA 9.4.5). ATOMIC
+  // WRITE: exactly 8 bytes; its alignment is the responder's check, as in rxe (a misaligned
+  // one is NAKed as an invalid request: IBV_WC_REM_INV_REQ_ERR).
   if (info.fixed_length &&
-      (length != info.fixed_length || (wr.remote_addr & (info.fixed_length - 1))))
+      (length != info.fixed_length ||
+       (info.cls == WrClass::kAtomic && (wr.remote_addr & (info.fixed_length - 1)))))
     return std::errc::invalid_argument;
   const bool inl = (wr.flags & kInline) && info.inline_allowed;
-  if (inl && length > cap.max_inline_data) return std::errc::invalid_argument;
+  // ATOMIC WRITE's 8 bytes travel in the WQE itself (rxe: wqe->dma.atomic_wr), whatever the
+  // QP's max_inline_data: ibv_wr_atomic_write hands them over inline.
+  if (inl && length > cap.max_inline_data && info.cls != WrClass::kAtomicWrite)
+    return std::errc::invalid_argument;
   if (sq.size() >= cap.max_send_wr) return std::errc::not_enough_memory;
 
   SendWqe& w = sq.emplace_back();

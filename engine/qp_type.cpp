@@ -96,8 +96,11 @@ constexpr uint32_t bit(WrClass c) {
 }
 // Memory-window operations (kLocal: BIND_MW, LOCAL_INV) exist on the connected services
 // (IBTA 10.6.7: RC, UC, XRC), not on UD.
-constexpr uint32_t kAllClasses = bit(WrClass::kSend) | bit(WrClass::kWrite) |
-                                 bit(WrClass::kRead) | bit(WrClass::kAtomic) | bit(WrClass::kLocal);
+// RDMA ATOMIC WRITE (kAtomicWrite) is allowed by class on RC and XRC; only RC has its wire
+// opcode (as in rxe), so an XRC post is refused by the opcode check.
+constexpr uint32_t kAllClasses = bit(WrClass::kSend) | bit(WrClass::kWrite) | bit(WrClass::kRead) |
+                                 bit(WrClass::kAtomic) | bit(WrClass::kAtomicWrite) |
+                                 bit(WrClass::kLocal);
 
 void rc_request(QueuePair& qp, const wire::Packet& pkt, const RxMeta&, Transport& t) {
   responder::on_request(qp, pkt, t);

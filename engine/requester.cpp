@@ -168,7 +168,7 @@ uint32_t emit_data_packet(QueuePair& qp, SendWqe& w, Transport& t, std::vector<i
   const bool last = off + pay == w.length;
   const WrOpcodeInfo& info = w.info();
   wire::Headers h = base_headers(qp, w, t, info.wire_opcode(first, last), psn);
-  if (first && info.cls == WrClass::kWrite) {
+  if (first && (info.cls == WrClass::kWrite || info.cls == WrClass::kAtomicWrite)) {
     h.reth.va = w.wr.remote_addr;
     h.reth.rkey = w.wr.rkey;
     h.reth.dma_length = static_cast<uint32_t>(w.length);
@@ -394,7 +394,7 @@ void run(QueuePair& qp, Transport& t) {
     if (wire::psn_diff(qp.req.psn, qp.comp.psn) >= window) break;
     bool done = false;
     const WrOpcodeInfo& info = w.info();
-    if (info.read_or_atomic && qp.comp.rd_atomic_inflight.size() >= max_rd) break;
+    if (info.takes_rd_atomic_credit() && qp.comp.rd_atomic_inflight.size() >= max_rd) break;
     if (paced_out(qp, t) || held_back(qp, t)) break;
     switch (info.cls) {
       case WrClass::kRead:
@@ -406,6 +406,11 @@ void run(QueuePair& qp, Transport& t) {
         break;
       case WrClass::kSend:
       case WrClass::kWrite:
+        done = send_data_packet(qp, w, t, iov);
+        break;
+      case WrClass::kAtomicWrite:
+        // One packet (RETH + the 8 bytes), answered by an ACK; it holds a credit till then.
+        qp.comp.rd_atomic_inflight.push_back(qp.req.psn);
         done = send_data_packet(qp, w, t, iov);
         break;
       case WrClass::kLocal:  // executed when started, above
@@ -480,7 +485,8 @@ uint32_t resend(QueuePair& qp, Transport& t, uint32_t psn) {
       emit_atomic(qp, w, t, psn);
       break;
     case WrClass::kSend:
-    case WrClass::kWrite: {
+    case WrClass::kWrite:
+    case WrClass::kAtomicWrite: {
       std::vector<iovec> iov;
       pay = emit_data_packet(qp, w, t, iov, psn, off, false);
       break;

@@ -289,6 +289,44 @@ void on_atomic(QueuePair& qp, const wire::Packet& pkt, Transport& t) {
   qp.resp.epsn = psn_add(psn, 1);
 }
 
+// RDMA ATOMIC WRITE (IBTA vol 1 rel. 1.5; rxe_resp.c's atomic_write_reply): the RETH names
+// 8 bytes of remote memory, the payload holds the value. In rxe's order: a length other than
+// 8 is an invalid request; R_Key, bounds and REMOTE_WRITE (the QP's and the MR's — rdma-core
+// 44 has no access flag of its own for it) a remote access error; an address not 8-byte
+// aligned an invalid request (rxe's RESPST_ERR_MISALIGNED_ATOMIC). All NAKed, the QP to ERR.
+// The store is one 8-byte release store, under the fault guard; the ACK follows as for a
+// WRITE. A duplicate is re-ACKed, never executed again (on_duplicate): with PSNs in order a
+// PSN below the expected one was executed.
+void on_atomic_write(QueuePair& qp, const wire::Packet& pkt, Transport& t) {
+  const wire::Reth& r = pkt.hdr.reth;
+  const uint32_t psn = pkt.hdr.bth.psn;
+  if (r.dma_length != wire::kAtomicWriteBytes || pkt.payload.size() != wire::kAtomicWriteBytes)
+    return nak_and_fail(qp, t, wire::NakCode::kInvalidRequest, psn);
+  uint8_t* p = check_remote(qp, t, r.rkey, r.va, wire::kAtomicWriteBytes, kRemoteWrite);
+  if (!p) return nak_and_fail(qp, t, wire::NakCode::kRemoteAccessError, psn);
+  if (reinterpret_cast<uintptr_t>(p) & (wire::kAtomicWriteBytes - 1))
+    return nak_and_fail(qp, t, wire::NakCode::kInvalidRequest, psn);
+  struct Store {
+    uint64_t* word;
+    uint64_t value;
+  } op{reinterpret_cast<uint64_t*>(p), 0};
+  std::memcpy(&op.value, pkt.payload.data(), sizeof op.value);  // the bytes as sent
+  const bool done = net::guarded_call(
+      [](void* v) {
+        Store& o = *static_cast<Store*>(v);
+        std::atomic_ref<uint64_t>(*o.word).store(o.value, std::memory_order_release);
+      },
+      &op);
+  if (!done) {
+    bump(t.counters().resp_access_faults);
+    return nak_and_fail(qp, t, wire::NakCode::kRemoteAccessError, psn);
+  }
+  bump(t.counters().atomic_write_executed);
+  qp.resp.msn = psn_add(qp.resp.msn, 1);
+  qp.resp.epsn = psn_add(psn, 1);
+  ack_later(qp, psn);  // AckReq is set: the requester completes the WQE on this ACK
+}
+
 // The record of the executed READ that a duplicate READ request re-asks for, or nullptr.
 // A requester that goes back into the middle of a READ re-requests the rest of it: same
 // rkey, start address advanced by whole MTUs in step with the PSN, and an end no further
@@ -307,8 +345,8 @@ const ResponderResource* find_read(const QueuePair& qp, const wire::Packet& pkt)
   return nullptr;
 }
 
-// A request whose PSN is behind the expected one (IBTA 9.7.5.1.3): SEND/WRITE are
-// re-acknowledged, READs re-served and atomics answered from the saved result — but only
+// A request whose PSN is behind the expected one (IBTA 9.7.5.1.3): SEND/WRITE and ATOMIC
+// WRITE are re-acknowledged, READs re-served and atomics answered from the saved result — but only
 // for requests this responder really executed. Anything else is dropped and counted; a
 // duplicate never moves the QP to ERR (it may be forged: its PSN is not the expected one).
 void on_duplicate(QueuePair& qp, const wire::Packet& pkt, Transport& t) {
@@ -584,6 +622,8 @@ void on_request(QueuePair& qp, const wire::Packet& pkt, Transport& t) {
     on_read(qp, pkt, t);
   else if (m & wire::kIsAtomic)
     on_atomic(qp, pkt, t);
+  else if (m & wire::kIsAtomicWrite)
+    on_atomic_write(qp, pkt, t);
   if (qp.resp.ooo && qp.attr.state != QpState::kErr) {
     for (uint32_t p = psn; p != qp.resp.epsn; p = psn_add(p, 1)) qp.resp.ooo->clear(p);
     advance_over_placed(qp, t);

@@ -48,6 +48,8 @@ enum class WrOpcode : uint8_t {
   kLocalInv = 7,  ///< invalidate a type 2 memory window of this QP (IBTA 10.6.7.2.2)
   kBindMw = 8,    ///< bind a memory window to an MR range (IBTA 10.6.7.2.1)
   kSendInv = 9,   ///< SEND that invalidates the responder's R_Key (IETH)
+  /// RDMA ATOMIC WRITE (IBTA vol 1 rel. 1.5): 8 bytes stored atomically at remote_addr/rkey.
+  kAtomicWrite = 15,
 };
 
 /// Send WR flags (values of enum ibv_send_flags).
@@ -137,6 +139,7 @@ enum class WcOpcode : uint8_t {
   kFetchAdd = 4,
   kBindMw = 5,
   kLocalInv = 6,
+  kAtomicWrite = 9,
   kRecv = 128,
   kRecvRdmaWithImm = 129,
 };

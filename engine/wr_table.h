@@ -19,6 +19,11 @@ enum class WrClass : uint8_t {
   kWrite,   ///< RDMA WRITE: places data at a remote address
   kRead,    ///< RDMA READ: asks for data, answered by read responses
   kAtomic,  ///< ATOMIC: 8-byte compare&swap / fetch&add, answered by an atomic ACK
+  /// RDMA ATOMIC WRITE (IBTA vol 1 rel. 1.5): one request packet with a RETH and the 8 bytes
+  /// the target stores atomically, answered by a plain ACK. Like READ and atomics it takes
+  /// one of max_rd_atomic's credits (the responder keeps a resource for it) and a fence
+  /// waits for it; its local data is read, not written.
+  kAtomicWrite,
   /// A local operation on this device's memory windows (BIND_MW, LOCAL_INV): executed when
   /// the requester reaches it, no packet, no PSN; completed in SQ order (IBTA 10.6.7.2).
   kLocal,
@@ -48,14 +53,22 @@ struct WrOpcodeInfo {
   /// The message length this request must have, bytes (8 for atomics); 0: any.
   uint8_t fixed_length;
 
+  /// Takes one of max_rd_atomic's credits until it is answered, and a fence waits for it
+  /// (IBTA 10.8.3.3): READs, atomics and ATOMIC WRITE.
+  constexpr bool takes_rd_atomic_credit() const {
+    return read_or_atomic || cls == WrClass::kAtomicWrite;
+  }
+
   /// Wire opcode of a data packet: `first`/`last` say where in the message it lies.
   constexpr wire::Opcode wire_opcode(bool is_first, bool is_last) const {
     return is_first ? (is_last ? only : first) : (is_last ? last : middle);
   }
 };
 
-/// Send work-request opcodes the engine implements (IBV_WR_RDMA_WRITE … SEND_WITH_INV).
-inline constexpr unsigned kWrOpcodeCount = 10;
+/// Rows of the table: ibv_wr_opcode values IBV_WR_RDMA_WRITE (0) … IBV_WR_ATOMIC_WRITE (15).
+/// Rows without a name (TSO 10, DRIVER1 11, 12, 13, FLUSH 14) are opcodes the engine does not
+/// implement.
+inline constexpr unsigned kWrOpcodeCount = 16;
 
 /// The wire opcodes of a request that sends none (a local operation).
 inline constexpr wire::Opcode kNoWireOpcode = wire::Opcode::kCnp;
@@ -182,13 +195,30 @@ inline constexpr WrOpcodeInfo kWrOpcodeTable[kWrOpcodeCount] = {
      .consumes_recv_wqe = true,
      .read_or_atomic = false,
      .fixed_length = 0},
+    {},  // 10 IBV_WR_TSO: UD over Ethernet only (mlx5)
+    {},  // 11 IBV_WR_DRIVER1
+    {},
+    {},
+    {},  // 14 IBV_WR_FLUSH
+    {.name = "IBV_WR_ATOMIC_WRITE",
+     .cls = WrClass::kAtomicWrite,
+     .has_imm = false,
+     .inline_allowed = true,
+     .wc_opcode = WcOpcode::kAtomicWrite,
+     .first = wire::Opcode::kAtomicWrite,
+     .middle = wire::Opcode::kAtomicWrite,
+     .last = wire::Opcode::kAtomicWrite,
+     .only = wire::Opcode::kAtomicWrite,
+     .consumes_recv_wqe = false,
+     .read_or_atomic = false,
+     .fixed_length = 8},
 };
 
 /// Whether `opcode` (an ibv_wr_opcode value as the application passed it) is one the
-/// engine implements; the others (TSO, DRIVER1, ATOMIC_WRITE) are refused with EINVAL at
-/// post time, as rxe refuses opcodes its QP type does not allow.
+/// engine implements; the others (TSO, DRIVER1, FLUSH) are refused with EINVAL at post
+/// time, as rxe refuses opcodes its QP type does not allow.
 constexpr bool wr_opcode_supported(uint32_t opcode) {
-  return opcode < kWrOpcodeCount;
+  return opcode < kWrOpcodeCount && kWrOpcodeTable[opcode].name != nullptr;
 }
 
 /// The row of a supported opcode (check wr_opcode_supported() first for untrusted values).
@@ -197,7 +227,9 @@ constexpr const WrOpcodeInfo& wr_info(WrOpcode op) {
 }
 
 // The rows are in ibv_wr_opcode order and agree with the wire table.
-static_assert(static_cast<unsigned>(WrOpcode::kSendInv) + 1 == kWrOpcodeCount);
+static_assert(static_cast<unsigned>(WrOpcode::kAtomicWrite) + 1 == kWrOpcodeCount);
+static_assert(wr_info(WrOpcode::kAtomicWrite).only == wire::Opcode::kAtomicWrite);
+static_assert(wr_info(WrOpcode::kAtomicWrite).takes_rd_atomic_credit());
 static_assert(wr_info(WrOpcode::kBindMw).wc_opcode == WcOpcode::kBindMw);
 static_assert(wr_info(WrOpcode::kSendInv).only == wire::Opcode::kSendOnlyInv);
 static_assert(wr_info(WrOpcode::kRdmaWrite).wc_opcode == WcOpcode::kRdmaWrite);
@@ -207,13 +239,15 @@ static_assert(wr_info(WrOpcode::kCompareSwap).wc_opcode == WcOpcode::kCompSwap);
 static_assert(wr_info(WrOpcode::kFetchAdd).only == wire::Opcode::kFetchAdd);
 static_assert([] {
   for (const WrOpcodeInfo& i : kWrOpcodeTable) {
+    if (!i.name) continue;  // not implemented
     if (i.cls == WrClass::kLocal) {
       if (i.inline_allowed || i.read_or_atomic || i.consumes_recv_wqe) return false;
       continue;
     }
     const bool response = i.cls == WrClass::kRead || i.cls == WrClass::kAtomic;
     if (i.read_or_atomic != response || i.inline_allowed == response) return false;
-    if ((i.fixed_length != 0) != (i.cls == WrClass::kAtomic)) return false;
+    if ((i.fixed_length != 0) != (i.cls == WrClass::kAtomic || i.cls == WrClass::kAtomicWrite))
+      return false;
     if (i.consumes_recv_wqe != (i.cls == WrClass::kSend || i.has_imm)) return false;
   }
   return true;

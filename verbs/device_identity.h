@@ -36,6 +36,15 @@ inline constexpr char kPortState[] = "4: ACTIVE";
 inline constexpr char kPortPhysState[] = "5: LinkUp";
 /// GID type of GID index 0 (sysfs gid_attrs/types/0; ibv_query_gid_type 1 = RoCE v2).
 inline constexpr char kGidType[] = "RoCE v2";
+/// Entries in port 1's GID table (ibv_port_attr::gid_tbl_len). Only index 0 is populated
+/// (::ffff:<addr>, RoCE v2); indices 1…15 are empty, as a real RoCE port's table has more
+/// entries than addresses (rxe: 1024; 16 keeps the sysfs tree and `ibv_devinfo -v`'s scan
+/// small). An empty index reads as the kernel and rdma-core 44 give it: ibv_query_gid_ex
+/// ENODATA, ibv_query_gid the zero GID, sysfs gids/N the zero GID; ibv_query_gid_table
+/// returns the populated entry only.
+inline constexpr uint32_t kGidTableLen = 16;
+/// sysfs gids/N of an empty GID table entry (ib_core's sysfs.c prints the zero GID).
+inline constexpr char kZeroGid[] = "0000:0000:0000:0000:0000:0000:0000:0000";
 
 /// EUI-64-style GUID of the device bound to host-order IPv4 `ip` (02:00:a:ff:fe:b:c:d), as
 /// 8 bytes in network order.

@@ -12,6 +12,7 @@
 #include <optional>
 #include <string>
 
+#include "verbs/device_identity.h"
 #include "verbs/ops.h"
 #include "verbs/sysfs/tree.h"
 
@@ -181,13 +182,15 @@ int ibv_read_ibdev_sysfs_file(char* buf, size_t size, ibv_device* dev, const cha
 }
 
 /// Private rdma-core verb ibv_devinfo uses to label GIDs: 1 = RoCE v2
-/// (enum ibv_gid_type_sysfs in rdma-core's driver.h).
+/// (enum ibv_gid_type_sysfs in rdma-core's driver.h) for index 0; an empty entry of the
+/// table gives 0 (IB / RoCE v1) and success, as rdma-core 44 answers ENODATA; -1 with errno
+/// EINVAL past the table or for another port.
 int ibv_query_gid_type(ibv_context*, uint8_t port_num, unsigned int index, int* type) {
-  if (port_num != 1 || index != 0) {
+  if (port_num != 1 || index >= softrdma::verbs::kGidTableLen) {
     errno = EINVAL;
     return -1;
   }
-  *type = 1;
+  *type = index == 0 ? 1 : 0;
   return 0;
 }
 

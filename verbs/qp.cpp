@@ -18,7 +18,10 @@ static_assert(offsetof(ibv_sge, lkey) == offsetof(engine::Sge, lkey));
 static_assert(IBV_WR_ATOMIC_FETCH_AND_ADD == int(engine::WrOpcode::kFetchAdd) &&
               IBV_WR_LOCAL_INV == int(engine::WrOpcode::kLocalInv) &&
               IBV_WR_BIND_MW == int(engine::WrOpcode::kBindMw) &&
-              IBV_WR_SEND_WITH_INV + 1 == int(engine::kWrOpcodeCount));
+              IBV_WR_SEND_WITH_INV == int(engine::WrOpcode::kSendInv) &&
+              IBV_WR_ATOMIC_WRITE == int(engine::WrOpcode::kAtomicWrite) &&
+              IBV_WR_ATOMIC_WRITE + 1 == int(engine::kWrOpcodeCount));
+static_assert(IBV_WC_ATOMIC_WRITE == int(engine::WcOpcode::kAtomicWrite));
 static_assert(IBV_WC_LOCAL_INV == int(engine::WcOpcode::kLocalInv) &&
               IBV_WC_WITH_INV == int(engine::kWcWithInv));
 static_assert(unsigned(IBV_QP_DEST_QPN) == engine::kAttrDestQpn &&
@@ -197,7 +200,7 @@ int op_post_send(ibv_qp* ibqp, ibv_send_wr* wr, ibv_send_wr** bad) {
   for (ibv_send_wr* w = wr; w; w = w->next) {
     engine::SendWr e;
     if (!to_engine_wr(*ibqp, *w, e)) {
-      // TSO, DRIVER1, ATOMIC_WRITE, …: not on this device. WRs before this one are posted.
+      // TSO, DRIVER1, FLUSH, …: not on this device. WRs before this one are posted.
       refused = w;
       break;
     }

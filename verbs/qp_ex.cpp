@@ -161,9 +161,6 @@ void wr_bind_mw(ibv_qp_ex* qx, ibv_mw* mw, uint32_t rkey, const ibv_mw_bind_info
 void wr_send_tso(ibv_qp_ex* qx, void*, uint16_t, uint16_t) {
   record(builder(qx), EOPNOTSUPP);  // never in send_ops_flags: create refuses IBV_QP_EX_WITH_TSO
 }
-void wr_atomic_write(ibv_qp_ex* qx, uint32_t, uint64_t, const void*) {
-  record(builder(qx), EOPNOTSUPP);  // RDMA ATOMIC WRITE is not implemented
-}
 
 // UD and XRC addressing: the fields ibv_post_send reads for those QP types.
 void wr_set_ud_addr(ibv_qp_ex* qx, ibv_ah* ah, uint32_t remote_qpn, uint32_t remote_qkey) {
@@ -196,16 +193,8 @@ void wr_set_sge_list(ibv_qp_ex* qx, size_t n, const ibv_sge* list) {
   set_sges(qx, n, list);
 }
 
-void set_inline(ibv_qp_ex* qx, size_t n, const ibv_data_buf* bufs) {
-  ibv_send_wr* w = current_wr(qx);
-  if (!w) return;
-  QpExBuilder& b = builder(qx);
-  size_t total = 0;
-  for (size_t i = 0; i < n; ++i) total += bufs[i].length;
-  if (total > reinterpret_cast<Qp*>(qx)->qp->cap.max_inline_data) {
-    record(b, ENOSPC);  // rxe: the data does not fit the WQE
-    return;
-  }
+/// Makes `bufs` (`total` bytes) the data of the WR opened last, copied now, IBV_SEND_INLINE.
+void copy_inline(QpExBuilder& b, ibv_send_wr* w, size_t n, const ibv_data_buf* bufs, size_t total) {
   // One SGE over the copy (addr holds its offset in inline_bytes until wr_complete).
   QpExBuilder::Span& s = b.spans.back();
   b.sges.resize(s.first);
@@ -218,6 +207,35 @@ void set_inline(ibv_qp_ex* qx, size_t n, const ibv_data_buf* bufs) {
   s.count = 1;
   b.inline_wr.back() = true;
   w->send_flags |= IBV_SEND_INLINE;
+}
+
+void set_inline(ibv_qp_ex* qx, size_t n, const ibv_data_buf* bufs) {
+  ibv_send_wr* w = current_wr(qx);
+  if (!w) return;
+  QpExBuilder& b = builder(qx);
+  size_t total = 0;
+  for (size_t i = 0; i < n; ++i) total += bufs[i].length;
+  if (total > reinterpret_cast<Qp*>(qx)->qp->cap.max_inline_data) {
+    record(b, ENOSPC);  // rxe: the data does not fit the WQE
+    return;
+  }
+  copy_inline(b, w, n, bufs, total);
+}
+
+/// ibv_wr_atomic_write(3) (rdma-core 44): RDMA ATOMIC WRITE of the 8 bytes at `atomic_wr` to
+/// `addr` (8-byte aligned, else the responder NAKs it: IBV_WC_REM_INV_REQ_ERR) of R_Key
+/// `rkey`, which needs IBV_ACCESS_REMOTE_WRITE. The bytes are copied now and carried in the
+/// WQE (as rxe's wqe->dma.atomic_wr), whatever max_inline_data; no SGE setter follows.
+void wr_atomic_write(ibv_qp_ex* qx, uint32_t rkey, uint64_t addr, const void* atomic_wr) {
+  ibv_send_wr* w = open_wr(qx, IBV_WR_ATOMIC_WRITE, IBV_QP_EX_WITH_ATOMIC_WRITE);
+  if (!w) return;
+  if (!atomic_wr) {
+    record(builder(qx), EINVAL);
+    return;
+  }
+  w->wr.rdma = {addr, rkey};
+  const ibv_data_buf value{const_cast<void*>(atomic_wr), 8};
+  copy_inline(builder(qx), w, 1, &value, value.length);
 }
 void wr_set_inline_data(ibv_qp_ex* qx, void* addr, size_t length) {
   const ibv_data_buf buf{addr, length};
@@ -271,13 +289,17 @@ int check_send_ops_flags(ibv_qp_type type, uint64_t flags) {
   // UC has no SEND with invalidate opcode (IBTA table 38), UD only SENDs.
   constexpr uint64_t kUc = kUd | IBV_QP_EX_WITH_RDMA_WRITE | IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM |
                            IBV_QP_EX_WITH_LOCAL_INV | IBV_QP_EX_WITH_BIND_MW;
-  constexpr uint64_t kRc = kUc | IBV_QP_EX_WITH_RDMA_READ | IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP |
-                           IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD | IBV_QP_EX_WITH_SEND_WITH_INV;
+  constexpr uint64_t kXrc = kUc | IBV_QP_EX_WITH_RDMA_READ | IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP |
+                            IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD | IBV_QP_EX_WITH_SEND_WITH_INV;
+  // RDMA ATOMIC WRITE: RC only, as in rxe (IBTA rel. 1.5 gives XRC one too; not implemented).
+  constexpr uint64_t kRc = kXrc | IBV_QP_EX_WITH_ATOMIC_WRITE;
   uint64_t supported = 0;
   switch (type) {
     case IBV_QPT_RC:
-    case IBV_QPT_XRC_SEND:
       supported = kRc;
+      break;
+    case IBV_QPT_XRC_SEND:
+      supported = kXrc;
       break;
     case IBV_QPT_UC:
       supported = kUc;

@@ -117,6 +117,10 @@ constexpr std::array<OpcodeInfo, 256> make_table() {
     put(Service::kXrc, r.op, r.xrc, (r.mask & kIsRequest) ? r.mask | kHasXrceth : r.mask);
   }
   for (const UdRow& r : kUdRows) put(Service::kUd, r.op, r.name, r.mask);
+  // RDMA ATOMIC WRITE (IBTA vol 1 rel. 1.5): RC only, as Linux rxe implements it (its
+  // rxe_opcode.c row IB_OPCODE_RC_ATOMIC_WRITE: RETH, payload, start and end of a message).
+  put(Service::kRc, Opcode::kAtomicWrite, "RC_ATOMIC_WRITE",
+      kReq | kIsAtomicWrite | kHasReth | kHasPayload | kIsOnly);
   t[static_cast<uint8_t>(Opcode::kCnp)] =
       OpcodeInfo{"CNP", kIsCnp, Service::kCnp, header_bytes_for(kIsCnp, kCnpReservedBytes)};
   return t;
@@ -136,6 +140,8 @@ static_assert(kTable[0x2b].header_bytes == kTable[0x0b].header_bytes);
 static_assert(kTable[0xab].header_bytes == kBthBytes + kXrcethBytes + kRethBytes + kImmDtBytes);
 static_assert(kTable[0xb1].header_bytes == kBthBytes + kAethBytes);  // XRC_ACKNOWLEDGE
 static_assert(kTable[0x2c].name == nullptr && kTable[0x60].name == nullptr);
+static_assert(kTable[0x1d].header_bytes == kBthBytes + kRethBytes);  // RC_ATOMIC_WRITE
+static_assert(kTable[0x3d].name == nullptr && kTable[0xbd].name == nullptr);
 
 // ---- Big-endian field access (memcpy-free byte arithmetic, no alignment assumptions) --
 

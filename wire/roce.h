@@ -5,7 +5,7 @@
 // Source: IBTA InfiniBand Architecture Specification vol. 1 rel. 1.4, ch. 9 (transport
 // layer: 9.2 BTH and table 38 of opcodes, 9.3.x extended headers, 9.3.2 DETH; XRCETH
 // (annex A14, XRC) — 9.7.5 AETH syndromes, 9.7.2 RNR timer table) and Annex A17 (RoCEv2:
-// IPv4/IPv6 + UDP destination port 4791, ICRC).
+// IPv4/IPv6 + UDP destination port 4791, ICRC); rel. 1.5 for RDMA ATOMIC WRITE (RC 0x1D).
 // The opcode table is data, as in Linux rxe's rxe_opcode.c: building and parsing a
 // packet read it instead of switching on the opcode in every function.
 //
@@ -71,6 +71,9 @@ enum class Opcode : uint8_t {
   kFetchAdd = 0x14,
   kSendLastInv = 0x16,  ///< SEND last with invalidate (IETH; RC and XRC)
   kSendOnlyInv = 0x17,  ///< SEND only with invalidate (IETH; RC and XRC)
+  /// RDMA ATOMIC WRITE (IBTA vol 1 rel. 1.5, table 38: RC 0x1D): a RETH and exactly 8 bytes
+  /// of payload that the responder stores as one atomic 8-byte write, answered by an ACK.
+  kAtomicWrite = 0x1d,
   kCnp = 0x81,
 };
 
@@ -108,10 +111,14 @@ enum OpcodeFlag : uint32_t {
   kIsOnly = 1u << 15,           ///< single-packet message (neither first nor last)
   kConsumesRecvWqe = 1u << 16,  ///< SEND, or WRITE with immediate (at its last/only packet)
   kIsCnp = 1u << 17,
-  kHasDeth = 1u << 18,    ///< Datagram ETH (UD requests): Q_Key, source QP
-  kHasXrceth = 1u << 19,  ///< XRC ETH (XRC requests): the target's XRC SRQ number
-  kHasIeth = 1u << 20,    ///< Invalidate ETH (9.3.7): the R_Key the responder invalidates
+  kHasDeth = 1u << 18,        ///< Datagram ETH (UD requests): Q_Key, source QP
+  kHasXrceth = 1u << 19,      ///< XRC ETH (XRC requests): the target's XRC SRQ number
+  kHasIeth = 1u << 20,        ///< Invalidate ETH (9.3.7): the R_Key the responder invalidates
+  kIsAtomicWrite = 1u << 21,  ///< RDMA ATOMIC WRITE (rel. 1.5): RETH + 8-byte payload, ACKed
 };
+
+/// The payload of an RDMA ATOMIC WRITE, bytes (IBTA vol 1 rel. 1.5, 9.4.7).
+inline constexpr size_t kAtomicWriteBytes = 8;
 
 /// One row of the opcode table.
 struct OpcodeInfo {
@@ -121,8 +128,8 @@ struct OpcodeInfo {
   uint8_t header_bytes;  ///< BTH + all extended headers, bytes (payload starts here)
 };
 
-/// Table lookup. Returns nullptr for opcodes softrdma does not implement (RD, ATOMIC
-/// WRITE, FLUSH, …); such packets are dropped and counted by the receiver.
+/// Table lookup. Returns nullptr for opcodes softrdma does not implement (RD, FLUSH, the
+/// XRC and RD ATOMIC WRITE, …); such packets are dropped and counted by the receiver.
 const OpcodeInfo* opcode_info(uint8_t opcode) noexcept;
 
 /// Base Transport Header (IBTA vol 1, 9.2), host-order values.
@@ -147,7 +154,8 @@ struct Bth {
   uint32_t psn = 0;  ///< 24 bits
 };
 
-/// RDMA Extended Transport Header (9.3.3): WRITE first/only, READ request.
+/// RDMA Extended Transport Header (9.3.3): WRITE first/only, READ request, ATOMIC WRITE
+/// (whose DMA length is 8).
 struct Reth {
   uint64_t va = 0;
   uint32_t rkey = 0;

@@ -361,6 +361,78 @@ TEST_F(TransportTest, DuplicateAtomicIsReplayedNotExecutedTwice) {
   EXPECT_EQ(*reinterpret_cast<uint64_t*>(src.data()), 40u);  // original value returned
 }
 
+// RDMA ATOMIC WRITE: one RC_ATOMIC_WRITE packet (RETH + the 8 bytes) stored at the target and
+// ACKed; when the ACK is lost the requester resends, and the duplicate is re-ACKed without
+// being executed again — a store the target made in between survives it.
+TEST_F(TransportTest, AtomicWriteStoresOnceAndItsDuplicateIsOnlyReAcked) {
+  uint64_t& word = *reinterpret_cast<uint64_t*>(dst.data() + 64);
+  word = 1;
+  const uint64_t value = 0x1122334455667788ull;
+  std::memcpy(src.data(), &value, 8);
+  ASSERT_EQ(post(*a, WrOpcode::kAtomicWrite, 0, 8, 64), kOk);
+  ASSERT_EQ(ta->sent.size(), 1u);
+  auto request = ta->sent.front();
+  wire::Packet p;
+  ASSERT_EQ(wire::parse(request, p), wire::ParseError::kOk);
+  EXPECT_EQ(p.hdr.bth.opcode, 0x1d);
+  EXPECT_EQ(p.hdr.reth.dma_length, 8u);
+  EXPECT_EQ(p.payload.size(), 8u);
+  EXPECT_TRUE(p.hdr.bth.ack_req);
+  deliver(*ta, *b, *tb);
+  EXPECT_EQ(word, value);
+  EXPECT_EQ(tb->counters_.atomic_write_executed.load(), 1u);
+  tb->sent.clear();             // the ACK is lost
+  word = 5;                     // the target's CPU stores after the ATOMIC WRITE
+  ta->sent.push_back(request);  // the requester retransmits
+  deliver(*ta, *b, *tb);
+  EXPECT_EQ(word, 5u);  // not executed twice
+  EXPECT_EQ(tb->counters_.duplicate_request.load(), 1u);
+  EXPECT_EQ(tb->counters_.atomic_write_executed.load(), 1u);
+  settle();
+  auto c = drain();
+  ASSERT_EQ(c.size(), 1u);
+  EXPECT_EQ(c[0].status, WcStatus::kSuccess);
+  EXPECT_EQ(c[0].opcode, WcOpcode::kAtomicWrite);
+}
+
+// ATOMIC WRITE holds one of max_rd_atomic's credits (4 here) until its ACK: the fifth waits.
+TEST_F(TransportTest, AtomicWritesTakeReadAtomicCredits) {
+  for (uint64_t i = 0; i < 5; ++i) ASSERT_EQ(post(*a, WrOpcode::kAtomicWrite, 0, 8, 8 * i, i), kOk);
+  EXPECT_EQ(ta->sent.size(), 4u);
+  settle();
+  auto c = drain();
+  ASSERT_EQ(c.size(), 5u);
+  for (const Cqe& e : c) EXPECT_EQ(e.status, WcStatus::kSuccess);
+}
+
+// A misaligned ATOMIC WRITE is NAKed as an invalid request (rxe: RESPST_ERR_MISALIGNED_ATOMIC).
+TEST_F(TransportTest, MisalignedAtomicWriteIsRemoteInvalidRequest) {
+  std::memset(dst.data(), 0xee, 64);
+  ASSERT_EQ(post(*a, WrOpcode::kAtomicWrite, 0, 8, 4), kOk);
+  settle();
+  auto c = drain();
+  ASSERT_EQ(c.size(), 1u);
+  EXPECT_EQ(c[0].status, WcStatus::kRemInvReqErr);
+  for (int i = 0; i < 64; ++i) ASSERT_EQ(dst[size_t(i)], 0xee);
+  EXPECT_EQ(post(*a, WrOpcode::kAtomicWrite, 0, 4, 0), std::errc::invalid_argument)
+      << "not 8 bytes";
+}
+
+// An ATOMIC WRITE whose RETH DMA length is not 8 (a foreign or broken requester) is NAKed as
+// an invalid request (rxe's length check) and stores nothing.
+TEST_F(TransportTest, AtomicWriteOfOtherThanEightBytesIsRemoteInvalidRequest) {
+  std::memset(dst.data(), 0xee, 64);
+  ASSERT_EQ(post(*a, WrOpcode::kAtomicWrite, 0, 8, 0), kOk);
+  ASSERT_EQ(ta->sent.size(), 1u);
+  ta->sent.front()[wire::kBthBytes + 15] = 16;  // RETH DMA length, low byte: 8 → 16
+  settle();
+  auto c = drain();
+  ASSERT_EQ(c.size(), 1u);
+  EXPECT_EQ(c[0].status, WcStatus::kRemInvReqErr);
+  for (int i = 0; i < 64; ++i) ASSERT_EQ(dst[size_t(i)], 0xee);
+  EXPECT_EQ(tb->counters_.atomic_write_executed.load(), 0u);
+}
+
 // A READ "duplicate" the responder never executed — e.g. forged with a PSN behind the
 // expected one and an rkey it has no right to — is dropped and counted; it neither NAKs
 // nor errors the QP (IBTA 9.7.5.1.3 treats duplicates as retransmissions of requests the

@@ -1,8 +1,10 @@
 // libsoftrdma_sysfs.so: an LD_PRELOAD library (loaded by `softrdma run`) that gives programs
 // the sysfs and /dev entries of srdma0 without root. The virtual tree (tree.h) is written
-// once per device view to a real directory, /dev/shm/softrdma-sysfs-<uid>/v1-<ip>-<ifname>,
-// and the libc calls that take a path send paths under /sys/class/infiniband,
-// /sys/class/infiniband_verbs and /dev/infiniband there: open/open64/openat/openat64 (and
+// once per device view to a real directory, /dev/shm/softrdma-sysfs-<uid>/v2-<ip>-<ifname>
+// (v2: the tree's layout version, raised with the 16-entry GID table; a changed tree takes a
+// new one, so a tree left by an older build is never used), and the libc calls that take a
+// path send paths under /sys/class/infiniband, /sys/class/infiniband_verbs and
+// /dev/infiniband there: open/open64/openat/openat64 (and
 // their _FORTIFY_SOURCE __*_2 forms), fopen/fopen64, stat/lstat/fstatat (and the 64 and
 // pre-2.33 __xstat forms), statx, access/faccessat/euidaccess, opendir, readlink/readlinkat,
 // realpath/canonicalize_file_name (mapped back to the virtual path), chdir and the
@@ -108,7 +110,7 @@ std::string tree_root() {
   const int saved = errno;
   sysfs::DeviceView v{ip, sysfs::interface_for(ip)};
   const std::string base = "/dev/shm/softrdma-sysfs-" + std::to_string(::getuid());
-  const std::string root = base + "/v1-" + dotted(ip) + "-" + v.ifname;
+  const std::string root = base + "/v2-" + dotted(ip) + "-" + v.ifname;
   struct stat st;
   if (REAL(stat)((root + "/dev").c_str(), &st) != 0) {
     // Written aside, then renamed into place: a reader never sees a partial tree.

@@ -78,8 +78,12 @@ std::vector<Entry> build(const DeviceView& v) {
   std::snprintf(cap, sizeof cap, "0x%08x", kPortCapFlags);
   file(port + "/cap_mask", cap);
   file(port + "/link_layer", "Ethernet");
+  // Every GID table entry has a gids/N file (the empty ones print the zero GID, as ib_core's
+  // sysfs.c); gid_attrs/{types,ndevs}/N only for the populated index 0 — the kernel lists
+  // them for every N but fails a read of an empty one (EINVAL), which files cannot do.
   dir(port + "/gids");
   file(port + "/gids/0", gid_string(v.ip));
+  for (uint32_t i = 1; i < kGidTableLen; ++i) file(port + "/gids/" + std::to_string(i), kZeroGid);
   dir(port + "/gid_attrs");
   dir(port + "/gid_attrs/types");
   file(port + "/gid_attrs/types/0", kGidType);

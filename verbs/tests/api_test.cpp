@@ -125,6 +125,28 @@ TEST_F(Api, GidIsIpv4MappedLoopback) {
   EXPECT_NE(0, ibv_query_gid(d.ctx, kPort, d.port.gid_tbl_len, &g)) << "index past the table";
 }
 
+// The GID table has more entries than GIDs, as a RoCE port's (rxe: 1024): index 0 holds
+// ::ffff:<addr>, the others are empty and read as the kernel and rdma-core 44 give them —
+// ibv_query_gid_ex ENODATA (pyverbs test_query_gid_ex_bad_flow), ibv_query_gid the zero GID
+// and success, ibv_query_gid_type 0 (IB / RoCE v1) and success; EINVAL past the table.
+TEST_F(Api, EmptyGidTableEntries) {
+  ASSERT_GT(d.port.gid_tbl_len, 1);
+  const uint32_t last = uint32_t(d.port.gid_tbl_len) - 1;
+  ibv_gid_entry e{};
+  for (uint32_t i : {1u, last}) {
+    EXPECT_EQ(ENODATA, ibv_query_gid_ex(d.ctx, kPort, i, &e, 0)) << i;
+    ibv_gid g;
+    std::memset(&g, 0xab, sizeof g);
+    ASSERT_EQ(0, ibv_query_gid(d.ctx, kPort, int(i), &g)) << i;
+    EXPECT_TRUE(AllBytesAre(g.raw, 16, 0)) << i;
+  }
+  EXPECT_EQ(EINVAL, ibv_query_gid_ex(d.ctx, kPort, last + 1, &e, 0)) << "past the table";
+  // ibv_query_gid_table returns the populated entries only, however long the table.
+  std::vector<ibv_gid_entry> table(d.port.gid_tbl_len);
+  ASSERT_EQ(1, ibv_query_gid_table(d.ctx, table.data(), table.size(), 0));
+  EXPECT_EQ(0u, table[0].gid_index);
+}
+
 // pyverbs test_device.py: test_query_gid_table_bad_flow wants -EINVAL for a buffer too
 // small (the kernel's rdma_query_gid_table), test_phys_port_cnt_ex phys_port_cnt_ex equal to
 // phys_port_cnt below 256 ports.
@@ -142,6 +164,10 @@ TEST_F(Api, GidTableAndExtendedDeviceQueryErrnos) {
   ASSERT_EQ(0, ibv_query_device_ex(d.ctx, nullptr, &ex));
   EXPECT_EQ(1u, ex.orig_attr.phys_port_cnt);
   EXPECT_EQ(uint32_t{ex.orig_attr.phys_port_cnt}, ex.phys_port_cnt_ex);
+  // RDMA ATOMIC WRITE: bit 40 of the 64-bit capabilities (the kernel's
+  // IB_UVERBS_DEVICE_ATOMIC_WRITE, as rxe sets it); the low 32 bits are device_cap_flags.
+  EXPECT_NE(0u, ex.device_cap_flags_ex & (1ull << 40));
+  EXPECT_EQ(uint64_t{ex.orig_attr.device_cap_flags}, ex.device_cap_flags_ex & 0xffffffffull);
   ibv_query_device_ex_input in{};
   in.comp_mask = 1;
   EXPECT_EQ(EINVAL, ibv_query_device_ex(d.ctx, &in, &ex)) << "unknown input comp_mask";

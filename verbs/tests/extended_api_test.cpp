@@ -17,11 +17,13 @@ class ExtendedApi : public ::testing::Test {
   void SetUp() override { ASSERT_TRUE(open_device(d)); }
   void TearDown() override { close_device(d); }
 
-  /// An RC QP created by ibv_create_qp_ex with `ops` (nullptr and errno on failure).
-  ibv_qp* create_ex(uint64_t ops, ibv_cq* cq, uint32_t max_inline = 64) {
+  /// A QP of `type` (RC unless given) created by ibv_create_qp_ex with `ops` (nullptr and
+  /// errno on failure).
+  ibv_qp* create_ex(uint64_t ops, ibv_cq* cq, uint32_t max_inline = 64,
+                    ibv_qp_type type = IBV_QPT_RC) {
     ibv_qp_init_attr_ex a{};
     a.send_cq = a.recv_cq = cq;
-    a.qp_type = IBV_QPT_RC;
+    a.qp_type = type;
     a.cap = {16, 16, 2, 2, max_inline};
     a.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
     a.pd = d.pd;
@@ -37,12 +39,22 @@ class ExtendedApi : public ::testing::Test {
 TEST_F(ExtendedApi, SendOpsFlagsTheDeviceCannotPostAreEopnotsupp) {
   ibv_cq* cq = ibv_create_cq(d.ctx, 16, nullptr, nullptr, 0);
   ASSERT_NE(nullptr, cq);
-  for (uint64_t ops : {uint64_t{IBV_QP_EX_WITH_TSO}, uint64_t{IBV_QP_EX_WITH_ATOMIC_WRITE},
-                       uint64_t{IBV_QP_EX_WITH_SEND | (1ull << 40)}}) {
+  for (uint64_t ops :
+       {uint64_t{IBV_QP_EX_WITH_TSO}, uint64_t{IBV_QP_EX_WITH_SEND | (1ull << 40)}}) {
     errno = 0;
     EXPECT_EQ(nullptr, create_ex(ops, cq)) << std::hex << ops;
     EXPECT_EQ(EOPNOTSUPP, errno) << std::hex << ops;
   }
+  // RDMA ATOMIC WRITE: RC only (as rxe); UC and UD have no opcode for it.
+  for (ibv_qp_type t : {IBV_QPT_UC, IBV_QPT_UD}) {
+    errno = 0;
+    EXPECT_EQ(nullptr, create_ex(IBV_QP_EX_WITH_ATOMIC_WRITE, cq, 0, t)) << t;
+    EXPECT_EQ(EOPNOTSUPP, errno) << t;
+  }
+  ibv_qp* aw = create_ex(IBV_QP_EX_WITH_ATOMIC_WRITE | IBV_QP_EX_WITH_RDMA_WRITE, cq);
+  ASSERT_NE(nullptr, aw) << strerror(errno);
+  ASSERT_NE(nullptr, ibv_qp_to_qp_ex(aw)->wr_atomic_write);
+  EXPECT_EQ(0, ibv_destroy_qp(aw));
   ibv_qp* qp = create_ex(IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_RDMA_READ, cq);
   ASSERT_NE(nullptr, qp) << strerror(errno);
   ibv_qp_ex* qx = ibv_qp_to_qp_ex(qp);

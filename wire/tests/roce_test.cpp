@@ -13,18 +13,31 @@ namespace softrdma::wire {
 namespace {
 
 constexpr Opcode kAllOpcodes[] = {
-    Opcode::kSendFirst,          Opcode::kSendMiddle,
-    Opcode::kSendLast,           Opcode::kSendLastImm,
-    Opcode::kSendOnly,           Opcode::kSendOnlyImm,
-    Opcode::kWriteFirst,         Opcode::kWriteMiddle,
-    Opcode::kWriteLast,          Opcode::kWriteLastImm,
-    Opcode::kWriteOnly,          Opcode::kWriteOnlyImm,
-    Opcode::kReadRequest,        Opcode::kReadResponseFirst,
-    Opcode::kReadResponseMiddle, Opcode::kReadResponseLast,
-    Opcode::kReadResponseOnly,   Opcode::kAcknowledge,
-    Opcode::kAtomicAcknowledge,  Opcode::kCompareSwap,
-    Opcode::kFetchAdd,           Opcode::kSendLastInv,
-    Opcode::kSendOnlyInv,        Opcode::kCnp,
+    Opcode::kSendFirst,
+    Opcode::kSendMiddle,
+    Opcode::kSendLast,
+    Opcode::kSendLastImm,
+    Opcode::kSendOnly,
+    Opcode::kSendOnlyImm,
+    Opcode::kWriteFirst,
+    Opcode::kWriteMiddle,
+    Opcode::kWriteLast,
+    Opcode::kWriteLastImm,
+    Opcode::kWriteOnly,
+    Opcode::kWriteOnlyImm,
+    Opcode::kReadRequest,
+    Opcode::kReadResponseFirst,
+    Opcode::kReadResponseMiddle,
+    Opcode::kReadResponseLast,
+    Opcode::kReadResponseOnly,
+    Opcode::kAcknowledge,
+    Opcode::kAtomicAcknowledge,
+    Opcode::kCompareSwap,
+    Opcode::kFetchAdd,
+    Opcode::kSendLastInv,
+    Opcode::kSendOnlyInv,
+    Opcode::kAtomicWrite,
+    Opcode::kCnp,
 };
 
 uint8_t op(Opcode o) {
@@ -95,11 +108,12 @@ TEST(OpcodeTable, KnownOpcodes) {
       EXPECT_EQ(std::popcount(info->mask & (kIsRequest | kIsResponse)), 1) << info->name;
     }
   }
-  // RC 23 + CNP + UC 12 (SEND, WRITE) + UD 2 (SEND ONLY) + XRC 23.
-  EXPECT_EQ(known_opcodes().size(), 61u);
+  // RC 24 (with ATOMIC WRITE) + CNP + UC 12 (SEND, WRITE) + UD 2 (SEND ONLY) + XRC 23.
+  EXPECT_EQ(known_opcodes().size(), 62u);
   EXPECT_EQ(opcode_info(0x15), nullptr);
   EXPECT_EQ(opcode_info(0x36), nullptr);  // no UC SEND_LAST_WITH_INVALIDATE
-  EXPECT_EQ(opcode_info(0x1d), nullptr);  // RDMA ATOMIC WRITE: not implemented
+  EXPECT_EQ(opcode_info(0x3d), nullptr);  // no UC ATOMIC WRITE
+  EXPECT_EQ(opcode_info(0xbd), nullptr);  // XRC ATOMIC WRITE: not implemented (nor in rxe)
   EXPECT_EQ(opcode_info(0x2c), nullptr);  // no UC READ
   EXPECT_EQ(opcode_info(0x40), nullptr);  // RD: not implemented
   EXPECT_EQ(opcode_info(0x60), nullptr);  // no UD SEND_FIRST
@@ -358,6 +372,45 @@ TEST(Encode, WireLayout) {
   n.fill(0xee);
   ASSERT_EQ(encode_headers(h, n), 28u);
   for (size_t i = 12; i < 28; ++i) EXPECT_EQ(n[i], 0) << i;
+}
+
+// RDMA ATOMIC WRITE (IBTA vol 1 rel. 1.5; rxe's IB_OPCODE_RC_ATOMIC_WRITE): opcode 0x1D, BTH then
+// RETH (VA, R_Key, DMA length 8), then the 8 bytes to store, no pad, the ICRC.
+TEST(Encode, AtomicWriteIsRethAndEightBytes) {
+  const OpcodeInfo* info = opcode_info(0x1d);
+  ASSERT_NE(info, nullptr);
+  EXPECT_STREQ(info->name, "RC_ATOMIC_WRITE");
+  EXPECT_EQ(info->service, Service::kRc);
+  EXPECT_EQ(info->header_bytes, kBthBytes + kRethBytes);
+  EXPECT_EQ(info->mask & (kIsRequest | kIsAtomicWrite | kHasReth | kHasPayload | kIsOnly),
+            kIsRequest | kIsAtomicWrite | kHasReth | kHasPayload | kIsOnly);
+  // Neither a WRITE (it is not placed like one) nor an atomic with an AtomicETH / atomic ACK.
+  EXPECT_EQ(info->mask & (kIsWrite | kIsAtomic | kHasAtomicEth | kConsumesRecvWqe), 0u);
+  EXPECT_EQ(opcode_of(Service::kRc, Opcode::kAtomicWrite), 0x1d);
+
+  Headers h = sample_headers(Opcode::kAtomicWrite, 0);
+  h.bth.fecn = false;
+  h.bth.solicited = false;
+  h.reth = {0x00007f0012345678ull, 0x00abcdef, kAtomicWriteBytes};
+  std::vector<uint8_t> pkt = build(h, kAtomicWriteBytes);
+  ASSERT_EQ(pkt.size(), kBthBytes + kRethBytes + kAtomicWriteBytes + kIcrcBytes);
+  const std::array<uint8_t, 28> want = {
+      0x1d, 0x40, 0x80, 0x01, 0x00, 0xab, 0xcd, 0xef, 0x80, 0xfe, 0xdc, 0xba,  // BTH
+      0x00, 0x00, 0x7f, 0x00, 0x12, 0x34, 0x56, 0x78,                          // VA
+      0x00, 0xab, 0xcd, 0xef, 0x00, 0x00, 0x00, 0x08,                          // R_Key, length
+  };
+  EXPECT_EQ(0, std::memcmp(pkt.data(), want.data(), want.size()));
+  for (size_t i = 0; i < kAtomicWriteBytes; ++i) EXPECT_EQ(pkt[28 + i], i);  // the value
+
+  Packet p;
+  ASSERT_EQ(parse(pkt, p), ParseError::kOk);
+  EXPECT_EQ(p.info, info);
+  EXPECT_EQ(p.hdr.reth.va, 0x00007f0012345678ull);
+  EXPECT_EQ(p.hdr.reth.rkey, 0x00abcdefu);
+  EXPECT_EQ(p.hdr.reth.dma_length, kAtomicWriteBytes);
+  ASSERT_EQ(p.payload.size(), kAtomicWriteBytes);
+  EXPECT_EQ(p.payload[7], 7);
+  EXPECT_TRUE(p.hdr.bth.ack_req);
 }
 
 // SEND ONLY with invalidate: the IETH (IBTA vol 1, 9.3.7) is the R_Key, big-endian, right

@@ -48,6 +48,8 @@ expect "ports/1/state" "4: ACTIVE" "$(in_run cat $IB/ports/1/state)"
 expect "ports/1/phys_state" "5: LinkUp" "$(in_run cat $IB/ports/1/phys_state)"
 expect "ports/1/lid" "0x0" "$(in_run cat $IB/ports/1/lid)"
 expect "ports/1/gids/0" "$GID" "$(in_run cat $IB/ports/1/gids/0)"
+expect "ports/1/gids/15 (empty entry)" "0000:0000:0000:0000:0000:0000:0000:0000" \
+  "$(in_run cat $IB/ports/1/gids/15)"
 expect "gid_attrs/types/0" "RoCE v2" "$(in_run cat $IB/ports/1/gid_attrs/types/0)"
 expect "gid_attrs/ndevs/0" lo "$(in_run cat $IB/ports/1/gid_attrs/ndevs/0)"
 expect "ls device/net" lo "$(in_run ls $IB/device/net/)"

@@ -39,7 +39,14 @@ TEST(SysfsTree, FilesHoldTheValuesOfTheVerbsQueries) {
   EXPECT_EQ(read(v, "/sys/class/infiniband_verbs/uverbs0/dev"), "231:192\n");
   // ibv_read_sysfs_file joins directory and file with a '/': a doubled one still matches.
   EXPECT_EQ(read(v, "/sys/class/infiniband/srdma0//fw_ver"), "softrdma-0.1.0\n");
-  EXPECT_FALSE(read(v, "/sys/class/infiniband/srdma0/ports/1/gids/1"));
+  // Empty GID table entries (1…15 of 16) print the zero GID, as ib_core's sysfs.c; their
+  // gid_attrs are absent (the kernel's fail to read).
+  EXPECT_EQ(read(v, "/sys/class/infiniband/srdma0/ports/1/gids/1"),
+            "0000:0000:0000:0000:0000:0000:0000:0000\n");
+  EXPECT_EQ(read(v, "/sys/class/infiniband/srdma0/ports/1/gids/15"),
+            "0000:0000:0000:0000:0000:0000:0000:0000\n");
+  EXPECT_FALSE(read(v, "/sys/class/infiniband/srdma0/ports/1/gids/16"));
+  EXPECT_FALSE(read(v, "/sys/class/infiniband/srdma0/ports/1/gid_attrs/types/1"));
   EXPECT_FALSE(read(v, "/sys/class/infiniband/srdma0/ports"));  // a directory
   EXPECT_FALSE(read(v, "relative/path"));
 }
