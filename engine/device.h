@@ -40,6 +40,10 @@ namespace softrdma::engine {
 inline constexpr size_t kMaxRocePacketBytes = 4096 + 256;
 /// Packets processed per progress round before timers and other work get a turn.
 inline constexpr size_t kRxBudget = 1024;
+/// Packets between two notes of the poll clock (net::ShmPort::note_polling) within one
+/// same-host receive round: 16 packets of 4 KiB ≈ 3 µs of copying, near the doorbell
+/// threshold (ShmConfig::doorbell_threshold_ns, 2 µs).
+inline constexpr size_t kRxPollNoteEvery = 16;
 
 class QueuePair;
 class MemoryRegion;
@@ -364,7 +368,10 @@ class Device final : public Transport, public ObjectRegistry {
   int event_fd_ = -1;
   std::atomic<bool> stop_{false};
   std::atomic<uint64_t> last_inline_poll_ns_{0};  // last try_progress by an app thread
-  bool socket_watched_ = true;                    // progress thread's epoll has the socket
+  /// An application thread's try_progress is running a round (mu_ held): a long round is
+  /// still polling, for the progress thread's poller window as for senders' doorbells.
+  bool inline_round_ = false;
+  bool socket_watched_ = true;  // progress thread's epoll has the socket
   std::atomic<uint64_t> sleep_until_ns_{0};
   /// The progress thread told same-host senders it sleeps (note_sleeping) and sleeps until
   /// its next timer, not just through a poller's window. The first application poll after

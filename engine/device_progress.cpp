@@ -131,7 +131,9 @@ void Device::try_progress() {
   // ACK is on its way, as with a NIC. (Deferring them to the application's next post
   // saved 3.7 µs of ib_send_lat over UDP, but a responder that exits or is killed right
   // after its last completion then never acknowledges it; see docs/performance.md.)
+  inline_round_ = true;
   progress_locked(now, check_udp);
+  inline_round_ = false;
 }
 
 void Device::watch_socket(bool on) {

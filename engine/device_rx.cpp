@@ -222,8 +222,19 @@ size_t Device::receive_shm_locked() {
   d.src_port = wire::kRoceV2Port;
   d.ttl = tx_ttl_;
   d.tos = tx_tos_;
+  size_t seen = 0;
   const size_t n = shm_.poll(
       [&](uint32_t src_ip, std::span<const uint8_t> bytes, bool ce) {
+        // A long round (up to kRxBudget packets, hundreds of µs of copying) is polling too:
+        // say so now and then, or senders find the poll clock stale and ring the doorbell,
+        // and an application's round looks to the progress thread like a poller that
+        // stopped — either way the progress thread wakes to fight this poller for the lock
+        // (a READ initiator: its packets split between two threads handing the lock over).
+        if (++seen % kRxPollNoteEvery == 0) {
+          const uint64_t t = now_ns();
+          shm_.note_polling(t);
+          if (inline_round_) last_inline_poll_ns_.store(t, std::memory_order_relaxed);
+        }
         d.src_ip = src_ip;
         d.tos = static_cast<uint8_t>(tx_tos_ | (ce ? 0x3 : 0));
         d.data = const_cast<uint8_t*>(bytes.data());
