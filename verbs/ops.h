@@ -103,6 +103,12 @@ int op_bind_mw(ibv_qp* qp, ibv_mw* mw, ibv_mw_bind* bind);
 int ctx_advise_mr(ibv_pd* pd, ibv_advise_mr_advice advice, uint32_t flags, ibv_sge* sg_list,
                   uint32_t num_sge);
 
+// dm.cpp: device memory (verbs_context alloc_dm / free_dm / reg_dm_mr).
+ibv_dm* ctx_alloc_dm(ibv_context* ctx, ibv_alloc_dm_attr* attr);
+int ctx_free_dm(ibv_dm* dm);
+ibv_mr* ctx_reg_dm_mr(ibv_pd* pd, ibv_dm* dm, uint64_t dm_offset, size_t length,
+                      unsigned int access);
+
 // async_event.cpp: affiliated asynchronous events.
 /// Marks a QP or CQ handle as one events may name (on create) or may no longer name (first
 /// thing on destroy; events still queued for it are then skipped).

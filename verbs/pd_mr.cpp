@@ -145,7 +145,8 @@ ibv_mr* ibv_reg_mr_iova(ibv_pd* pd, void* addr, size_t length, uint64_t iova, in
 ///   IBV_REREG_MR_ERR_CMD: EINVAL for bad access bits (remote write/atomic without local
 ///   write, unknown bits), a missing PD or one of another device, a wrapping range; EBUSY
 ///   while memory windows are bound to the MR (the kernel's usecnt check); EFAULT for a
-///   new range that is not mapped (unless on-demand); EOPNOTSUPP for zero-based access.
+///   new range that is not mapped (unless on-demand); EOPNOTSUPP for zero-based access;
+///   EINVAL for an MR on device memory (ibv_reg_dm_mr), as the kernel refuses it.
 /// The change is atomic for the engine: a request in flight sees the old or the new region.
 int ibv_rereg_mr(ibv_mr* mr, int flags, ibv_pd* pd, void* addr, size_t length, int access) {
   auto input_error = [] {
@@ -159,6 +160,7 @@ int ibv_rereg_mr(ibv_mr* mr, int flags, ibv_pd* pd, void* addr, size_t length, i
   if (!mr || !flags || (flags & ~IBV_REREG_MR_FLAGS_SUPPORTED)) return input_error();
   if ((flags & IBV_REREG_MR_CHANGE_TRANSLATION) && (!addr || !length)) return input_error();
   Mr* m = to_mr(mr);
+  if (m->mr->on_device_memory()) return cmd_error(EINVAL);  // ib_uverbs_rereg_mr: no DM MRs
   const unsigned new_access =
       (flags & IBV_REREG_MR_CHANGE_ACCESS) ? static_cast<unsigned>(access) : m->mr->access();
   void* new_addr = (flags & IBV_REREG_MR_CHANGE_TRANSLATION) ? addr : mr->addr;
