@@ -72,26 +72,14 @@ int ctx_free_dm(ibv_dm* dm) {
 ibv_mr* ctx_reg_dm_mr(ibv_pd* pd, ibv_dm* dm, uint64_t dm_offset, size_t length,
                       unsigned int access) {
   if (!pd || !dm) return fail<ibv_mr>(EINVAL);
-  Context* c = to_ctx(pd->context);
-  if (to_ctx(dm->context)->dev != c->dev) return fail<ibv_mr>(EINVAL);
+  if (to_ctx(dm->context)->dev != to_ctx(pd->context)->dev) return fail<ibv_mr>(EINVAL);
   engine::DeviceMemory& mem = *to_dm(dm)->dm;
   if (engine::Status s = engine::MemoryRegion::validate_dm(mem, dm_offset, length, access);
       s != engine::kOk)
     return fail<ibv_mr>(err(s));
-  auto* m = new Mr{};
-  if (!m->slot.take(*c->dev, engine::ObjectKind::kMr)) {
-    delete m;
-    return fail<ibv_mr>(ENOMEM);  // max_mr reached
-  }
-  m->mr = std::make_unique<engine::MemoryRegion>(*to_pd(pd)->pd, mem, dm_offset, length, access);
-  m->ibv.context = pd->context;
-  m->ibv.pd = pd;
-  m->ibv.addr = nullptr;
-  m->ibv.length = length;
-  m->ibv.handle = m->mr->key();
-  m->ibv.lkey = m->mr->key();
-  m->ibv.rkey = m->mr->key();
-  return &m->ibv;
+  return new_mr_handle(pd, nullptr, length, [&] {
+    return std::make_unique<engine::MemoryRegion>(*to_pd(pd)->pd, mem, dm_offset, length, access);
+  });
 }
 
 }  // namespace softrdma::verbs

@@ -73,6 +73,24 @@ int ctx_advise_mr(ibv_pd* pd, ibv_advise_mr_advice advice, uint32_t flags, ibv_s
   return 0;
 }
 
+ibv_mr* new_mr_handle(ibv_pd* pd, void* addr, size_t length,
+                      const std::function<std::unique_ptr<engine::MemoryRegion>()>& make) {
+  auto* m = new Mr{};
+  if (!m->slot.take(*to_ctx(pd->context)->dev, engine::ObjectKind::kMr)) {
+    delete m;
+    return fail<ibv_mr>(ENOMEM);  // max_mr reached
+  }
+  m->mr = make();
+  m->ibv.context = pd->context;
+  m->ibv.pd = pd;
+  m->ibv.addr = addr;
+  m->ibv.length = length;
+  m->ibv.handle = m->mr->key();
+  m->ibv.lkey = m->mr->key();
+  m->ibv.rkey = m->mr->key();
+  return &m->ibv;
+}
+
 }  // namespace softrdma::verbs
 
 extern "C" {
@@ -112,20 +130,9 @@ ibv_mr* ibv_reg_mr_iova2(ibv_pd* pd, void* addr, size_t length, uint64_t iova,
       return fail<ibv_mr>(EINVAL);
     if (length && !odp && !range_is_mapped(addr, length)) return fail<ibv_mr>(EFAULT);
   }
-  auto* m = new Mr{};
-  if (!m->slot.take(*to_ctx(pd->context)->dev, engine::ObjectKind::kMr)) {
-    delete m;
-    return fail<ibv_mr>(ENOMEM);  // max_mr reached
-  }
-  m->mr = std::make_unique<engine::MemoryRegion>(*to_pd(pd)->pd, addr, length, iova, access);
-  m->ibv.context = pd->context;
-  m->ibv.pd = pd;
-  m->ibv.addr = addr;
-  m->ibv.length = length;
-  m->ibv.handle = m->mr->key();
-  m->ibv.lkey = m->mr->key();
-  m->ibv.rkey = m->mr->key();
-  return &m->ibv;
+  return new_mr_handle(pd, addr, length, [&] {
+    return std::make_unique<engine::MemoryRegion>(*to_pd(pd)->pd, addr, length, iova, access);
+  });
 }
 
 ibv_mr* ibv_reg_mr(ibv_pd* pd, void* addr, size_t length, int access) {
