@@ -158,6 +158,17 @@ inline constexpr Param kParams[] = {
      .unit = "µs",
      .doc = "how long the progress thread keeps polling shared-memory rings after traffic "
             "before it sleeps (never while the CPUs are oversubscribed)"},
+    {.name = "SOFTRDMA_DM_SIZE",
+     .group = Group::kDevice,
+     .kind = Kind::kSize,
+     .default_value = 256 * 1024,
+     .default_text = "256k",
+     .min = 0,
+     .max = int64_t{1} << 30,
+     .unit = "bytes",
+     .empty_is_error = true,
+     .doc = "device memory of each device (`max_dm_size`): what `ibv_alloc_dm` hands out in "
+            "all, counted in 64-byte units; 0: no device memory (docs/verbs.md)"},
 
     // ---- ccl (collectives) -------------------------------------------------------------------
     {.name = "SOFTRDMA_CCL_ALGO",
@@ -514,6 +525,7 @@ inline constexpr const Param& kSpinUs = by_name("SOFTRDMA_SPIN_US");
 inline constexpr const Param& kSelectiveRetx = by_name("SOFTRDMA_SELECTIVE_RETX");
 inline constexpr const Param& kCc = by_name("SOFTRDMA_CC");
 inline constexpr const Param& kFaultGuard = by_name("SOFTRDMA_FAULT_GUARD");
+inline constexpr const Param& kDmSize = by_name("SOFTRDMA_DM_SIZE");
 inline constexpr const Param& kCclAlgo = by_name("SOFTRDMA_CCL_ALGO");
 inline constexpr const Param& kCclSite = by_name("SOFTRDMA_CCL_SITE");
 inline constexpr const Param& kCclWanCompress = by_name("SOFTRDMA_CCL_WAN_COMPRESS");

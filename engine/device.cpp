@@ -75,6 +75,7 @@ bool DeviceConfig::from_environment(DeviceConfig& out, std::string& error) {
   DeviceConfig c = out;
   std::string transport, cc;
   int64_t spin_us = -1;
+  int64_t dm_size = static_cast<int64_t>(c.dm_size);
   if (!params::read_ipv4(params::kAddr, c.ip, error) ||
       !params::read_text(params::kPcap, c.pcap_path, error) ||
       !params::read_text(params::kTransport, transport, error) ||
@@ -82,6 +83,7 @@ bool DeviceConfig::from_environment(DeviceConfig& out, std::string& error) {
       !params::read_flag(params::kGso, c.udp_offload, error) ||
       !params::read_flag(params::kSelectiveRetx, c.selective_retx, error) ||
       !params::read_flag(params::kFaultGuard, c.fault_guard, error) ||
+      !params::read_integer(params::kDmSize, dm_size, error) ||
       !params::read_text(params::kCc, cc, error))
     return false;
   if (cc == "dcqcn")
@@ -97,6 +99,7 @@ bool DeviceConfig::from_environment(DeviceConfig& out, std::string& error) {
   else if (transport == "shm")
     c.path = PacketPath::kShm;
   if (spin_us >= 0) c.spin_ns = static_cast<uint64_t>(spin_us) * 1000;
+  c.dm_size = static_cast<uint64_t>(dm_size);
   if (const char* w = params::raw(params::kWan)) {
     // A file when one exists under that name, else the one-line parameter form.
     std::string e;
@@ -140,6 +143,7 @@ std::unique_ptr<Device> Device::open(const DeviceConfig& cfg, int& err) {
   if (err) return nullptr;
 
   d->path_ = cfg.path;
+  d->dm_pool_ = std::make_unique<DeviceMemoryPool>(cfg.dm_size);
   d->spin_ns_ = cfg.spin_ns;
   d->selective_retx_ = cfg.selective_retx;
   bool wan_marks = false;

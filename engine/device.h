@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "engine/counters.h"
+#include "engine/device_memory.h"
 #include "engine/object_registry.h"
 #include "engine/transport.h"
 #include "engine/types.h"
@@ -97,11 +98,13 @@ struct DeviceConfig {
   bool fault_guard = true;
   /// Congestion control of this device's requesters (SOFTRDMA_CC).
   CongestionControl cc = CongestionControl::kAuto;
+  /// Device memory the device offers in all, bytes (SOFTRDMA_DM_SIZE; max_dm_size).
+  uint64_t dm_size = 256 * 1024;
 
   /// Reads SOFTRDMA_ADDR, SOFTRDMA_NETEM, SOFTRDMA_WAN, SOFTRDMA_PCAP, SOFTRDMA_GSO,
-  /// SOFTRDMA_SPIN_US, SOFTRDMA_SELECTIVE_RETX, SOFTRDMA_FAULT_GUARD, SOFTRDMA_CC and
-  /// SOFTRDMA_TRANSPORT. Returns false
-  /// with `error` set when a variable is malformed.
+  /// SOFTRDMA_SPIN_US, SOFTRDMA_SELECTIVE_RETX, SOFTRDMA_FAULT_GUARD, SOFTRDMA_CC,
+  /// SOFTRDMA_DM_SIZE and SOFTRDMA_TRANSPORT. Returns false with `error` set when a variable
+  /// is malformed.
   static bool from_environment(DeviceConfig& out, std::string& error);
 };
 
@@ -145,6 +148,8 @@ class Device final : public Transport, public ObjectRegistry {
   /// Interface MTU, bytes.
   uint32_t netdev_mtu() const { return netdev_mtu_; }
   Counters& counters() override { return *counters_; }
+  /// The device memory ibv_alloc_dm allocates from (capacity: DeviceConfig::dm_size).
+  DeviceMemoryPool& device_memory() { return *dm_pool_; }
 
   std::mutex& mutex() override { return mu_; }
 
@@ -317,6 +322,7 @@ class Device final : public Transport, public ObjectRegistry {
   uint8_t tx_ttl_ = 64, tx_tos_ = 0;
   std::unique_ptr<CounterPublisher> publisher_;
   Counters* counters_ = nullptr;
+  std::unique_ptr<DeviceMemoryPool> dm_pool_ = std::make_unique<DeviceMemoryPool>(0);
   uint8_t active_mtu_ = 5;
   uint32_t netdev_mtu_ = 0;
 

@@ -19,6 +19,25 @@ Status MemoryRegion::validate(const void* host, uint64_t length, uint32_t access
   return kOk;
 }
 
+Status MemoryRegion::validate_dm(const DeviceMemory& dm, uint64_t offset, uint64_t length,
+                                 uint32_t access) {
+  constexpr uint32_t kOptionalRange = 0x3ffu << 20;  // IBV_ACCESS_OPTIONAL_RANGE
+  constexpr uint32_t kAllowed =
+      kLocalWrite | kRemoteWrite | kRemoteRead | kRemoteAtomic | kZeroBased | kOptionalRange;
+  if (!(access & kZeroBased) || (access & ~kAllowed)) return std::errc::invalid_argument;
+  if ((access & (kRemoteWrite | kRemoteAtomic)) && !(access & kLocalWrite))
+    return std::errc::invalid_argument;
+  if (!dm.contains(offset, length)) return std::errc::invalid_argument;
+  return kOk;
+}
+
+MemoryRegion::MemoryRegion(ProtectionDomain& pd, DeviceMemory& dm, uint64_t offset, uint64_t length,
+                           uint32_t access)
+    : MemoryRegion(pd, dm.at(offset), length, 0, access) {
+  dm_ = &dm;
+  dm.mr_counter().fetch_add(1, std::memory_order_acq_rel);
+}
+
 MemoryRegion::MemoryRegion(ProtectionDomain& pd, void* host, uint64_t length, uint64_t iova,
                            uint32_t access)
     : pd_(&pd), host_(static_cast<uint8_t*>(host)), length_(length), iova_(iova), access_(access) {
@@ -31,6 +50,8 @@ MemoryRegion::~MemoryRegion() {
   std::lock_guard lk(pd_->registry().mutex());
   pd_->registry().unregister_mr(key_);
   pd_->users--;
+  // After the key is gone: no request can reach the memory once the count allows freeing it.
+  if (dm_) dm_->mr_counter().fetch_sub(1, std::memory_order_acq_rel);
 }
 
 bool MemoryRegion::windows_bound() const {

@@ -5,6 +5,7 @@
 #include <atomic>
 #include <cstdint>
 
+#include "engine/device_memory.h"
 #include "engine/object_registry.h"
 #include "engine/types.h"
 
@@ -32,6 +33,12 @@ class MemoryRegion {
   /// Registers and publishes the MR in the device's key table. Check arguments with
   /// validate() first.
   MemoryRegion(ProtectionDomain& pd, void* host, uint64_t length, uint64_t iova, uint32_t access);
+  /// ibv_reg_dm_mr: registers [offset, offset + length) of device memory `dm` zero-based
+  /// (iova 0: the MR's addresses are offsets from its start, for local SGEs and remote
+  /// requests alike) and counts itself on `dm` until destroyed. Check arguments with
+  /// validate_dm() first.
+  MemoryRegion(ProtectionDomain& pd, DeviceMemory& dm, uint64_t offset, uint64_t length,
+               uint32_t access);
   ~MemoryRegion();
   MemoryRegion(const MemoryRegion&) = delete;
   MemoryRegion& operator=(const MemoryRegion&) = delete;
@@ -41,6 +48,13 @@ class MemoryRegion {
   /// implicit on-demand MR: NULL, SIZE_MAX, IBV_ACCESS_ON_DEMAND); EOPNOTSUPP for
   /// IBV_ACCESS_ZERO_BASED.
   static Status validate(const void* host, uint64_t length, uint32_t access);
+  /// Checks reg_dm_mr arguments as libibverbs, the kernel and mlx5 do (ibv_cmd_reg_dm_mr,
+  /// ib_uverbs_reg_dm_mr, mlx5_reg_dm_mr): EINVAL without IBV_ACCESS_ZERO_BASED, for access
+  /// bits other than local write, remote write/read/atomic, zero-based and the optional
+  /// range (IBV_ACCESS_OPTIONAL_RANGE), for remote write or atomic without local write, or
+  /// a range [offset, offset + length) outside `dm`.
+  static Status validate_dm(const DeviceMemory& dm, uint64_t offset, uint64_t length,
+                            uint32_t access);
   /// Whether (host, length, access) asks for the implicit on-demand MR that covers the whole
   /// address space (ibv_reg_mr(pd, NULL, SIZE_MAX, IBV_ACCESS_ON_DEMAND), as mlx5 offers).
   static bool is_implicit_odp(const void* host, uint64_t length, uint32_t access) {
@@ -60,6 +74,9 @@ class MemoryRegion {
   uint64_t length() const { return length_; }
   uint32_t access() const { return access_; }
   uint8_t* host() const { return host_; }
+  /// Whether the MR is registered on device memory (ibv_reg_dm_mr); ibv_rereg_mr refuses
+  /// such MRs, as the kernel does.
+  bool on_device_memory() const { return dm_ != nullptr; }
 
   /// Memory windows bound to this region (device lock held): dereg is refused while > 0
   /// (IBA 10.6.7.2.6, as rxe_dereg_mr).
@@ -81,6 +98,7 @@ class MemoryRegion {
   uint64_t iova_;
   uint32_t access_;
   uint32_t key_;
+  DeviceMemory* dm_ = nullptr;
 };
 
 }  // namespace softrdma::engine

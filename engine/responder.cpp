@@ -268,6 +268,19 @@ void on_atomic(QueuePair& qp, const wire::Packet& pkt, Transport& t) {
   const bool done = net::guarded_call(
       [](void* v) {
         AtomicOp& o = *static_cast<AtomicOp*>(v);
+        if (reinterpret_cast<uintptr_t>(o.word) & 7) {
+          // The VA is aligned but the memory behind it is not (an MR registered with an
+          // iova of another alignment, or a DM MR at an offset that is not a multiple of
+          // 8): atomic with respect to other RDMA atomics (the device lock), not to CPU ones.
+          uint64_t cur;
+          std::memcpy(&cur, o.word, 8);
+          o.orig = cur;
+          if (!o.cas || cur == o.compare) {
+            const uint64_t next = o.cas ? o.swap_add : cur + o.swap_add;
+            std::memcpy(o.word, &next, 8);
+          }
+          return;
+        }
         std::atomic_ref<uint64_t> word(*o.word);
         if (o.cas) {
           o.orig = o.compare;

@@ -181,7 +181,8 @@ int ctx_query_device_ex(ibv_context* ctx, const ibv_query_device_ex_input* input
   if (input && input->comp_mask) return EINVAL;
   ibv_device_attr_ex full{};
   fill_device_attr(to_ctx(ctx), full.orig_attr);
-  full.max_dm_size = 0;
+  // Device memory: the engine's, SOFTRDMA_DM_SIZE bytes per device (dm.cpp).
+  full.max_dm_size = to_ctx(ctx)->dev->device_memory().capacity();
   // On-demand paging: the engine reaches registered memory through the process's own page
   // tables, so every MR is "on demand" already — nothing is pinned, pages fault in when the
   // engine copies, and an access to memory unmapped since registration ends in an access
@@ -272,6 +273,9 @@ ibv_context* new_context(std::shared_ptr<engine::Device> dev, ibv_device* device
   v.close_xrcd = ctx_close_xrcd;
   v.open_qp = ctx_open_qp;
   v.advise_mr = ctx_advise_mr;
+  v.alloc_dm = ctx_alloc_dm;
+  v.free_dm = ctx_free_dm;
+  v.reg_dm_mr = ctx_reg_dm_mr;
   ibv_context& ctx = v.context;
   ctx.device = device;
   ctx.ops.poll_cq = op_poll_cq;

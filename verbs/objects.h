@@ -14,6 +14,7 @@
 #include "engine/ah.h"
 #include "engine/cq.h"
 #include "engine/device.h"
+#include "engine/device_memory.h"
 #include "engine/memory.h"
 #include "engine/mw.h"
 #include "engine/qp.h"
@@ -69,6 +70,12 @@ struct Mr {
   ibv_mr ibv;
   std::unique_ptr<engine::MemoryRegion> mr;
   Reservation slot;
+};
+
+/// ibv_dm (dm.cpp): an allocation of the engine device's memory.
+struct Dm {
+  ibv_dm ibv;
+  std::unique_ptr<engine::DeviceMemory> dm;
 };
 
 struct Mw {
@@ -157,6 +164,9 @@ inline Pd* to_pd(ibv_pd* p) {
 }
 inline Mr* to_mr(ibv_mr* m) {
   return reinterpret_cast<Mr*>(m);
+}
+inline Dm* to_dm(ibv_dm* d) {
+  return reinterpret_cast<Dm*>(d);
 }
 inline Mw* to_mw(ibv_mw* m) {
   return reinterpret_cast<Mw*>(m);

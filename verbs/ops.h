@@ -9,6 +9,8 @@
 #pragma once
 
 #include <cerrno>
+#include <functional>
+#include <memory>
 
 #include "verbs/objects.h"
 
@@ -99,9 +101,20 @@ ibv_mw* op_alloc_mw(ibv_pd* pd, ibv_mw_type type);
 int op_dealloc_mw(ibv_mw* mw);
 int op_bind_mw(ibv_qp* qp, ibv_mw* mw, ibv_mw_bind* bind);
 
+/// pd_mr.cpp: a new ibv_mr handle on `pd` (lkey == rkey == the engine MR's key, `addr` and
+/// `length` as given) for the engine MR `make` creates once an MR slot is reserved. NULL with
+/// errno ENOMEM at max_mr (make is then not called).
+ibv_mr* new_mr_handle(ibv_pd* pd, void* addr, size_t length,
+                      const std::function<std::unique_ptr<engine::MemoryRegion>()>& make);
 // pd_mr.cpp: verbs_context::advise_mr (ibv_advise_mr).
 int ctx_advise_mr(ibv_pd* pd, ibv_advise_mr_advice advice, uint32_t flags, ibv_sge* sg_list,
                   uint32_t num_sge);
+
+// dm.cpp: device memory (verbs_context alloc_dm / free_dm / reg_dm_mr).
+ibv_dm* ctx_alloc_dm(ibv_context* ctx, ibv_alloc_dm_attr* attr);
+int ctx_free_dm(ibv_dm* dm);
+ibv_mr* ctx_reg_dm_mr(ibv_pd* pd, ibv_dm* dm, uint64_t dm_offset, size_t length,
+                      unsigned int access);
 
 // async_event.cpp: affiliated asynchronous events.
 /// Marks a QP or CQ handle as one events may name (on create) or may no longer name (first

@@ -73,6 +73,24 @@ int ctx_advise_mr(ibv_pd* pd, ibv_advise_mr_advice advice, uint32_t flags, ibv_s
   return 0;
 }
 
+ibv_mr* new_mr_handle(ibv_pd* pd, void* addr, size_t length,
+                      const std::function<std::unique_ptr<engine::MemoryRegion>()>& make) {
+  auto* m = new Mr{};
+  if (!m->slot.take(*to_ctx(pd->context)->dev, engine::ObjectKind::kMr)) {
+    delete m;
+    return fail<ibv_mr>(ENOMEM);  // max_mr reached
+  }
+  m->mr = make();
+  m->ibv.context = pd->context;
+  m->ibv.pd = pd;
+  m->ibv.addr = addr;
+  m->ibv.length = length;
+  m->ibv.handle = m->mr->key();
+  m->ibv.lkey = m->mr->key();
+  m->ibv.rkey = m->mr->key();
+  return &m->ibv;
+}
+
 }  // namespace softrdma::verbs
 
 extern "C" {
@@ -112,20 +130,9 @@ ibv_mr* ibv_reg_mr_iova2(ibv_pd* pd, void* addr, size_t length, uint64_t iova,
       return fail<ibv_mr>(EINVAL);
     if (length && !odp && !range_is_mapped(addr, length)) return fail<ibv_mr>(EFAULT);
   }
-  auto* m = new Mr{};
-  if (!m->slot.take(*to_ctx(pd->context)->dev, engine::ObjectKind::kMr)) {
-    delete m;
-    return fail<ibv_mr>(ENOMEM);  // max_mr reached
-  }
-  m->mr = std::make_unique<engine::MemoryRegion>(*to_pd(pd)->pd, addr, length, iova, access);
-  m->ibv.context = pd->context;
-  m->ibv.pd = pd;
-  m->ibv.addr = addr;
-  m->ibv.length = length;
-  m->ibv.handle = m->mr->key();
-  m->ibv.lkey = m->mr->key();
-  m->ibv.rkey = m->mr->key();
-  return &m->ibv;
+  return new_mr_handle(pd, addr, length, [&] {
+    return std::make_unique<engine::MemoryRegion>(*to_pd(pd)->pd, addr, length, iova, access);
+  });
 }
 
 ibv_mr* ibv_reg_mr(ibv_pd* pd, void* addr, size_t length, int access) {
@@ -145,7 +152,8 @@ ibv_mr* ibv_reg_mr_iova(ibv_pd* pd, void* addr, size_t length, uint64_t iova, in
 ///   IBV_REREG_MR_ERR_CMD: EINVAL for bad access bits (remote write/atomic without local
 ///   write, unknown bits), a missing PD or one of another device, a wrapping range; EBUSY
 ///   while memory windows are bound to the MR (the kernel's usecnt check); EFAULT for a
-///   new range that is not mapped (unless on-demand); EOPNOTSUPP for zero-based access.
+///   new range that is not mapped (unless on-demand); EOPNOTSUPP for zero-based access;
+///   EINVAL for an MR on device memory (ibv_reg_dm_mr), as the kernel refuses it.
 /// The change is atomic for the engine: a request in flight sees the old or the new region.
 int ibv_rereg_mr(ibv_mr* mr, int flags, ibv_pd* pd, void* addr, size_t length, int access) {
   auto input_error = [] {
@@ -159,6 +167,7 @@ int ibv_rereg_mr(ibv_mr* mr, int flags, ibv_pd* pd, void* addr, size_t length, i
   if (!mr || !flags || (flags & ~IBV_REREG_MR_FLAGS_SUPPORTED)) return input_error();
   if ((flags & IBV_REREG_MR_CHANGE_TRANSLATION) && (!addr || !length)) return input_error();
   Mr* m = to_mr(mr);
+  if (m->mr->on_device_memory()) return cmd_error(EINVAL);  // ib_uverbs_rereg_mr: no DM MRs
   const unsigned new_access =
       (flags & IBV_REREG_MR_CHANGE_ACCESS) ? static_cast<unsigned>(access) : m->mr->access();
   void* new_addr = (flags & IBV_REREG_MR_CHANGE_TRANSLATION) ? addr : mr->addr;
