@@ -34,8 +34,13 @@ void CompletionChannel::notify(void* handle) {
 }
 
 CompletionQueue::CompletionQueue(ObjectRegistry& dev, uint32_t capacity, CompletionChannel* channel,
-                                 void* event_handle)
-    : dev_(dev), channel_(channel), event_handle_(event_handle), ring_(capacity) {
+                                 void* event_handle, QueueMemory memory)
+    : dev_(dev),
+      channel_(channel),
+      event_handle_(event_handle),
+      memory_(std::move(memory)),
+      ring_(capacity, resource_of(memory_)),
+      times_(resource_of(memory_)) {
   if (channel_) channel_->users++;
 }
 
@@ -119,8 +124,8 @@ std::errc CompletionQueue::resize(uint32_t capacity) {
   std::lock_guard lk(mu_);
   if (capacity == 0 || capacity > DeviceLimits::kMaxCqe || capacity < count_)
     return std::errc::invalid_argument;
-  std::vector<Cqe> ring(capacity);
-  std::vector<CompletionTime> times(times_.empty() ? 0 : capacity);
+  std::pmr::vector<Cqe> ring(capacity, resource_of(memory_));
+  std::pmr::vector<CompletionTime> times(times_.empty() ? 0 : capacity, resource_of(memory_));
   for (size_t i = 0; i < count_; ++i) {
     const size_t from = (head_ + i) % ring_.size();
     ring[i] = ring_[from];

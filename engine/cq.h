@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "engine/object_registry.h"
+#include "engine/queue_memory.h"
 #include "engine/types.h"
 
 namespace softrdma::engine {
@@ -49,8 +50,10 @@ class CompletionQueue {
  public:
   /// `capacity` CQEs (already validated against DeviceLimits::kMaxCqe). `channel` may be
   /// null; `event_handle` is what an event on the channel reports (the ibv_cq*).
+  /// `memory` holds the ring (null: the heap; sized with queue_bytes(capacity,
+  /// sizeof(Cqe))); a ring resized by resize() is allocated from it too.
   CompletionQueue(ObjectRegistry& dev, uint32_t capacity, CompletionChannel* channel,
-                  void* event_handle);
+                  void* event_handle, QueueMemory memory = nullptr);
   ~CompletionQueue();
 
   uint32_t capacity() const { return static_cast<uint32_t>(ring_.size()); }
@@ -103,9 +106,10 @@ class CompletionQueue {
   CompletionChannel* channel_;
   void* event_handle_;
   std::mutex mu_;
-  std::vector<Cqe> ring_;
-  std::vector<CompletionTime> times_;  // parallel to ring_ when completion times are recorded
-  size_t head_ = 0;                    // next to poll
+  QueueMemory memory_;  // before ring_ and times_: it outlives them
+  std::pmr::vector<Cqe> ring_;
+  std::pmr::vector<CompletionTime> times_;  // parallel to ring_ when completion times are recorded
+  size_t head_ = 0;                         // next to poll
   size_t count_ = 0;
   enum class Arm : uint8_t { kNone, kSolicited, kAll } arm_ = Arm::kNone;
   bool overrun_ = false;

@@ -47,6 +47,10 @@ QueuePair::QueuePair(ObjectRegistry& dev, const QpInit& init)
       send_cq(init.send_cq),
       recv_cq(init.recv_cq),
       transport(&dev.transport()),
+      sq_memory(init.sq_memory),
+      rq_memory(init.rq_memory),
+      sq(resource_of(sq_memory)),
+      rq(resource_of(rq_memory)),
       dev_(dev),
       type_(qp_type_info(init.type)),
       pd_(init.pd) {

@@ -24,6 +24,7 @@
 #include "engine/memory.h"
 #include "engine/object_registry.h"
 #include "engine/qp_type.h"
+#include "engine/queue_memory.h"
 #include "engine/received_psns.h"
 #include "engine/transport.h"
 #include "engine/types.h"
@@ -204,6 +205,10 @@ struct QpInit {
   bool sq_sig_all = false;
   /// A QPN to take instead of the next free one (1: the GSI); 0: any.
   uint32_t qpn = 0;
+  /// Where the send and receive queues keep their WQEs (null: the heap); sized with
+  /// queue_bytes(cap.max_*_wr, sizeof(SendWqe) / sizeof(RecvWqe)).
+  QueueMemory sq_memory;
+  QueueMemory rq_memory;
 };
 
 /// A queue pair.
@@ -276,9 +281,13 @@ class QueuePair {
   uint32_t remote_ip = 0;  ///< from attr.ah.dgid at RTR
   uint32_t mtu = 256;      ///< path MTU, bytes
 
-  std::deque<SendWqe> sq;  ///< sq[i] is SQ index sq_base + i
-  uint64_t sq_base = 0;    ///< absolute index of sq.front()
-  std::deque<RecvWqe> rq;
+  /// The memory sq and rq allocate from (QpInit::sq_memory, rq_memory), declared before
+  /// them so that it outlives them.
+  const QueueMemory sq_memory;
+  const QueueMemory rq_memory;
+  std::pmr::deque<SendWqe> sq;  ///< sq[i] is SQ index sq_base + i
+  uint64_t sq_base = 0;         ///< absolute index of sq.front()
+  std::pmr::deque<RecvWqe> rq;
 
   RequesterState req;
   CompleterState comp;

@@ -16,8 +16,16 @@ Status SharedReceiveQueue::validate(const Attr& a) {
 }
 
 SharedReceiveQueue::SharedReceiveQueue(ObjectRegistry& dev, ProtectionDomain& pd, Kind kind,
-                                       const Attr& a, CompletionQueue* cq, XrcDomain* xrcd)
-    : dev_(dev), pd_(pd), kind_(kind), cq_(cq), xrcd_(xrcd), attr_(a) {
+                                       const Attr& a, CompletionQueue* cq, XrcDomain* xrcd,
+                                       QueueMemory memory)
+    : dev_(dev),
+      pd_(pd),
+      kind_(kind),
+      cq_(cq),
+      xrcd_(xrcd),
+      attr_(a),
+      memory_(std::move(memory)),
+      wqes_(resource_of(memory_)) {
   std::lock_guard lk(dev_.mutex());
   srqn_ = dev_.register_srq(this);
   pd_.users++;

@@ -13,6 +13,7 @@
 
 #include "engine/memory.h"
 #include "engine/object_registry.h"
+#include "engine/queue_memory.h"
 #include "engine/types.h"
 
 namespace softrdma::engine {
@@ -41,8 +42,10 @@ class SharedReceiveQueue {
   static Status validate(const Attr& a);
 
   /// Creates the SRQ and publishes its SRQ number. XRC SRQs have `cq` and `xrcd`.
+  /// `memory` holds its WQEs (null: the heap; sized with queue_bytes(a.max_wr,
+  /// sizeof(RecvWqe))).
   SharedReceiveQueue(ObjectRegistry& dev, ProtectionDomain& pd, Kind kind, const Attr& a,
-                     CompletionQueue* cq, XrcDomain* xrcd);
+                     CompletionQueue* cq, XrcDomain* xrcd, QueueMemory memory = nullptr);
   ~SharedReceiveQueue();
   SharedReceiveQueue(const SharedReceiveQueue&) = delete;
   SharedReceiveQueue& operator=(const SharedReceiveQueue&) = delete;
@@ -85,7 +88,8 @@ class SharedReceiveQueue {
   CompletionQueue* cq_;
   XrcDomain* xrcd_;
   Attr attr_;
-  std::deque<RecvWqe> wqes_;
+  QueueMemory memory_;  // before wqes_: it outlives them
+  std::pmr::deque<RecvWqe> wqes_;
   uint32_t srqn_ = 0;
 };
 

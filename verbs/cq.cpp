@@ -7,6 +7,7 @@
 #include <unordered_set>
 
 #include "verbs/ops.h"
+#include "verbs/softrdma_private.h"
 
 using namespace softrdma;
 using namespace softrdma::verbs;
@@ -55,10 +56,16 @@ int op_poll_cq(ibv_cq* cq, int n, ibv_wc* wc) {
 }
 
 Cq* create_cq(ibv_context* ctx, int cqe, void* cq_context, ibv_comp_channel* channel,
-              int comp_vector, bool record_times) {
+              int comp_vector, bool record_times, ibv_pd* parent_domain) {
   if (!ctx || cqe < 1 || static_cast<uint32_t>(cqe) > engine::DeviceLimits::kMaxCqe)
     return fail<Cq>(EINVAL);
   if (comp_vector < 0 || comp_vector >= ctx->num_comp_vectors) return fail<Cq>(EINVAL);
+  // The ring (and its completion times) in a buffer of the parent domain's allocator.
+  engine::QueueMemory memory;
+  const size_t slot = sizeof(engine::Cqe) + (record_times ? sizeof(engine::CompletionTime) : 0);
+  if (int e = queue_memory(parent_domain, static_cast<uint32_t>(cqe), slot, SOFTRDMA_RES_TYPE_CQ,
+                           memory))
+    return fail<Cq>(e);
   auto* c = new Cq{};
   if (!c->slot.take(*to_ctx(ctx)->dev, engine::ObjectKind::kCq)) {
     delete c;
@@ -67,7 +74,11 @@ Cq* create_cq(ibv_context* ctx, int cqe, void* cq_context, ibv_comp_channel* cha
   ibv_cq* ib = c->as_cq();
   c->cq = std::make_unique<engine::CompletionQueue>(
       *to_ctx(ctx)->dev, static_cast<uint32_t>(cqe),
-      channel ? &to_channel(channel)->channel : nullptr, ib);
+      channel ? &to_channel(channel)->channel : nullptr, ib, std::move(memory));
+  if (parent_domain) {
+    c->parent_domain = parent_domain;
+    to_pd(parent_domain)->handle_users++;
+  }
   if (record_times) c->cq->record_completion_times();
   c->cq->on_overrun = [ctx, ib] {
     ibv_async_event e{};
@@ -151,7 +162,9 @@ int ibv_destroy_cq(ibv_cq* cq) {
   if (cq->channel) --cq->channel->refcnt;
   pthread_mutex_destroy(&cq->mutex);
   pthread_cond_destroy(&cq->cond);
-  delete c;
+  ibv_pd* parent = c->parent_domain;
+  delete c;  // the ring's buffer goes back to the parent domain's free first
+  if (parent) to_pd(parent)->handle_users--;
   return 0;
 }
 

@@ -99,14 +99,21 @@ uint64_t read_completion_wallclock_ns(ibv_cq_ex* cq) {
 
 namespace softrdma::verbs {
 
-/// verbs_context::create_cq_ex. Errors (NULL, errno): EINVAL for a bad cqe/comp_vector or
-/// a missing attr, EOPNOTSUPP for wc_flags outside kSupportedWcFlags, a parent domain
-/// (IBV_CQ_INIT_ATTR_MASK_PD) or create flags other than SINGLE_THREADED, ENOMEM at max_cq.
+/// verbs_context::create_cq_ex. Errors (NULL, errno): EINVAL for a bad cqe/comp_vector, a
+/// missing attr, or IBV_CQ_INIT_ATTR_MASK_PD with no parent domain (a plain PD, one of
+/// another context: mlx5_create_cq refuses the same); EOPNOTSUPP for wc_flags outside
+/// kSupportedWcFlags or create flags other than SINGLE_THREADED; ENOMEM at max_cq or when
+/// the parent domain's allocator returns NULL.
 /// Accessors for flags not requested are left NULL, as providers leave them.
 ibv_cq_ex* ctx_create_cq_ex(ibv_context* ctx, ibv_cq_init_attr_ex* attr) {
   if (!ctx || !attr) return fail<ibv_cq_ex>(EINVAL);
   if (attr->wc_flags & ~kSupportedWcFlags) return fail<ibv_cq_ex>(EOPNOTSUPP);
-  if (attr->comp_mask & ~uint32_t(IBV_CQ_INIT_ATTR_MASK_FLAGS)) return fail<ibv_cq_ex>(EOPNOTSUPP);
+  if (attr->comp_mask & ~uint32_t(IBV_CQ_INIT_ATTR_MASK_FLAGS | IBV_CQ_INIT_ATTR_MASK_PD))
+    return fail<ibv_cq_ex>(EOPNOTSUPP);
+  ibv_pd* parent = (attr->comp_mask & IBV_CQ_INIT_ATTR_MASK_PD) ? attr->parent_domain : nullptr;
+  if ((attr->comp_mask & IBV_CQ_INIT_ATTR_MASK_PD) &&
+      (!parent || parent->context != ctx || !to_pd(parent)->parent))
+    return fail<ibv_cq_ex>(EINVAL);
   const uint32_t flags = (attr->comp_mask & IBV_CQ_INIT_ATTR_MASK_FLAGS) ? attr->flags : 0;
   if (flags & ~uint32_t(IBV_CREATE_CQ_ATTR_SINGLE_THREADED)) return fail<ibv_cq_ex>(EOPNOTSUPP);
   if (attr->cqe > uint32_t(INT32_MAX) || attr->comp_vector > uint32_t(INT32_MAX))
@@ -114,7 +121,7 @@ ibv_cq_ex* ctx_create_cq_ex(ibv_context* ctx, ibv_cq_init_attr_ex* attr) {
   const bool times = attr->wc_flags & (IBV_WC_EX_WITH_COMPLETION_TIMESTAMP |
                                        IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK);
   Cq* c = create_cq(ctx, static_cast<int>(attr->cqe), attr->cq_context, attr->channel,
-                    static_cast<int>(attr->comp_vector), times);
+                    static_cast<int>(attr->comp_vector), times, parent);
   if (!c) return nullptr;
   c->single_threaded = flags & IBV_CREATE_CQ_ATTR_SINGLE_THREADED;
   ibv_cq_ex& x = c->ibv;

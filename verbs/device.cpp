@@ -250,8 +250,13 @@ std::shared_ptr<engine::Device> open_engine_device(uint32_t ip, int& err) {
   return dev;
 }
 
+}  // namespace
+
+namespace softrdma::verbs {
+
 /// A new ibv_context on `dev`, listed as `device` (several contexts may share one device).
-ibv_context* new_context(std::shared_ptr<engine::Device> dev, ibv_device* device) {
+ibv_context* new_context(std::shared_ptr<engine::Device> dev, ibv_device* device,
+                         std::shared_ptr<CommandFile> file, int cmd_fd) {
   auto* c = new Context{};
   c->dev = std::move(dev);
   if (::pipe2(c->async_fds, O_CLOEXEC) != 0) {
@@ -259,6 +264,20 @@ ibv_context* new_context(std::shared_ptr<engine::Device> dev, ibv_device* device
     delete c;
     return fail<ibv_context>(e);
   }
+  if (!file) {
+    // A real descriptor where libibverbs has the open uverbs device: programs dup it to
+    // share the context (ibv_import_device, import.cpp) or poll it. Nothing is ever read
+    // from or written to it.
+    cmd_fd = open_command_file(device, c->dev, file);
+    if (cmd_fd < 0) {
+      const int e = errno;
+      ::close(c->async_fds[0]);
+      ::close(c->async_fds[1]);
+      delete c;
+      return fail<ibv_context>(e);
+    }
+  }
+  c->file = std::move(file);
   ::fcntl(c->async_fds[1], F_SETFL, O_NONBLOCK);  // the engine never waits for a reader
   verbs_context& v = c->vctx;
   v.sz = sizeof(verbs_context);
@@ -276,6 +295,9 @@ ibv_context* new_context(std::shared_ptr<engine::Device> dev, ibv_device* device
   v.alloc_dm = ctx_alloc_dm;
   v.free_dm = ctx_free_dm;
   v.reg_dm_mr = ctx_reg_dm_mr;
+  v.alloc_td = ctx_alloc_td;
+  v.dealloc_td = ctx_dealloc_td;
+  v.alloc_parent_domain = ctx_alloc_parent_domain;
   ibv_context& ctx = v.context;
   ctx.device = device;
   ctx.ops.poll_cq = op_poll_cq;
@@ -286,10 +308,7 @@ ibv_context* new_context(std::shared_ptr<engine::Device> dev, ibv_device* device
   ctx.ops.alloc_mw = op_alloc_mw;
   ctx.ops.dealloc_mw = op_dealloc_mw;
   ctx.ops.bind_mw = op_bind_mw;
-  // A real descriptor where libibverbs has the open uverbs device: programs dup it to
-  // share the context (ibv_import_device, which answers EOPNOTSUPP here) or poll it. Nothing
-  // is ever read from or written to it.
-  ctx.cmd_fd = ::open("/dev/null", O_RDWR | O_CLOEXEC);
+  ctx.cmd_fd = cmd_fd;
   ctx.async_fd = c->async_fds[0];
   ctx.num_comp_vectors = 1;
   pthread_mutex_init(&ctx.mutex, nullptr);
@@ -297,7 +316,7 @@ ibv_context* new_context(std::shared_ptr<engine::Device> dev, ibv_device* device
   return &ctx;
 }
 
-}  // namespace
+}  // namespace softrdma::verbs
 
 extern "C" {
 
@@ -347,6 +366,7 @@ int ibv_close_device(ibv_context* ctx) {
   ::close(c->async_fds[0]);
   ::close(c->async_fds[1]);
   pthread_mutex_destroy(&ctx->mutex);
+  c->file.reset();  // the objects it keeps go before the device they are published in
   {
     std::lock_guard lk(g_open_mu);
     c->dev.reset();  // the last context stops the progress thread and frees the address

@@ -10,6 +10,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 
 #include "engine/ah.h"
 #include "engine/cq.h"
@@ -23,12 +24,17 @@
 
 namespace softrdma::verbs {
 
+struct CommandFile;  // import.cpp: what a cmd_fd stands for, shared by imported contexts
+
 /// ibv_context: the extended verbs_context (ibv_context is its last member) plus the
 /// engine device, shared by every context of this process.
 struct Context {
   verbs_context vctx;
   std::shared_ptr<engine::Device> dev;
   int async_fds[2] = {-1, -1};  // async_fd is the read end (async_event.cpp)
+  /// The file behind cmd_fd, shared with the contexts ibv_import_device made from a dup of
+  /// it: the PDs and MRs ibv_import_pd / ibv_import_mr find by handle (import.cpp).
+  std::shared_ptr<CommandFile> file;
 };
 
 /// One object counted against the device's limit (engine::Device::reserve), returned
@@ -60,15 +66,39 @@ class Reservation {
   engine::ObjectKind kind_ = engine::ObjectKind::kPd;
 };
 
-struct Pd {
-  ibv_pd ibv;
-  std::unique_ptr<engine::ProtectionDomain> pd;
-  Reservation slot;
+/// ibv_td (parent_domain.cpp): a thread domain. softrdma keeps its locks whatever the
+/// application promises, so it only counts the parent domains that name it.
+struct Td {
+  ibv_td ibv;
+  std::atomic<int> users{0};
 };
 
+/// What makes an ibv_pd a parent domain (ibv_alloc_parent_domain(3), parent_domain.cpp):
+/// the PD it was made over, its thread domain, and the allocator the queue buffers of its
+/// QPs, SRQs and CQs come from (alloc NULL: the heap).
+struct ParentDomain {
+  ibv_pd* protection = nullptr;
+  Td* td = nullptr;
+  void* (*alloc)(ibv_pd*, void*, size_t, size_t, uint64_t) = nullptr;
+  void (*free)(ibv_pd*, void*, void*, uint64_t) = nullptr;
+  void* pd_context = nullptr;
+};
+
+/// ibv_pd: a protection domain, or a parent domain (`parent` set) sharing the engine PD of
+/// the PD it was made over. The engine PD is shared by the handles ibv_import_pd makes.
+struct Pd {
+  ibv_pd ibv;
+  std::shared_ptr<engine::ProtectionDomain> pd;
+  Reservation slot;
+  std::optional<ParentDomain> parent;
+  /// A parent domain's QPs, SRQs and CQs: ibv_dealloc_pd refuses (EBUSY) while > 0.
+  std::atomic<int> handle_users{0};
+};
+
+/// ibv_mr: the engine MR is shared by the handles ibv_import_mr makes.
 struct Mr {
   ibv_mr ibv;
-  std::unique_ptr<engine::MemoryRegion> mr;
+  std::shared_ptr<engine::MemoryRegion> mr;
   Reservation slot;
 };
 
@@ -103,6 +133,8 @@ struct Cq {
   engine::CompletionTime current_time{};
   std::mutex poll_mu;
   bool single_threaded = false;
+  /// The parent domain of a CQ made with IBV_CQ_INIT_ATTR_MASK_PD (its ring's allocator).
+  ibv_pd* parent_domain = nullptr;
   ibv_cq* as_cq() { return reinterpret_cast<ibv_cq*>(&ibv); }
 };
 
@@ -118,6 +150,8 @@ struct Qp {
   std::atomic<unsigned> async_reported{0};  // events returned by ibv_get_async_event
   /// Set for QPs created with IBV_QP_INIT_ATTR_SEND_OPS_FLAGS (ibv_qp_to_qp_ex answers them).
   std::unique_ptr<QpExBuilder> ex;
+  /// The parent domain the QP was made on (its queues' allocator), whose use it counts.
+  ibv_pd* parent_domain = nullptr;
   ibv_qp* as_qp() { return &ibv.qp_base; }
   Qp();
   ~Qp();
@@ -136,6 +170,8 @@ struct Srq {
   std::unique_ptr<engine::SharedReceiveQueue> srq;
   Reservation slot;
   std::atomic<unsigned> async_reported{0};  // SRQ events returned by ibv_get_async_event
+  /// The parent domain the SRQ was made on (its queue's allocator), whose use it counts.
+  ibv_pd* parent_domain = nullptr;
 };
 
 /// What an XRC domain is in this process, shared by every ibv_xrcd opened on it (xrc.cpp):
@@ -185,6 +221,9 @@ inline Ah* to_ah(ibv_ah* a) {
 }
 inline Srq* to_srq(ibv_srq* s) {
   return reinterpret_cast<Srq*>(s);
+}
+inline Td* to_td(ibv_td* t) {
+  return reinterpret_cast<Td*>(t);
 }
 inline Xrcd* to_xrcd(ibv_xrcd* x) {
   return reinterpret_cast<Xrcd*>(x);

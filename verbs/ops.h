@@ -53,8 +53,9 @@ uint32_t device_ip();
 // cq.cpp: the CQ both ibv_create_cq and ibv_create_cq_ex build (checks `cqe` against
 // max_cqe and `comp_vector`; EINVAL, ENOMEM at max_cq); `record_times` stamps completions.
 // Returns NULL with errno set on failure.
+// `parent_domain` (IBV_CQ_INIT_ATTR_MASK_PD) gives the ring its allocator.
 Cq* create_cq(ibv_context* ctx, int cqe, void* cq_context, ibv_comp_channel* channel,
-              int comp_vector, bool record_times);
+              int comp_vector, bool record_times, ibv_pd* parent_domain = nullptr);
 // cq.cpp: ibv_context::ops.poll_cq / req_notify_cq (ibv_poll_cq, ibv_req_notify_cq).
 int op_poll_cq(ibv_cq* cq, int n, ibv_wc* wc);
 int op_req_notify_cq(ibv_cq* cq, int solicited_only);
@@ -102,10 +103,47 @@ int op_dealloc_mw(ibv_mw* mw);
 int op_bind_mw(ibv_qp* qp, ibv_mw* mw, ibv_mw_bind* bind);
 
 /// pd_mr.cpp: a new ibv_mr handle on `pd` (lkey == rkey == the engine MR's key, `addr` and
-/// `length` as given) for the engine MR `make` creates once an MR slot is reserved. NULL with
-/// errno ENOMEM at max_mr (make is then not called).
+/// `length` as given) for the engine MR `make` creates once an MR slot is reserved, listed for
+/// ibv_import_mr under its handle (the key). NULL with errno ENOMEM at max_mr (make is then
+/// not called).
 ibv_mr* new_mr_handle(ibv_pd* pd, void* addr, size_t length,
                       const std::function<std::unique_ptr<engine::MemoryRegion>()>& make);
+
+// parent_domain.cpp: thread and parent domains (verbs_context alloc_td / dealloc_td /
+// alloc_parent_domain).
+ibv_td* ctx_alloc_td(ibv_context* ctx, ibv_td_init_attr* attr);
+int ctx_dealloc_td(ibv_td* td);
+ibv_pd* ctx_alloc_parent_domain(ibv_context* ctx, ibv_parent_domain_init_attr* attr);
+/// ibv_dealloc_pd of a parent domain: EBUSY while QPs, SRQs or CQs made on it exist.
+int dealloc_parent_domain(Pd* p);
+/// The memory of a queue of `depth` slots of `slot_bytes` made on `pd`: when `pd` is a
+/// parent domain with allocators, a buffer of engine::queue_bytes(depth, slot_bytes) from its
+/// alloc(pd, pd_context, size, 4096, resource_type) (IBV_ALLOCATOR_USE_DEFAULT: the heap),
+/// freed through its free when the queue goes; else `out` stays null (the heap). 0, or
+/// ENOMEM when alloc returns NULL.
+int queue_memory(ibv_pd* pd, uint32_t depth, size_t slot_bytes, uint64_t resource_type,
+                 engine::QueueMemory& out);
+
+// import.cpp: the file behind a context's cmd_fd, and the PDs and MRs it lists by handle for
+// ibv_import_pd / ibv_import_mr.
+/// A new command file for a context opened on `device` (engine device `dev`): returns its
+/// descriptor (a memfd, whose inode names the file for ibv_import_device) and sets `file`;
+/// -1 with errno set on failure.
+int open_command_file(ibv_device* device, const std::shared_ptr<engine::Device>& dev,
+                      std::shared_ptr<CommandFile>& file);
+/// Gives `p` (a new PD of `ctx`) a handle and lists it; ibv_dealloc_pd unlists it.
+void publish_pd(ibv_context* ctx, Pd* p);
+void unpublish_pd(Pd* p);
+/// Lists `m` (a new MR of `ctx`) under its handle (its key); ibv_dereg_mr unlists it.
+void publish_mr(ibv_context* ctx, Mr* m);
+void unpublish_mr(Mr* m);
+
+// device.cpp: a new ibv_context on `dev` listed as `device`, on command file `file` with
+// descriptor `cmd_fd` (ibv_import_device), or on a new one when `file` is null. NULL with
+// errno set on failure (`cmd_fd` is then not closed).
+ibv_context* new_context(std::shared_ptr<engine::Device> dev, ibv_device* device,
+                         std::shared_ptr<CommandFile> file = nullptr, int cmd_fd = -1);
+
 // pd_mr.cpp: verbs_context::advise_mr (ibv_advise_mr).
 int ctx_advise_mr(ibv_pd* pd, ibv_advise_mr_advice advice, uint32_t flags, ibv_sge* sg_list,
                   uint32_t num_sge);

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "verbs/ops.h"
+#include "verbs/softrdma_private.h"
 
 using namespace softrdma;
 using namespace softrdma::verbs;
@@ -109,6 +110,19 @@ ibv_qp* create_qp(ibv_context* ctx, ibv_qp_init_attr_ex* a, uint32_t qpn) {
   engine::QpInit in;
   if (int e = resolve_init(ctx, *a, qpn, in)) return fail<ibv_qp>(e);
   Context* c = to_ctx(ctx);
+  // On a parent domain with allocators, the queues' buffers come from it (parent_domain.cpp).
+  ibv_pd* parent = in.pd && to_pd(a->pd)->parent ? a->pd : nullptr;
+  if (parent) {
+    const engine::QpTypeInfo& type = *engine::qp_type_info(in.type);
+    if (type.has_send_queue)
+      if (int e = queue_memory(parent, in.cap.max_send_wr, sizeof(engine::SendWqe),
+                               SOFTRDMA_RES_TYPE_SQ, in.sq_memory))
+        return fail<ibv_qp>(e);
+    if (type.has_recv_queue && !in.srq)
+      if (int e = queue_memory(parent, in.cap.max_recv_wr, sizeof(engine::RecvWqe),
+                               SOFTRDMA_RES_TYPE_RQ, in.rq_memory))
+        return fail<ibv_qp>(e);
+  }
   Reservation slot;
   if (!slot.take(*c->dev, engine::ObjectKind::kQp)) return fail<ibv_qp>(ENOMEM);  // max_qp
   auto eqp = std::make_shared<engine::QueuePair>(*c->dev, in);
@@ -118,6 +132,10 @@ ibv_qp* create_qp(ibv_context* ctx, ibv_qp_init_attr_ex* a, uint32_t qpn) {
                         eqp->type_info().has_send_queue ? a->send_cq : nullptr,
                         recv_side ? a->recv_cq : nullptr, recv_side ? a->srq : nullptr);
   q->slot.adopt(slot);
+  if (parent) {
+    q->parent_domain = parent;
+    to_pd(parent)->handle_users++;
+  }
   if (eqp->type_info().has_send_queue) a->cap.max_inline_data = in.cap.max_inline_data;
   ibv_qp* handle = q->as_qp();
   q->qp->on_error = [handle](engine::WcStatus status) {
@@ -359,7 +377,9 @@ int ibv_destroy_qp(ibv_qp* qp) {
   wait_async_acks(&qp->mutex, &qp->cond, &qp->events_completed, q->async_reported);
   pthread_mutex_destroy(&qp->mutex);
   pthread_cond_destroy(&qp->cond);
-  delete q;
+  ibv_pd* parent = q->parent_domain;
+  delete q;  // the queues' buffers go back to the parent domain's free first
+  if (parent) to_pd(parent)->handle_users--;
   return 0;
 }
 

@@ -3,6 +3,7 @@
 // The SRQ limit event (IBV_EVENT_SRQ_LIMIT_REACHED) reaches the context's async_fd
 // (async_event.cpp); destroy waits until every such event returned has been acked.
 #include "verbs/ops.h"
+#include "verbs/softrdma_private.h"
 
 using namespace softrdma;
 using namespace softrdma::verbs;
@@ -15,6 +16,12 @@ ibv_srq* create_srq(ibv_context* ctx, ibv_pd* pd, ibv_srq_attr& attr, void* srq_
                     engine::SharedReceiveQueue::Kind kind, ibv_cq* cq, ibv_xrcd* xrcd) {
   const engine::SharedReceiveQueue::Attr a{attr.max_wr, attr.max_sge, attr.srq_limit};
   if (engine::SharedReceiveQueue::validate(a) != engine::kOk) return fail<ibv_srq>(EINVAL);
+  // On a parent domain with allocators, the queue's buffer comes from it (parent_domain.cpp).
+  ibv_pd* parent = to_pd(pd)->parent ? pd : nullptr;
+  engine::QueueMemory memory;
+  if (int e =
+          queue_memory(parent, a.max_wr, sizeof(engine::RecvWqe), SOFTRDMA_RES_TYPE_SRQ, memory))
+    return fail<ibv_srq>(e);
   auto* s = new Srq{};
   if (!s->slot.take(*to_ctx(ctx)->dev, engine::ObjectKind::kSrq)) {
     delete s;
@@ -22,7 +29,11 @@ ibv_srq* create_srq(ibv_context* ctx, ibv_pd* pd, ibv_srq_attr& attr, void* srq_
   }
   s->srq = std::make_unique<engine::SharedReceiveQueue>(
       *to_ctx(ctx)->dev, *to_pd(pd)->pd, kind, a, cq ? to_cq(cq)->cq.get() : nullptr,
-      xrcd ? &to_xrcd(xrcd)->shared->domain : nullptr);
+      xrcd ? &to_xrcd(xrcd)->shared->domain : nullptr, std::move(memory));
+  if (parent) {
+    s->parent_domain = parent;
+    to_pd(parent)->handle_users++;
+  }
   ibv_srq& ib = s->ibv;
   ib.context = ctx;
   ib.srq_context = srq_context;
@@ -113,7 +124,9 @@ int ibv_destroy_srq(ibv_srq* srq) {
   wait_async_acks(&srq->mutex, &srq->cond, &srq->events_completed, s->async_reported);
   pthread_mutex_destroy(&srq->mutex);
   pthread_cond_destroy(&srq->cond);
-  delete s;
+  ibv_pd* parent = s->parent_domain;
+  delete s;  // the queue's buffer goes back to the parent domain's free first
+  if (parent) to_pd(parent)->handle_users--;
   return 0;
 }
 

@@ -1,0 +1,214 @@
+// Sharing a context, its PDs and MRs within a process (ibv_import_device(3),
+// ibv_import_pd(3), ibv_import_mr(3), rdma-core 44): a context's cmd_fd is a memfd whose
+// inode names its "command file", the process-wide object a kernel uverbs file would be.
+// ibv_import_device on a dup of that descriptor opens a context on the same file; the PDs
+// and MRs of every context of a file are listed there by handle (ibv_pd::handle,
+// ibv_mr::handle), so ibv_import_pd / ibv_import_mr give new handles on the same objects.
+//
+// Between processes this cannot be done: a softrdma device is the engine of one process, at
+// one address; another process's cmd_fd names no file of this one, and importing it fails
+// as rdma-core fails for a descriptor of no verbs device (ENODEV).
+//
+// Lifetimes, as the kernel keeps objects in the file until they are destroyed: every handle
+// holds the object; ibv_dealloc_pd / ibv_dereg_mr through any handle unlists it (it can no
+// longer be imported) and drops that handle; ibv_unimport_* drops the handle only — when it
+// was the last one, the file keeps the object until it is deallocated through a new import
+// or the last context of the file is closed.
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <map>
+#include <mutex>
+#include <utility>
+
+#include "verbs/ops.h"
+
+using namespace softrdma;
+using namespace softrdma::verbs;
+
+namespace softrdma::verbs {
+
+/// What a cmd_fd stands for: the device the contexts on it use, and their PDs and MRs by
+/// handle (weak: the handles own them; `kept_*` hold those whose last handle was
+/// unimported). An entry goes at ibv_dealloc_pd / ibv_dereg_mr (O(log n): creating max_pd
+/// PDs or max_mr MRs stays linear).
+struct CommandFile {
+  ibv_device* device = nullptr;
+  std::weak_ptr<engine::Device> dev;
+  dev_t st_dev = 0;
+  ino_t st_ino = 0;
+  std::mutex mu;
+  uint32_t next_pd_handle = 1;
+  std::map<uint32_t, std::weak_ptr<engine::ProtectionDomain>> pds;
+  std::map<uint32_t, std::weak_ptr<engine::MemoryRegion>> mrs;
+  std::map<uint32_t, std::shared_ptr<engine::ProtectionDomain>> kept_pds;
+  std::map<uint32_t, std::shared_ptr<engine::MemoryRegion>> kept_mrs;
+  ~CommandFile();
+};
+
+}  // namespace softrdma::verbs
+
+namespace {
+
+std::mutex g_files_mu;
+/// The command files of this process by the inode of their memfd.
+std::map<std::pair<dev_t, ino_t>, std::weak_ptr<CommandFile>> g_files;
+
+CommandFile* file_of(ibv_context* ctx) {
+  return to_ctx(ctx)->file.get();
+}
+
+}  // namespace
+
+namespace softrdma::verbs {
+
+CommandFile::~CommandFile() {
+  std::lock_guard lk(g_files_mu);
+  auto it = g_files.find({st_dev, st_ino});
+  if (it != g_files.end() && it->second.expired()) g_files.erase(it);
+}
+
+int open_command_file(ibv_device* device, const std::shared_ptr<engine::Device>& dev,
+                      std::shared_ptr<CommandFile>& file) {
+  const int fd = ::memfd_create("softrdma-cmd", MFD_CLOEXEC);
+  if (fd < 0) return -1;
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    const int e = errno;
+    ::close(fd);
+    errno = e;
+    return -1;
+  }
+  file = std::make_shared<CommandFile>();
+  file->device = device;
+  file->dev = dev;
+  file->st_dev = st.st_dev;
+  file->st_ino = st.st_ino;
+  std::lock_guard lk(g_files_mu);
+  g_files[{st.st_dev, st.st_ino}] = file;
+  return fd;
+}
+
+void publish_pd(ibv_context* ctx, Pd* p) {
+  CommandFile* f = file_of(ctx);
+  std::lock_guard lk(f->mu);
+  p->ibv.handle = f->next_pd_handle++;
+  f->pds[p->ibv.handle] = p->pd;
+}
+
+void unpublish_pd(Pd* p) {
+  CommandFile* f = file_of(p->ibv.context);
+  std::lock_guard lk(f->mu);
+  f->pds.erase(p->ibv.handle);
+  f->kept_pds.erase(p->ibv.handle);
+}
+
+void publish_mr(ibv_context* ctx, Mr* m) {
+  CommandFile* f = file_of(ctx);
+  std::lock_guard lk(f->mu);
+  f->mrs[m->ibv.handle] = m->mr;
+}
+
+void unpublish_mr(Mr* m) {
+  CommandFile* f = file_of(m->ibv.context);
+  std::lock_guard lk(f->mu);
+  f->mrs.erase(m->ibv.handle);
+  f->kept_mrs.erase(m->ibv.handle);
+}
+
+}  // namespace softrdma::verbs
+
+extern "C" {
+
+/// ibv_import_device(3): a new context on the command file `cmd_fd` (a dup of a context's
+/// cmd_fd) is of; ibv_close_device closes `cmd_fd`. NULL with errno EINVAL when `cmd_fd` is
+/// no open descriptor (rdma-core's fstat check), ENODEV when it is no context's file of this
+/// process (a descriptor of another file, or another process's cmd_fd), or ENOMEM.
+ibv_context* ibv_import_device(int cmd_fd) {
+  struct stat st {};
+  if (::fstat(cmd_fd, &st) != 0) return fail<ibv_context>(EINVAL);
+  std::shared_ptr<CommandFile> file;
+  {
+    std::lock_guard lk(g_files_mu);
+    if (auto it = g_files.find({st.st_dev, st.st_ino}); it != g_files.end())
+      file = it->second.lock();
+  }
+  if (!file) return fail<ibv_context>(ENODEV);
+  std::shared_ptr<engine::Device> dev = file->dev.lock();
+  if (!dev) return fail<ibv_context>(ENODEV);
+  ibv_device* device = file->device;
+  return new_context(std::move(dev), device, std::move(file), cmd_fd);
+}
+
+/// ibv_import_pd(3): a new handle on the PD `pd_handle` names in ctx's command file. NULL
+/// with errno EINVAL (no context), ENOENT when the file lists no such PD (as the kernel's
+/// handle lookup), ENOMEM.
+ibv_pd* ibv_import_pd(ibv_context* ctx, uint32_t pd_handle) {
+  if (!ctx) return fail<ibv_pd>(EINVAL);
+  CommandFile* f = file_of(ctx);
+  std::shared_ptr<engine::ProtectionDomain> epd;
+  {
+    std::lock_guard lk(f->mu);
+    if (auto it = f->pds.find(pd_handle); it != f->pds.end()) epd = it->second.lock();
+  }
+  if (!epd) return fail<ibv_pd>(ENOENT);
+  auto* p = new Pd{};
+  p->pd = std::move(epd);
+  p->ibv.context = ctx;
+  p->ibv.handle = pd_handle;
+  return &p->ibv;
+}
+
+/// ibv_unimport_pd(3): frees the handle; the PD stays (ibv_dealloc_pd through another
+/// handle destroys it). A parent domain is not an imported object: nothing is done.
+void ibv_unimport_pd(ibv_pd* pd) {
+  if (!pd || to_pd(pd)->parent) return;
+  Pd* p = to_pd(pd);
+  {
+    CommandFile* f = file_of(pd->context);
+    std::lock_guard lk(f->mu);
+    if (p->pd.use_count() == 1 && f->pds.count(pd->handle)) f->kept_pds[pd->handle] = p->pd;
+  }
+  delete p;
+}
+
+/// ibv_import_mr(3): a new handle on the MR `mr_handle` (its ibv_mr::handle, the key) names
+/// in the command file of pd's context; addr, length, lkey and rkey are the MR's. NULL with
+/// errno EINVAL (no PD, or an MR of another PD), ENOENT when the file lists no such MR.
+ibv_mr* ibv_import_mr(ibv_pd* pd, uint32_t mr_handle) {
+  if (!pd) return fail<ibv_mr>(EINVAL);
+  CommandFile* f = file_of(pd->context);
+  std::shared_ptr<engine::MemoryRegion> emr;
+  {
+    std::lock_guard lk(f->mu);
+    if (auto it = f->mrs.find(mr_handle); it != f->mrs.end()) emr = it->second.lock();
+  }
+  if (!emr) return fail<ibv_mr>(ENOENT);
+  if (&emr->pd() != to_pd(pd)->pd.get()) return fail<ibv_mr>(EINVAL);
+  auto* m = new Mr{};
+  m->mr = std::move(emr);
+  m->ibv.context = pd->context;
+  m->ibv.pd = pd;
+  m->ibv.addr = m->mr->host();
+  m->ibv.length = m->mr->length();
+  m->ibv.handle = mr_handle;
+  m->ibv.lkey = m->mr->key();
+  m->ibv.rkey = m->mr->key();
+  return &m->ibv;
+}
+
+/// ibv_unimport_mr(3): frees the handle; the MR stays registered (ibv_dereg_mr through
+/// another handle deregisters it).
+void ibv_unimport_mr(ibv_mr* mr) {
+  if (!mr) return;
+  Mr* m = to_mr(mr);
+  {
+    CommandFile* f = file_of(mr->context);
+    std::lock_guard lk(f->mu);
+    if (m->mr.use_count() == 1 && f->mrs.count(mr->handle)) f->kept_mrs[mr->handle] = m->mr;
+  }
+  delete m;
+}
+
+}  // extern "C"
