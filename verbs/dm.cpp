@@ -25,8 +25,8 @@ int dm_copy_from(void* host_addr, ibv_dm* dm, uint64_t dm_offset, size_t length)
   return err(to_dm(dm)->dm->copy_out(host_addr, dm_offset, length));
 }
 
-/// The handle ibv_alloc_dm reports (for ibv_import_dm, which answers EOPNOTSUPP here):
-/// unique in the process.
+/// The handle ibv_alloc_dm reports (ibv_import_dm finds the DM by it): unique in the
+/// process.
 std::atomic<uint32_t> g_next_dm_handle{1};
 
 }  // namespace
@@ -50,6 +50,7 @@ ibv_dm* ctx_alloc_dm(ibv_context* ctx, ibv_alloc_dm_attr* attr) {
   d->ibv.memcpy_from_dm = dm_copy_from;
   d->ibv.comp_mask = IBV_DM_MASK_HANDLE;
   d->ibv.handle = g_next_dm_handle.fetch_add(1, std::memory_order_relaxed);
+  publish_dm(ctx, d);
   return &d->ibv;
 }
 
@@ -59,6 +60,7 @@ int ctx_free_dm(ibv_dm* dm) {
   if (!dm) return EINVAL;
   Dm* d = to_dm(dm);
   if (d->dm->mr_count() > 0) return EBUSY;
+  unpublish_dm(d);
   delete d;
   return 0;
 }
@@ -83,3 +85,34 @@ ibv_mr* ctx_reg_dm_mr(ibv_pd* pd, ibv_dm* dm, uint64_t dm_offset, size_t length,
 }
 
 }  // namespace softrdma::verbs
+
+extern "C" {
+
+/// ibv_import_dm(3): a new handle, on `ctx`, on the DM that `dm_handle` (its ibv_dm::handle)
+/// names in ctx's command file — a context imported from a dup of the allocating context's
+/// cmd_fd (ibv_import_device), within this process. NULL with errno EINVAL (no context),
+/// ENOENT when the file lists no such DM (freed, or never allocated there).
+ibv_dm* ibv_import_dm(ibv_context* ctx, uint32_t dm_handle) {
+  if (!ctx) return fail<ibv_dm>(EINVAL);
+  std::shared_ptr<engine::DeviceMemory> mem = find_dm(ctx, dm_handle);
+  if (!mem) return fail<ibv_dm>(ENOENT);
+  auto* d = new Dm{};
+  d->dm = std::move(mem);
+  d->ibv.context = ctx;
+  d->ibv.memcpy_to_dm = dm_copy_to;
+  d->ibv.memcpy_from_dm = dm_copy_from;
+  d->ibv.comp_mask = IBV_DM_MASK_HANDLE;
+  d->ibv.handle = dm_handle;
+  return &d->ibv;
+}
+
+/// ibv_unimport_dm(3): frees the handle; the DM stays allocated (ibv_free_dm through
+/// another handle frees it).
+void ibv_unimport_dm(ibv_dm* dm) {
+  if (!dm) return;
+  Dm* d = to_dm(dm);
+  keep_dm(d);
+  delete d;
+}
+
+}  // extern "C"

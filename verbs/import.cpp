@@ -1,9 +1,10 @@
-// Sharing a context, its PDs and MRs within a process (ibv_import_device(3),
-// ibv_import_pd(3), ibv_import_mr(3), rdma-core 44): a context's cmd_fd is a memfd whose
-// inode names its "command file", the process-wide object a kernel uverbs file would be.
-// ibv_import_device on a dup of that descriptor opens a context on the same file; the PDs
-// and MRs of every context of a file are listed there by handle (ibv_pd::handle,
-// ibv_mr::handle), so ibv_import_pd / ibv_import_mr give new handles on the same objects.
+// Sharing a context, its PDs, MRs and DMs within a process (ibv_import_device(3),
+// ibv_import_pd(3), ibv_import_mr(3), ibv_import_dm(3), rdma-core 44): a context's cmd_fd is a
+// memfd whose inode names its "command file", the process-wide object a kernel uverbs file
+// would be. ibv_import_device on a dup of that descriptor opens a context on the same file;
+// the PDs, MRs and DMs of every context of a file are listed there by handle (ibv_pd::handle,
+// ibv_mr::handle, ibv_dm::handle), so ibv_import_pd / ibv_import_mr / ibv_import_dm (dm.cpp)
+// give new handles on the same objects.
 //
 // Between processes this cannot be done: a softrdma device is the engine of one process, at
 // one address; another process's cmd_fd names no file of this one, and importing it fails
@@ -42,8 +43,10 @@ struct CommandFile {
   uint32_t next_pd_handle = 1;
   std::map<uint32_t, std::weak_ptr<engine::ProtectionDomain>> pds;
   std::map<uint32_t, std::weak_ptr<engine::MemoryRegion>> mrs;
+  std::map<uint32_t, std::weak_ptr<engine::DeviceMemory>> dms;
   std::map<uint32_t, std::shared_ptr<engine::ProtectionDomain>> kept_pds;
   std::map<uint32_t, std::shared_ptr<engine::MemoryRegion>> kept_mrs;
+  std::map<uint32_t, std::shared_ptr<engine::DeviceMemory>> kept_dms;
   ~CommandFile();
 };
 
@@ -115,6 +118,32 @@ void unpublish_mr(Mr* m) {
   std::lock_guard lk(f->mu);
   f->mrs.erase(m->ibv.handle);
   f->kept_mrs.erase(m->ibv.handle);
+}
+
+void publish_dm(ibv_context* ctx, Dm* d) {
+  CommandFile* f = file_of(ctx);
+  std::lock_guard lk(f->mu);
+  f->dms[d->ibv.handle] = d->dm;
+}
+
+void unpublish_dm(Dm* d) {
+  CommandFile* f = file_of(d->ibv.context);
+  std::lock_guard lk(f->mu);
+  f->dms.erase(d->ibv.handle);
+  f->kept_dms.erase(d->ibv.handle);
+}
+
+std::shared_ptr<engine::DeviceMemory> find_dm(ibv_context* ctx, uint32_t handle) {
+  CommandFile* f = file_of(ctx);
+  std::lock_guard lk(f->mu);
+  auto it = f->dms.find(handle);
+  return it == f->dms.end() ? nullptr : it->second.lock();
+}
+
+void keep_dm(Dm* d) {
+  CommandFile* f = file_of(d->ibv.context);
+  std::lock_guard lk(f->mu);
+  if (d->dm.use_count() == 1 && f->dms.count(d->ibv.handle)) f->kept_dms[d->ibv.handle] = d->dm;
 }
 
 }  // namespace softrdma::verbs

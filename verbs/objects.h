@@ -105,7 +105,7 @@ struct Mr {
 /// ibv_dm (dm.cpp): an allocation of the engine device's memory.
 struct Dm {
   ibv_dm ibv;
-  std::unique_ptr<engine::DeviceMemory> dm;
+  std::shared_ptr<engine::DeviceMemory> dm;  ///< shared by the handles ibv_import_dm made
 };
 
 struct Mw {

@@ -137,6 +137,13 @@ void unpublish_pd(Pd* p);
 /// Lists `m` (a new MR of `ctx`) under its handle (its key); ibv_dereg_mr unlists it.
 void publish_mr(ibv_context* ctx, Mr* m);
 void unpublish_mr(Mr* m);
+/// Lists `d` (a new DM of `ctx`) under its handle; ibv_free_dm unlists it.
+void publish_dm(ibv_context* ctx, Dm* d);
+void unpublish_dm(Dm* d);
+/// The DM ctx's command file lists under `handle`, or null (ibv_import_dm).
+std::shared_ptr<engine::DeviceMemory> find_dm(ibv_context* ctx, uint32_t handle);
+/// Keeps the DM of `d` in its command file when `d` is its last handle (ibv_unimport_dm).
+void keep_dm(Dm* d);
 
 // device.cpp: a new ibv_context on `dev` listed as `device`, on command file `file` with
 // descriptor `cmd_fd` (ibv_import_device), or on a new one when `file` is null. NULL with

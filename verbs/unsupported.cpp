@@ -1,4 +1,4 @@
-// The verbs softrdma does not implement yet (multicast, device memory import, ECE, dmabuf, the
+// The verbs softrdma does not implement yet (multicast, ECE, dmabuf, the
 // kernel-ABI copy helpers): each fails cleanly with the errno real
 // providers give for an unsupported verb (EOPNOTSUPP), never by crashing.
 #include <infiniband/verbs.h>
@@ -17,7 +17,7 @@ T* unsupported_ptr() {
 
 extern "C" {
 
-// ---- not supported yet: multicast, device memory import, ECE, dmabuf ----------------------------
+// ---- not supported yet: multicast, ECE, dmabuf ---------------------------------------
 
 int ibv_attach_mcast(ibv_qp*, const ibv_gid*, uint16_t) {
   return EOPNOTSUPP;
@@ -25,10 +25,6 @@ int ibv_attach_mcast(ibv_qp*, const ibv_gid*, uint16_t) {
 int ibv_detach_mcast(ibv_qp*, const ibv_gid*, uint16_t) {
   return EOPNOTSUPP;
 }
-ibv_dm* ibv_import_dm(ibv_context*, uint32_t) {
-  return unsupported_ptr<ibv_dm>();
-}
-void ibv_unimport_dm(ibv_dm*) {}
 int ibv_query_ece(ibv_qp*, ibv_ece*) {
   return EOPNOTSUPP;
 }

@@ -494,5 +494,40 @@ TEST_F(Import, BadDescriptorsAndHandlesAreRefused) {
   EXPECT_EQ(0, ibv_dereg_mr(mr));
 }
 
+// ibv_import_dm: the imported handle reaches the same device memory both ways; unimporting
+// it leaves the original, and a freed DM can no longer be imported.
+TEST_F(Import, ImportedDmSharesTheDeviceMemory) {
+  ibv_alloc_dm_attr attr{};
+  attr.length = 4096;
+  ibv_dm* dm = ibv_alloc_dm(d.ctx, &attr);
+  ASSERT_NE(nullptr, dm) << strerror(errno);
+  const int fd = dup(d.ctx->cmd_fd);
+  ibv_context* ctx = ibv_import_device(fd);
+  ASSERT_NE(nullptr, ctx) << strerror(errno);
+  ibv_dm* idm = ibv_import_dm(ctx, dm->handle);
+  ASSERT_NE(nullptr, idm) << strerror(errno);
+  EXPECT_EQ(dm->handle, idm->handle);
+  EXPECT_EQ(ctx, idm->context);
+
+  std::vector<uint8_t> out(attr.length), in(attr.length);
+  fill_pattern(out.data(), out.size(), 9);
+  ASSERT_EQ(0, ibv_memcpy_to_dm(dm, 0, out.data(), out.size()));
+  ASSERT_EQ(0, ibv_memcpy_from_dm(in.data(), idm, 0, in.size()));
+  EXPECT_EQ(out, in);
+  fill_pattern(out.data(), 64, 11);  // and the other way
+  ASSERT_EQ(0, ibv_memcpy_to_dm(idm, 128, out.data(), 64));
+  ASSERT_EQ(0, ibv_memcpy_from_dm(in.data(), dm, 128, 64));
+  EXPECT_EQ(0, std::memcmp(out.data(), in.data(), 64));
+
+  ibv_unimport_dm(idm);
+  ASSERT_EQ(0, ibv_memcpy_from_dm(in.data(), dm, 0, 64));  // the original still works
+  const uint32_t handle = dm->handle;
+  EXPECT_EQ(0, ibv_free_dm(dm));
+  errno = 0;
+  EXPECT_EQ(nullptr, ibv_import_dm(ctx, handle));  // freed: no longer listed
+  EXPECT_EQ(ENOENT, errno);
+  EXPECT_EQ(0, ibv_close_device(ctx));
+}
+
 }  // namespace
 }  // namespace softrdma::verbs_test
