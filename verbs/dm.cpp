@@ -29,6 +29,18 @@ int dm_copy_from(void* host_addr, ibv_dm* dm, uint64_t dm_offset, size_t length)
 /// process.
 std::atomic<uint32_t> g_next_dm_handle{1};
 
+/// A new ibv_dm handle on ctx for the device memory `mem`, reporting `handle`.
+Dm* new_dm_handle(ibv_context* ctx, std::shared_ptr<engine::DeviceMemory> mem, uint32_t handle) {
+  auto* d = new Dm{};
+  d->dm = std::move(mem);
+  d->ibv.context = ctx;
+  d->ibv.memcpy_to_dm = dm_copy_to;
+  d->ibv.memcpy_from_dm = dm_copy_from;
+  d->ibv.comp_mask = IBV_DM_MASK_HANDLE;
+  d->ibv.handle = handle;
+  return d;
+}
+
 }  // namespace
 
 namespace softrdma::verbs {
@@ -43,13 +55,8 @@ ibv_dm* ctx_alloc_dm(ibv_context* ctx, ibv_alloc_dm_attr* attr) {
   auto mem = engine::DeviceMemory::allocate(to_ctx(ctx)->dev->device_memory(), attr->length,
                                             attr->log_align_req, st);
   if (!mem) return fail<ibv_dm>(err(st));
-  auto* d = new Dm{};
-  d->dm = std::move(mem);
-  d->ibv.context = ctx;
-  d->ibv.memcpy_to_dm = dm_copy_to;
-  d->ibv.memcpy_from_dm = dm_copy_from;
-  d->ibv.comp_mask = IBV_DM_MASK_HANDLE;
-  d->ibv.handle = g_next_dm_handle.fetch_add(1, std::memory_order_relaxed);
+  Dm* d =
+      new_dm_handle(ctx, std::move(mem), g_next_dm_handle.fetch_add(1, std::memory_order_relaxed));
   publish_dm(ctx, d);
   return &d->ibv;
 }
@@ -96,14 +103,7 @@ ibv_dm* ibv_import_dm(ibv_context* ctx, uint32_t dm_handle) {
   if (!ctx) return fail<ibv_dm>(EINVAL);
   std::shared_ptr<engine::DeviceMemory> mem = find_dm(ctx, dm_handle);
   if (!mem) return fail<ibv_dm>(ENOENT);
-  auto* d = new Dm{};
-  d->dm = std::move(mem);
-  d->ibv.context = ctx;
-  d->ibv.memcpy_to_dm = dm_copy_to;
-  d->ibv.memcpy_from_dm = dm_copy_from;
-  d->ibv.comp_mask = IBV_DM_MASK_HANDLE;
-  d->ibv.handle = dm_handle;
-  return &d->ibv;
+  return &new_dm_handle(ctx, std::move(mem), dm_handle)->ibv;
 }
 
 /// ibv_unimport_dm(3): frees the handle; the DM stays allocated (ibv_free_dm through

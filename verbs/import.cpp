@@ -30,10 +30,32 @@ using namespace softrdma::verbs;
 
 namespace softrdma::verbs {
 
-/// What a cmd_fd stands for: the device the contexts on it use, and their PDs and MRs by
-/// handle (weak: the handles own them; `kept_*` hold those whose last handle was
-/// unimported). An entry goes at ibv_dealloc_pd / ibv_dereg_mr (O(log n): creating max_pd
-/// PDs or max_mr MRs stays linear).
+/// The objects of one kind a command file lists by handle: weak (the handles own them), and
+/// `kept` those whose last handle was unimported. An entry goes at ibv_dealloc_pd /
+/// ibv_dereg_mr / ibv_free_dm (O(log n): creating max_pd PDs or max_mr MRs stays linear).
+/// Under CommandFile::mu.
+template <class T>
+struct Listing {
+  std::map<uint32_t, std::weak_ptr<T>> live;
+  std::map<uint32_t, std::shared_ptr<T>> kept;
+  void add(uint32_t handle, const std::shared_ptr<T>& obj) { live[handle] = obj; }
+  void remove(uint32_t handle) {
+    live.erase(handle);
+    kept.erase(handle);
+  }
+  std::shared_ptr<T> find(uint32_t handle) const {
+    auto it = live.find(handle);
+    return it == live.end() ? nullptr : it->second.lock();
+  }
+  /// A handle on `obj` is being unimported: the file keeps the object if that handle was its
+  /// last one and it is still listed.
+  void keep_if_last(uint32_t handle, const std::shared_ptr<T>& obj) {
+    if (obj.use_count() == 1 && live.count(handle)) kept[handle] = obj;
+  }
+};
+
+/// What a cmd_fd stands for: the device the contexts on it use, and their PDs, MRs and DMs
+/// by handle.
 struct CommandFile {
   ibv_device* device = nullptr;
   std::weak_ptr<engine::Device> dev;
@@ -41,12 +63,9 @@ struct CommandFile {
   ino_t st_ino = 0;
   std::mutex mu;
   uint32_t next_pd_handle = 1;
-  std::map<uint32_t, std::weak_ptr<engine::ProtectionDomain>> pds;
-  std::map<uint32_t, std::weak_ptr<engine::MemoryRegion>> mrs;
-  std::map<uint32_t, std::weak_ptr<engine::DeviceMemory>> dms;
-  std::map<uint32_t, std::shared_ptr<engine::ProtectionDomain>> kept_pds;
-  std::map<uint32_t, std::shared_ptr<engine::MemoryRegion>> kept_mrs;
-  std::map<uint32_t, std::shared_ptr<engine::DeviceMemory>> kept_dms;
+  Listing<engine::ProtectionDomain> pds;
+  Listing<engine::MemoryRegion> mrs;
+  Listing<engine::DeviceMemory> dms;
   ~CommandFile();
 };
 
@@ -97,53 +116,49 @@ void publish_pd(ibv_context* ctx, Pd* p) {
   CommandFile* f = file_of(ctx);
   std::lock_guard lk(f->mu);
   p->ibv.handle = f->next_pd_handle++;
-  f->pds[p->ibv.handle] = p->pd;
+  f->pds.add(p->ibv.handle, p->pd);
 }
 
 void unpublish_pd(Pd* p) {
   CommandFile* f = file_of(p->ibv.context);
   std::lock_guard lk(f->mu);
-  f->pds.erase(p->ibv.handle);
-  f->kept_pds.erase(p->ibv.handle);
+  f->pds.remove(p->ibv.handle);
 }
 
 void publish_mr(ibv_context* ctx, Mr* m) {
   CommandFile* f = file_of(ctx);
   std::lock_guard lk(f->mu);
-  f->mrs[m->ibv.handle] = m->mr;
+  f->mrs.add(m->ibv.handle, m->mr);
 }
 
 void unpublish_mr(Mr* m) {
   CommandFile* f = file_of(m->ibv.context);
   std::lock_guard lk(f->mu);
-  f->mrs.erase(m->ibv.handle);
-  f->kept_mrs.erase(m->ibv.handle);
+  f->mrs.remove(m->ibv.handle);
 }
 
 void publish_dm(ibv_context* ctx, Dm* d) {
   CommandFile* f = file_of(ctx);
   std::lock_guard lk(f->mu);
-  f->dms[d->ibv.handle] = d->dm;
+  f->dms.add(d->ibv.handle, d->dm);
 }
 
 void unpublish_dm(Dm* d) {
   CommandFile* f = file_of(d->ibv.context);
   std::lock_guard lk(f->mu);
-  f->dms.erase(d->ibv.handle);
-  f->kept_dms.erase(d->ibv.handle);
+  f->dms.remove(d->ibv.handle);
 }
 
 std::shared_ptr<engine::DeviceMemory> find_dm(ibv_context* ctx, uint32_t handle) {
   CommandFile* f = file_of(ctx);
   std::lock_guard lk(f->mu);
-  auto it = f->dms.find(handle);
-  return it == f->dms.end() ? nullptr : it->second.lock();
+  return f->dms.find(handle);
 }
 
 void keep_dm(Dm* d) {
   CommandFile* f = file_of(d->ibv.context);
   std::lock_guard lk(f->mu);
-  if (d->dm.use_count() == 1 && f->dms.count(d->ibv.handle)) f->kept_dms[d->ibv.handle] = d->dm;
+  f->dms.keep_if_last(d->ibv.handle, d->dm);
 }
 
 }  // namespace softrdma::verbs
@@ -179,7 +194,7 @@ ibv_pd* ibv_import_pd(ibv_context* ctx, uint32_t pd_handle) {
   std::shared_ptr<engine::ProtectionDomain> epd;
   {
     std::lock_guard lk(f->mu);
-    if (auto it = f->pds.find(pd_handle); it != f->pds.end()) epd = it->second.lock();
+    epd = f->pds.find(pd_handle);
   }
   if (!epd) return fail<ibv_pd>(ENOENT);
   auto* p = new Pd{};
@@ -197,7 +212,7 @@ void ibv_unimport_pd(ibv_pd* pd) {
   {
     CommandFile* f = file_of(pd->context);
     std::lock_guard lk(f->mu);
-    if (p->pd.use_count() == 1 && f->pds.count(pd->handle)) f->kept_pds[pd->handle] = p->pd;
+    f->pds.keep_if_last(pd->handle, p->pd);
   }
   delete p;
 }
@@ -211,7 +226,7 @@ ibv_mr* ibv_import_mr(ibv_pd* pd, uint32_t mr_handle) {
   std::shared_ptr<engine::MemoryRegion> emr;
   {
     std::lock_guard lk(f->mu);
-    if (auto it = f->mrs.find(mr_handle); it != f->mrs.end()) emr = it->second.lock();
+    emr = f->mrs.find(mr_handle);
   }
   if (!emr) return fail<ibv_mr>(ENOENT);
   if (&emr->pd() != to_pd(pd)->pd.get()) return fail<ibv_mr>(EINVAL);
@@ -235,7 +250,7 @@ void ibv_unimport_mr(ibv_mr* mr) {
   {
     CommandFile* f = file_of(mr->context);
     std::lock_guard lk(f->mu);
-    if (m->mr.use_count() == 1 && f->mrs.count(mr->handle)) f->kept_mrs[mr->handle] = m->mr;
+    f->mrs.keep_if_last(mr->handle, m->mr);
   }
   delete m;
 }
