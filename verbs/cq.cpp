@@ -63,7 +63,7 @@ Cq* create_cq(ibv_context* ctx, int cqe, void* cq_context, ibv_comp_channel* cha
   // The ring (and its completion times) in a buffer of the parent domain's allocator.
   engine::QueueMemory memory;
   const size_t slot = sizeof(engine::Cqe) + (record_times ? sizeof(engine::CompletionTime) : 0);
-  if (int e = queue_memory(parent_domain, static_cast<uint32_t>(cqe), slot, SOFTRDMA_RES_TYPE_CQ,
+  if (int e = queue_memory(parent_domain, static_cast<uint32_t>(cqe), slot, SOFTRDMADV_RES_TYPE_CQ,
                            memory))
     return fail<Cq>(e);
   auto* c = new Cq{};

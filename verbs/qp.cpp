@@ -116,11 +116,11 @@ ibv_qp* create_qp(ibv_context* ctx, ibv_qp_init_attr_ex* a, uint32_t qpn) {
     const engine::QpTypeInfo& type = *engine::qp_type_info(in.type);
     if (type.has_send_queue)
       if (int e = queue_memory(parent, in.cap.max_send_wr, sizeof(engine::SendWqe),
-                               SOFTRDMA_RES_TYPE_SQ, in.sq_memory))
+                               SOFTRDMADV_RES_TYPE_SQ, in.sq_memory))
         return fail<ibv_qp>(e);
     if (type.has_recv_queue && !in.srq)
       if (int e = queue_memory(parent, in.cap.max_recv_wr, sizeof(engine::RecvWqe),
-                               SOFTRDMA_RES_TYPE_RQ, in.rq_memory))
+                               SOFTRDMADV_RES_TYPE_RQ, in.rq_memory))
         return fail<ibv_qp>(e);
   }
   Reservation slot;

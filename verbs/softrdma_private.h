@@ -17,10 +17,10 @@ extern "C" {
 /// are called with, naming the queue the buffer is for, as mlx5dv.h's MLX5DV_RES_TYPE_*: the
 /// provider's id in the upper 32 bits (softrdma has no RDMA_DRIVER_* number; 0x5352 is "SR"),
 /// the queue in the lower.
-#define SOFTRDMA_RES_TYPE_SQ ((uint64_t)0x5352 << 32 | 1)  /* a QP's send queue */
-#define SOFTRDMA_RES_TYPE_RQ ((uint64_t)0x5352 << 32 | 2)  /* a QP's receive queue */
-#define SOFTRDMA_RES_TYPE_SRQ ((uint64_t)0x5352 << 32 | 3) /* an SRQ's receive queue */
-#define SOFTRDMA_RES_TYPE_CQ ((uint64_t)0x5352 << 32 | 4)  /* a CQ's ring */
+#define SOFTRDMADV_RES_TYPE_SQ ((uint64_t)0x5352 << 32 | 1)  /* a QP's send queue */
+#define SOFTRDMADV_RES_TYPE_RQ ((uint64_t)0x5352 << 32 | 2)  /* a QP's receive queue */
+#define SOFTRDMADV_RES_TYPE_SRQ ((uint64_t)0x5352 << 32 | 3) /* an SRQ's receive queue */
+#define SOFTRDMADV_RES_TYPE_CQ ((uint64_t)0x5352 << 32 | 4)  /* a CQ's ring */
 
 /// Creates QP1, the General Services Interface QP (IBTA vol 1, 13.5.1 and 14.4), on the
 /// device of `pd`: the QP over which IB CM MADs (REQ, REP, RTU, REJ, DREQ, DREP; ch. 12)

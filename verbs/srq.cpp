@@ -20,7 +20,7 @@ ibv_srq* create_srq(ibv_context* ctx, ibv_pd* pd, ibv_srq_attr& attr, void* srq_
   ibv_pd* parent = to_pd(pd)->parent ? pd : nullptr;
   engine::QueueMemory memory;
   if (int e =
-          queue_memory(parent, a.max_wr, sizeof(engine::RecvWqe), SOFTRDMA_RES_TYPE_SRQ, memory))
+          queue_memory(parent, a.max_wr, sizeof(engine::RecvWqe), SOFTRDMADV_RES_TYPE_SRQ, memory))
     return fail<ibv_srq>(e);
   auto* s = new Srq{};
   if (!s->slot.take(*to_ctx(ctx)->dev, engine::ObjectKind::kSrq)) {

@@ -171,10 +171,10 @@ TEST_F(ParentDomain, AllocatorGivesEveryQueueItsBufferWhichHoldsTheQueue) {
   ibv_qp* qp_srq = ibv_create_qp(pd, &qs);
   ASSERT_NE(nullptr, qp_srq) << strerror(errno);
 
-  ASSERT_EQ(1u, log.of(SOFTRDMA_RES_TYPE_CQ).size());
-  ASSERT_EQ(1u, log.of(SOFTRDMA_RES_TYPE_SRQ).size());
-  ASSERT_EQ(2u, log.of(SOFTRDMA_RES_TYPE_SQ).size());
-  ASSERT_EQ(1u, log.of(SOFTRDMA_RES_TYPE_RQ).size());
+  ASSERT_EQ(1u, log.of(SOFTRDMADV_RES_TYPE_CQ).size());
+  ASSERT_EQ(1u, log.of(SOFTRDMADV_RES_TYPE_SRQ).size());
+  ASSERT_EQ(2u, log.of(SOFTRDMADV_RES_TYPE_SQ).size());
+  ASSERT_EQ(1u, log.of(SOFTRDMADV_RES_TYPE_RQ).size());
   ASSERT_EQ(5u, log.allocated.size());
   for (const auto& b : log.allocated) {
     EXPECT_EQ(pd, b.pd);
@@ -182,10 +182,10 @@ TEST_F(ParentDomain, AllocatorGivesEveryQueueItsBufferWhichHoldsTheQueue) {
   }
   // Sizes follow the depth: 64 CQEs, 16 SRQ WQEs, 32 send and 8 receive WQEs, each slot
   // at least as large as what the verbs structs carry.
-  EXPECT_GE(log.of(SOFTRDMA_RES_TYPE_CQ)[0].size, 64 * sizeof(uint64_t) * 3);
-  EXPECT_GE(log.of(SOFTRDMA_RES_TYPE_SQ)[0].size, 32 * sizeof(ibv_sge));
-  EXPECT_GT(log.of(SOFTRDMA_RES_TYPE_SQ)[0].size, log.of(SOFTRDMA_RES_TYPE_RQ)[0].size);
-  EXPECT_GT(log.of(SOFTRDMA_RES_TYPE_SRQ)[0].size, log.of(SOFTRDMA_RES_TYPE_RQ)[0].size);
+  EXPECT_GE(log.of(SOFTRDMADV_RES_TYPE_CQ)[0].size, 64 * sizeof(uint64_t) * 3);
+  EXPECT_GE(log.of(SOFTRDMADV_RES_TYPE_SQ)[0].size, 32 * sizeof(ibv_sge));
+  EXPECT_GT(log.of(SOFTRDMADV_RES_TYPE_SQ)[0].size, log.of(SOFTRDMADV_RES_TYPE_RQ)[0].size);
+  EXPECT_GT(log.of(SOFTRDMADV_RES_TYPE_SRQ)[0].size, log.of(SOFTRDMADV_RES_TYPE_RQ)[0].size);
 
   // The WQEs posted are kept in those buffers: their wr_id is found there.
   Buffer buf(4096);
@@ -201,8 +201,8 @@ TEST_F(ParentDomain, AllocatorGivesEveryQueueItsBufferWhichHoldsTheQueue) {
   rw.num_sge = 1;
   ibv_recv_wr* bad = nullptr;
   ASSERT_EQ(0, ibv_post_srq_recv(srq, &rw, &bad));
-  const auto rq = log.of(SOFTRDMA_RES_TYPE_RQ)[0];
-  const auto srqb = log.of(SOFTRDMA_RES_TYPE_SRQ)[0];
+  const auto rq = log.of(SOFTRDMADV_RES_TYPE_RQ)[0];
+  const auto srqb = log.of(SOFTRDMADV_RES_TYPE_SRQ)[0];
   EXPECT_TRUE(contains(rq.ptr, rq.size, kRecvId));
   EXPECT_TRUE(contains(srqb.ptr, srqb.size, kSrqId));
   EXPECT_FALSE(contains(rq.ptr, rq.size, kSrqId));
@@ -231,7 +231,7 @@ TEST_F(ParentDomain, CqRingHoldsTheCompletionsOfTrafficOverItsQps) {
   // harness endpoints make their CQs with ibv_create_cq (no parent domain); the QPs' queues
   // come from the allocator.
   traffic(pd, kSendId, kRecvId);
-  ASSERT_EQ(2u, log.of(SOFTRDMA_RES_TYPE_SQ).size());
+  ASSERT_EQ(2u, log.of(SOFTRDMADV_RES_TYPE_SQ).size());
   EXPECT_EQ(log.allocated.size(), log.freed.size());
 
   // A CQ made on the parent domain keeps its CQEs in the buffer.
@@ -253,7 +253,7 @@ TEST_F(ParentDomain, CqRingHoldsTheCompletionsOfTrafficOverItsQps) {
   ibv_qp_attr err{};
   err.qp_state = IBV_QPS_ERR;
   ASSERT_EQ(0, ibv_modify_qp(qp, &err, IBV_QP_STATE));
-  const auto ring = log.of(SOFTRDMA_RES_TYPE_CQ).back();
+  const auto ring = log.of(SOFTRDMADV_RES_TYPE_CQ).back();
   ibv_wc wc{};
   ASSERT_TRUE(try_poll_one(cq, wc));
   EXPECT_EQ(kRecvId, wc.wr_id);
@@ -272,8 +272,8 @@ TEST_F(ParentDomain, UseDefaultAnswerPutsQueuesOnTheHeapAndNeverCallsFree) {
   ibv_pd* pd = make_parent(&log);
   ASSERT_NE(nullptr, pd);
   traffic(pd, 1000, 2000);
-  EXPECT_EQ(2u, log.of(SOFTRDMA_RES_TYPE_SQ).size());
-  EXPECT_EQ(2u, log.of(SOFTRDMA_RES_TYPE_RQ).size());
+  EXPECT_EQ(2u, log.of(SOFTRDMADV_RES_TYPE_SQ).size());
+  EXPECT_EQ(2u, log.of(SOFTRDMADV_RES_TYPE_RQ).size());
   EXPECT_TRUE(log.freed.empty());  // free is only for blocks the allocator gave
   EXPECT_EQ(0, ibv_dealloc_pd(pd));
 }
