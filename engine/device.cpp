@@ -17,6 +17,7 @@
 #include <iterator>
 #include <random>
 #include <sstream>
+#include <thread>
 
 #include "base/params.h"
 #include "engine/counter_publisher.h"
@@ -33,6 +34,10 @@ namespace softrdma::engine {
 namespace {
 
 constexpr size_t kTxBatch = 64;
+/// A same-host mailbox held by the address's previous owner while it exits is retried every
+/// kShmOwnerExitPollMs, at most kShmOwnerExitTries times (200 ms in all).
+constexpr int kShmOwnerExitPollMs = 5;
+constexpr int kShmOwnerExitTries = 40;
 constexpr size_t kRxBatch = 64;
 /// Receive buffer per datagram without GRO: one packet, and larger ones show as truncated.
 constexpr size_t kRxBufferBytes = kMaxRocePacketBytes;
@@ -161,7 +166,17 @@ std::unique_ptr<Device> Device::open(const DeviceConfig& cfg, int& err) {
   }
   if (cfg.path != PacketPath::kUdp) {
     // The UDP bind above made this process the address's owner; the mailbox only joins it.
-    if (int e = d->shm_.open(d->ip(), cfg.shm); e != 0) {
+    // EADDRINUSE here means the previous owner is still exiting: a process that ends
+    // without closing its device has its descriptors closed in order, the UDP socket before
+    // the mailbox's doorbell. Wait for it (bounded) instead of running UDP-only while peers
+    // still write into the dying owner's mailbox — packets lost for up to its liveness
+    // check, enough to exhaust a short retry budget (InjectedLoss in parallel ctest runs).
+    int e = d->shm_.open(d->ip(), cfg.shm);
+    for (int tries = 0; e == EADDRINUSE && tries < kShmOwnerExitTries; ++tries) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(kShmOwnerExitPollMs));
+      e = d->shm_.open(d->ip(), cfg.shm);
+    }
+    if (e != 0) {
       if (cfg.path == PacketPath::kShm) {
         log().error("SOFTRDMA_TRANSPORT=shm: cannot open the shared-memory mailbox for {}: {}",
                     net::ipv4_to_string(d->ip()), std::strerror(e));
