@@ -291,10 +291,9 @@ void Device::timer_armed(QueuePair& qp, uint64_t deadline_ns) {
 }
 
 bool Device::reserve(ObjectKind kind) {
-  static constexpr uint32_t kLimit[] = {DeviceLimits::kMaxPd,  DeviceLimits::kMaxCq,
-                                        DeviceLimits::kMaxQp,  DeviceLimits::kMaxMr,
-                                        DeviceLimits::kMaxSrq, DeviceLimits::kMaxAh,
-                                        DeviceLimits::kMaxMw};
+  static constexpr uint32_t kLimit[] = {
+      DeviceLimits::kMaxPd,  DeviceLimits::kMaxCq, DeviceLimits::kMaxQp, DeviceLimits::kMaxMr,
+      DeviceLimits::kMaxSrq, DeviceLimits::kMaxAh, DeviceLimits::kMaxMw};
   static_assert(std::size(kLimit) == static_cast<size_t>(ObjectKind::kCount));
   std::atomic<uint32_t>& n = objects_[static_cast<size_t>(kind)];
   uint32_t cur = n.load(std::memory_order_relaxed);

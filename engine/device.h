@@ -41,6 +41,9 @@ namespace softrdma::engine {
 inline constexpr size_t kMaxRocePacketBytes = 4096 + 256;
 /// Packets processed per progress round before timers and other work get a turn.
 inline constexpr size_t kRxBudget = 1024;
+/// Payloads up to this many bytes are copied into their TX slot at transmit() (the largest
+/// inline data a WQE carries, DeviceLimits::kMaxInlineData).
+inline constexpr size_t kTxCopyBytes = 256;
 /// Packets between two notes of the poll clock (net::ShmPort::note_polling) within one
 /// same-host receive round: 16 packets of 4 KiB ≈ 3 µs of copying, near the doorbell
 /// threshold (ShmConfig::doorbell_threshold_ns, 2 µs).
@@ -244,6 +247,10 @@ class Device final : public Transport, public ObjectRegistry {
   struct TxSlot {
     uint8_t hdr[wire::kMaxTransportHeaderBytes];
     uint8_t trailer[8];  // pad + ICRC
+    /// A payload of at most kTxCopyBytes, copied at transmit(): a WQE's inline data (or an
+    /// ATOMIC WRITE's 8 bytes) is freed when an ACK in the same round retires the WQE,
+    /// before send_queued() reads it (a resend queued just before the original's late ACK).
+    uint8_t copy[kTxCopyBytes];
     std::vector<iovec> iov;
     uint32_t dst_ip;
     uint32_t udp_len;  // BTH … ICRC, bytes

@@ -52,8 +52,23 @@ void Device::transmit(wire::Headers h, uint32_t dst_ip, std::span<const iovec> p
   s.pad = pad;
   s.iov.clear();
   s.iov.push_back({s.hdr, hlen});
-  for (const iovec& v : payload)
-    if (v.iov_len) s.iov.push_back(v);
+  // Small payloads travel in the slot (see TxSlot::copy); memory that faults stays referenced
+  // and the send path's own fault guard deals with it.
+  size_t copied = 0;
+  bool own = payload_len <= kTxCopyBytes;
+  for (const iovec& v : payload) {
+    if (!own) break;
+    if (copied + v.iov_len > kTxCopyBytes ||
+        (v.iov_len && !net::guarded_copy(s.copy + copied, v.iov_base, v.iov_len)))
+      own = false;
+    copied += v.iov_len;
+  }
+  if (own && payload_len) {
+    s.iov.push_back({s.copy, payload_len});
+  } else if (!own) {
+    for (const iovec& v : payload)
+      if (v.iov_len) s.iov.push_back(v);
+  }
   s.iov.push_back({s.trailer, size_t{pad} + wire::kIcrcBytes});
   s.dst_ip = dst_ip;
   s.udp_len = static_cast<uint32_t>(udp_len);
