@@ -463,6 +463,17 @@ inline constexpr Param kParams[] = {
      .max = 7,
      .doc = "retransmissions before a peer is declared dead: a transfer to a dead peer fails "
             "after about (retry_cnt + 1) ACK timeouts (14/7: ~0.5 s)"},
+    {.name = "SOFTRDMA_KV_MAX_RD_ATOMIC",
+     .group = Group::kKv,
+     .kind = Kind::kInteger,
+     .default_value = 16,
+     .default_text = "16",
+     .min = 1,
+     .max = 255,
+     .doc = "RDMA READs (and atomics) in flight per QP, at most: each side offers "
+            "min(this, its device's max_qp_rd_atom) as responder resources in the handshake, "
+            "and an initiator uses min(this, its max_qp_init_rd_atom, the peer's offer) (IBTA "
+            "vol 1, 9.5: a requester must not exceed the responder's resources)"},
     {.name = "SOFTRDMA_KV_SPIN_US",
      .group = Group::kKv,
      .kind = Kind::kInteger,
@@ -473,6 +484,15 @@ inline constexpr Param kParams[] = {
      .unit = "µs",
      .doc = "how long the engine's progress thread busy-polls its CQ after a completion before "
             "it sleeps on the completion channel"},
+    {.name = "SOFTRDMA_KV_POLL_BUSY",
+     .group = Group::kKv,
+     .kind = Kind::kFlag,
+     .default_value = 1,
+     .default_text = "1",
+     .doc = "1: the progress thread busy-polls its CQs for as long as it has READs/WRITEs "
+            "outstanding (one core per engine while transferring, as perftest and NCCL's "
+            "proxy do: a polling consumer needs no doorbell per completion); 0: it polls "
+            "SOFTRDMA_KV_SPIN_US after each completion, then sleeps"},
     {.name = "SOFTRDMA_KV_CONNECT_TIMEOUT_MS",
      .group = Group::kKv,
      .kind = Kind::kInteger,
@@ -558,7 +578,9 @@ inline constexpr const Param& kKvSliceBytes = by_name("SOFTRDMA_KV_SLICE_BYTES")
 inline constexpr const Param& kKvMaxWr = by_name("SOFTRDMA_KV_MAX_WR");
 inline constexpr const Param& kKvIbTimeout = by_name("SOFTRDMA_KV_IB_TIMEOUT");
 inline constexpr const Param& kKvIbRetryCnt = by_name("SOFTRDMA_KV_IB_RETRY_CNT");
+inline constexpr const Param& kKvMaxRdAtomic = by_name("SOFTRDMA_KV_MAX_RD_ATOMIC");
 inline constexpr const Param& kKvSpinUs = by_name("SOFTRDMA_KV_SPIN_US");
+inline constexpr const Param& kKvPollBusy = by_name("SOFTRDMA_KV_POLL_BUSY");
 inline constexpr const Param& kKvConnectTimeoutMs = by_name("SOFTRDMA_KV_CONNECT_TIMEOUT_MS");
 
 /// Every registered parameter, in table order.

@@ -27,7 +27,8 @@ namespace {
 
 constexpr uint32_t kRequestMagic = 0x484b5653;  // "SVKH"
 constexpr uint32_t kReplyMagic = 0x524b5653;    // "SVKR"
-constexpr uint32_t kVersion = 2;  // 2: per-QP device and address (multi-device engines)
+// 2: per-QP device and address (multi-device engines); 3: per-QP responder resources.
+constexpr uint32_t kVersion = 3;
 enum : uint32_t { kOk = 0, kBusy = 1, kRefused = 2 };
 
 std::string errno_text(int e) {
@@ -46,18 +47,19 @@ std::string gid_text(const uint8_t* g, uint8_t link_layer, uint16_t lid) {
 }
 
 // A QP set: a count, then per QP its device's GID (16 bytes), LID, link layer, MTU, the
-// device index, QPN and PSN (u32 each, network order).
+// device index, QPN, PSN and responder resources (u32 each, network order).
 void put_set(std::string& s, const QpSetInfo& set) {
   net::put_u32(s, static_cast<uint32_t>(set.qps.size()));
   for (const detail::QpInfo& q : set.qps) {
     s.append(reinterpret_cast<const char*>(q.gid), 16);
-    for (uint32_t v : {q.lid, q.link_layer, q.mtu, q.dev, q.qpn, q.psn}) net::put_u32(s, v);
+    for (uint32_t v : {q.lid, q.link_layer, q.mtu, q.dev, q.qpn, q.psn, q.rd_atomic})
+      net::put_u32(s, v);
   }
 }
 
 // Reads a QP set at `at`; throws std::out_of_range when the message is short.
 QpSetInfo get_set(std::string_view s, size_t& at) {
-  constexpr size_t kPerQp = 16 + 6 * 4;
+  constexpr size_t kPerQp = 16 + 7 * 4;
   if (s.size() < at + 4) throw std::out_of_range("short QP set");
   const uint32_t n = net::get_u32(s, at);
   at += 4;
@@ -73,7 +75,10 @@ QpSetInfo get_set(std::string_view s, size_t& at) {
     q.dev = net::get_u32(s, at + 28);
     q.qpn = net::get_u32(s, at + 32);
     q.psn = net::get_u32(s, at + 36);
+    q.rd_atomic = net::get_u32(s, at + 40);
     if (q.dev >= 64) throw std::out_of_range("device index out of range");
+    if (q.rd_atomic < 1 || q.rd_atomic > 255)
+      throw std::out_of_range("responder resources out of range");
     set.qps.push_back(q);
   }
   return set;
@@ -194,8 +199,9 @@ void Engine::Impl::open_one(detail::Device& d, ibv_device* dev) {
   d.addr = gid_text(d.gid.raw, d.link_layer, d.lid);
   ibv_device_attr da{};
   if (int e = ibv_query_device(d.ctx, &da)) fail("ibv_query_device: " + errno_text(e));
-  d.max_rd_atomic = static_cast<uint8_t>(std::clamp(da.max_qp_init_rd_atom, 1, 16));
-  d.max_dest_rd_atomic = static_cast<uint8_t>(std::clamp(da.max_qp_rd_atom, 1, 16));
+  const int cap = static_cast<int>(opt.max_rd_atomic);
+  d.max_rd_atomic = static_cast<uint8_t>(std::clamp(std::min(da.max_qp_init_rd_atom, cap), 1, 255));
+  d.max_dest_rd_atomic = static_cast<uint8_t>(std::clamp(std::min(da.max_qp_rd_atom, cap), 1, 255));
   d.pd = ibv_alloc_pd(d.ctx);
   if (!d.pd) fail("ibv_alloc_pd: " + errno_text(errno));
   d.channel = ibv_create_comp_channel(d.ctx);
@@ -331,6 +337,7 @@ QpSetInfo Engine::Impl::local_info(const std::vector<Qp*>& set) const {
     q.dev = set[k]->dev;
     q.qpn = set[k]->qp->qp_num;
     q.psn = psns.size() > k ? psns[k] : 0;
+    q.rd_atomic = d.max_dest_rd_atomic;
     info.qps.push_back(q);
   }
   return info;
@@ -338,6 +345,7 @@ QpSetInfo Engine::Impl::local_info(const std::vector<Qp*>& set) const {
 
 void Engine::Impl::destroy_qp(Qp* q) {
   qp_by_num.erase(qp_key(q->dev, q->qp->qp_num));
+  data_busy.fetch_sub(q->data_outstanding, std::memory_order_relaxed);  // none once reaped
   ibv_destroy_qp(q->qp);
   devs[q->dev].cq_reserved -= static_cast<int>(opt.max_wr + 2 * detail::kNotifySlots + 8);
   auto it = std::find_if(qps.begin(), qps.end(), [q](const auto& u) { return u.get() == q; });
@@ -380,7 +388,8 @@ void Engine::Impl::install_qps(Peer& p, const std::vector<Qp*>& set, const QpSet
     s.retry_cnt = opt.retry_cnt;
     s.rnr_retry = 7;
     s.sq_psn = my_psns[i];
-    s.max_rd_atomic = d.max_rd_atomic;
+    // Never more READs in flight than the peer's QP has responder resources for.
+    s.max_rd_atomic = static_cast<uint8_t>(std::min<uint32_t>(d.max_rd_atomic, r.rd_atomic));
     if (int e = ibv_modify_qp(set[i]->qp, &s,
                               IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
                                   IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC))

@@ -59,10 +59,13 @@ EngineOptions EngineOptions::from_environment() {
   o.slice_bytes =
       static_cast<uint64_t>(integer(params::kKvSliceBytes, static_cast<int64_t>(o.slice_bytes)));
   o.max_wr = static_cast<uint32_t>(integer(params::kKvMaxWr, o.max_wr));
+  o.max_rd_atomic = static_cast<uint32_t>(integer(params::kKvMaxRdAtomic, o.max_rd_atomic));
   o.ib_timeout = static_cast<uint8_t>(integer(params::kKvIbTimeout, o.ib_timeout));
   o.retry_cnt = static_cast<uint8_t>(integer(params::kKvIbRetryCnt, o.retry_cnt));
   o.host = params::text(params::kKvHost);
   o.spin = std::chrono::microseconds(integer(params::kKvSpinUs, o.spin.count()));
+  if (std::string error; !params::read_flag(params::kKvPollBusy, o.poll_while_busy, error))
+    throw std::invalid_argument(error);
   o.connect_timeout =
       std::chrono::milliseconds(integer(params::kKvConnectTimeoutMs, o.connect_timeout.count()));
   return o;
@@ -387,6 +390,22 @@ bool Engine::connected(std::string_view peer) const {
   std::lock_guard lk(impl_->mu);
   auto it = impl_->peers.find(peer);
   return it != impl_->peers.end() && it->second->state == detail::PeerState::kConnected;
+}
+
+std::vector<PeerQp> Engine::peer_qps(std::string_view peer) const {
+  std::lock_guard lk(impl_->mu);
+  std::vector<PeerQp> out;
+  auto it = impl_->peers.find(peer);
+  if (it == impl_->peers.end() || it->second->state != detail::PeerState::kConnected) return out;
+  for (const detail::Qp* q : it->second->qps) {
+    ibv_qp_attr a{};
+    ibv_qp_init_attr init{};
+    if (ibv_query_qp(q->qp, &a, IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_MAX_QP_RD_ATOMIC, &init))
+      continue;
+    out.push_back(PeerQp{impl_->devs[q->dev].name, q->qp->qp_num, a.dest_qp_num, 128u << a.path_mtu,
+                         a.max_rd_atomic});
+  }
+  return out;
 }
 
 // ---- batches ------------------------------------------------------------------------------

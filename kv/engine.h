@@ -64,12 +64,18 @@ struct EngineOptions {
   uint32_t qps_per_peer = 2;          ///< RC QPs per peer (slices are striped over them)
   uint64_t slice_bytes = 256 * 1024;  ///< bytes per work request (the tail ≤ ¼ slice merges)
   uint32_t max_wr = 256;              ///< slices outstanding per QP (cover the BDP)
-  uint8_t ib_timeout = 14;            ///< ACK timeout exponent: 4.096 µs·2^x
-  uint8_t retry_cnt = 7;              ///< retransmissions before a peer counts as dead
+  /// READs in flight per QP, at most (further bounded by both devices' limits; the
+  /// handshake carries each side's responder resources).
+  uint32_t max_rd_atomic = 16;
+  uint8_t ib_timeout = 14;  ///< ACK timeout exponent: 4.096 µs·2^x
+  uint8_t retry_cnt = 7;    ///< retransmissions before a peer counts as dead
   /// Address the handshake listener binds and advertises; empty: the device's IPv4 address
   /// (RoCE GID), else 127.0.0.1.
   std::string host;
   std::chrono::microseconds spin{50};  ///< busy-poll of the progress thread after activity
+  /// Busy-poll for as long as READs/WRITEs are outstanding (else: `spin` after each
+  /// completion, then sleep on the completion channels).
+  bool poll_while_busy = true;
   std::chrono::milliseconds connect_timeout{10000};  ///< bound on one handshake
 
   /// The SOFTRDMA_KV_* variables over the defaults above; throws std::invalid_argument
@@ -127,6 +133,16 @@ using BatchCallback = std::function<void(BatchId, const BatchStatus&)>;
 struct Notification {
   std::string peer;     ///< the sending engine's name
   std::string message;  ///< its bytes, at most Engine::kMaxNotifyBytes
+};
+
+/// One RC QP of a connection to a peer, as `Engine::peer_qps` reports it (like a line of
+/// `rdma resource show qp`).
+struct PeerQp {
+  std::string device;          ///< local verbs device ("srdma0")
+  uint32_t qpn = 0;            ///< local QP number
+  uint32_t remote_qpn = 0;     ///< the peer's QP number
+  uint32_t path_mtu = 0;       ///< bytes (256 … 4096): the smaller of both ports' MTUs
+  uint32_t max_rd_atomic = 0;  ///< READs/atomics this QP may have in flight (IBTA vol 1, 9.5)
 };
 
 class Engine {
@@ -228,6 +244,9 @@ class Engine {
   void check_peer(std::string_view peer);
   /// Whether this engine has a working connection to `peer`.
   bool connected(std::string_view peer) const;
+  /// The QPs of this engine's working connection to `peer`, in stripe order, as the verbs
+  /// report them (ibv_query_qp); empty when not connected.
+  std::vector<PeerQp> peer_qps(std::string_view peer) const;
 
   struct Impl;
 

@@ -126,6 +126,9 @@ struct QpInfo {
   uint32_t dev = 0;
   uint32_t qpn = 0;
   uint32_t psn = 0;
+  /// Responder resources this side's QP offers (its max_dest_rd_atomic): the most RDMA
+  /// READs/atomics the other side may have outstanding on it (IBTA vol 1, 9.5).
+  uint32_t rd_atomic = 1;
 };
 
 /// Connection details of one side of a handshake: QP i of the set, in order.
@@ -195,6 +198,9 @@ struct Engine::Impl {
   int wake_fd = -1;  ///< eventfd: wakes the progress thread (stop)
   std::thread progress_thread;
   std::atomic<bool> stop{false};
+  /// Data slices posted and not yet completed, over every QP (written under `mu`, read
+  /// without it by the progress loop to decide whether to keep polling).
+  std::atomic<uint64_t> data_busy{0};
 
   // ---- tables (guarded by mu) ----
   mutable std::mutex mu;

@@ -1,8 +1,11 @@
 // kv::Engine's progress thread: posts queued slices (at most max_wr per QP), turns
 // completions into batch progress, notifications and probe answers, and fails a peer on the
 // first error completion (its QPs go to the error state so everything they hold flushes at
-// once; a later use reconnects). It busy-polls every device's CQ for `spin` after activity,
-// then sleeps on the devices' completion channels (never a core spinning while idle).
+// once; a later use reconnects). It busy-polls every device's CQ while data slices are
+// outstanding (`poll_while_busy`) and for `spin` after activity, then sleeps on the devices'
+// completion channels (never a core spinning while idle). Polling while busy matters on the
+// same host: a softrdma consumer that polls is fed by its own poll calls, while a sleeping
+// one costs the producer a doorbell and the device thread a wake-up per completion burst.
 #include <poll.h>
 #include <unistd.h>
 
@@ -69,6 +72,7 @@ void Engine::Impl::progress_loop() {
   std::vector<pollfd> fds(nd + 1);
   while (!stop) {
     if (poll_all()) continue;
+    if (opt.poll_while_busy && data_busy.load(std::memory_order_relaxed) > 0) continue;
     if (Clock::now() - last < opt.spin) continue;
     // Sleep: arm, poll once more (a completion between the poll and the arming raises no
     // event), then wait for a channel or the stop eventfd.
@@ -108,6 +112,7 @@ void Engine::Impl::handle_completions(uint32_t dev, const ibv_wc* wc, int n, Due
         Slice& s = *reinterpret_cast<Slice*>(w.wr_id & ~detail::kKindMask);
         --q.outstanding;
         --q.data_outstanding;
+        data_busy.fetch_sub(1, std::memory_order_relaxed);
         if (ok) {
           slice_done(s, true, {}, {}, due);
         } else {
@@ -179,6 +184,7 @@ void Engine::Impl::pump(Qp& q, DueCallbacks& due) {
     q.queue.erase(q.queue.begin(), q.queue.begin() + static_cast<ptrdiff_t>(posted));
     q.outstanding += static_cast<uint32_t>(posted);
     q.data_outstanding += static_cast<uint32_t>(posted);
+    data_busy.fetch_add(posted, std::memory_order_relaxed);
     if (e) {
       fail_peer(*q.peer,
                 "kv engine '" + name + "': ibv_post_send to peer " + q.peer->desc + ": " +

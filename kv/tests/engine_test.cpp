@@ -223,5 +223,39 @@ TEST_F(TwoEngines, SegmentInfoIsThePublishedSegment) {
   EXPECT_THROW(a->segment_info(h), std::invalid_argument);
 }
 
+// The handshake carries each side's responder resources: an initiator never keeps more
+// READs in flight on a QP than the peer's QP accepts, whichever side asks for less.
+TEST(Handshake, ReadsInFlightAreTheSmallerOfBothSidesLimits) {
+  test::TempStore store;
+  for (auto [mine, theirs] : {std::pair{64u, 4u}, std::pair{2u, 64u}}) {
+    EngineOptions oa = test::test_options(), ob = test::test_options();
+    oa.max_rd_atomic = mine;
+    ob.max_rd_atomic = theirs;
+    Engine a("a", store.store(), oa);
+    Engine b("b", store.store(), ob);
+    std::vector<uint8_t> buf(1 << 20);
+    b.register_memory(buf.data(), buf.size(), "cpu:0", "seg");
+    a.register_memory(buf.data(), buf.size(), "cpu:0", "local");
+    const SegmentHandle h = a.open_segment("b", "seg");
+    const BatchId id = a.allocate_batch(1);
+    const std::vector<TransferRequest> reqs = {{Opcode::kRead, buf.data(), h, 0, buf.size()}};
+    a.submit_transfer(id, reqs);
+    ASSERT_EQ(BatchState::kCompleted, a.wait(id, 30s).state);
+    a.free_batch(id);
+    const std::vector<PeerQp> qa = a.peer_qps("b"), qb = b.peer_qps("a");
+    ASSERT_EQ(oa.qps_per_peer, qa.size());
+    ASSERT_EQ(qa.size(), qb.size());
+    for (size_t i = 0; i < qa.size(); ++i) {
+      EXPECT_EQ(std::min(mine, theirs), qa[i].max_rd_atomic) << mine << "/" << theirs;
+      EXPECT_EQ(std::min(mine, theirs), qb[i].max_rd_atomic) << mine << "/" << theirs;
+      EXPECT_EQ(qb[i].qpn, qa[i].remote_qpn);
+      EXPECT_EQ(qa[i].qpn, qb[i].remote_qpn);
+      EXPECT_EQ(qb[i].path_mtu, qa[i].path_mtu);
+      EXPECT_GE(qa[i].path_mtu, 256u);
+    }
+    EXPECT_TRUE(a.peer_qps("nobody").empty());
+  }
+}
+
 }  // namespace
 }  // namespace softrdma::kv
