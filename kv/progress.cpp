@@ -7,6 +7,7 @@
 // same host: a softrdma consumer that polls is fed by its own poll calls, while a sleeping
 // one costs the producer a doorbell and the device thread a wake-up per completion burst.
 #include <poll.h>
+#include <pthread.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -40,7 +41,10 @@ std::string status_text(ibv_wc_status s) {
 }  // namespace
 
 void Engine::Impl::start_progress() {
-  progress_thread = std::thread([this] { progress_loop(); });
+  progress_thread = std::thread([this] {
+    pthread_setname_np(pthread_self(), "kv-progress");  // for top -H, perf and the tests
+    progress_loop();
+  });
 }
 
 void Engine::Impl::progress_loop() {

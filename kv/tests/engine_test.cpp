@@ -5,6 +5,9 @@
 
 #include <atomic>
 #include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <thread>
 
 #include "kv/engine.h"
@@ -221,6 +224,47 @@ TEST_F(TwoEngines, SegmentInfoIsThePublishedSegment) {
   EXPECT_EQ(reinterpret_cast<uint64_t>(buf.data()), s.addr);
   a->close_segment(h);
   EXPECT_THROW(a->segment_info(h), std::invalid_argument);
+}
+
+// CPU time (clock ticks) of this process's threads named `name`.
+long thread_ticks(const std::string& name) {
+  long sum = 0;
+  for (const auto& e : std::filesystem::directory_iterator("/proc/self/task")) {
+    std::ifstream comm(e.path() / "comm");
+    std::string n;
+    std::getline(comm, n);
+    if (n != name) continue;
+    std::ifstream stat(e.path() / "stat");
+    std::string text((std::istreambuf_iterator<char>(stat)), {});
+    std::istringstream rest(text.substr(text.rfind(')') + 2));  // fields from 3 (state) on
+    std::string field;
+    long utime = 0, stime = 0;
+    for (int i = 3; i <= 15 && rest >> field; ++i) {
+      if (i == 14) utime = std::stol(field);
+      if (i == 15) stime = std::stol(field);
+    }
+    sum += utime + stime;
+  }
+  return sum;
+}
+
+// The progress threads busy-poll only while transfers are outstanding
+// (SOFTRDMA_KV_POLL_BUSY): once every READ and WRITE has completed they sleep, so an idle
+// engine costs no core.
+TEST_F(TwoEngines, ProgressThreadsSleepOnceTransfersAreDone) {
+  ASSERT_TRUE(a->options().poll_while_busy);
+  std::vector<uint8_t> src(4 << 20), dst(4 << 20);
+  a->register_memory(src.data(), src.size(), "cpu:0", "s");
+  b->register_memory(dst.data(), dst.size(), "cpu:0", "d");
+  const SegmentHandle h = a->open_segment("b", "d");
+  run_batch(*a, {{Opcode::kWrite, src.data(), h, 0, src.size()}});
+  run_batch(*a, {{Opcode::kRead, src.data(), h, 0, src.size()}});
+  std::this_thread::sleep_for(100ms);  // past SOFTRDMA_KV_SPIN_US
+  const long before = thread_ticks("kv-progress");
+  std::this_thread::sleep_for(500ms);
+  const long used = thread_ticks("kv-progress") - before;
+  // Two spinning threads would use up to 100 ticks (10 ms each) here; sleeping ones ~0.
+  EXPECT_LT(used, 10) << "kv progress threads kept polling with nothing outstanding";
 }
 
 // The handshake carries each side's responder resources: an initiator never keeps more
