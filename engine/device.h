@@ -371,6 +371,7 @@ class Device final : public Transport, public ObjectRegistry {
   };
   std::vector<RingFullDrop> ring_full_;
   std::vector<uint32_t> path_waiters_;  // QPNs that held back for a same-host backlog
+  wire::Packet rx_packet_;              // the packet handle_packet() is working on (under mu_)
   std::vector<iovec> tx_iov_;           // send_queued(): every run's gather list
   std::vector<net::TxDatagram> tx_batch_;
   std::vector<std::pair<size_t, size_t>> tx_ranges_;
