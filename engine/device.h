@@ -180,7 +180,7 @@ class Device final : public Transport, public ObjectRegistry {
   Transport& transport() override { return *this; }
 
   // ---- Transport ----------------------------------------------------------------------
-  void transmit(wire::Headers h, uint32_t dst_ip, std::span<const iovec> payload,
+  void transmit(const wire::Headers& h, uint32_t dst_ip, std::span<const iovec> payload,
                 uint32_t payload_len) override;
   MemoryRegion* find_mr(uint32_t key) override;
   MemoryWindow* find_mw(uint32_t rkey) override;

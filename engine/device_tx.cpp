@@ -29,7 +29,7 @@
 
 namespace softrdma::engine {
 
-void Device::transmit(wire::Headers h, uint32_t dst_ip, std::span<const iovec> payload,
+void Device::transmit(const wire::Headers& h, uint32_t dst_ip, std::span<const iovec> payload,
                       uint32_t payload_len) {
   if (netem_ && netem_->drop()) {
     bump(counters_->emulated_drops);
@@ -38,8 +38,14 @@ void Device::transmit(wire::Headers h, uint32_t dst_ip, std::span<const iovec> p
   if (tx_count_ == tx_.size()) send_queued();
   TxSlot& s = tx_[tx_count_];
   const uint8_t pad = wire::pad_for(payload_len);
-  h.bth.pad_count = pad;
-  const size_t hlen = wire::encode_headers(h, s.hdr);
+  size_t hlen = 0;
+  if (h.bth.pad_count == pad) {
+    hlen = wire::encode_headers(h, s.hdr);
+  } else {  // rare: bulk payloads are whole MTUs
+    wire::Headers padded = h;
+    padded.bth.pad_count = pad;
+    hlen = wire::encode_headers(padded, s.hdr);
+  }
   if (hlen == 0) return;  // unknown opcode: a bug in the caller, never sent
   const size_t udp_len = hlen + payload_len + pad + wire::kIcrcBytes;
 

@@ -488,7 +488,13 @@ uint32_t resend(QueuePair& qp, Transport& t, uint32_t psn) {
     case WrClass::kWrite:
     case WrClass::kAtomicWrite: {
       std::vector<iovec> iov;
-      pay = emit_data_packet(qp, w, t, iov, psn, off, false);
+      // AckReq on every resend: the requester is waiting for this PSN's acknowledgement, and
+      // a responder that already has it (its ACK was lost) re-acknowledges a duplicate only
+      // when asked (IBTA 9.7.5.1.3). Without it, resends of a middle packet drew no answer and
+      // only the retransmit timeout's go-back could — under a periodic loss of every 7th
+      // packet that one packet was the dropped one every cycle (13 resends + 1 go-back per
+      // timeout), until retry_cnt ran out (verbs_loss_tests InjectedLoss/Every7, ~1 in 8 runs).
+      pay = emit_data_packet(qp, w, t, iov, psn, off, /*ack_req=*/true);
       break;
     }
     case WrClass::kLocal:  // holds no PSN: find_wqe never returns it

@@ -41,8 +41,10 @@ class Transport {
   /// Queues one packet: `h` (BTH opcode decides which extended headers are written; the
   /// pad count is filled in here) followed by `payload_len` bytes gathered from `payload`,
   /// to `dst_ip`:4791. The ICRC is computed here. Payload memory must stay valid until
-  /// flush(), which every progress round ends with.
-  virtual void transmit(wire::Headers h, uint32_t dst_ip, std::span<const iovec> payload,
+  /// flush(), which every progress round ends with. `h` is taken by reference: a Headers
+  /// passed by value is copied with wide loads right after the caller's narrow field stores
+  /// (a store-forwarding stall per packet; docs/performance.md).
+  virtual void transmit(const wire::Headers& h, uint32_t dst_ip, std::span<const iovec> payload,
                         uint32_t payload_len) = 0;
   /// Sends everything transmit() queued.
   virtual void flush() = 0;

@@ -82,8 +82,9 @@ class FakeDevice : public ObjectRegistry {
 class FakeTransport : public Transport {
  public:
   explicit FakeTransport(FakeDevice& dev) : dev_(dev), now_(3600'000'000'000ull) {}
-  void transmit(wire::Headers h, uint32_t, std::span<const iovec> payload,
+  void transmit(const wire::Headers& given, uint32_t, std::span<const iovec> payload,
                 uint32_t payload_len) override {
+    wire::Headers h = given;
     h.bth.pad_count = wire::pad_for(payload_len);
     std::vector<uint8_t> b(wire::kMaxTransportHeaderBytes);
     b.resize(wire::encode_headers(h, b));
