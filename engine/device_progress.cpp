@@ -232,7 +232,7 @@ void Device::progress_thread() {
     }
     const int n = ::epoll_pwait2(epoll_fd_, events, 4, timeout, nullptr);
     thread_asleep_.store(false, std::memory_order_relaxed);
-    bool bell = false;
+    bool bell = false, share_bell = false;
     for (int i = 0; i < n; ++i) {
       if (events[i].data.fd == port_.fd()) {
         // UDP traffic: from now on the poller's window applies (see shm_only above).
@@ -243,6 +243,8 @@ void Device::progress_thread() {
         (void)r;
       } else if (shm_.is_open() && events[i].data.fd == shm_.doorbell_fd()) {
         bell = true;
+      } else if (share_.joined() && events[i].data.fd == share_.fd()) {
+        bell = share_bell = true;  // the address's owner forwarded packets: serve them now
       }
     }
     if (stop_.load()) break;
@@ -254,7 +256,8 @@ void Device::progress_thread() {
         (timer == 0 || timer > woke))
       continue;  // the poller is still at it and no timer is due: leave it the lock
     std::lock_guard lk(mu_);
-    if (bell) shm_.drain_doorbell();
+    if (bell && shm_.is_open()) shm_.drain_doorbell();
+    if (share_bell) receive_share_locked();  // level-triggered: read it even when unshared
     if (shm_.is_open()) shm_.note_polling(woke);
     last_udp_check_ns_ = woke;
     progress_locked(woke);

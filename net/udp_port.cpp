@@ -51,8 +51,11 @@ int UdpPort::bind(uint32_t ip, uint16_t port, int buffer_bytes) {
     ::close(fd);
     return e;
   }
+  socklen_t len = sizeof sa;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len);
   fd_ = fd;
   ip_ = ip;
+  port_ = ntohs(sa.sin_port);
   return 0;
 }
 

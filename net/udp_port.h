@@ -73,6 +73,8 @@ class UdpPort {
 
   /// The socket descriptor (for epoll), or -1.
   int fd() const { return fd_; }
+  /// The bound UDP port (host order; the one the kernel picked for a bind to port 0).
+  uint16_t port() const { return port_; }
   uint32_t ip() const { return ip_; }
 
   /// Sends `batch` with sendmmsg (64 entries per call). Returns batch.size(): datagrams the
@@ -110,6 +112,7 @@ class UdpPort {
  private:
   int fd_ = -1;
   uint32_t ip_ = 0;
+  uint16_t port_ = 0;
   bool header_info_ = false;
   uint8_t tos_ = 0;  // the TOS byte this socket sends (set_ecn_capable())
   bool gso_ = false;

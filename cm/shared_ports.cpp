@@ -1,0 +1,163 @@
+// The rdma_cm port table shared by the processes of one address: see shared_ports.h.
+#include "cm/shared_ports.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/file.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "cm/address.h"
+
+namespace softrdma::cm {
+
+namespace {
+constexpr uint32_t kMagic = 0x53435031;  // "SCP1"
+constexpr uint32_t kEntries = 1024;
+
+bool alive(uint32_t pid) {
+  return pid != 0 && (::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH);
+}
+}  // namespace
+
+struct SharedPorts::Table {
+  uint32_t magic;
+  uint32_t reserved;
+  struct Entry {
+    uint32_t pid;  // 0: free
+    uint16_t ps;
+    uint16_t port;
+    uint32_t listening;
+  } entry[kEntries];
+};
+
+SharedPorts::~SharedPorts() {
+  if (map_) ::munmap(map_, sizeof(Table));
+  if (fd_ >= 0) ::close(fd_);
+}
+
+int SharedPorts::open(uint32_t ip, const std::string& dir) {
+  if (map_) return EINVAL;
+  const std::string path = dir + "/softrdma-cmports-" + ip_string(ip);
+  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  if (fd < 0) return errno;
+  ::flock(fd, LOCK_EX);
+  struct stat st {};
+  int err = 0;
+  if (::fstat(fd, &st) != 0 ||
+      (st.st_size < static_cast<off_t>(sizeof(Table)) && ::ftruncate(fd, sizeof(Table)) != 0))
+    err = errno;
+  void* m =
+      err ? MAP_FAILED : ::mmap(nullptr, sizeof(Table), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (!err && m == MAP_FAILED) err = errno;
+  if (!err) {
+    auto* t = static_cast<Table*>(m);
+    if (t->magic != kMagic) {
+      std::memset(static_cast<void*>(t), 0, sizeof *t);
+      t->magic = kMagic;
+    }
+  }
+  ::flock(fd, LOCK_UN);
+  if (err) {
+    ::close(fd);
+    return err;
+  }
+  fd_ = fd;
+  map_ = m;
+  pid_ = static_cast<uint32_t>(::getpid());
+  return 0;
+}
+
+void SharedPorts::lock() {
+  ::flock(fd_, LOCK_EX);
+}
+void SharedPorts::unlock() {
+  ::flock(fd_, LOCK_UN);
+}
+
+int SharedPorts::find(const Table& t, uint32_t pid, uint16_t ps, uint16_t port) const {
+  for (uint32_t i = 0; i < kEntries; ++i)
+    if (t.entry[i].pid == pid && t.entry[i].ps == ps && t.entry[i].port == port)
+      return static_cast<int>(i);
+  return -1;
+}
+
+int SharedPorts::claim(uint16_t ps, uint16_t port) {
+  if (!map_) return 0;
+  auto& t = *static_cast<Table*>(map_);
+  // A fork()ed child is another process: it takes ports under its own pid.
+  pid_ = static_cast<uint32_t>(::getpid());
+  lock();
+  int err = 0, free_slot = -1;
+  bool mine = false;
+  for (uint32_t i = 0; i < kEntries && !err; ++i) {
+    auto& e = t.entry[i];
+    if (e.pid == 0 || !alive(e.pid)) {
+      e.pid = 0;  // a dead process's entry: free
+      if (free_slot < 0) free_slot = static_cast<int>(i);
+      continue;
+    }
+    if (e.ps != ps || e.port != port) continue;
+    if (e.pid == pid_)
+      mine = true;
+    else
+      err = EADDRINUSE;
+  }
+  if (!err && !mine) {
+    if (free_slot < 0)
+      err = ENOSPC;
+    else
+      t.entry[free_slot] = {pid_, ps, port, 0};
+  }
+  unlock();
+  return err;
+}
+
+void SharedPorts::release(uint16_t ps, uint16_t port) {
+  if (!map_) return;
+  auto& t = *static_cast<Table*>(map_);
+  lock();
+  if (int i = find(t, pid_, ps, port); i >= 0) t.entry[i] = {};
+  unlock();
+}
+
+void SharedPorts::set_listening(uint16_t ps, uint16_t port, bool listening) {
+  if (!map_) return;
+  auto& t = *static_cast<Table*>(map_);
+  lock();
+  if (int i = find(t, pid_, ps, port); i >= 0) t.entry[i].listening = listening;
+  unlock();
+}
+
+bool SharedPorts::taken_elsewhere(uint16_t ps, uint16_t port) {
+  if (!map_) return false;
+  auto& t = *static_cast<Table*>(map_);
+  lock();
+  bool taken = false;
+  for (uint32_t i = 0; i < kEntries && !taken; ++i) {
+    const auto& e = t.entry[i];
+    taken = e.pid != 0 && e.pid != pid_ && e.ps == ps && e.port == port && alive(e.pid);
+  }
+  unlock();
+  return taken;
+}
+
+bool SharedPorts::listened_elsewhere(uint16_t ps, uint16_t port) {
+  if (!map_) return false;
+  auto& t = *static_cast<Table*>(map_);
+  lock();
+  bool listened = false;
+  for (uint32_t i = 0; i < kEntries && !listened; ++i) {
+    const auto& e = t.entry[i];
+    listened =
+        e.pid != 0 && e.pid != pid_ && e.ps == ps && e.port == port && e.listening && alive(e.pid);
+  }
+  unlock();
+  return listened;
+}
+
+}  // namespace softrdma::cm
