@@ -162,6 +162,7 @@ std::unique_ptr<Device> Device::open(const DeviceConfig& cfg, int& err) {
   if (err) return nullptr;
 
   d->path_ = cfg.path;
+  d->socket_buffer_bytes_ = cfg.socket_buffer_bytes;
   d->dm_pool_ = std::make_unique<DeviceMemoryPool>(cfg.dm_size);
   d->spin_ns_ = cfg.spin_ns;
   d->selective_retx_ = cfg.selective_retx;
@@ -297,6 +298,30 @@ Device::~Device() {
   if (thread_.joinable()) thread_.join();
   if (epoll_fd_ >= 0) ::close(epoll_fd_);
   if (event_fd_ >= 0) ::close(event_fd_);
+}
+
+void Device::try_take_over(uint64_t now) {
+  if (!member_ || now < next_take_over_ns_) return;
+  next_take_over_ns_ = now + kTakeOverCheckNs;
+  const int old_fd = port_.fd();
+  ::epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, old_fd, nullptr);
+  if (port_.rebind(ip(), wire::kRoceV2Port, socket_buffer_bytes_) != 0) {  // still owned
+    epoll_event ev{};
+    ev.events = socket_watched_ ? uint32_t{EPOLLIN} : 0u;
+    ev.data.fd = old_fd;
+    ::epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, old_fd, &ev);
+    return;
+  }
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.fd = port_.fd();
+  ::epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, port_.fd(), &ev);
+  socket_watched_ = true;
+  member_ = false;
+  log().info(
+      "device srdma0 took over {}:{} from its exited owner (slot {}; same-host shared "
+      "memory off)",
+      net::ipv4_to_string(ip()), wire::kRoceV2Port, share_.slot());
 }
 
 uint64_t Device::now_ns() {

@@ -308,6 +308,14 @@ class Device final : public Transport, public ObjectRegistry {
   bool member_ = false;            // another process owns UDP 4791 at ip(): port_ is ip():ephemeral
   std::vector<uint8_t> share_rx_;  // receive_share_locked()'s buffer
   std::vector<uint8_t> share_tx_;  // forward_local()'s gathered packet
+  int socket_buffer_bytes_ = 0;    // DeviceConfig::socket_buffer_bytes, for try_take_over()
+  uint64_t next_take_over_ns_ = 0;  // a member's next try_take_over()
+  /// A member checks this often whether port 4791 is free (its owner exited), ns.
+  static constexpr uint64_t kTakeOverCheckNs = 20'000'000;
+  /// Member, progress thread, device lock held: binds UDP 4791 at the address when the owner
+  /// has given it up (exited) and becomes the owner — it forwards the other members' packets
+  /// from now on. The same-host mailbox stays off (UDP only).
+  void try_take_over(uint64_t now);
   PacketPath path_ = PacketPath::kAuto;
   std::vector<size_t> udp_slots_;   // send_queued(): slots that go by UDP
   uint64_t last_udp_check_ns_ = 0;  // try_progress(): last recvmmsg on the UDP socket

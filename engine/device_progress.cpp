@@ -213,6 +213,8 @@ void Device::progress_thread() {
     uint64_t until = sleep_until_ns_.load(std::memory_order_relaxed);
     const uint64_t window = shm_only ? kShmOnlyWindowNs : poller_window;
     if (app_polling && (until == 0 || until > last_poll + window)) until = last_poll + window;
+    // A member looks now and then whether its address's owner has exited (try_take_over).
+    if (member_ && (until == 0 || until > now + kTakeOverCheckNs)) until = now + kTakeOverCheckNs;
     if (shm_.is_open() && !app_polling) {
       std::lock_guard lk(mu_);
       thread_asleep_.store(true, std::memory_order_relaxed);
@@ -252,10 +254,13 @@ void Device::progress_thread() {
     const uint64_t timer = sleep_until_ns_.load(std::memory_order_relaxed);
     // A doorbell means a sender saw nobody polling: serve it even inside the poller
     // window (ib_write_lat's target polls once, then spins on memory).
-    if (!bell && woke - last_inline_poll_ns_.load(std::memory_order_relaxed) < poller_window &&
+    const bool take_over_due = member_ && woke >= next_take_over_ns_;
+    if (!bell && !take_over_due &&
+        woke - last_inline_poll_ns_.load(std::memory_order_relaxed) < poller_window &&
         (timer == 0 || timer > woke))
       continue;  // the poller is still at it and no timer is due: leave it the lock
     std::lock_guard lk(mu_);
+    if (take_over_due) try_take_over(woke);
     if (bell && shm_.is_open()) shm_.drain_doorbell();
     if (share_bell) receive_share_locked();  // level-triggered: read it even when unshared
     if (shm_.is_open()) shm_.note_polling(woke);

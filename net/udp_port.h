@@ -71,6 +71,12 @@ class UdpPort {
   /// (EADDRINUSE when another process holds the address).
   int bind(uint32_t ip, uint16_t port, int buffer_bytes);
 
+  /// Binds a new socket to ip:port with this one's options (buffers, GSO, GRO, header
+  /// info, TOS) and, when that succeeds, closes this one and uses the new one. Returns 0 or
+  /// the bind's errno (EADDRINUSE: the port is still held), this socket unchanged then.
+  /// For a process that shares an address and takes port 4791 over when its owner exits.
+  int rebind(uint32_t ip, uint16_t port, int buffer_bytes);
+
   /// The socket descriptor (for epoll), or -1.
   int fd() const { return fd_; }
   /// The bound UDP port (host order; the one the kernel picked for a bind to port 0).

@@ -7,9 +7,11 @@
 //    carries its process's slot in its top 4 bits, and exactly one of them (the member)
 //    received its packets forwarded by the other (the owner of UDP 4791);
 //  - the member exits: the owner and B keep talking (WRITE both ways), while WRITEs to the
-//    dead member's QPs end in IBV_WC_RETRY_EXC_ERR (a dead peer: an error, never a hang).
+//    dead member's QPs end in IBV_WC_RETRY_EXC_ERR (a dead peer: an error, never a hang);
+//  - the owner exits: the member takes UDP 4791 over and keeps talking with B; WRITEs to
+//    the dead owner's QPs end in IBV_WC_RETRY_EXC_ERR.
 //
-// Addresses: 127.0.81.21-28 (this file only).
+// Addresses: 127.0.81.21-32 (this file only).
 #include <arpa/inet.h>
 #include <infiniband/verbs.h>
 
@@ -233,7 +235,8 @@ void write_once(Role& r, Link& l, uint64_t wr_id) {
             0);
 }
 
-void member_exits(Role& r) {
+/// After a WRITE on every link, the member (or, `owner_leaves`, the owner) at A exits.
+void one_at_a_exits(Role& r, bool owner_leaves) {
   const int me = r.index();
   // Phase 1: a WRITE on every link, so the processes at A know which one is the member.
   for (Link& l : r.links()) {
@@ -251,24 +254,27 @@ void member_exits(Role& r) {
   } else {
     member = r.recv_value<int>(0);
   }
-  if (me == member) {
+  const int owner = 1 - member;
+  const int leaver = owner_leaves ? owner : member;
+  const int stays = 1 - leaver;
+  if (me == leaver) {
     // Exits without closing anything (the harness's teardown would wait for the others at
-    // a barrier): its slot's socket goes with the process, its bit stays set until the
-    // owner finds the socket gone.
+    // a barrier): its sockets go with the process — a member's slot bit stays set until the
+    // owner finds its socket gone; an owner's port 4791 is free for the member to take.
     std::fflush(stdout);
     std::fflush(stderr);
     _exit(::testing::Test::HasFailure() ? 1 : 0);
   }
-  const int owner = 1 - member;
-  ASSERT_TRUE(r.wait_peer_exit(member, seconds(30)));
+  ASSERT_TRUE(r.wait_peer_exit(leaver, seconds(30)));
 
-  // Phase 2: the owner and B still talk, both ways; WRITEs to the member end in an error.
-  const int other = me == 2 ? owner : 2;
+  // Phase 2: the one left at A and B still talk, both ways (after an owner's exit, once the
+  // member has taken port 4791 over); WRITEs to the process that exited end in an error.
+  const int other = me == 2 ? stays : 2;
   write_once(r, r.link(other), 2);
-  poll_success(r.link(other).ep.scq, 2, IBV_WC_RDMA_WRITE);
-  write_once(r, r.link(member), 3);
+  poll_success(r.link(other).ep.scq, 2, IBV_WC_RDMA_WRITE, seconds(20));
+  write_once(r, r.link(leaver), 3);
   ibv_wc wc;
-  ASSERT_TRUE(try_poll_one(r.link(member).ep.scq, wc, seconds(20)))
+  ASSERT_TRUE(try_poll_one(r.link(leaver).ep.scq, wc, seconds(20)))
       << "no completion for a WRITE to a process that exited";
   EXPECT_EQ(wc.status, IBV_WC_RETRY_EXC_ERR) << describe(wc);
   r.barrier();
@@ -286,7 +292,17 @@ TEST_P(SharedAddress, MemberExitsTheOthersGoOn) {
   Spec s = spec(GetParam().first_addr + 4);
   s.conn.timeout = 10;  // ≈ 4 ms: a dead peer is declared within (retry_cnt + 1) timeouts
   s.conn.retry_cnt = 3;
-  for (RoleSpec& rs : s.roles) rs.fn = member_exits;
+  for (RoleSpec& rs : s.roles) rs.fn = [](Role& r) { one_at_a_exits(r, false); };
+  run_roles(s);
+}
+
+TEST_P(SharedAddress, OwnerExitsTheMemberTakesItsPortOver) {
+  Spec s = spec(GetParam().first_addr + 8);
+  // ≈ 67 ms × 8 tries: longer than the member's take-over check (20 ms) and the old
+  // owner's exit.
+  s.conn.timeout = 14;
+  s.conn.retry_cnt = 7;
+  for (RoleSpec& rs : s.roles) rs.fn = [](Role& r) { one_at_a_exits(r, true); };
   run_roles(s);
 }
 
