@@ -133,31 +133,18 @@ void SharedPorts::set_listening(uint16_t ps, uint16_t port, bool listening) {
   unlock();
 }
 
-bool SharedPorts::taken_elsewhere(uint16_t ps, uint16_t port) {
+bool SharedPorts::held_elsewhere(uint16_t ps, uint16_t port, bool listening) {
   if (!map_) return false;
   auto& t = *static_cast<Table*>(map_);
   lock();
-  bool taken = false;
-  for (uint32_t i = 0; i < kEntries && !taken; ++i) {
+  bool held = false;
+  for (uint32_t i = 0; i < kEntries && !held; ++i) {
     const auto& e = t.entry[i];
-    taken = e.pid != 0 && e.pid != pid_ && e.ps == ps && e.port == port && alive(e.pid);
+    held = e.pid != 0 && e.pid != pid_ && e.ps == ps && e.port == port &&
+           (!listening || e.listening) && alive(e.pid);
   }
   unlock();
-  return taken;
-}
-
-bool SharedPorts::listened_elsewhere(uint16_t ps, uint16_t port) {
-  if (!map_) return false;
-  auto& t = *static_cast<Table*>(map_);
-  lock();
-  bool listened = false;
-  for (uint32_t i = 0; i < kEntries && !listened; ++i) {
-    const auto& e = t.entry[i];
-    listened =
-        e.pid != 0 && e.pid != pid_ && e.ps == ps && e.port == port && e.listening && alive(e.pid);
-  }
-  unlock();
-  return listened;
+  return held;
 }
 
 }  // namespace softrdma::cm

@@ -34,12 +34,14 @@ class SharedPorts {
   /// Marks this process's (ps, port) as listened to (or not).
   void set_listening(uint16_t ps, uint16_t port, bool listening);
   /// Whether another live process holds (ps, port).
-  bool taken_elsewhere(uint16_t ps, uint16_t port);
+  bool taken_elsewhere(uint16_t ps, uint16_t port) { return held_elsewhere(ps, port, false); }
   /// Whether another live process listens on (ps, port).
-  bool listened_elsewhere(uint16_t ps, uint16_t port);
+  bool listened_elsewhere(uint16_t ps, uint16_t port) { return held_elsewhere(ps, port, true); }
 
  private:
   struct Table;
+  /// Whether another live process holds (ps, port) (and, `listening`, listens on it).
+  bool held_elsewhere(uint16_t ps, uint16_t port, bool listening);
   /// The entry of (pid, ps, port), or -1.
   int find(const Table& t, uint32_t pid, uint16_t ps, uint16_t port) const;
   void lock();

@@ -170,19 +170,16 @@ case "$CASE" in
     n=$(grep -c "ping data: rdma-ping-" "$CLOG")
     ((n == 100)) || { show_logs "$CLOG"; fail "client printed $n ping lines, expected 100"; }
     ;;
-  ucmatose)
-    start_server "$S" ucmatose -b "$S" -p "$PORT"
-    run_client "$C" ucmatose -s "$S" -p "$PORT"
+  ucmatose | ucmatose_many | shared_ucmatose)
+    more=()
+    [[ $CASE == ucmatose_many ]] && more=(-c 8 -C 50)
+    [[ $CASE == shared_ucmatose ]] && more=(-c 4 -C 20)
+    start_server "$S" ucmatose -b "$S" -p "$PORT" "${more[@]}"
+    run_client "$C" ucmatose -s "$S" -p "$PORT" "${more[@]}"
     wait_server
     expect_ok "^return status 0$" "^return status 0$"
     ;;
-  ucmatose_many)
-    start_server "$S" ucmatose -b "$S" -p "$PORT" -c 8 -C 50
-    run_client "$C" ucmatose -s "$S" -p "$PORT" -c 8 -C 50
-    wait_server
-    expect_ok "^return status 0$" "^return status 0$"
-    ;;
-  udaddy)
+  udaddy | shared_udaddy)  # (C is S for the shared case)
     start_server "$S" udaddy -b "$S"
     run_client "$C" udaddy -s "$S"
     wait_server
@@ -247,18 +244,6 @@ case "$CASE" in
     ((n == 20)) || { show_logs "$CLOG"; fail "client printed $n ping lines, expected 20"; }
     grep -q "shares $S with the process that owns it" "$CLOG" ||
       { show_logs "$CLOG"; fail "the client did not join the server's address"; }
-    ;;
-  shared_ucmatose)
-    start_server "$S" ucmatose -b "$S" -p "$PORT" -c 4 -C 20
-    run_client "$S" ucmatose -s "$S" -p "$PORT" -c 4 -C 20
-    wait_server
-    expect_ok "^return status 0$" "^return status 0$"
-    ;;
-  shared_udaddy)
-    start_server "$S" udaddy -b "$S"
-    run_client "$S" udaddy -s "$S"
-    wait_server
-    expect_ok "^return status 0$" "^return status 0$"
     ;;
   shared_port_taken)
     start_server "$S" rping -s -a "$S" -p "$PORT"
