@@ -36,16 +36,37 @@ struct SharedPorts::Table {
 };
 
 SharedPorts::~SharedPorts() {
-  if (map_) ::munmap(map_, sizeof(Table));
+  if (map_) {
+    // The last process of the address removes the table (open() copes with the race).
+    auto& t = *static_cast<Table*>(map_);
+    lock();
+    bool empty = true;
+    for (uint32_t i = 0; i < kEntries && empty; ++i)
+      empty = t.entry[i].pid == 0 || t.entry[i].pid == pid_ || !alive(t.entry[i].pid);
+    if (empty) ::unlink(path_.c_str());
+    unlock();
+    ::munmap(map_, sizeof(Table));
+  }
   if (fd_ >= 0) ::close(fd_);
 }
 
 int SharedPorts::open(uint32_t ip, const std::string& dir) {
   if (map_) return EINVAL;
   const std::string path = dir + "/softrdma-cmports-" + ip_string(ip);
-  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
-  if (fd < 0) return errno;
-  ::flock(fd, LOCK_EX);
+  int fd = -1;
+  for (int tries = 0; fd < 0; ++tries) {
+    fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    if (fd < 0) return errno;
+    ::flock(fd, LOCK_EX);
+    // Unlinked by the last process of the address since we opened it: open the path again.
+    struct stat opened {
+    }, named{};
+    if (tries < 16 && ::fstat(fd, &opened) == 0 &&
+        (::stat(path.c_str(), &named) != 0 || named.st_ino != opened.st_ino)) {
+      ::close(fd);
+      fd = -1;
+    }
+  }
   struct stat st {};
   int err = 0;
   if (::fstat(fd, &st) != 0 ||
@@ -67,6 +88,7 @@ int SharedPorts::open(uint32_t ip, const std::string& dir) {
     return err;
   }
   fd_ = fd;
+  path_ = path;
   map_ = m;
   pid_ = static_cast<uint32_t>(::getpid());
   return 0;

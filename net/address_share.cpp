@@ -55,12 +55,24 @@ AddressShare::~AddressShare() {
 int AddressShare::join(uint32_t ip, const std::string& dir, const std::string& prefix) {
   if (joined()) return EINVAL;
   const std::string path = dir + "/" + prefix + "share-" + dotted(ip);
-  int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
-  if (fd < 0) return errno;
-  if (::flock(fd, LOCK_EX) != 0) {
-    const int e = errno;
-    ::close(fd);
-    return e;
+  int fd = -1;
+  // The last process to leave unlinks the file (under the flock): one that opened it just
+  // before then holds a file nobody else will find, and opens the path again.
+  for (int tries = 0; fd < 0; ++tries) {
+    fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    if (fd < 0) return errno;
+    if (::flock(fd, LOCK_EX) != 0) {
+      const int e = errno;
+      ::close(fd);
+      return e;
+    }
+    struct stat opened {
+    }, named{};
+    if (tries < 16 && ::fstat(fd, &opened) == 0 &&
+        (::stat(path.c_str(), &named) != 0 || named.st_ino != opened.st_ino)) {
+      ::close(fd);
+      fd = -1;
+    }
   }
   struct stat st {};
   if (::fstat(fd, &st) != 0 ||
@@ -122,6 +134,7 @@ int AddressShare::join(uint32_t ip, const std::string& dir, const std::string& p
     return err;
   }
   ip_ = ip;
+  path_ = path;
   file_fd_ = fd;
   map_ = m;
   live_ = &reg->live;
@@ -136,6 +149,9 @@ void AddressShare::leave() {
     reg->live.fetch_and(~(1u << slot_), std::memory_order_acq_rel);
     reg->pid[slot_] = 0;
   }
+  bool empty = true;
+  for (uint32_t k = 0; k < kShareSlots; ++k) empty = empty && pid_dead(reg->pid[k]);
+  if (empty) ::unlink(path_.c_str());  // the last one out (join() copes with the race)
   ::flock(file_fd_, LOCK_UN);
   ::close(fd_);
   ::munmap(map_, kFileBytes);

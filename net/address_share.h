@@ -64,7 +64,8 @@ class AddressShare {
   /// all 16 slots are live, or the failing system call's errno.
   int join(uint32_t ip, const std::string& dir = "/dev/shm",
            const std::string& prefix = "softrdma-");
-  /// Gives the slot back (clears its bit and pid), closes the socket, unmaps. Idempotent.
+  /// Gives the slot back (clears its bit and pid), closes the socket, unmaps; the last
+  /// process of the address removes the registry file. Idempotent.
   void leave();
 
   bool joined() const { return live_ != nullptr; }
@@ -92,6 +93,7 @@ class AddressShare {
 
  private:
   std::string name_prefix_;  // abstract socket names: "<prefix>slot-<a.b.c.d>-"
+  std::string path_;         // the registry file
   uint32_t ip_ = 0;
   uint32_t slot_ = 0;
   int fd_ = -1;

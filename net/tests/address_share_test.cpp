@@ -78,6 +78,13 @@ TEST(AddressShare, SlotsAreDistinctAndForwardedPacketsArriveWithTheirHeaders) {
   AddressShare next;
   ASSERT_EQ(next.join(kIp, d.dir, d.prefix), 0);
   EXPECT_EQ(next.slot(), 1u);
+  // The last one out removes the registry file.
+  const std::string file = d.dir + "/" + d.prefix + "share-127.0.81.21";
+  struct stat st {};
+  owner.leave();
+  EXPECT_EQ(::stat(file.c_str(), &st), 0);
+  next.leave();
+  EXPECT_NE(::stat(file.c_str(), &st), 0) << file << " left behind";
 }
 
 TEST(AddressShare, SixteenSlotsAtMost) {
