@@ -361,10 +361,27 @@ bool Device::forward_local(TxSlot& s) {
   // it (a REJ, the last DREP), and the member would wait out its CM retries.
   if (!compute_icrc(s)) return true;  // unmapped payload: not sent
   for (int b = 0; b < 4; ++b) s.trailer[s.pad + b] = static_cast<uint8_t>(s.icrc >> (8 * b));
-  share_tx_.clear();
-  for (const iovec& v : s.iov)
-    share_tx_.insert(share_tx_.end(), static_cast<const uint8_t*>(v.iov_base),
-                     static_cast<const uint8_t*>(v.iov_base) + v.iov_len);
+  // The payload is registered memory, which may be unmapped meanwhile (net/fault_guard.h):
+  // sized first, copied under the guard.
+  size_t total = 0;
+  for (const iovec& v : s.iov) total += v.iov_len;
+  share_tx_.resize(total);
+  struct Args {
+    uint8_t* out;
+    const std::vector<iovec>* iov;
+  } a{share_tx_.data(), &s.iov};
+  if (!net::guarded_call(
+          [](void* v) {
+            auto* args = static_cast<Args*>(v);
+            for (const iovec& i : *args->iov) {
+              std::memcpy(args->out, i.iov_base, i.iov_len);
+              args->out += i.iov_len;
+            }
+          },
+          &a)) {
+    bump(counters_->local_access_faults);
+    return true;  // not sent
+  }
   net::RxDatagram d;  // what a datagram from this socket would have said
   d.src_ip = ip();
   d.src_port = port_.port();
