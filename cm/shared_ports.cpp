@@ -1,6 +1,7 @@
 // The rdma_cm port table shared by the processes of one address: see shared_ports.h.
 #include "cm/shared_ports.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/file.h>
@@ -11,13 +12,16 @@
 #include <cerrno>
 #include <cstring>
 
-#include "cm/address.h"
-
 namespace softrdma::cm {
 
 namespace {
 constexpr uint32_t kMagic = 0x53435031;  // "SCP1"
 constexpr uint32_t kEntries = 1024;
+
+std::string dotted(uint32_t ip) {
+  return std::to_string(ip >> 24) + "." + std::to_string((ip >> 16) & 0xff) + "." +
+         std::to_string((ip >> 8) & 0xff) + "." + std::to_string(ip & 0xff);
+}
 
 bool alive(uint32_t pid) {
   return pid != 0 && (::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH);
@@ -34,6 +38,35 @@ struct SharedPorts::Table {
     uint32_t listening;
   } entry[kEntries];
 };
+
+std::vector<std::string> SharedPorts::remove_stale(const std::string& dir) {
+  std::vector<std::string> removed;
+  const std::string lead = "softrdma-cmports-";
+  std::vector<std::string> paths;
+  if (DIR* d = ::opendir(dir.c_str())) {
+    while (dirent* e = ::readdir(d)) {
+      const std::string n = e->d_name;
+      if (n.rfind(lead, 0) == 0) paths.push_back(dir + "/" + n);
+    }
+    ::closedir(d);
+  }
+  for (const std::string& path : paths) {
+    const int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
+    if (fd < 0) continue;
+    ::flock(fd, LOCK_EX);  // a process opening it meanwhile re-checks the path (open())
+    struct stat st {};
+    bool empty = ::fstat(fd, &st) == 0 && st.st_size >= static_cast<off_t>(sizeof(Table));
+    void* m = empty ? ::mmap(nullptr, sizeof(Table), PROT_READ, MAP_SHARED, fd, 0) : MAP_FAILED;
+    if (m != MAP_FAILED) {
+      const auto& t = *static_cast<const Table*>(m);
+      for (uint32_t i = 0; i < kEntries && empty; ++i) empty = !alive(t.entry[i].pid);
+      ::munmap(m, sizeof(Table));
+    }
+    if (empty && ::unlink(path.c_str()) == 0) removed.push_back(path);
+    ::close(fd);  // releases the flock
+  }
+  return removed;
+}
 
 SharedPorts::~SharedPorts() {
   if (map_) {
@@ -52,7 +85,7 @@ SharedPorts::~SharedPorts() {
 
 int SharedPorts::open(uint32_t ip, const std::string& dir) {
   if (map_) return EINVAL;
-  const std::string path = dir + "/softrdma-cmports-" + ip_string(ip);
+  const std::string path = dir + "/softrdma-cmports-" + dotted(ip);
   int fd = -1;
   for (int tries = 0; fd < 0; ++tries) {
     fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);

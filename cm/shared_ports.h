@@ -12,11 +12,17 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace softrdma::cm {
 
 class SharedPorts {
  public:
+  /// Removes the tables "<dir>/softrdma-cmports-<a.b.c.d>" in which no live process holds
+  /// a port (left by processes that exited without closing their devices). Returns the
+  /// paths removed. For `softrdma stat --clean`.
+  static std::vector<std::string> remove_stale(const std::string& dir = "/dev/shm");
+
   SharedPorts() = default;
   ~SharedPorts();
   SharedPorts(const SharedPorts&) = delete;

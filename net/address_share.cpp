@@ -1,6 +1,8 @@
 // The per-address slot registry and forwarding sockets: see address_share.h.
 #include "net/address_share.h"
 
+#include <arpa/inet.h>
+#include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/file.h>
@@ -47,6 +49,32 @@ bool pid_dead(uint32_t pid) {
 }
 
 }  // namespace
+
+std::vector<std::string> share_remove_stale(const std::string& dir, const std::string& prefix) {
+  std::vector<std::string> removed;
+  const std::string lead = prefix + "share-";
+  std::vector<uint32_t> ips;
+  if (DIR* d = ::opendir(dir.c_str())) {
+    while (dirent* e = ::readdir(d)) {
+      const std::string n = e->d_name;
+      in_addr a{};
+      if (n.rfind(lead, 0) == 0 && ::inet_pton(AF_INET, n.c_str() + lead.size(), &a) == 1)
+        ips.push_back(ntohl(a.s_addr));
+    }
+    ::closedir(d);
+  }
+  for (uint32_t ip : ips) {
+    // Joining reclaims the slots of dead processes; leaving, when no live one is left,
+    // removes the file (both under its flock).
+    const std::string path = dir + "/" + lead + dotted(ip);
+    AddressShare s;
+    if (s.join(ip, dir, prefix) != 0) continue;
+    s.leave();
+    struct stat st {};
+    if (::stat(path.c_str(), &st) != 0) removed.push_back(path);
+  }
+  return removed;
+}
 
 AddressShare::~AddressShare() {
   leave();

@@ -24,6 +24,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <vector>
 
 namespace softrdma::net {
 
@@ -50,6 +51,13 @@ struct ShareStats {
   uint64_t received = 0;       ///< packets another slot's owner forwarded to us
   uint64_t malformed = 0;      ///< forwarded datagrams too short to carry a ForwardedMeta
 };
+
+/// Removes the registry files "<dir>/<prefix>share-<a.b.c.d>" in which no live process
+/// holds a slot — what processes that exited without closing their device (or were killed)
+/// leave behind (a live process's file stays; the next process at an address reclaims a
+/// stale one anyway). Returns the paths removed. For `softrdma stat --clean`.
+std::vector<std::string> share_remove_stale(const std::string& dir = "/dev/shm",
+                                            const std::string& prefix = "softrdma-");
 
 /// This process's membership in the share of one address.
 class AddressShare {

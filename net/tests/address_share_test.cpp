@@ -146,5 +146,27 @@ TEST(AddressShare, MalformedForwardedDatagramsAreCountedAndSkipped) {
   EXPECT_EQ(b.stats().malformed, 1u);
 }
 
+TEST(AddressShare, StaleRegistriesAreRemovedLiveOnesStay) {
+  ShareDir d;
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {  // joins 127.0.81.22 and dies without leaving
+    AddressShare s;
+    _exit(s.join(kIp + 1, d.dir, d.prefix) == 0 ? 0 : 1);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  AddressShare live;
+  ASSERT_EQ(live.join(kIp, d.dir, d.prefix), 0);
+  const std::vector<std::string> removed = share_remove_stale(d.dir, d.prefix);
+  ASSERT_EQ(removed.size(), 1u);
+  EXPECT_EQ(removed[0], d.dir + "/" + d.prefix + "share-127.0.81.22");
+  struct stat st {};
+  EXPECT_EQ(::stat((d.dir + "/" + d.prefix + "share-127.0.81.21").c_str(), &st), 0);
+  EXPECT_TRUE(live.joined());
+  EXPECT_FALSE(live.shared());
+}
+
 }  // namespace
 }  // namespace softrdma::net
