@@ -10,12 +10,16 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
+
+#include "net/address_share.h"
 
 namespace softrdma::cm {
 
 namespace {
-constexpr uint32_t kMagic = 0x53435031;  // "SCP1"
+constexpr uint32_t kMagic = 0x53435032;  // "SCP2"
 constexpr uint32_t kEntries = 1024;
 
 std::string dotted(uint32_t ip) {
@@ -23,8 +27,33 @@ std::string dotted(uint32_t ip) {
          std::to_string((ip >> 8) & 0xff) + "." + std::to_string(ip & 0xff);
 }
 
-bool alive(uint32_t pid) {
-  return pid != 0 && (::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH);
+/// The start time of process `pid` (/proc/<pid>/stat field 22, clock ticks since boot), 0
+/// when it does not exist: with the pid it names one process, even once pids wrap
+/// (pid_max is often 32768).
+uint64_t start_time(uint32_t pid) {
+  char path[32];
+  std::snprintf(path, sizeof path, "/proc/%u/stat", pid);
+  FILE* f = std::fopen(path, "re");
+  if (!f) return 0;
+  char buf[1024];
+  const size_t n = std::fread(buf, 1, sizeof buf - 1, f);
+  std::fclose(f);
+  buf[n] = 0;
+  const char* p = std::strrchr(buf, ')');  // the command name may hold spaces and ')'
+  if (!p) return 0;
+  // After ") ": field 3 (state) … field 22 (starttime).
+  uint64_t value = 0;
+  int field = 2;
+  for (const char* q = p + 1; *q && field < 22; ++q)
+    if (*q == ' ') {
+      ++field;
+      if (field == 22) value = std::strtoull(q + 1, nullptr, 10);
+    }
+  return value;
+}
+
+bool alive(uint32_t pid, uint64_t start) {
+  return pid != 0 && start != 0 && start_time(pid) == start;
 }
 }  // namespace
 
@@ -36,6 +65,8 @@ struct SharedPorts::Table {
     uint16_t ps;
     uint16_t port;
     uint32_t listening;
+    uint32_t reserved;
+    uint64_t start;  // the process's start time (start_time), so a reused pid is not it
   } entry[kEntries];
 };
 
@@ -59,7 +90,8 @@ std::vector<std::string> SharedPorts::remove_stale(const std::string& dir) {
     void* m = empty ? ::mmap(nullptr, sizeof(Table), PROT_READ, MAP_SHARED, fd, 0) : MAP_FAILED;
     if (m != MAP_FAILED) {
       const auto& t = *static_cast<const Table*>(m);
-      for (uint32_t i = 0; i < kEntries && empty; ++i) empty = !alive(t.entry[i].pid);
+      for (uint32_t i = 0; i < kEntries && empty; ++i)
+        empty = !alive(t.entry[i].pid, t.entry[i].start);
       ::munmap(m, sizeof(Table));
     }
     if (empty && ::unlink(path.c_str()) == 0) removed.push_back(path);
@@ -75,7 +107,8 @@ SharedPorts::~SharedPorts() {
     lock();
     bool empty = true;
     for (uint32_t i = 0; i < kEntries && empty; ++i)
-      empty = t.entry[i].pid == 0 || t.entry[i].pid == pid_ || !alive(t.entry[i].pid);
+      empty =
+          t.entry[i].pid == 0 || t.entry[i].pid == pid_ || !alive(t.entry[i].pid, t.entry[i].start);
     if (empty) ::unlink(path_.c_str());
     unlock();
     ::munmap(map_, sizeof(Table));
@@ -86,20 +119,9 @@ SharedPorts::~SharedPorts() {
 int SharedPorts::open(uint32_t ip, const std::string& dir) {
   if (map_) return EINVAL;
   const std::string path = dir + "/softrdma-cmports-" + dotted(ip);
-  int fd = -1;
-  for (int tries = 0; fd < 0; ++tries) {
-    fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
-    if (fd < 0) return errno;
-    ::flock(fd, LOCK_EX);
-    // Unlinked by the last process of the address since we opened it: open the path again.
-    struct stat opened {
-    }, named{};
-    if (tries < 16 && ::fstat(fd, &opened) == 0 &&
-        (::stat(path.c_str(), &named) != 0 || named.st_ino != opened.st_ino)) {
-      ::close(fd);
-      fd = -1;
-    }
-  }
+  // Unlinked by the last process of the address while we waited: opened again.
+  const int fd = net::open_locked_file(path);
+  if (fd < 0) return -fd;
   struct stat st {};
   int err = 0;
   if (::fstat(fd, &st) != 0 ||
@@ -124,6 +146,7 @@ int SharedPorts::open(uint32_t ip, const std::string& dir) {
   path_ = path;
   map_ = m;
   pid_ = static_cast<uint32_t>(::getpid());
+  start_ = start_time(pid_);
   return 0;
 }
 
@@ -146,12 +169,13 @@ int SharedPorts::claim(uint16_t ps, uint16_t port) {
   auto& t = *static_cast<Table*>(map_);
   // A fork()ed child is another process: it takes ports under its own pid.
   pid_ = static_cast<uint32_t>(::getpid());
+  start_ = start_time(pid_);
   lock();
   int err = 0, free_slot = -1;
   bool mine = false;
   for (uint32_t i = 0; i < kEntries && !err; ++i) {
     auto& e = t.entry[i];
-    if (e.pid == 0 || !alive(e.pid)) {
+    if (e.pid == 0 || !alive(e.pid, e.start)) {
       e.pid = 0;  // a dead process's entry: free
       if (free_slot < 0) free_slot = static_cast<int>(i);
       continue;
@@ -166,7 +190,7 @@ int SharedPorts::claim(uint16_t ps, uint16_t port) {
     if (free_slot < 0)
       err = ENOSPC;
     else
-      t.entry[free_slot] = {pid_, ps, port, 0};
+      t.entry[free_slot] = {pid_, ps, port, 0, 0, start_};
   }
   unlock();
   return err;
@@ -196,7 +220,7 @@ bool SharedPorts::held_elsewhere(uint16_t ps, uint16_t port, bool listening) {
   for (uint32_t i = 0; i < kEntries && !held; ++i) {
     const auto& e = t.entry[i];
     held = e.pid != 0 && e.pid != pid_ && e.ps == ps && e.port == port &&
-           (!listening || e.listening) && alive(e.pid);
+           (!listening || e.listening) && alive(e.pid, e.start);
   }
   unlock();
   return held;

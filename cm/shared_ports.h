@@ -3,11 +3,11 @@
 //
 // A file "<dir>/softrdma-cmports-<a.b.c.d>" holds one entry per (process, port space, port)
 // taken at the address, with a listening flag; every access is under flock(2), and entries
-// of dead processes (kill(pid, 0)) count as free; the last process of the address removes it.
-// CmDevice claims a port here when its first local ID takes it (a port another live process holds
-// is EADDRINUSE, as a second rdma_bind_addr of a taken port is with the kernel), and the
-// CommManager asks it whether a REQ / SIDR_REQ it has no listener for is another process's
-// (CmConfig::listened_elsewhere).
+// of dead processes (pid and start time, /proc/<pid>/stat: pids wrap) count as free; the last
+// process of the address removes it. CmDevice claims a port here when its first local ID takes it
+// (a port another live process holds is EADDRINUSE, as a second rdma_bind_addr of a taken port is
+// with the kernel), and the CommManager asks it whether a REQ / SIDR_REQ it has no listener for is
+// another process's (CmConfig::listened_elsewhere).
 #pragma once
 
 #include <cstdint>
@@ -58,6 +58,7 @@ class SharedPorts {
   int fd_ = -1;
   void* map_ = nullptr;
   uint32_t pid_ = 0;
+  uint64_t start_ = 0;  // this process's start time (a pid names a process only with it)
 };
 
 }  // namespace softrdma::cm

@@ -50,9 +50,7 @@ bool pid_dead(uint32_t pid) {
 
 }  // namespace
 
-std::vector<std::string> share_remove_stale(const std::string& dir, const std::string& prefix) {
-  std::vector<std::string> removed;
-  const std::string lead = prefix + "share-";
+std::vector<uint32_t> addresses_in_file_names(const std::string& dir, const std::string& lead) {
   std::vector<uint32_t> ips;
   if (DIR* d = ::opendir(dir.c_str())) {
     while (dirent* e = ::readdir(d)) {
@@ -63,7 +61,33 @@ std::vector<std::string> share_remove_stale(const std::string& dir, const std::s
     }
     ::closedir(d);
   }
-  for (uint32_t ip : ips) {
+  return ips;
+}
+
+int open_locked_file(const std::string& path) {
+  for (int tries = 0;; ++tries) {
+    const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    if (fd < 0) return -errno;
+    if (::flock(fd, LOCK_EX) != 0) {
+      const int e = errno;
+      ::close(fd);
+      return -e;
+    }
+    struct stat opened {
+    }, named{};
+    if (tries < 16 && ::fstat(fd, &opened) == 0 &&
+        (::stat(path.c_str(), &named) != 0 || named.st_ino != opened.st_ino)) {
+      ::close(fd);  // unlinked meanwhile by the address's last process
+      continue;
+    }
+    return fd;
+  }
+}
+
+std::vector<std::string> share_remove_stale(const std::string& dir, const std::string& prefix) {
+  std::vector<std::string> removed;
+  const std::string lead = prefix + "share-";
+  for (uint32_t ip : addresses_in_file_names(dir, lead)) {
     // Joining reclaims the slots of dead processes; leaving, when no live one is left,
     // removes the file (both under its flock).
     const std::string path = dir + "/" + lead + dotted(ip);
@@ -83,25 +107,9 @@ AddressShare::~AddressShare() {
 int AddressShare::join(uint32_t ip, const std::string& dir, const std::string& prefix) {
   if (joined()) return EINVAL;
   const std::string path = dir + "/" + prefix + "share-" + dotted(ip);
-  int fd = -1;
-  // The last process to leave unlinks the file (under the flock): one that opened it just
-  // before then holds a file nobody else will find, and opens the path again.
-  for (int tries = 0; fd < 0; ++tries) {
-    fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
-    if (fd < 0) return errno;
-    if (::flock(fd, LOCK_EX) != 0) {
-      const int e = errno;
-      ::close(fd);
-      return e;
-    }
-    struct stat opened {
-    }, named{};
-    if (tries < 16 && ::fstat(fd, &opened) == 0 &&
-        (::stat(path.c_str(), &named) != 0 || named.st_ino != opened.st_ino)) {
-      ::close(fd);
-      fd = -1;
-    }
-  }
+  // The last process to leave unlinks the file (under the flock): see open_locked_file.
+  const int fd = open_locked_file(path);
+  if (fd < 0) return -fd;
   struct stat st {};
   if (::fstat(fd, &st) != 0 ||
       (st.st_size < static_cast<off_t>(kFileBytes) && ::ftruncate(fd, kFileBytes) != 0)) {

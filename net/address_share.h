@@ -52,6 +52,15 @@ struct ShareStats {
   uint64_t malformed = 0;      ///< forwarded datagrams too short to carry a ForwardedMeta
 };
 
+/// The addresses a.b.c.d of the files "<dir>/<lead><a.b.c.d>" (host order), in directory
+/// order: the per-address files of /dev/shm (mailboxes, share registries, port tables).
+std::vector<uint32_t> addresses_in_file_names(const std::string& dir, const std::string& lead);
+/// Opens (creating, mode 0600) the per-address file `path` and takes its flock (LOCK_EX).
+/// A file the last process of its address unlinked while this one waited for the lock is
+/// let go and the path opened again (bounded). Returns the descriptor (locked; the caller
+/// unlocks or closes it) or -errno.
+int open_locked_file(const std::string& path);
+
 /// Removes the registry files "<dir>/<prefix>share-<a.b.c.d>" in which no live process
 /// holds a slot — what processes that exited without closing their device (or were killed)
 /// leave behind (a live process's file stays; the next process at an address reclaims a
