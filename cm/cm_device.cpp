@@ -7,6 +7,7 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <random>
@@ -147,7 +148,19 @@ CmDevice* CmDevice::get_locked(uint32_t ip, int& err) {
     ibv_close_device(ctx);
     return nullptr;
   }
-  d->cm_ = std::make_unique<CommManager>(*d->transport_, config_for(d->attr_));
+  CmConfig config = config_for(d->attr_);
+  // Processes sharing the address (net/address_share.h): this one's slot marks its
+  // communication IDs, and the shared port table says which REQs are another's.
+  using AddressSlot = int (*)(ibv_context*);
+  if (auto slot = reinterpret_cast<AddressSlot>(::dlsym(RTLD_DEFAULT, "softrdma_address_slot")))
+    config.slot = uint8_t(std::max(0, slot(ctx)));
+  if (int e = d->shared_ports_.open(got); e != 0)
+    log().warn("rdma_cm ports of {} not shared with other processes: {}", ip_string(got),
+               std::strerror(e));
+  config.listened_elsewhere = [dev = d.get()](uint64_t service_id) {
+    return dev->shared_ports_.listened_elsewhere(uint16_t(service_id >> 16), uint16_t(service_id));
+  };
+  d->cm_ = std::make_unique<CommManager>(*d->transport_, std::move(config));
   d->wake_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   d->thread_ = std::thread([dev = d.get()] { dev->run(); });
   log().info("RDMA-CM on {} (QP1 ready; response timeout {}, {} retries)", ip_string(got),
@@ -237,7 +250,7 @@ int CmDevice::reserve_port(uint16_t ps, uint16_t& port, IdPriv* id) {
     const uint16_t start = uint16_t(kLow + rng() % (kHigh - kLow + 1));
     for (uint32_t i = 0; i <= kHigh - kLow; ++i) {
       const uint16_t p = uint16_t(kLow + (start - kLow + i) % (kHigh - kLow + 1));
-      if (!ports_.count({ps, p})) {
+      if (!ports_.count({ps, p}) && !shared_ports_.taken_elsewhere(ps, p)) {
         port = p;
         break;
       }
@@ -250,15 +263,29 @@ int CmDevice::reserve_port(uint16_t ps, uint16_t& port, IdPriv* id) {
       if (holders.empty()) ports_.erase({ps, port});
       return EADDRINUSE;
     }
+  if (holders.empty()) {
+    // The first local holder takes it across the processes sharing the address.
+    if (int e = shared_ports_.claim(ps, port); e != 0) {
+      ports_.erase({ps, port});
+      return e == ENOSPC ? EADDRINUSE : e;
+    }
+  }
   holders.push_back(id);
   return 0;
+}
+
+void CmDevice::set_listening(uint16_t ps, uint16_t port, bool listening) {
+  shared_ports_.set_listening(ps, port, listening);
 }
 
 void CmDevice::release_port(uint16_t ps, uint16_t port, IdPriv* id) {
   auto it = ports_.find({ps, port});
   if (it == ports_.end()) return;
   std::erase(it->second, id);
-  if (it->second.empty()) ports_.erase(it);
+  if (it->second.empty()) {
+    ports_.erase(it);
+    shared_ports_.release(ps, port);
+  }
 }
 
 const std::vector<IdPriv*>* CmDevice::port_holders(uint16_t ps, uint16_t port) const {

@@ -22,6 +22,7 @@
 
 #include "cm/cma.h"
 #include "cm/comm_manager.h"
+#include "cm/shared_ports.h"
 #include "cm/verbs_mad_transport.h"
 
 namespace softrdma::cm {
@@ -29,9 +30,9 @@ namespace softrdma::cm {
 class CmDevice {
  public:
   /// The device owning `ip` (host order; 0: the default device), opened with its QP1 and CM
-  /// thread on first use. g_mu held. Returns nullptr with `err`: ENOSYS (not softrdma's
-  /// libibverbs), EADDRNOTAVAIL (not an address of this host), EADDRINUSE (another process's
-  /// device owns it), or what opening the device returned.
+  /// thread on first use (another process's device at `ip` is shared with it). g_mu held.
+  /// Returns nullptr with `err`: ENOSYS (not softrdma's libibverbs), EADDRNOTAVAIL (not an
+  /// address of this host), or what opening the device returned.
   static CmDevice* get_locked(uint32_t ip, int& err);
   /// Every device opened so far (rdma_get_devices). g_mu held.
   static std::vector<CmDevice*> all_locked();
@@ -67,6 +68,9 @@ class CmDevice {
   void release_port(uint16_t ps, uint16_t port, IdPriv* id);
   /// The IDs holding (ps, port).
   const std::vector<IdPriv*>* port_holders(uint16_t ps, uint16_t port) const;
+  /// Tells the processes sharing this address that (ps, port) is listened to here (or no
+  /// longer): their CMs leave REQs for it to this one.
+  void set_listening(uint16_t ps, uint16_t port, bool listening);
 
  private:
   CmDevice() = default;
@@ -85,6 +89,7 @@ class CmDevice {
   std::atomic<bool> stop_{false};
   std::thread thread_;
   std::map<std::pair<uint16_t, uint16_t>, std::vector<IdPriv*>> ports_;
+  SharedPorts shared_ports_;  // the address's ports across processes (cm/shared_ports.h)
 };
 
 }  // namespace softrdma::cm

@@ -291,6 +291,7 @@ int rdma_listen(rdma_cm_id* id, int backlog) {
     p->comm_id = 0;
     return fail_errno(e);
   }
+  p->dev->set_listening(uint16_t(p->id.ps), p->src_port, true);
   log().info("listening on {}:{} ({})", p->wildcard ? "0.0.0.0" : ip_string(p->src_ip), p->src_port,
              ps_name(p->id.ps));
   return 0;

@@ -161,7 +161,8 @@ uint32_t CommManager::new_comm_id() {
   // A counter XORed with a random operand: unique while this manager lives, unpredictable to
   // peers, never 0 (0 means "no ID" in a REJ).
   for (;;) {
-    uint32_t id = (next_comm_id_++) ^ comm_id_operand_;
+    const uint32_t low = ((next_comm_id_++) ^ comm_id_operand_) & ((1u << kCommIdSlotShift) - 1);
+    const uint32_t id = uint32_t{config_.slot} << kCommIdSlotShift | low;
     if (id != 0 && !conns_.count(id)) return id;
   }
 }
@@ -354,6 +355,12 @@ void CommManager::issue_drep(const MadAddress& to, const MadHeader& dreq_header,
   drep.local_comm_id = dreq.remote_comm_id;
   drep.remote_comm_id = dreq.local_comm_id;
   transmit(to, encode(h, drep));
+}
+
+bool CommManager::listened_elsewhere(uint64_t service_id) {
+  if (!config_.listened_elsewhere || !config_.listened_elsewhere(service_id)) return false;
+  ++counters_.mads_other_process;
+  return true;
 }
 
 bool CommManager::hold_request(const Mad& mad, const MadAddress& from) {
@@ -616,6 +623,23 @@ void CommManager::on_mad(std::span<const uint8_t> bytes, const MadAddress& from)
   }
   ++counters_.mads_rcvd;
   const Mad& mad = *r.mad;
+  // The receiver's communication ID (every message but REQ and SIDR_REQ names it): one of
+  // another slot belongs to another process at this address, which has its own copy.
+  const uint32_t receiver_id = std::visit(
+      [](const auto& m) -> uint32_t {
+        using T = std::decay_t<decltype(m)>;
+        if constexpr (std::is_same_v<T, SidrRep>)
+          return m.request_id;
+        else if constexpr (std::is_same_v<T, Req> || std::is_same_v<T, SidrReq>)
+          return 0;
+        else
+          return m.remote_comm_id;
+      },
+      mad.message);
+  if (receiver_id != 0 && (receiver_id >> kCommIdSlotShift) != config_.slot) {
+    ++counters_.mads_other_process;
+    return;
+  }
   std::visit([&](const auto& m) { handle(mad, m, from); }, mad.message);
 }
 
@@ -655,6 +679,7 @@ void CommManager::handle(const Mad& mad, const Req& m, const MadAddress& from) {
   }
   auto l = listeners_.find(m.service_id);
   if (l == listeners_.end()) {
+    if (listened_elsewhere(m.service_id)) return;  // another process at this address's
     // Nobody listens (yet): held for a listener, then REJ "invalid service ID", as Linux's
     // cm_req_handler answers.
     if (!hold_request(mad, from)) refuse_unmatched(mad, from);
@@ -833,6 +858,7 @@ void CommManager::handle(const Mad& mad, const SidrReq& m, const MadAddress& fro
   }
   auto l = listeners_.find(m.service_id);
   if (l == listeners_.end()) {
+    if (listened_elsewhere(m.service_id)) return;  // another process at this address's
     if (!hold_request(mad, from)) refuse_unmatched(mad, from);
     return;
   }
@@ -875,7 +901,10 @@ void CommManager::on_timer() {
   while (!held_.empty() && held_.front().deadline <= now) {  // nobody came: refuse
     HeldRequest h = std::move(held_.front());
     held_.erase(held_.begin());
-    refuse_unmatched(h.mad, h.from);
+    const uint64_t sid = std::holds_alternative<Req>(h.mad.message)
+                             ? std::get<Req>(h.mad.message).service_id
+                             : std::get<SidrReq>(h.mad.message).service_id;
+    if (!listened_elsewhere(sid)) refuse_unmatched(h.mad, h.from);
   }
   // Bounded: each round pops one due timer; a resend re-arms later than now.
   for (size_t round = 0; round < conns_.size() + 1 && !timers_.empty(); ++round) {

@@ -31,20 +31,21 @@
 namespace softrdma::cm {
 
 // X(name, help): what the CM counts (CommManager::counters()).
-#define SOFTRDMA_CM_COUNTERS(X)                                                        \
-  X(mads_sent, "CM MADs sent (first transmissions and resends)")                       \
-  X(mads_rcvd, "CM MADs received and decoded")                                         \
-  X(mads_resent, "CM MADs resent after their response timeout")                        \
-  X(mads_malformed, "MADs dropped: too short, bad version, not ComMgtSend")            \
-  X(mads_not_cm, "MADs dropped: another management class or an attribute not handled") \
-  X(mads_unmatched, "MADs dropped: no communication ID (or service) they belong to")   \
-  X(mads_wrong_peer, "MADs dropped: from an address other than the connection's peer") \
-  X(mads_bad_state, "MADs dropped: the connection's state takes no such message")      \
-  X(mads_duplicate, "duplicate MADs (answered again or ignored, per IBTA 12.9)")       \
-  X(timeouts, "REQ/REP/DREQ/SIDR_REQ given up after Max CM Retries resends")           \
-  X(rej_sent, "REJs sent")                                                             \
-  X(rej_rcvd, "REJs received")                                                         \
-  X(reqs_held, "REQs / SIDR_REQs for a service nobody listened to yet, held for a listener")
+#define SOFTRDMA_CM_COUNTERS(X)                                                              \
+  X(mads_sent, "CM MADs sent (first transmissions and resends)")                             \
+  X(mads_rcvd, "CM MADs received and decoded")                                               \
+  X(mads_resent, "CM MADs resent after their response timeout")                              \
+  X(mads_malformed, "MADs dropped: too short, bad version, not ComMgtSend")                  \
+  X(mads_not_cm, "MADs dropped: another management class or an attribute not handled")       \
+  X(mads_unmatched, "MADs dropped: no communication ID (or service) they belong to")         \
+  X(mads_wrong_peer, "MADs dropped: from an address other than the connection's peer")       \
+  X(mads_bad_state, "MADs dropped: the connection's state takes no such message")            \
+  X(mads_duplicate, "duplicate MADs (answered again or ignored, per IBTA 12.9)")             \
+  X(timeouts, "REQ/REP/DREQ/SIDR_REQ given up after Max CM Retries resends")                 \
+  X(rej_sent, "REJs sent")                                                                   \
+  X(rej_rcvd, "REJs received")                                                               \
+  X(reqs_held, "REQs / SIDR_REQs for a service nobody listened to yet, held for a listener") \
+  X(mads_other_process, "MADs left to another process sharing the address (its ID or listener)")
 
 struct CmCounters {
 #define SOFTRDMA_CM_COUNTER_FIELD(name, help) uint64_t name = 0;
@@ -116,7 +117,18 @@ struct CmConfig {
   uint8_t packet_life_time = 16;
   /// The CA's ACK delay (ibv_device_attr::local_ca_ack_delay), for the local ACK timeout.
   uint8_t ca_ack_delay = 15;
+  /// Processes sharing one address (net/address_share.h) all receive every MAD sent to its
+  /// QP1. Each CM's communication IDs carry its process's slot, 0..15, in their top 4 bits
+  /// (kCommIdSlotShift), and a MAD that names a receiver ID of another slot is left to
+  /// that process (counted in mads_other_process, never answered).
+  uint8_t slot = 0;
+  /// Whether another process at this address listens to `service_id`: a REQ / SIDR_REQ for
+  /// it is then left to that process instead of held and refused here. Empty: nobody else.
+  std::function<bool(uint64_t service_id)> listened_elsewhere;
 };
+
+/// Communication IDs carry the slot of their process (CmConfig::slot) from this bit on.
+inline constexpr unsigned kCommIdSlotShift = 28;
 
 /// How long a REQ or SIDR_REQ for a service ID nobody listens to is held at most before the
 /// REJ "invalid service ID" (or SIDR_REP "unsupported") goes out — and never more than half
@@ -223,6 +235,8 @@ class CommManager {
   void issue_rej(const MadAddress& to, const MadHeader& h, uint32_t remote_comm_id,
                  MessageRef message, RejReason reason);
   void issue_drep(const MadAddress& to, const MadHeader& h, const Dreq& dreq);
+  /// Whether another process at this address listens to `service_id` (counted).
+  bool listened_elsewhere(uint64_t service_id);
   /// Holds a request nobody listens to (true), or says there is no room (false).
   bool hold_request(const Mad& mad, const MadAddress& from);
   /// The refusal of a request nobody listened to: REJ or SIDR_REP "unsupported".

@@ -130,6 +130,10 @@ void on_request_locked(IdPriv* listener, const CmEvent& e) {
     const Req& req = std::get<Req>(e.mad->message);
     child->remote_qpn = req.local_qpn;
     child->remote_psn = req.starting_psn;
+    // Chosen now, not in rdma_accept: an application that moves its own QP to RTS with
+    // rdma_init_qp_attr before accepting (pyverbs' external QP) must get the PSN the REP
+    // will carry.
+    child->seq_num = random_psn();
     child->path_mtu = std::min(req.path_mtu, child->dev->active_mtu());
     child->retry_count = req.retry_count;
     child->rnr_retry_count = req.rnr_retry_count;
@@ -396,7 +400,6 @@ int rdma_accept(rdma_cm_id* id, rdma_conn_param* conn_param) {
 
   Rep rep;
   if (build_private_data(p, conn_param, false, rep.private_data)) return fail_errno(EINVAL);
-  p->seq_num = random_psn();
   if (modify_qp_rtr_rts_locked(p, p->responder_resources, p->initiator_depth)) return -1;
   rep.local_qpn = qpn;
   rep.starting_psn = p->seq_num;

@@ -74,7 +74,10 @@ namespace softrdma::engine {
   X(shm_ring_full_resends, "QPs sent back to a request a full same-host ring dropped")             \
   X(shm_backlogged, "packets held in order by the sender: the peer's same-host ring was full")     \
   X(path_waits, "times a requester held back: packets to its peer waited in a same-host backlog")  \
-  X(rcvd_gro_batches, "UDP GRO receives (several RoCEv2 packets in one datagram buffer)")
+  X(rcvd_gro_batches, "UDP GRO receives (several RoCEv2 packets in one datagram buffer)")          \
+  X(share_forwarded, "packets handed to another process sharing this address (its QPN's slot)")    \
+  X(share_forward_drops, "packets for another process at this address lost (gone or full)")        \
+  X(share_rcvd, "packets received from the owner of this address's UDP port (forwarded)")
 
 /// The live counters of one device. Lives in shared memory; every field is a relaxed
 /// atomic so the progress thread, application threads and `softrdma stat` can touch it.

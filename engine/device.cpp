@@ -138,7 +138,21 @@ std::unique_ptr<Device> Device::open(const DeviceConfig& cfg, int& err) {
   std::unique_ptr<Device> d(new Device());
   err = 0;
   if (cfg.ip) {
+    // The share of the address first (net/address_share.h), then UDP 4791: a process that
+    // finds the port taken then always finds its owner in the share already.
+    if (cfg.share)
+      if (int e = d->share_.join(cfg.ip, cfg.shm.dir, cfg.shm.name_prefix); e != 0)
+        log().warn("{} cannot be shared with other processes: {}", net::ipv4_to_string(cfg.ip),
+                   std::strerror(e));
     err = d->port_.bind(cfg.ip, wire::kRoceV2Port, cfg.socket_buffer_bytes);
+    if (err == EADDRINUSE && d->share_.shared()) {
+      // Another process owns the address: this one joins it as a member — the owner
+      // forwards the packets for this process's QPNs; this one sends from ip:ephemeral
+      // (RoCEv2 receivers key on the destination port only). A UDP 4791 held by something
+      // that is not a softrdma device (nobody else in the share) stays EADDRINUSE.
+      err = d->port_.bind(cfg.ip, 0, cfg.socket_buffer_bytes);
+      d->member_ = err == 0;
+    }
   } else {
     // First free loopback address: several processes on one host each get their own.
     err = EADDRINUSE;
@@ -148,6 +162,7 @@ std::unique_ptr<Device> Device::open(const DeviceConfig& cfg, int& err) {
   if (err) return nullptr;
 
   d->path_ = cfg.path;
+  d->socket_buffer_bytes_ = cfg.socket_buffer_bytes;
   d->dm_pool_ = std::make_unique<DeviceMemoryPool>(cfg.dm_size);
   d->spin_ns_ = cfg.spin_ns;
   d->selective_retx_ = cfg.selective_retx;
@@ -164,7 +179,14 @@ std::unique_ptr<Device> Device::open(const DeviceConfig& cfg, int& err) {
     d->port_.enable_header_info();
     d->tx_tos_ = d->port_.tx_tos();
   }
-  if (cfg.path != PacketPath::kUdp) {
+  if (!d->share_.joined() && cfg.share) {
+    // A device on the first free loopback address joins its share now (its slot, normally
+    // 0: the processes that come to share the address are told apart by their QPNs).
+    if (int e = d->share_.join(d->ip(), cfg.shm.dir, cfg.shm.name_prefix); e != 0)
+      log().warn("{} cannot be shared with other processes: {}", net::ipv4_to_string(d->ip()),
+                 std::strerror(e));
+  }
+  if (cfg.path != PacketPath::kUdp && !d->member_) {
     // The UDP bind above made this process the address's owner; the mailbox only joins it.
     // EADDRINUSE here means the previous owner is still exiting: a process that ends
     // without closing its device has its descriptors closed in order, the UDP socket before
@@ -217,7 +239,7 @@ std::unique_ptr<Device> Device::open(const DeviceConfig& cfg, int& err) {
   // QPNs start at a random point so a restarted process is unlikely to reuse the QPN a
   // stale peer still sends to.
   std::random_device rd;
-  d->next_qpn_ = 0x100 + (rd() % 0x100000);
+  d->next_qpn_ = 0x100 + (rd() % (kQpnsPerSlot - 0x100));
 
   // UDP GSO/GRO: several RoCEv2 packets per system call each way (docs/performance.md).
   if (cfg.udp_offload) {
@@ -249,12 +271,23 @@ std::unique_ptr<Device> Device::open(const DeviceConfig& cfg, int& err) {
     ev.data.fd = d->shm_.doorbell_fd();
     ::epoll_ctl(d->epoll_fd_, EPOLL_CTL_ADD, d->shm_.doorbell_fd(), &ev);
   }
-  log().info(
-      "device srdma0 bound to {}:{} (netdev MTU {}, active MTU {}, UDP GSO {}, GRO {}, "
-      "same-host shared memory {})",
-      net::ipv4_to_string(d->ip()), wire::kRoceV2Port, d->netdev_mtu_, mtu_bytes(d->active_mtu_),
-      d->port_.gso() ? "on" : "off", d->port_.gro() ? "on" : "off",
-      d->shm_.is_open() ? (cfg.path == PacketPath::kShm ? "only" : "auto") : "off");
+  if (d->share_.joined()) {
+    ev.data.fd = d->share_.fd();
+    ::epoll_ctl(d->epoll_fd_, EPOLL_CTL_ADD, d->share_.fd(), &ev);
+    d->share_rx_.resize(kRxBufferBytes);
+  }
+  if (d->member_)
+    log().info(
+        "device srdma0 shares {} with the process that owns it (slot {}, sending from "
+        "UDP port {})",
+        net::ipv4_to_string(d->ip()), d->share_.slot(), d->port_.port());
+  else
+    log().info(
+        "device srdma0 bound to {}:{} (netdev MTU {}, active MTU {}, UDP GSO {}, GRO {}, "
+        "same-host shared memory {})",
+        net::ipv4_to_string(d->ip()), wire::kRoceV2Port, d->netdev_mtu_, mtu_bytes(d->active_mtu_),
+        d->port_.gso() ? "on" : "off", d->port_.gro() ? "on" : "off",
+        d->shm_.is_open() ? (cfg.path == PacketPath::kShm ? "only" : "auto") : "off");
   d->thread_ = std::thread([dev = d.get()] { dev->progress_thread(); });
   return d;
 }
@@ -265,6 +298,30 @@ Device::~Device() {
   if (thread_.joinable()) thread_.join();
   if (epoll_fd_ >= 0) ::close(epoll_fd_);
   if (event_fd_ >= 0) ::close(event_fd_);
+}
+
+void Device::try_take_over(uint64_t now) {
+  if (!member_ || now < next_take_over_ns_) return;
+  next_take_over_ns_ = now + kTakeOverCheckNs;
+  const int old_fd = port_.fd();
+  ::epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, old_fd, nullptr);
+  if (port_.rebind(ip(), wire::kRoceV2Port, socket_buffer_bytes_) != 0) {  // still owned
+    epoll_event ev{};
+    ev.events = socket_watched_ ? uint32_t{EPOLLIN} : 0u;
+    ev.data.fd = old_fd;
+    ::epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, old_fd, &ev);
+    return;
+  }
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.fd = port_.fd();
+  ::epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, port_.fd(), &ev);
+  socket_watched_ = true;
+  member_ = false;
+  log().info(
+      "device srdma0 took over {}:{} from its exited owner (slot {}; same-host shared "
+      "memory off)",
+      net::ipv4_to_string(ip()), wire::kRoceV2Port, share_.slot());
 }
 
 uint64_t Device::now_ns() {
@@ -308,10 +365,12 @@ void Device::release(ObjectKind kind) {
 }
 
 uint32_t Device::register_qp(QueuePair* qp) {
+  // The slot's range: the owner of a shared address routes packets by the QPN's top bits.
+  const uint32_t base = share_slot() * kQpnsPerSlot;
   uint32_t qpn;
   do {
-    qpn = next_qpn_;
-    next_qpn_ = (next_qpn_ + 1) & wire::kQpnMask;
+    qpn = base | next_qpn_;
+    next_qpn_ = (next_qpn_ + 1) % kQpnsPerSlot;
     if (next_qpn_ < 0x100) next_qpn_ = 0x100;  // QPN 0 and 1 are special (SMI/GSI)
   } while (qps_.count(qpn));
   qps_[qpn] = qp;

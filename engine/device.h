@@ -26,6 +26,7 @@
 #include "engine/object_registry.h"
 #include "engine/transport.h"
 #include "engine/types.h"
+#include "net/address_share.h"
 #include "net/netem.h"
 #include "net/pcap_tap.h"
 #include "net/shm_port.h"
@@ -41,6 +42,10 @@ namespace softrdma::engine {
 inline constexpr size_t kMaxRocePacketBytes = 4096 + 256;
 /// Packets processed per progress round before timers and other work get a turn.
 inline constexpr size_t kRxBudget = 1024;
+/// QPNs of one slot of a shared address (net/address_share.h): slot k allocates QPNs
+/// k·2^20 + 0x100 … k·2^20 + 0xfffff (its top 4 of 24 bits are k; QPN 0 and 1 stay special).
+inline constexpr uint32_t kQpnsPerSlot = 1u << 20;
+static_assert(kQpnsPerSlot * net::kShareSlots == (1u << 24));
 /// Payloads up to this many bytes are copied into their TX slot at transmit() (the largest
 /// inline data a WQE carries, DeviceLimits::kMaxInlineData).
 inline constexpr size_t kTxCopyBytes = 256;
@@ -103,6 +108,9 @@ struct DeviceConfig {
   CongestionControl cc = CongestionControl::kAuto;
   /// Device memory the device offers in all, bytes (SOFTRDMA_DM_SIZE; max_dm_size).
   uint64_t dm_size = 256 * 1024;
+  /// An address another process's device owns is shared with it (net/address_share.h)
+  /// instead of refused with EADDRINUSE.
+  bool share = true;
 
   /// Reads SOFTRDMA_ADDR, SOFTRDMA_NETEM, SOFTRDMA_WAN, SOFTRDMA_PCAP, SOFTRDMA_GSO,
   /// SOFTRDMA_SPIN_US, SOFTRDMA_SELECTIVE_RETX, SOFTRDMA_FAULT_GUARD, SOFTRDMA_CC,
@@ -144,6 +152,12 @@ class Device final : public Transport, public ObjectRegistry {
   ~Device() override;
 
   uint32_t ip() const { return port_.ip(); }
+  /// This process's slot among the processes sharing the address (net/address_share.h):
+  /// the top 4 bits of every QPN it allocates. 0 when the share could not be joined.
+  uint32_t share_slot() const { return share_.joined() ? share_.slot() : 0; }
+  /// Whether this device is a member of its address's share: another process owns UDP port
+  /// 4791 (and the mailbox) there and forwards this process's packets to it.
+  bool share_member() const { return member_; }
   /// The RoCEv2 GID (IPv4-mapped) of GID index 0.
   Gid gid() const { return Gid::from_ipv4(ip()); }
   /// Active MTU enum (IB MTU that fits the interface MTU minus RoCEv2 headers).
@@ -211,8 +225,16 @@ class Device final : public Transport, public ObjectRegistry {
   void handle_datagram(const net::RxDatagram& d);
   /// One received packet through the checks below, in order, then to its QP's responder
   /// (requests) or completer (responses).
+  /// `forwarded`: it came from the owner of the address (never forwarded again).
   void handle_packet(const net::RxDatagram& d, const uint8_t* data, size_t length,
-                     uint16_t ip_id_hint, bool from_shm);
+                     uint16_t ip_id_hint, bool from_shm, bool forwarded = false);
+  /// Owner of a shared address: hands a packet whose destination QPN belongs to another
+  /// process's slot to that process (true: it is not for this one), and a copy of each QP1
+  /// packet to every other process at the address (false: this one's QP1 takes it too).
+  bool forward_to_share(const net::RxDatagram& d, const uint8_t* data, size_t length,
+                        uint16_t ip_id_hint, bool from_shm);
+  /// Packets the owner forwarded to this process (member, or shared), through the checks.
+  size_t receive_share_locked();
   RxCheck check_parse(const net::RxDatagram& d, std::span<const uint8_t> bytes, wire::Packet& pkt);
   RxCheck check_icrc(const net::RxDatagram& d, std::span<const uint8_t> bytes, uint16_t ip_id_hint,
                      bool from_shm, const wire::Packet& pkt, wire::IcrcVerdict& v);
@@ -273,11 +295,27 @@ class Device final : public Transport, public ObjectRegistry {
   /// peer's backlog (the ring was full); kRingFull (dropped) when the backlog is full too; kDropped
   /// with no mailbox under SOFTRDMA_TRANSPORT=shm. `ce`: it carries the CE mark.
   ShmOutcome send_shm(uint32_t dst_ip, std::span<const iovec> iov, bool ce);
+  /// Owner of a shared address, a packet to its own address: handed to the process whose
+  /// QPN it names (true: sent), or copied to every other process for QP1 and then sent as
+  /// usual (false).
+  bool forward_local(TxSlot& s);
   std::vector<uint8_t> shm_capture_;  // a same-host packet as recorded, with its ICRC
 
   std::mutex mu_;
   net::UdpPort port_;
-  net::ShmPort shm_;  // open unless PacketPath::kUdp
+  net::ShmPort shm_;               // open unless PacketPath::kUdp
+  net::AddressShare share_;        // this process's slot at the address (joined unless it failed)
+  bool member_ = false;            // another process owns UDP 4791 at ip(): port_ is ip():ephemeral
+  std::vector<uint8_t> share_rx_;  // receive_share_locked()'s buffer
+  std::vector<uint8_t> share_tx_;  // forward_local()'s gathered packet
+  int socket_buffer_bytes_ = 0;    // DeviceConfig::socket_buffer_bytes, for try_take_over()
+  uint64_t next_take_over_ns_ = 0;  // a member's next try_take_over()
+  /// A member checks this often whether port 4791 is free (its owner exited), ns.
+  static constexpr uint64_t kTakeOverCheckNs = 20'000'000;
+  /// Member, progress thread, device lock held: binds UDP 4791 at the address when the owner
+  /// has given it up (exited) and becomes the owner — it forwards the other members' packets
+  /// from now on. The same-host mailbox stays off (UDP only).
+  void try_take_over(uint64_t now);
   PacketPath path_ = PacketPath::kAuto;
   std::vector<size_t> udp_slots_;   // send_queued(): slots that go by UDP
   uint64_t last_udp_check_ns_ = 0;  // try_progress(): last recvmmsg on the UDP socket

@@ -213,6 +213,8 @@ void Device::progress_thread() {
     uint64_t until = sleep_until_ns_.load(std::memory_order_relaxed);
     const uint64_t window = shm_only ? kShmOnlyWindowNs : poller_window;
     if (app_polling && (until == 0 || until > last_poll + window)) until = last_poll + window;
+    // A member looks now and then whether its address's owner has exited (try_take_over).
+    if (member_ && (until == 0 || until > now + kTakeOverCheckNs)) until = now + kTakeOverCheckNs;
     if (shm_.is_open() && !app_polling) {
       std::lock_guard lk(mu_);
       thread_asleep_.store(true, std::memory_order_relaxed);
@@ -232,7 +234,7 @@ void Device::progress_thread() {
     }
     const int n = ::epoll_pwait2(epoll_fd_, events, 4, timeout, nullptr);
     thread_asleep_.store(false, std::memory_order_relaxed);
-    bool bell = false;
+    bool bell = false, share_bell = false;
     for (int i = 0; i < n; ++i) {
       if (events[i].data.fd == port_.fd()) {
         // UDP traffic: from now on the poller's window applies (see shm_only above).
@@ -243,6 +245,8 @@ void Device::progress_thread() {
         (void)r;
       } else if (shm_.is_open() && events[i].data.fd == shm_.doorbell_fd()) {
         bell = true;
+      } else if (share_.joined() && events[i].data.fd == share_.fd()) {
+        bell = share_bell = true;  // the address's owner forwarded packets: serve them now
       }
     }
     if (stop_.load()) break;
@@ -250,11 +254,15 @@ void Device::progress_thread() {
     const uint64_t timer = sleep_until_ns_.load(std::memory_order_relaxed);
     // A doorbell means a sender saw nobody polling: serve it even inside the poller
     // window (ib_write_lat's target polls once, then spins on memory).
-    if (!bell && woke - last_inline_poll_ns_.load(std::memory_order_relaxed) < poller_window &&
+    const bool take_over_due = member_ && woke >= next_take_over_ns_;
+    if (!bell && !take_over_due &&
+        woke - last_inline_poll_ns_.load(std::memory_order_relaxed) < poller_window &&
         (timer == 0 || timer > woke))
       continue;  // the poller is still at it and no timer is due: leave it the lock
     std::lock_guard lk(mu_);
-    if (bell) shm_.drain_doorbell();
+    if (take_over_due) try_take_over(woke);
+    if (bell && shm_.is_open()) shm_.drain_doorbell();
+    if (share_bell) receive_share_locked();  // level-triggered: read it even when unshared
     if (shm_.is_open()) shm_.note_polling(woke);
     last_udp_check_ns_ = woke;
     progress_locked(woke);

@@ -166,8 +166,70 @@ RxCheck Device::check_keys(const QueuePair& qp, const wire::Packet& pkt) const {
   return pkt.hdr.deth.qkey == qkey ? RxCheck::kAccept : RxCheck::kBadQkey;
 }
 
+bool Device::forward_to_share(const net::RxDatagram& d, const uint8_t* data, size_t length,
+                              uint16_t ip_id_hint, bool from_shm) {
+  const uint32_t own = share_.slot();
+  const uint32_t others = share_.live_mask() & ~(1u << own);
+  if (others == 0 || length < wire::kBthBytes) return false;  // alone, or check_parse drops it
+  // BTH bytes 5-7: the destination QPN, whose top bits are the slot of the process that
+  // allocated it (Device::register_qp). The GSI (QPN 1) of every process is reached at QPN
+  // 1: each gets a copy, and each CM keeps what is its own (cm/cm_device.cpp).
+  const uint32_t qpn = uint32_t{data[5]} << 16 | uint32_t{data[6]} << 8 | data[7];
+  const uint32_t slot = qpn / kQpnsPerSlot;
+  const bool gsi = qpn == 1;
+  if (!gsi && (slot == own || !(others & (1u << slot)))) return false;  // ours, or nobody's
+  net::ForwardedMeta meta;
+  meta.src_ip = d.src_ip;
+  meta.src_port = d.src_port;
+  meta.ip_id_hint = ip_id_hint;
+  meta.ttl = d.ttl;
+  meta.tos = d.tos;
+  meta.from_shm = from_shm;
+  const std::span<const uint8_t> bytes(data, length);
+  bool sent = false;
+  for (uint32_t k = 0; k < net::kShareSlots; ++k) {
+    if (!((gsi ? others : 1u << slot) & (1u << k))) continue;
+    if (share_.forward(k, meta, bytes)) {
+      bump(counters_->share_forwarded);
+      sent = true;
+    } else {
+      bump(counters_->share_forward_drops);
+    }
+  }
+  // A packet its slot's process could not take (it died) goes through this process's
+  // checks, which drop it as addressed to an unknown QPN.
+  return !gsi && sent;
+}
+
+size_t Device::receive_share_locked() {
+  size_t n = 0;
+  for (; n < kRxBudget; ++n) {
+    net::ForwardedMeta meta;
+    const size_t len = share_.receive(share_rx_, meta);
+    if (len == 0) break;
+    net::RxDatagram d;
+    d.data = share_rx_.data();
+    d.capacity = share_rx_.size();
+    d.length = len;
+    d.src_ip = meta.src_ip;
+    d.src_port = meta.src_port;
+    d.ttl = meta.ttl;
+    d.tos = meta.tos;
+    bump_locked(counters_->share_rcvd);
+    handle_packet(d, d.data, len, meta.ip_id_hint, meta.from_shm != 0, /*forwarded=*/true);
+  }
+  if (n) {
+    last_rx_ns_.store(now_ns(), std::memory_order_relaxed);
+    flush();
+  }
+  return n;
+}
+
 void Device::handle_packet(const net::RxDatagram& d, const uint8_t* data, size_t length,
-                           uint16_t ip_id_hint, bool from_shm) {
+                           uint16_t ip_id_hint, bool from_shm, bool forwarded) {
+  if (!forwarded && !member_ && share_.joined() &&
+      forward_to_share(d, data, length, ip_id_hint, from_shm))
+    return;
   const std::span<const uint8_t> bytes(data, length);
   // The device's one Packet, overwritten by wire::parse: a fresh local was zero-filled per
   // packet (`rep stos`, 136 bytes), ~5 % of a receiving thread's samples at 4 KiB packets.
@@ -255,6 +317,10 @@ size_t Device::receive_shm_locked() {
 
 size_t Device::receive_locked(bool check_udp) {
   size_t total = receive_shm_locked();
+  // Forwarded packets: a member gets all of its own this way; an owner only after it took
+  // over from an owner that left while its forwards were in flight (a system call per round
+  // only while the address is shared).
+  if (share_.joined() && (member_ || share_.shared())) total += receive_share_locked();
   while (check_udp && total < kRxBudget) {
     const size_t n = port_.recv_batch(rx_slots_);
     if (n == 0) break;

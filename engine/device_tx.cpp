@@ -109,7 +109,7 @@ void Device::crc_slot(TxSlot& s) {
   wire::Ipv4UdpTuple tuple;
   tuple.src_ip = ip();
   tuple.dst_ip = s.dst_ip;
-  tuple.src_port = wire::kRoceV2Port;
+  tuple.src_port = port_.port();  // 4791, or a sharing member's own port
   tuple.dst_port = wire::kRoceV2Port;
   const iovec& h = s.iov.front();
   const auto* hdr = static_cast<const uint8_t*>(h.iov_base);
@@ -260,9 +260,11 @@ void Device::send_queued() {
   // (and everything under SOFTRDMA_TRANSPORT=udp) by UDP.
   udp_slots_.clear();
   bool shm_sent = false;
+  const bool share_local = !member_ && share_.joined() && share_.shared();
   for (size_t k = 0; k < tx_count_; ++k) {
     TxSlot& s = tx_[k];
     if (s.taken) continue;
+    if (share_local && s.dst_ip == ip() && forward_local(s)) continue;
     if (!shm_.is_open()) {
       udp_slots_.push_back(k);
       continue;
@@ -330,7 +332,7 @@ void Device::send_queued() {
       if (pcap_) {
         // What crosses the wire: id 0 from this unconnected DF socket, k for GSO segment
         // k; DF, the socket's TTL and TOS.
-        pcap_->record({ip(), s.dst_ip, wire::kRoceV2Port, wire::kRoceV2Port, id, true, tx_ttl_,
+        pcap_->record({ip(), s.dst_ip, port_.port(), wire::kRoceV2Port, id, true, tx_ttl_,
                        static_cast<uint8_t>(tx_tos_ | (s.ce ? 0x3 : 0))},
                       s.iov);
         pcap_dirty_ = true;
@@ -357,6 +359,41 @@ void Device::send_queued() {
     if (errors) bump(counters_->send_err, errors);
   }
   tx_count_ = 0;
+}
+
+bool Device::forward_local(TxSlot& s) {
+  // Straight to the process sharing the address, not through this process's own socket or
+  // ring: a packet still queued there is lost when this process exits right after sending
+  // it (a REJ, the last DREP), and the member would wait out its CM retries.
+  if (!compute_icrc(s)) return true;  // unmapped payload: not sent
+  for (int b = 0; b < 4; ++b) s.trailer[s.pad + b] = static_cast<uint8_t>(s.icrc >> (8 * b));
+  // The payload is registered memory, which may be unmapped meanwhile (net/fault_guard.h):
+  // sized first, copied under the guard.
+  size_t total = 0;
+  for (const iovec& v : s.iov) total += v.iov_len;
+  share_tx_.resize(total);
+  struct Args {
+    uint8_t* out;
+    const std::vector<iovec>* iov;
+  } a{share_tx_.data(), &s.iov};
+  if (!net::guarded_call(
+          [](void* v) {
+            auto* args = static_cast<Args*>(v);
+            for (const iovec& i : *args->iov) {
+              std::memcpy(args->out, i.iov_base, i.iov_len);
+              args->out += i.iov_len;
+            }
+          },
+          &a)) {
+    bump(counters_->local_access_faults);
+    return true;  // not sent
+  }
+  net::RxDatagram d;  // what a datagram from this socket would have said
+  d.src_ip = ip();
+  d.src_port = port_.port();
+  d.ttl = tx_ttl_;
+  d.tos = static_cast<uint8_t>(tx_tos_ | (s.ce ? 0x3 : 0));
+  return forward_to_share(d, share_tx_.data(), share_tx_.size(), 0, /*from_shm=*/false);
 }
 
 bool Device::shape_queued(uint64_t now) {
@@ -404,7 +441,7 @@ void Device::release_wan(uint64_t now) {
       if (o != ShmOutcome::kUseUdp) return;
     }
     if (pcap_) {  // what crosses the wire: a lone datagram, id 0, DF
-      pcap_->record({ip(), p.dst_ip, wire::kRoceV2Port, wire::kRoceV2Port, 0, true, tx_ttl_,
+      pcap_->record({ip(), p.dst_ip, port_.port(), wire::kRoceV2Port, 0, true, tx_ttl_,
                      static_cast<uint8_t>(tx_tos_ | (ce ? 0x3 : 0))},
                     one);
       pcap_dirty_ = true;

@@ -25,6 +25,7 @@
 // free-running byte counters (mod ring_bytes, a power of two).
 #include "net/shm_port.h"
 
+#include "net/address_share.h"
 #include "net/fault_guard.h"
 
 #include <arpa/inet.h>
@@ -253,18 +254,7 @@ ShmPort::~ShmPort() {
 
 std::vector<std::string> shm_remove_stale_mailboxes(const ShmConfig& cfg) {
   std::vector<std::string> removed;
-  const std::string lead = cfg.name_prefix + "shm-";
-  std::vector<uint32_t> ips;
-  if (DIR* d = ::opendir(cfg.dir.c_str())) {
-    while (dirent* e = ::readdir(d)) {
-      const std::string n = e->d_name;
-      in_addr a{};
-      if (n.rfind(lead, 0) == 0 && ::inet_pton(AF_INET, n.c_str() + lead.size(), &a) == 1)
-        ips.push_back(ntohl(a.s_addr));
-    }
-    ::closedir(d);
-  }
-  for (uint32_t ip : ips) {
+  for (uint32_t ip : addresses_in_file_names(cfg.dir, cfg.name_prefix + "shm-")) {
     // Opening takes the address lock, replaces the stale mailbox (marking it closed) and
     // closing removes the replacement: nothing of the address is left. A live owner makes
     // open() fail with EADDRINUSE, and its file stays.

@@ -51,8 +51,26 @@ int UdpPort::bind(uint32_t ip, uint16_t port, int buffer_bytes) {
     ::close(fd);
     return e;
   }
+  socklen_t len = sizeof sa;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len);
   fd_ = fd;
   ip_ = ip;
+  port_ = ntohs(sa.sin_port);
+  return 0;
+}
+
+int UdpPort::rebind(uint32_t ip, uint16_t port, int buffer_bytes) {
+  UdpPort fresh;
+  if (int e = fresh.bind(ip, port, buffer_bytes); e != 0) return e;
+  if (gso_) fresh.enable_gso();
+  if (gro_) fresh.enable_gro();
+  if (header_info_) fresh.enable_header_info();
+  if (tos_ & 0x3) fresh.set_ecn_capable();
+  std::swap(fd_, fresh.fd_);  // the old socket closes with `fresh`
+  ip_ = fresh.ip_;
+  port_ = fresh.port_;
+  gso_ = fresh.gso_;
+  gro_ = fresh.gro_;
   return 0;
 }
 

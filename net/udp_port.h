@@ -71,8 +71,16 @@ class UdpPort {
   /// (EADDRINUSE when another process holds the address).
   int bind(uint32_t ip, uint16_t port, int buffer_bytes);
 
+  /// Binds a new socket to ip:port with this one's options (buffers, GSO, GRO, header
+  /// info, TOS) and, when that succeeds, closes this one and uses the new one. Returns 0 or
+  /// the bind's errno (EADDRINUSE: the port is still held), this socket unchanged then.
+  /// For a process that shares an address and takes port 4791 over when its owner exits.
+  int rebind(uint32_t ip, uint16_t port, int buffer_bytes);
+
   /// The socket descriptor (for epoll), or -1.
   int fd() const { return fd_; }
+  /// The bound UDP port (host order; the one the kernel picked for a bind to port 0).
+  uint16_t port() const { return port_; }
   uint32_t ip() const { return ip_; }
 
   /// Sends `batch` with sendmmsg (64 entries per call). Returns batch.size(): datagrams the
@@ -110,6 +118,7 @@ class UdpPort {
  private:
   int fd_ = -1;
   uint32_t ip_ = 0;
+  uint16_t port_ = 0;
   bool header_info_ = false;
   uint8_t tos_ = 0;  // the TOS byte this socket sends (set_ecn_capable())
   bool gso_ = false;

@@ -17,7 +17,8 @@
 //       hw_counters: one "name value" line per counter.
 //
 //   softrdma stat --clean
-//       Removes the counter files left behind by processes that have exited.
+//       Removes the counter files, same-host mailboxes, address-share registries and rdma_cm
+//       port tables left behind by processes that have exited.
 //
 //   softrdma sysfs --create DIR [--addr IP]
 //       Writes srdma0's sysfs and /dev entries (the tree `softrdma run` shows every program
@@ -48,7 +49,9 @@
 #include <vector>
 
 #include "base/params.h"
+#include "cm/shared_ports.h"
 #include "engine/counters.h"
+#include "net/address_share.h"
 #include "net/netem.h"
 #include "net/shm_port.h"
 #include "net/udp_port.h"
@@ -269,6 +272,16 @@ int cmd_stat_clean(const StatOptions& o) {
     fmt::print("removed {} (same-host mailbox, owner exited)\n", p);
     ++removed;
   }
+  // The share registries (softrdma-share-<addr>) and rdma_cm port tables
+  // (softrdma-cmports-<addr>) of addresses no live process holds.
+  for (const std::string& p : softrdma::net::share_remove_stale(o.dir)) {
+    fmt::print("removed {} (address share, its processes exited)\n", p);
+    ++removed;
+  }
+  for (const std::string& p : softrdma::cm::SharedPorts::remove_stale(o.dir)) {
+    fmt::print("removed {} (rdma_cm ports, their processes exited)\n", p);
+    ++removed;
+  }
   if (removed == 0 && failed == 0) fmt::print("no files of exited processes to remove\n");
   return failed ? 1 : 0;
 }
@@ -467,15 +480,16 @@ int main(int argc, char** argv) {
       "`name value` line each as Linux rxe's hw_counters; counters that are zero are left\n"
       "out unless --all is given. A process that exited without closing its device (killed)\n"
       "leaves its file behind, shown as dead until --clean removes it or a new device binds\n"
-      "the same address; --clean also removes the same-host mailboxes (softrdma-shm-<ip>)\n"
-      "such processes left. Counter meanings: engine/counters.h.");
+      "the same address; --clean also removes the same-host mailboxes (softrdma-shm-<ip>),\n"
+      "address-share registries (softrdma-share-<ip>) and rdma_cm port tables\n"
+      "(softrdma-cmports-<ip>) such processes left. Counter meanings: engine/counters.h.");
   auto* all = stat->add_flag("--all,-a", so.all, "list every counter, zero or not");
   auto* json = stat->add_flag("--json", so.json,
                               "print JSON instead: {\"devices\": [{device, address, pid, alive, "
                               "path, counters: {name: value}}]}, always with every counter");
   stat->add_flag("--clean", so.clean,
-                 "remove the counter files and same-host mailboxes of processes that have "
-                 "exited, list them, and exit")
+                 "remove the counter files, same-host mailboxes, address-share registries and "
+                 "rdma_cm port tables of processes that have exited, list them, and exit")
       ->excludes(all)
       ->excludes(json);
   stat->add_option("--dir", so.dir,

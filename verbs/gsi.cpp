@@ -1,4 +1,5 @@
-// QP1, the GSI, for softrdma's RDMA-CM: the private hook of verbs/softrdma_private.h.
+// QP1, the GSI, and the address slot, for softrdma's RDMA-CM: private hooks of
+// verbs/softrdma_private.h.
 #include "verbs/ops.h"
 #include "verbs/softrdma_private.h"
 
@@ -19,6 +20,14 @@ ibv_qp* softrdma_create_qp1(ibv_pd* pd, ibv_qp_init_attr* attr) {
   a.comp_mask = IBV_QP_INIT_ATTR_PD;
   a.pd = pd;
   return create_qp(pd->context, &a, /*qpn=*/1);
+}
+
+int softrdma_address_slot(ibv_context* ctx) {
+  if (!ctx) {
+    errno = EINVAL;
+    return -1;
+  }
+  return static_cast<int>(to_ctx(ctx)->dev->share_slot());
 }
 
 }  // extern "C"

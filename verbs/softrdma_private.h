@@ -63,10 +63,20 @@ struct ibv_qp* softrdma_create_qp1(struct ibv_pd* pd, struct ibv_qp_init_attr* a
 /// several addresses this way (ibv_open_device(srdma0) returns the default one: SOFTRDMA_ADDR's
 /// first address, else the first opened; srdmaN the N-th address of a SOFTRDMA_ADDR list, from
 /// the same per-address map). The context's device is the srdmaN whose address `ipv4` is, else
-/// srdma0. Returns NULL with errno: EINVAL (ipv4 0 or a malformed SOFTRDMA_*
-/// variable), EADDRINUSE (another process's device owns the address), EADDRNOTAVAIL (the
-/// address is not configured on this host), or the socket error.
+/// srdma0. A device another process owns at `ipv4` is shared with it (this process joins the
+/// address as a member: docs/rdma-cm.md, "Several processes on one address"). Returns NULL
+/// with errno: EINVAL (ipv4 0 or a malformed SOFTRDMA_* variable), EADDRINUSE (UDP 4791 at
+/// the address is held by something that is not a softrdma device, or all 16 slots of the
+/// address are taken), EADDRNOTAVAIL (the address is not configured on this host), or the
+/// socket error.
 struct ibv_context* softrdma_open_device_at(uint32_t ipv4);
+
+/// The slot (0..15) of this process among the processes sharing the address of `ctx`'s
+/// device (net/address_share.h): the top 4 bits of the QPNs it allocates, which the CM also
+/// puts in its communication IDs so that each process keeps the MADs that are its own
+/// (every process at an address receives each MAD sent to QP1 there). -1 with errno EINVAL
+/// for a NULL or foreign context.
+int softrdma_address_slot(struct ibv_context* ctx);
 
 #ifdef __cplusplus
 }

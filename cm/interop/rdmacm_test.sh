@@ -25,6 +25,12 @@
 #                  RDMA_CM_EVENT_ADDR_ERROR with status -113 (-EHOSTUNREACH), at once
 #   foreign_verbs  rping with softrdma's librdmacm.so.1 but Debian's libibverbs.so.1: it must
 #                  fail at once, saying it needs softrdma's libibverbs
+#   shared_rping   rping -s and rping -c -C 20 -V both at ONE address (two processes sharing
+#                  one device address: docs/rdma-cm.md, "Several processes on one address")
+#   shared_ucmatose  ucmatose -b S / ucmatose -s S -c 4 -C 20, both at S
+#   shared_udaddy  udaddy -b S / udaddy -s S, both at S (UD: SIDR, QP1 MADs between them)
+#   shared_port_taken  a second rping -s on the port another process at the same address
+#                  listens on fails at once with EADDRINUSE ("Address already in use")
 #   capture        rping -C 1 with both sides' packets captured (softrdma run --pcap):
 #                  tshark must decode the CM MADs on QP1 — REQ (service ID 0x01060000|P, the
 #                  annex A11 IP CM header's addresses and port), REP, RTU, DREQ, DREP
@@ -36,7 +42,7 @@
 set -uo pipefail
 
 CASES="rping ucmatose ucmatose_many udaddy rdma_server rdma_xserver rdma_xserver_xrc no_listener peer_stopped"
-CASES+=" no_device capture foreign_verbs"
+CASES+=" no_device capture foreign_verbs shared_rping shared_ucmatose shared_udaddy shared_port_taken"
 
 # shellcheck source=scripts/lib/test_lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib/test_lib.sh"
@@ -62,6 +68,14 @@ esac
 S=127.0.63.$((2 * N - 1))
 C=127.0.63.$((2 * N))
 PORT=$((18300 + N))
+# The shared-address cases: one address each in 127.0.81.0/24, ports 1781x.
+case "$CASE" in
+  shared_rping) S=127.0.81.11 PORT=17811 ;;
+  shared_ucmatose) S=127.0.81.12 PORT=17812 ;;
+  shared_udaddy) S=127.0.81.13 ;;
+  shared_port_taken) S=127.0.81.14 PORT=17814 ;;
+esac
+[[ $CASE == shared_* ]] && C=$S
 
 require_softrdma_built
 [[ -e "$BUILD_DIR/lib/librdmacm.so.1" ]] || fail "$BUILD_DIR/lib/librdmacm.so.1 not built"
@@ -156,19 +170,16 @@ case "$CASE" in
     n=$(grep -c "ping data: rdma-ping-" "$CLOG")
     ((n == 100)) || { show_logs "$CLOG"; fail "client printed $n ping lines, expected 100"; }
     ;;
-  ucmatose)
-    start_server "$S" ucmatose -b "$S" -p "$PORT"
-    run_client "$C" ucmatose -s "$S" -p "$PORT"
+  ucmatose | ucmatose_many | shared_ucmatose)
+    more=()
+    [[ $CASE == ucmatose_many ]] && more=(-c 8 -C 50)
+    [[ $CASE == shared_ucmatose ]] && more=(-c 4 -C 20)
+    start_server "$S" ucmatose -b "$S" -p "$PORT" "${more[@]}"
+    run_client "$C" ucmatose -s "$S" -p "$PORT" "${more[@]}"
     wait_server
     expect_ok "^return status 0$" "^return status 0$"
     ;;
-  ucmatose_many)
-    start_server "$S" ucmatose -b "$S" -p "$PORT" -c 8 -C 50
-    run_client "$C" ucmatose -s "$S" -p "$PORT" -c 8 -C 50
-    wait_server
-    expect_ok "^return status 0$" "^return status 0$"
-    ;;
-  udaddy)
+  udaddy | shared_udaddy)  # (C is S for the shared case)
     start_server "$S" udaddy -b "$S"
     run_client "$C" udaddy -s "$S"
     wait_server
@@ -222,6 +233,23 @@ case "$CASE" in
     LD_PRELOAD="${asan}" LD_LIBRARY_PATH="$WORK/lib" timeout -k 5 "$STEP_TIMEOUT" \
       rping -s -a "$S" -p "$PORT" -C 1 >"$CLOG" 2>&1 || CRC=$?
     client_fails_with "needs softrdma's libibverbs.so.1" 10 $((SECONDS - t0))
+    ;;
+  shared_rping)
+    start_server "$S" rping -s -a "$S" -p "$PORT" -C 20 -V
+    CLIENT_OPTS=(--log info)
+    run_client "$S" rping -c -a "$S" -p "$PORT" -C 20 -V -v
+    wait_server
+    expect_ok "" "ping data: rdma-ping-19: "
+    n=$(grep -c "ping data: rdma-ping-" "$CLOG")
+    ((n == 20)) || { show_logs "$CLOG"; fail "client printed $n ping lines, expected 20"; }
+    grep -q "shares $S with the process that owns it" "$CLOG" ||
+      { show_logs "$CLOG"; fail "the client did not join the server's address"; }
+    ;;
+  shared_port_taken)
+    start_server "$S" rping -s -a "$S" -p "$PORT"
+    t1=$SECONDS
+    run_client "$S" rping -s -a "$S" -p "$PORT"
+    client_fails_with "Address already in use" 10 $((SECONDS - t1))
     ;;
   capture)
     command -v tshark >/dev/null || fail "tshark is missing: install Debian's tshark (scripts/deps.sh)"

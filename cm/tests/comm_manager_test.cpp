@@ -475,5 +475,62 @@ TEST(CmTimes, AckTimeoutFollowsLinux) {
   EXPECT_EQ(ib_time_ns(20), 4096ull << 20);
 }
 
+// Two processes sharing the passive address (net/address_share.h): both CMs receive every
+// MAD sent there. The one listening takes the REQ; the other leaves it (no hold, no REJ)
+// because the shared port table says another process listens. Later MADs name the
+// listener's communication ID, whose top bits are its slot: the other CM drops them without
+// answering — also a DREQ, which a CM answers with a DREP when the ID is unknown.
+TEST(CmSharedAddress, TheListenersProcessAnswersAndTheOtherStaysSilent) {
+  FakeFabric fabric;
+  CommManager& a = fabric.add(kA, fast_config());
+  bool other_listens = false;
+  CmConfig c0 = fast_config();
+  c0.slot = 0;
+  c0.listened_elsewhere = [&](uint64_t sid) { return other_listens && sid == kService; };
+  CmConfig c1 = fast_config();
+  c1.slot = 1;
+  CommManager& p0 = fabric.add(kP, c0);
+  CommManager& p1 = fabric.add(kP, c1);
+  Recorder active, idle, listener;
+  uint32_t lid = p1.create_id(listener.handler());
+  EXPECT_EQ(lid >> kCommIdSlotShift, 1u);
+  EXPECT_EQ(p0.create_id(idle.handler()) >> kCommIdSlotShift, 0u);
+  ASSERT_EQ(p1.listen(lid, kService), 0);
+  other_listens = true;
+
+  uint32_t aid = a.create_id(active.handler());
+  ASSERT_EQ(a.send_req(aid, {kP}, make_req()), 0);
+  fabric.deliver();
+  ASSERT_EQ(listener.types(), std::vector{CmEventType::kReqReceived});
+  const uint32_t pid = listener.events[0].id;
+  EXPECT_EQ(pid >> kCommIdSlotShift, 1u);
+  EXPECT_EQ(p0.counters().reqs_held, 0u);
+  EXPECT_EQ(p0.counters().mads_other_process, 1u);
+  ASSERT_EQ(p1.send_rep(pid, make_rep()), 0);
+  fabric.deliver();
+  ASSERT_EQ(a.send_rtu(aid, {}), 0);
+  fabric.deliver();
+  EXPECT_EQ(p1.state(pid), CmState::kEstablished);
+  EXPECT_EQ(a.state(aid), CmState::kEstablished);
+  ASSERT_EQ(a.send_dreq(aid, {}), 0);
+  fabric.deliver();
+  EXPECT_EQ(p1.state(pid), CmState::kDreqRcvd);
+  ASSERT_EQ(p1.send_drep(pid, {}), 0);
+  fabric.deliver();
+  EXPECT_EQ(p1.state(pid), CmState::kTimeWait);
+  EXPECT_EQ(p0.counters().mads_other_process, 3u);  // the REQ, the RTU and the DREQ
+  EXPECT_EQ(p0.counters().mads_unmatched, 0u);
+  EXPECT_TRUE(idle.events.empty());
+  // No REJ and exactly one DREP: process 0 never answered.
+  size_t rej = 0, drep = 0;
+  for (auto& m : fabric.sent()) {
+    rej += std::holds_alternative<Rej>(m.decoded().message);
+    drep += std::holds_alternative<Drep>(m.decoded().message);
+  }
+  EXPECT_EQ(rej, 0u);
+  EXPECT_EQ(drep, 1u);
+  EXPECT_FALSE(p0.next_deadline());
+}
+
 }  // namespace
 }  // namespace softrdma::cm

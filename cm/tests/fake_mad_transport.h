@@ -42,15 +42,17 @@ struct InFlight {
 
 class FakeFabric {
  public:
-  /// Adds a device at `ip` with its own CommManager.
+  /// Adds a device at `ip` with its own CommManager. Several at one `ip` are processes
+  /// sharing the address: each receives every MAD sent there (net/address_share.h).
   CommManager& add(uint32_t ip, CmConfig config = {}) {
     auto t = std::make_unique<FakeTransport>(*this, ip);
-    auto cm = std::make_unique<CommManager>(*t, config);
+    auto cm = std::make_unique<CommManager>(*t, std::move(config));
     CommManager& ref = *cm;
-    nodes_[ip] = Node{std::move(t), std::move(cm)};
+    nodes_.emplace(ip, Node{std::move(t), std::move(cm)});
     return ref;
   }
-  CommManager& cm(uint32_t ip) { return *nodes_.at(ip).cm; }
+  /// The (first) manager at `ip`.
+  CommManager& cm(uint32_t ip) { return *nodes_.find(ip)->second.cm; }
 
   uint64_t now() const { return now_; }
   std::deque<InFlight>& queue() { return queue_; }
@@ -66,9 +68,9 @@ class FakeFabric {
       queue_.pop_front();
       ++n;
       if (drop && drop(m)) continue;
-      auto it = nodes_.find(m.to.ip);
-      if (it == nodes_.end()) continue;  // nobody there
-      it->second.cm->on_mad(m.bytes, MadAddress{m.from_ip, kGsiQpn});
+      auto [first, last] = nodes_.equal_range(m.to.ip);  // nobody there: lost
+      for (auto it = first; it != last; ++it)
+        it->second.cm->on_mad(m.bytes, MadAddress{m.from_ip, kGsiQpn});
     }
     return n;
   }
@@ -101,7 +103,7 @@ class FakeFabric {
     std::unique_ptr<FakeTransport> transport;
     std::unique_ptr<CommManager> cm;
   };
-  std::map<uint32_t, Node> nodes_;
+  std::multimap<uint32_t, Node> nodes_;
   std::deque<InFlight> queue_;
   std::vector<InFlight> sent_;
   uint64_t now_ = 1'000'000'000;
