@@ -895,6 +895,45 @@ TEST_F(TransportTest, ALostResendIsSentAgainAfterOneAndAHalfRttsWithoutATimeout)
   EXPECT_TRUE(a->comp.resent.empty());
 }
 
+// A resend asks for an ACK (AckReq), even for a middle packet that carried none the first
+// time: when the resend arrived and only its ACK was lost, the responder holds the PSN and
+// re-acknowledges a duplicate only when asked (IBTA 9.7.5.1.3). Without AckReq the resends
+// drew no answer and only the retransmit timeout's go-back could recover (InjectedLoss/Every7
+// exhausted retry_cnt that way).
+TEST_F(TransportTest, AResendAsksForAnAckSoAResponderThatAlreadyHasItAnswers) {
+  ta->selective = tb->selective = true;
+  constexpr uint64_t kRtt = 10'000'000;  // 10 ms
+  ASSERT_EQ(post(*a, WrOpcode::kRdmaWrite, 0, kMtu, 0, 1), kOk);
+  ta->advance(kRtt);
+  settle();
+  // 8 packets; +3, a middle packet, is lost.
+  ASSERT_EQ(post(*a, WrOpcode::kRdmaWrite, kMtu, 8 * kMtu, kMtu, 2), kOk);
+  lose(*ta, {3});
+  deliver(*ta, *b, *tb);
+  deliver(*tb, *a, *ta);  // the selective NAK: +3 is resent...
+  ASSERT_EQ(ta->sent.size(), 1u);
+  EXPECT_TRUE(parse(ta->sent[0]).hdr.bth.ack_req) << "a resend asks for its ACK";
+  deliver(*ta, *b, *tb);  // ...and arrives: the responder has the whole message
+  tb->sent.clear();       // but its ACK is lost
+  ta->advance(kRtt * 3 / 2 + 1000);
+  {
+    std::lock_guard lk(dev->mutex());
+    completer::on_timer(*a, *ta, ta->now_ns());
+  }
+  ASSERT_EQ(ta->sent.size(), 1u);  // +3 again, long before the retransmit timeout
+  const wire::Packet again = parse(ta->sent[0]);
+  EXPECT_EQ(again.hdr.bth.psn, wire::psn_add(kSqPsn, 3));
+  EXPECT_TRUE(again.hdr.bth.ack_req);
+  deliver(*ta, *b, *tb);
+  EXPECT_FALSE(tb->sent.empty()) << "the responder re-acknowledges the duplicate";
+  deliver(*tb, *a, *ta);
+  auto c = drain();
+  ASSERT_EQ(c.size(), 2u);
+  EXPECT_EQ(c[1].wr_id, 2u);
+  EXPECT_EQ(ta->counters_.retransmit_timeouts.load(), 0u);
+  EXPECT_EQ(std::memcmp(dst.data(), src.data(), 9 * kMtu), 0);
+}
+
 // A CE-marked request draws one CNP to the requester's QP, then none for 50 µs; the
 // requester counts it and, pacing with DCQCN, cuts its rate.
 TEST_F(TransportTest, ACeMarkedRequestDrawsARateLimitedCnpThatCutsTheRequestersRate) {
