@@ -42,11 +42,26 @@ run_preset() {
   [[ $preset == default ]] || dir=build-$preset
   if [[ $step == ctest* && -s $dir/Testing/Temporary/LastTestsFailed.log ]]; then
     names=$(cut -d: -f2- "$dir/Testing/Temporary/LastTestsFailed.log" | head -20 | paste -sd' ')
+    # Their output from this run (ctest printed it mid-log; the rerun below overwrites the
+    # log), kept for the diagnostic section at the end.
+    first_output "$dir/Testing/Temporary/LastTest.log" $names >"$dir/first-failures.log"
   fi
   results+=("$preset: FAILED at $step ($((SECONDS - t0)) s)${names:+ [$names]}")
   [[ -n $names ]] && rerun+=("$preset|$step")
   failed=1
   return 1
+}
+
+# first_output LOG NAME...: the last 120 lines of each named test's section of ctest's
+# LastTest.log (a section runs from "N/M Testing: NAME" to its "end time" line).
+first_output() {
+  local log=$1 name
+  shift
+  for name in "$@"; do
+    echo "---- $name: output of the failed run (last 120 lines) ----"
+    awk -v n="$name" '$0 ~ "^[0-9]+/[0-9]+ Testing: " && $3 == n { on = 1 }
+      on { print } on && index($0, "\"" n "\" end time:") == 1 { on = 0 }' "$log" | tail -120
+  done
 }
 
 rerun=()
@@ -59,6 +74,10 @@ for r in "${rerun[@]}"; do
   preset=${r%%|*}
   env=()
   [[ ${r#*|} == *udp* ]] && env=(SOFTRDMA_TRANSPORT=udp)
+  dir=build
+  [[ $preset == default ]] || dir=build-$preset
+  echo "==== preset $preset: the failed tests' output (${env[*]:-auto transport}) ===="
+  cat "$dir/first-failures.log" 2>/dev/null
   echo "==== preset $preset: the failed tests again (${env[*]:-auto transport}), diagnostic only ===="
   env "${env[@]}" ctest --preset "$preset" --rerun-failed --output-on-failure 2>&1 | tail -150
 done
