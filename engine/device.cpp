@@ -371,8 +371,8 @@ uint32_t Device::register_qp(QueuePair* qp) {
   do {
     qpn = base | next_qpn_;
     next_qpn_ = (next_qpn_ + 1) % kQpnsPerSlot;
-    if (next_qpn_ < 0x100) next_qpn_ = 0x100;  // QPN 0 and 1 are special (SMI/GSI)
-  } while (qps_.count(qpn));
+    if (next_qpn_ < 0x100) next_qpn_ = 0x100;               // QPN 0 and 1 are special (SMI/GSI)
+  } while (qps_.count(qpn) || qpn == wire::kMulticastQpn);  // 0xFFFFFF: multicast (slot 15)
   qps_[qpn] = qp;
   return qpn;
 }
@@ -383,6 +383,7 @@ bool Device::register_qp_at(QueuePair* qp, uint32_t qpn) {
 
 void Device::unregister_qp(uint32_t qpn) {
   qps_.erase(qpn);
+  detach_all_mcast_locked(qpn);
 }
 
 uint32_t Device::register_srq(SharedReceiveQueue* srq) {

@@ -177,6 +177,21 @@ class Device final : public Transport, public ObjectRegistry {
   /// Returns a reservation made by reserve().
   void release(ObjectKind kind);
 
+  // ---- multicast (engine/multicast.cpp) -------------------------------------------------
+  /// Attaches QP `qpn` to the multicast group of IPv4 address `group` (host order,
+  /// 224.0.0.0/4; the GID ::ffff:group, as rdma_cm maps a RoCEv2 group): each datagram to
+  /// the group's address with destination QPN 0xFFFFFF reaches it, besides every other QP on
+  /// this host attached to the group (IBTA vol 1, 10.5.2.3 and annex A17.4.6; rxe_mcast.c).
+  /// The device receives the group on a socket of its own (net::UdpPort::join_group).
+  /// `added`: false when the QP was attached already (not an error, as in rxe).
+  /// Returns kOk, not_enough_memory (DeviceLimits::kMaxMcastGrp groups, or
+  /// kMaxMcastQpAttach QPs in the group), invalid_argument (no such QP, not a multicast
+  /// address), or the socket's error.
+  Status attach_mcast(uint32_t qpn, uint32_t group, bool& added);
+  /// Detaches QP `qpn` from `group`; the device leaves the group with its last QP. Returns
+  /// kOk or invalid_argument (the QP is not attached to the group).
+  Status detach_mcast(uint32_t qpn, uint32_t group);
+
   /// Processes pending packets and timers on the calling thread if the device lock is
   /// free; returns without waiting otherwise.
   void try_progress() override;
@@ -235,12 +250,24 @@ class Device final : public Transport, public ObjectRegistry {
                         uint16_t ip_id_hint, bool from_shm);
   /// Packets the owner forwarded to this process (member, or shared), through the checks.
   size_t receive_share_locked();
+  /// Datagrams on the multicast groups' sockets, through the checks (engine/multicast.cpp).
+  size_t receive_mcast_locked();
+  /// A parsed packet that arrived for multicast group d.dst_ip: a copy to each attached QP
+  /// whose type, state and Q_Key take it; counted and dropped otherwise.
+  void deliver_mcast(const net::RxDatagram& d, const wire::Packet& pkt, uint16_t ip_id,
+                     size_t length);
+  /// Bumps the drop counter of `check` (see RxCheck).
+  void count_drop(RxCheck check);
+  /// Removes `qpn` from every group (a QP destroyed while attached).
+  void detach_all_mcast_locked(uint32_t qpn);
   RxCheck check_parse(const net::RxDatagram& d, std::span<const uint8_t> bytes, wire::Packet& pkt);
   RxCheck check_icrc(const net::RxDatagram& d, std::span<const uint8_t> bytes, uint16_t ip_id_hint,
                      bool from_shm, const wire::Packet& pkt, wire::IcrcVerdict& v);
   RxCheck check_header(const wire::Packet& pkt) const;  // CNP, P_Key
   /// QPN, then the QP type's service and direction (rxe check_type_state), then its state.
   RxCheck check_qp_state(const wire::Packet& pkt, QueuePair*& qp) const;
+  /// check_qp_state's second half: the packet's service and direction, then the QP's state.
+  RxCheck check_type_state(const wire::Packet& pkt, const QueuePair& qp) const;
   /// Connected types only: the packet comes from the QP's peer (rxe check_addr).
   RxCheck check_addr(const QueuePair& qp, const net::RxDatagram& d) const;
   /// UD: the DETH Q_Key is the QP's — QP1's is the GSI's 0x80010000 (rxe check_keys).
@@ -373,6 +400,13 @@ class Device final : public Transport, public ObjectRegistry {
 
   std::atomic<uint32_t> objects_[static_cast<size_t>(ObjectKind::kCount)] = {};
   std::unordered_map<uint32_t, QueuePair*> qps_;
+  /// Multicast groups some QP is attached to, by IPv4 address (host order): the socket
+  /// that receives the group and the attached QPNs (engine/multicast.cpp). Device lock.
+  struct McastGroup {
+    net::UdpPort port;
+    std::vector<uint32_t> qpns;
+  };
+  std::unordered_map<uint32_t, std::unique_ptr<McastGroup>> mcast_;
   /// The key table: key index (key >> 8) → the MR or MW that holds it. MRs and MWs share the
   /// index space, so an R_Key names one object; the low 8 bits must match the object's
   /// current key (a type 2 window changes them at each bind).

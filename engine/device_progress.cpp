@@ -247,6 +247,8 @@ void Device::progress_thread() {
         bell = true;
       } else if (share_.joined() && events[i].data.fd == share_.fd()) {
         bell = share_bell = true;  // the address's owner forwarded packets: serve them now
+      } else {
+        bell = true;  // a multicast group's socket (engine/multicast.cpp): progress reads it
       }
     }
     if (stop_.load()) break;

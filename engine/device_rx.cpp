@@ -74,6 +74,10 @@ const char* to_string(RxCheck c) {
   return kNames[static_cast<size_t>(c)];
 }
 
+void Device::count_drop(RxCheck check) {
+  if (auto counter = kRxCheckCounter[static_cast<size_t>(check)]) bump((*counters_).*counter);
+}
+
 RxCheck Device::check_parse(const net::RxDatagram& d, std::span<const uint8_t> bytes,
                             wire::Packet& pkt) {
   const bool too_long = d.truncated || bytes.size() > kMaxRocePacketBytes;
@@ -89,7 +93,7 @@ RxCheck Device::check_parse(const net::RxDatagram& d, std::span<const uint8_t> b
 wire::Ipv4UdpTuple Device::rx_tuple(const net::RxDatagram& d, uint16_t ip_id_hint) const {
   wire::Ipv4UdpTuple tuple;
   tuple.src_ip = d.src_ip;
-  tuple.dst_ip = ip();
+  tuple.dst_ip = d.dst_ip ? d.dst_ip : ip();
   tuple.src_port = d.src_port;
   tuple.dst_port = wire::kRoceV2Port;
   tuple.ip_id = ip_id_hint;
@@ -129,8 +133,8 @@ void Device::capture_received(const net::RxDatagram& d, const uint8_t* data, siz
     data = shm_capture_.data();
   }
   const iovec whole{const_cast<uint8_t*>(data), length};
-  pcap_->record({d.src_ip, ip(), d.src_port, wire::kRoceV2Port, v.ok ? v.ip_id : uint16_t{0},
-                 v.ok ? v.dont_fragment : true, d.ttl, d.tos},
+  pcap_->record({d.src_ip, d.dst_ip ? d.dst_ip : ip(), d.src_port, wire::kRoceV2Port,
+                 v.ok ? v.ip_id : uint16_t{0}, v.ok ? v.dont_fragment : true, d.ttl, d.tos},
                 std::span<const iovec>(&whole, 1));
   pcap_dirty_ = true;
 }
@@ -144,14 +148,18 @@ RxCheck Device::check_qp_state(const wire::Packet& pkt, QueuePair*& qp) const {
   auto it = qps_.find(pkt.hdr.bth.dest_qpn);
   if (it == qps_.end()) return RxCheck::kUnknownQpn;
   qp = it->second;
-  const QpTypeInfo& type = qp->type_info();
+  return check_type_state(pkt, *qp);
+}
+
+RxCheck Device::check_type_state(const wire::Packet& pkt, const QueuePair& qp) const {
+  const QpTypeInfo& type = qp.type_info();
   const bool request = pkt.info->mask & wire::kIsRequest;
   // A CNP (service 4) reaches any QP that sends; every other packet must be of the QP's
   // service and of a direction its type takes (an XRC target takes no response, …).
   if (!(pkt.info->mask & wire::kIsCnp) && (pkt.info->service != type.service ||
                                            !(request ? type.takes_requests : type.takes_responses)))
     return RxCheck::kWrongService;
-  if (request ? !qp->accepts_requests() : !qp->accepts_responses()) return RxCheck::kBadState;
+  if (request ? !qp.accepts_requests() : !qp.accepts_responses()) return RxCheck::kBadState;
   return RxCheck::kAccept;
 }
 
@@ -227,7 +235,8 @@ size_t Device::receive_share_locked() {
 
 void Device::handle_packet(const net::RxDatagram& d, const uint8_t* data, size_t length,
                            uint16_t ip_id_hint, bool from_shm, bool forwarded) {
-  if (!forwarded && !member_ && share_.joined() &&
+  // (A multicast group's datagram reaches every process's own group socket: never forwarded.)
+  if (!forwarded && !member_ && d.dst_ip == 0 && share_.joined() &&
       forward_to_share(d, data, length, ip_id_hint, from_shm))
     return;
   const std::span<const uint8_t> bytes(data, length);
@@ -242,11 +251,13 @@ void Device::handle_packet(const net::RxDatagram& d, const uint8_t* data, size_t
   if (pcap_) capture_received(d, data, length, ip_id_hint, from_shm, icrc);
   QueuePair* qp = nullptr;
   if (check == RxCheck::kAccept) check = check_header(pkt);
+  if (check == RxCheck::kAccept && d.dst_ip != 0)
+    return deliver_mcast(d, pkt, icrc.ok ? icrc.ip_id : uint16_t{0}, length);
   if (check == RxCheck::kAccept) check = check_qp_state(pkt, qp);
   if (check == RxCheck::kAccept) check = check_addr(*qp, d);
   if (check == RxCheck::kAccept) check = check_keys(*qp, pkt);
   if (check != RxCheck::kAccept) {
-    if (auto counter = kRxCheckCounter[static_cast<size_t>(check)]) bump((*counters_).*counter);
+    count_drop(check);
     // check_parse and check_icrc log their own details.
     if (check > RxCheck::kIcrcMismatch && log().should_log(spdlog::level::debug))
       log().debug("drop from {}: {} (opcode {:#x} qpn {:#x} psn {:#x})",
@@ -321,6 +332,7 @@ size_t Device::receive_locked(bool check_udp) {
   // over from an owner that left while its forwards were in flight (a system call per round
   // only while the address is shared).
   if (share_.joined() && (member_ || share_.shared())) total += receive_share_locked();
+  if (check_udp && !mcast_.empty()) total += receive_mcast_locked();
   while (check_udp && total < kRxBudget) {
     const size_t n = port_.recv_batch(rx_slots_);
     if (n == 0) break;

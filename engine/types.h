@@ -269,6 +269,12 @@ struct DeviceLimits {
   static constexpr uint32_t kMaxSrqWr = 16384;
   static constexpr uint32_t kMaxSrqSge = 32;
   static constexpr uint32_t kMaxAh = 1u << 16;
+  /// Multicast groups a device's QPs can be attached to at once: each costs the device one
+  /// UDP socket (engine/multicast.cpp), so far fewer than rxe's 8192.
+  static constexpr uint32_t kMaxMcastGrp = 64;
+  /// QPs attached to one group (rxe's value).
+  static constexpr uint32_t kMaxMcastQpAttach = 56;
+  static constexpr uint32_t kMaxTotalMcastQpAttach = kMaxMcastGrp * kMaxMcastQpAttach;
   /// Largest message, bytes. IBTA allows 2^31; rxe caps at 8 MiB, we go to 2 GiB.
   static constexpr uint64_t kMaxMsgSize = 1ull << 31;
 };

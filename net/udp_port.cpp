@@ -53,9 +53,48 @@ int UdpPort::bind(uint32_t ip, uint16_t port, int buffer_bytes) {
   }
   socklen_t len = sizeof sa;
   ::getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len);
+  // Multicast sends (UD to a multicast GID) leave by this address's interface, not by the
+  // default route (which a container without a network lacks), and loop back to the
+  // host's members.
+  ip_mreqn via{};
+  via.imr_address.s_addr = htonl(ip);
+  setsockopt(fd, IPPROTO_IP, IP_MULTICAST_IF, &via, sizeof via);
+  int loop = 1;
+  setsockopt(fd, IPPROTO_IP, IP_MULTICAST_LOOP, &loop, sizeof loop);
   fd_ = fd;
   ip_ = ip;
   port_ = ntohs(sa.sin_port);
+  return 0;
+}
+
+int UdpPort::join_group(uint32_t group, uint16_t port, uint32_t iface_ip, int buffer_bytes) {
+  if (fd_ >= 0 || !IN_MULTICAST(group)) return EINVAL;
+  int fd = ::socket(AF_INET, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd < 0) return errno;
+  const int on = 1, off = 0;
+  // SO_REUSEADDR on a multicast address: each member socket gets a copy (udp(7)).
+  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof on);
+  setsockopt(fd, IPPROTO_IP, IP_MULTICAST_ALL, &off, sizeof off);
+  if (buffer_bytes > 0 &&
+      setsockopt(fd, SOL_SOCKET, SO_RCVBUFFORCE, &buffer_bytes, sizeof buffer_bytes) != 0)
+    setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &buffer_bytes, sizeof buffer_bytes);
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_port = htons(port);
+  sa.sin_addr.s_addr = htonl(group);
+  ip_mreqn m{};
+  m.imr_multiaddr.s_addr = htonl(group);
+  m.imr_address.s_addr = htonl(iface_ip);
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) != 0 ||
+      setsockopt(fd, IPPROTO_IP, IP_ADD_MEMBERSHIP, &m, sizeof m) != 0) {
+    const int e = errno;
+    ::close(fd);
+    return e;
+  }
+  fd_ = fd;
+  ip_ = group;
+  port_ = port;
+  group_ = group;
   return 0;
 }
 
@@ -271,6 +310,7 @@ size_t UdpPort::recv_batch(std::span<RxDatagram> slots) {
     s.truncated = (msgs[i].msg_hdr.msg_flags & MSG_TRUNC) != 0;
     s.src_ip = ntohl(addrs[i].sin_addr.s_addr);
     s.src_port = ntohs(addrs[i].sin_port);
+    s.dst_ip = group_;
     s.ttl = s.tos = 0;
     s.segment_size = 0;
     if (!header_info_ && !gro_) continue;

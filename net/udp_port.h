@@ -54,6 +54,9 @@ struct RxDatagram {
   uint16_t src_port = 0;
   uint8_t ttl = 0;  ///< IPv4 TTL as received (after enable_header_info(); else 0)
   uint8_t tos = 0;  ///< IPv4 TOS as received (after enable_header_info(); else 0)
+  /// The destination address when it is not the receiving device's own: the multicast
+  /// group a group socket (UdpPort::join_group) received it for. 0: the device's address.
+  uint32_t dst_ip = 0;
 };
 
 /// A non-blocking UDP socket bound to one IPv4 address and port.
@@ -66,6 +69,8 @@ class UdpPort {
 
   /// Binds ip:port (host order). DF is set (IP_PMTUDISC_DO) so the kernel sends IPv4 id 0
   /// from this unconnected socket, which keeps our ICRC exactly checkable by receivers.
+  /// Datagrams to multicast groups leave through the interface that holds `ip`
+  /// (IP_MULTICAST_IF; on 127.0.0.0/8 the loopback), looped back to this host's members.
   /// Asks for `buffer_bytes` of socket buffer each way (SO_RCVBUFFORCE when permitted,
   /// else SO_RCVBUF capped by net.core.rmem_max). Returns 0 or an errno value
   /// (EADDRINUSE when another process holds the address).
@@ -76,6 +81,18 @@ class UdpPort {
   /// the bind's errno (EADDRINUSE: the port is still held), this socket unchanged then.
   /// For a process that shares an address and takes port 4791 over when its owner exits.
   int rebind(uint32_t ip, uint16_t port, int buffer_bytes);
+
+  /// Joins IPv4 multicast group `group` (host order, 224.0.0.0/4) for receiving: binds a
+  /// new socket to group:port with SO_REUSEADDR — every device on the host that joins the
+  /// group has its own socket and gets its own copy of each datagram, as every NIC
+  /// subscribed to a group does — and adds the membership on the interface that holds
+  /// `iface_ip` (RFC 1112; Linux ip(7) IP_ADD_MEMBERSHIP), IP_MULTICAST_ALL off so only this
+  /// group's datagrams arrive. The membership ends when the socket closes. Returns 0 or an
+  /// errno: EINVAL (not a multicast address, or already bound), ENODEV (no interface holds
+  /// iface_ip), ENOBUFS (the kernel's net.ipv4.igmp_max_memberships).
+  int join_group(uint32_t group, uint16_t port, uint32_t iface_ip, int buffer_bytes);
+  /// The multicast group this socket was joined to (join_group), or 0.
+  uint32_t group() const { return group_; }
 
   /// The socket descriptor (for epoll), or -1.
   int fd() const { return fd_; }
@@ -123,6 +140,7 @@ class UdpPort {
   uint8_t tos_ = 0;  // the TOS byte this socket sends (set_ecn_capable())
   bool gso_ = false;
   bool gro_ = false;
+  uint32_t group_ = 0;
 };
 
 }  // namespace softrdma::net

@@ -145,6 +145,10 @@ void fill_device_attr(Context* c, ibv_device_attr& a) {
   a.max_srq_wr = L::kMaxSrqWr;
   a.max_srq_sge = L::kMaxSrqSge;
   a.max_ah = L::kMaxAh;
+  // UD multicast (mcast.cpp, engine/multicast.cpp).
+  a.max_mcast_grp = static_cast<int>(L::kMaxMcastGrp);
+  a.max_mcast_qp_attach = static_cast<int>(L::kMaxMcastQpAttach);
+  a.max_total_mcast_qp_attach = static_cast<int>(L::kMaxTotalMcastQpAttach);
   a.atomic_cap = IBV_ATOMIC_HCA;
   a.max_pkeys = 1;
   a.local_ca_ack_delay = 15;

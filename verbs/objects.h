@@ -148,6 +148,8 @@ struct Qp {
   std::shared_ptr<engine::QueuePair> qp;
   Reservation slot;
   std::atomic<unsigned> async_reported{0};  // events returned by ibv_get_async_event
+  /// Multicast groups the QP is attached to (mcast.cpp): while any, ibv_destroy_qp is EBUSY.
+  std::atomic<unsigned> mcast_attached{0};
   /// Set for QPs created with IBV_QP_INIT_ATTR_SEND_OPS_FLAGS (ibv_qp_to_qp_ex answers them).
   std::unique_ptr<QpExBuilder> ex;
   /// The parent domain the QP was made on (its queues' allocator), whose use it counts.

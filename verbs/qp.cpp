@@ -372,6 +372,8 @@ int ibv_query_qp(ibv_qp* qp, ibv_qp_attr* attr, int /*mask*/, ibv_qp_init_attr* 
 
 int ibv_destroy_qp(ibv_qp* qp) {
   Qp* q = to_qp(qp);
+  // As the kernel (ib_destroy_qp_user: the QP's usecnt counts its multicast attachments).
+  if (q->mcast_attached.load(std::memory_order_relaxed) != 0) return EBUSY;
   // As libibverbs: every async event returned for this QP must be acked first.
   async_target_destroyed(qp);
   wait_async_acks(&qp->mutex, &qp->cond, &qp->events_completed, q->async_reported);

@@ -1,4 +1,4 @@
-// The verbs softrdma does not implement yet (multicast, ECE, dmabuf, the
+// The verbs softrdma does not implement yet (ECE, dmabuf, the
 // kernel-ABI copy helpers): each fails cleanly with the errno real
 // providers give for an unsupported verb (EOPNOTSUPP), never by crashing.
 #include <infiniband/verbs.h>
@@ -17,14 +17,8 @@ T* unsupported_ptr() {
 
 extern "C" {
 
-// ---- not supported yet: multicast, ECE, dmabuf ---------------------------------------
+// ---- not supported yet: ECE, dmabuf ---------------------------------------
 
-int ibv_attach_mcast(ibv_qp*, const ibv_gid*, uint16_t) {
-  return EOPNOTSUPP;
-}
-int ibv_detach_mcast(ibv_qp*, const ibv_gid*, uint16_t) {
-  return EOPNOTSUPP;
-}
 int ibv_query_ece(ibv_qp*, ibv_ece*) {
   return EOPNOTSUPP;
 }

@@ -260,6 +260,10 @@ constexpr uint8_t pad_for(size_t payload_bytes) noexcept {
 inline constexpr uint32_t kPsnMask = 0xffffff;
 /// QP numbers are 24 bits too (BTH DestQP, 9.2): a different quantity of the same width.
 inline constexpr uint32_t kQpnMask = 0xffffff;
+/// The destination QPN of every multicast packet (IBTA vol 1, 10.5.2.3: the "multicast
+/// QP", 0xFFFFFF); the receiver delivers a copy to each QP attached to the group that the
+/// destination address (RoCEv2: the IPv4 multicast address) names.
+inline constexpr uint32_t kMulticastQpn = 0xffffff;
 
 constexpr uint32_t psn_add(uint32_t psn, uint32_t n) noexcept {
   return (psn + n) & kPsnMask;
