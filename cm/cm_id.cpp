@@ -31,10 +31,8 @@ bool valid_port_space(int ps) {
   return ps == RDMA_PS_TCP || ps == RDMA_PS_UDP || ps == RDMA_PS_IPOIB || ps == RDMA_PS_IB;
 }
 
-/// An IPv4 address from a sockaddr the application passed: AF_INET, or AF_INET6 holding the
-/// unspecified address (the wildcard) or an IPv4-mapped address. Returns 0 or an errno:
-/// EINVAL for no address or an unknown family (librdmacm's ucma_addrlen), EAFNOSUPPORT for
-/// IPv6 and AF_IB (softrdma devices are IPv4 addresses).
+}  // namespace
+
 int ipv4_of(const sockaddr* sa, uint32_t& ip, uint16_t& port) {
   if (!sa) return EINVAL;
   if (sockaddr_ipv4(sa, ip, port)) return 0;
@@ -56,6 +54,8 @@ int ipv4_of(const sockaddr* sa, uint32_t& ip, uint16_t& port) {
   if (sa->sa_family == AF_IB) return EAFNOSUPPORT;
   return EINVAL;
 }
+
+namespace {
 
 const char* ps_name(int ps) {
   switch (ps) {
@@ -100,6 +100,7 @@ IdPriv* alloc_id_locked(Channel* channel, void* context, rdma_port_space ps, ibv
 }
 
 void free_id_locked(IdPriv* id) {
+  leave_all_locked(id);
   release_connection_locked(id);
   if (id->port_bound && id->dev) id->dev->release_port(uint16_t(id->id.ps), id->src_port, id);
   id->port_bound = false;

@@ -40,6 +40,18 @@ static_assert(sizeof(rdma_event_channel) == 4);
 class CmDevice;
 struct Channel;
 
+/// One rdma_join_multicast on an ID (librdmacm's cma_multicast): the group's IPv4 address
+/// and GID (::ffff:a.b.c.d, Linux cma_iboe_set_mgid for RoCEv2), the application's context
+/// and join flags, and whether the ID's QP was attached when the join event was fetched.
+struct Multicast {
+  uint64_t serial = 0;  ///< names it in its MULTICAST_JOIN event
+  uint32_t group = 0;   ///< host order
+  ibv_gid mgid{};
+  void* context = nullptr;
+  uint32_t join_flags = 0;  ///< enum rdma_cm_join_mc_attr_join_flags
+  ibv_qp* attached = nullptr;
+};
+
 /// States of an rdma_cm_id (Linux's enum rdma_cm_state).
 enum class IdState : uint8_t {
   kIdle,
@@ -113,6 +125,9 @@ struct IdPriv {
   /// A passive ID whose CONNECT_REQUEST has not been fetched yet belongs to its listener:
   /// destroying the listener rejects and destroys it.
   IdPriv* listener = nullptr;
+
+  /// The multicast groups joined on this ID (multicast.cpp), oldest first.
+  std::vector<Multicast> mcs;
 };
 
 /// An event: rdma_cm_event and the storage its pointers point into.
@@ -122,6 +137,8 @@ struct CmaEvent {
   uint8_t private_data[kMadBytes]{};
   /// CONNECT_RESPONSE: the REP's values the active side's QP needs (applied when fetched).
   bool needs_rtu = false;
+  /// MULTICAST_JOIN: the Multicast::serial of the join (its QP is attached when fetched).
+  uint64_t mc_serial = 0;
 };
 
 /// rdma_event_channel: an eventfd that is readable while the queue holds events.
@@ -166,6 +183,11 @@ Channel* create_channel();
 void destroy_channel(Channel* ch);
 
 // ---- IDs (cm_id.cpp) ---------------------------------------------------------------------
+/// An IPv4 address from a sockaddr the application passed: AF_INET, or AF_INET6 holding the
+/// unspecified address (the wildcard) or an IPv4-mapped address. Returns 0 or an errno:
+/// EINVAL for no address or an unknown family (librdmacm's ucma_addrlen), EAFNOSUPPORT for
+/// IPv6 and AF_IB (softrdma devices are IPv4 addresses).
+int ipv4_of(const sockaddr* sa, uint32_t& ip, uint16_t& port);
 IdPriv* alloc_id_locked(Channel* channel, void* context, rdma_port_space ps, ibv_qp_type qp_type);
 /// Frees an ID's resources (ports, CM ID, path) and the ID; g_mu held, no event pending.
 void free_id_locked(IdPriv* id);
@@ -191,6 +213,13 @@ int send_rtu_locked(IdPriv* id);
 void init_path_locked(IdPriv* id);
 /// The address vector to reach the ID's peer (RoCEv2: a GRH with the IPv4-mapped GID).
 ibv_ah_attr peer_ah_attr(const IdPriv* id);
+
+// ---- multicast (multicast.cpp) -----------------------------------------------------------
+/// A fetched MULTICAST_JOIN: attaches the ID's QP to the group unless the join was send-only
+/// (librdmacm's ucma_process_join); a failure turns the event into MULTICAST_ERROR.
+void process_join_locked(CmaEvent* ev);
+/// Leaves every group of `id` (an ID being destroyed): detaches its QP where attached.
+void leave_all_locked(IdPriv* id);
 
 // ---- QPs (qp.cpp) ------------------------------------------------------------------------
 /// rdma_init_qp_attr's body (the attributes of the requested state for the ID's QP).

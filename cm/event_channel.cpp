@@ -82,6 +82,9 @@ bool process_fetched_locked(CmaEvent* ev) {
       return true;
     case RDMA_CM_EVENT_DISCONNECTED:
       return !id->connect_error;
+    case RDMA_CM_EVENT_MULTICAST_JOIN:
+      process_join_locked(ev);
+      return true;
     default:
       return true;
   }

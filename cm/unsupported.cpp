@@ -1,11 +1,7 @@
 // What softrdma's librdmacm does not implement, answered the way librdmacm answers a call the
-// kernel refuses (-1 and errno), with one log line saying what is missing:
-//  - multicast (rdma_join_multicast, rdma_join_multicast_ex, rdma_leave_multicast): EOPNOTSUPP.
-//    RoCE multicast needs IGMP joins and multicast-addressed UD QPs, which softrdma's devices
-//    do not have (docs/rdma-cm.md);
-//  - rsockets (rsocket, rbind, … riowrite): ENOSYS. They are a socket library over the CM and
-//    verbs (librdmacm's rsocket.c), not part of the CM itself; programs using them fail
-//    cleanly at rsocket().
+// kernel refuses (-1 and errno), with one log line saying what is missing: rsockets (rsocket,
+// rbind, … riowrite): ENOSYS. They are a socket library over the CM and verbs (librdmacm's
+// rsocket.c), not part of the CM itself; programs using them fail cleanly at rsocket().
 #include <rdma/rsocket.h>
 
 #include <cerrno>
@@ -18,35 +14,19 @@ using namespace softrdma::cm;
 
 namespace {
 
-int unsupported(const char* what, int e) {
-  static bool said_multicast = false, said_rsockets = false;
-  bool& said = e == EOPNOTSUPP ? said_multicast : said_rsockets;
+int no_rsockets(const char* what) {
+  static bool said = false;
   if (!said) {
     said = true;
-    log().warn("{}: not supported by softrdma's librdmacm ({})", what,
-               e == EOPNOTSUPP ? "no RoCE multicast on softrdma devices" : "no rsockets");
+    log().warn("{}: not supported by softrdma's librdmacm (no rsockets)", what);
   }
-  errno = e;
+  errno = ENOSYS;
   return -1;
-}
-
-int no_rsockets(const char* what) {
-  return unsupported(what, ENOSYS);
 }
 
 }  // namespace
 
 extern "C" {
-
-int rdma_join_multicast(rdma_cm_id*, sockaddr*, void*) {
-  return unsupported("rdma_join_multicast", EOPNOTSUPP);
-}
-int rdma_join_multicast_ex(rdma_cm_id*, rdma_cm_join_mc_attr_ex*, void*) {
-  return unsupported("rdma_join_multicast_ex", EOPNOTSUPP);
-}
-int rdma_leave_multicast(rdma_cm_id*, sockaddr*) {
-  return unsupported("rdma_leave_multicast", EOPNOTSUPP);
-}
 
 int rsocket(int, int, int) {
   return no_rsockets("rsocket");

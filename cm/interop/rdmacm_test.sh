@@ -31,6 +31,12 @@
 #   shared_udaddy  udaddy -b S / udaddy -s S, both at S (UD: SIDR, QP1 MADs between them)
 #   shared_port_taken  a second rping -s on the port another process at the same address
 #                  listens on fails at once with EADDRINUSE ("Address already in use")
+#   mckey          UD multicast: a receiver `mckey -m G -b S -C 20 -S 1000` joins group G, then a
+#                  sender `mckey -m G -b C -s -C 20 -S 1000` joins and sends 20 datagrams to
+#                  the group; the receiver must get all 20 ("return status 0" on both sides)
+#   mckey_sendonly the same with the sender joining as a send-only full member (-o)
+#   shared_mckey   receiver and sender at ONE address (two processes sharing it; each has its
+#                  own socket on the group)
 #   capture        rping -C 1 with both sides' packets captured (softrdma run --pcap):
 #                  tshark must decode the CM MADs on QP1 — REQ (service ID 0x01060000|P, the
 #                  annex A11 IP CM header's addresses and port), REP, RTU, DREQ, DREP
@@ -43,6 +49,7 @@ set -uo pipefail
 
 CASES="rping ucmatose ucmatose_many udaddy rdma_server rdma_xserver rdma_xserver_xrc no_listener peer_stopped"
 CASES+=" no_device capture foreign_verbs shared_rping shared_ucmatose shared_udaddy shared_port_taken"
+CASES+=" mckey mckey_sendonly shared_mckey"
 
 # shellcheck source=scripts/lib/test_lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib/test_lib.sh"
@@ -64,6 +71,8 @@ case "$CASE" in
   capture) N=10 ;;
   ucmatose_many) N=11 ;;
   foreign_verbs) N=12 ;;
+  mckey) N=13 ;;
+  mckey_sendonly) N=14 ;;
 esac
 S=127.0.63.$((2 * N - 1))
 C=127.0.63.$((2 * N))
@@ -74,7 +83,10 @@ case "$CASE" in
   shared_ucmatose) S=127.0.81.12 PORT=17812 ;;
   shared_udaddy) S=127.0.81.13 ;;
   shared_port_taken) S=127.0.81.14 PORT=17814 ;;
+  shared_mckey) S=127.0.81.15 N=15 ;;
 esac
+# The multicast cases' groups: 239.63.0.N.
+GROUP=239.63.0.${N:-0}
 [[ $CASE == shared_* ]] && C=$S
 
 require_softrdma_built
@@ -100,7 +112,8 @@ on_exit() {
 }
 
 # start_server ADDR PROGRAM ARGS...: runs the server in the background, waits until its CM
-# listens on ADDR:LISTEN_PORT (default PORT; udaddy's is 7174) or the wildcard.
+# listens on ADDR:LISTEN_PORT (default PORT; udaddy's is 7174) or the wildcard — or, with
+# READY_RE set, until its log has a line matching READY_RE.
 start_server() {
   local addr=$1
   shift
@@ -110,6 +123,10 @@ start_server() {
   timeout -k 5 "$STEP_TIMEOUT" "$SOFTRDMA" run --addr "$addr" --log info "${SERVER_OPTS[@]}" -- \
     stdbuf -oL "$@" >"$SLOG" 2>&1 &
   SERVER_PID=$!
+  if [[ -n ${READY_RE:-} ]]; then
+    wait_for_log_line "$READY_RE" "$SERVER_PID" "$LISTEN_WAIT" "$SLOG" "a line matching '$READY_RE'"
+    return
+  fi
   local port=${LISTEN_PORT:-$PORT}
   [[ $1 == udaddy ]] && port=7174
   wait_for_cm_listener "$addr" "$port" "$SERVER_PID" "$LISTEN_WAIT" "$SLOG"
@@ -244,6 +261,20 @@ case "$CASE" in
     ((n == 20)) || { show_logs "$CLOG"; fail "client printed $n ping lines, expected 20"; }
     grep -q "shares $S with the process that owns it" "$CLOG" ||
       { show_logs "$CLOG"; fail "the client did not join the server's address"; }
+    ;;
+  mckey | mckey_sendonly | shared_mckey)
+    # The receiver prints "receiving data transfers" once it has joined and posted its
+    # receives; datagrams sent before that would find no receive (UD drops them).
+    READY_RE="^receiving data transfers"
+    start_server "$S" mckey -m "$GROUP" -b "$S" -C 20 -S 1000
+    more=() kind="full member"
+    [[ $CASE == mckey_sendonly ]] && more=(-o) kind=send-only
+    CLIENT_OPTS=(--log info)
+    run_client "$C" mckey -m "$GROUP" -b "$C" -s -C 20 -S 1000 "${more[@]}"
+    wait_server
+    expect_ok "^data transfers complete" "^data transfers complete"
+    grep -qF "joined multicast group $GROUP ($kind)" "$CLOG" ||
+      { show_logs "$CLOG"; fail "the sender's join is not logged as expected"; }
     ;;
   shared_port_taken)
     start_server "$S" rping -s -a "$S" -p "$PORT"

@@ -117,17 +117,25 @@ wait_for_listener() {
 # The RDMA-CM has no socket to find in /proc: its "listening on" log line (cm/cm_id.cpp) says
 # when a REQ would find the listener.
 wait_for_cm_listener() {
-  local addr=$1 port=$2 pid=$3 seconds=$4 log=$5 waited=0 rc
-  until grep -qE "listening on (${addr//./\\.}|0\\.0\\.0\\.0):$port " "$log" 2>/dev/null; do
+  local addr=$1 port=$2
+  wait_for_log_line "listening on (${addr//./\\.}|0\\.0\\.0\\.0):$port " "$3" "$4" "$5" \
+    "its RDMA-CM listens on $addr:$port"
+}
+
+# wait_for_log_line RE PID SECONDS LOG WHAT: waits until LOG has a line matching the extended
+# regexp RE; fails naming WHAT if process PID exits first or SECONDS pass.
+wait_for_log_line() {
+  local re=$1 pid=$2 seconds=$3 log=$4 what=$5 waited=0 rc
+  until grep -qE "$re" "$log" 2>/dev/null; do
     if ! kill -0 "$pid" 2>/dev/null; then
       wait "$pid"
       rc=$?
       show_logs "$log"
-      fail "server exited ($(status_text $rc)) before its RDMA-CM listened on $addr:$port"
+      fail "server exited ($(status_text $rc)) before this happened: $what"
     fi
     if ((waited >= seconds * 10)); then
       show_logs "$log"
-      fail "server's RDMA-CM not listening on $addr:$port after $seconds s"
+      fail "server: after $seconds s, still not: $what"
     fi
     sleep 0.1
     waited=$((waited + 1))
