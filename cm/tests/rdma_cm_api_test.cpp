@@ -362,6 +362,94 @@ TEST(RdmaCmApi, UdResolvesThePeersQpnAndQkeyWithSidr) {
   EXPECT_EQ(rdma_destroy_id(listen), 0);
 }
 
+// Multicast (RoCE: no SA): the join event at once, with the group's GID, QPN 0xFFFFFF,
+// RDMA_UDP_QKEY and the join's context; the ID's QP is attached when the event is fetched, so
+// a datagram from the other device to the group arrives (GRH first); after
+// rdma_leave_multicast the QP is detached and a second datagram does not. And the errno of the
+// calls that cannot be made (librdmacm over the kernel's rdma_cm).
+TEST(RdmaCmApi, MulticastJoinAttachesTheQpAndLeaveDetachesIt) {
+  Channel rc, sc;
+  rdma_cm_id *rx = nullptr, *tx = nullptr;
+  auto group = addr("239.63.0.60", 0), unicast = addr(kClientIp, 0);
+  auto rx_addr = addr(kServerIp, 0), tx_addr = addr(kClientIp, 0);
+  ASSERT_EQ(rdma_create_id(rc.ch, &rx, nullptr, RDMA_PS_UDP), 0);
+  EXPECT_ERRNO(rdma_join_multicast(rx, sa(group), nullptr), EINVAL);  // not bound yet
+  ASSERT_EQ(rdma_bind_addr(rx, sa(rx_addr)), 0) << strerror(errno);
+  EXPECT_ERRNO(rdma_join_multicast(rx, sa(unicast), nullptr), EINVAL);  // not a group
+  EXPECT_ERRNO(rdma_leave_multicast(rx, sa(group)), EADDRNOTAVAIL);     // never joined
+  rdma_cm_join_mc_attr_ex bad{};
+  bad.comp_mask = RDMA_CM_JOIN_MC_ATTR_ADDRESS;  // no join flags
+  bad.addr = sa(group);
+  EXPECT_ERRNO(rdma_join_multicast_ex(rx, &bad, nullptr), EINVAL);
+  bad.comp_mask = RDMA_CM_JOIN_MC_ATTR_RESERVED;
+  EXPECT_ERRNO(rdma_join_multicast_ex(rx, &bad, nullptr), ENOTSUP);
+
+  ibv_qp_init_attr qa{};
+  qa.qp_type = IBV_QPT_UD;
+  qa.cap = {4, 4, 1, 1, 0};
+  ASSERT_EQ(rdma_create_qp(rx, nullptr, &qa), 0) << strerror(errno);
+  int context = 0;
+  ASSERT_EQ(rdma_join_multicast(rx, sa(group), &context), 0) << strerror(errno);
+  rdma_cm_event* join = expect_event(rc.ch, RDMA_CM_EVENT_MULTICAST_JOIN, 0, true);
+  ASSERT_NE(join, nullptr);
+  EXPECT_EQ(join->param.ud.private_data, &context);
+  EXPECT_EQ(join->param.ud.qp_num, 0xffffffu);
+  EXPECT_EQ(join->param.ud.qkey, uint32_t(RDMA_UDP_QKEY));
+  const ibv_ah_attr group_ah = join->param.ud.ah_attr;
+  EXPECT_EQ(group_ah.is_global, 1);
+  const uint8_t mgid[16] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 239, 63, 0, 60};
+  EXPECT_EQ(std::memcmp(group_ah.grh.dgid.raw, mgid, 16), 0) << "::ffff:239.63.0.60";
+  rdma_ack_cm_event(join);
+
+  // A sender on the other device: a UD QP, an AH to the group, QPN 0xFFFFFF.
+  ASSERT_EQ(rdma_create_id(sc.ch, &tx, nullptr, RDMA_PS_UDP), 0);
+  ASSERT_EQ(rdma_bind_addr(tx, sa(tx_addr)), 0) << strerror(errno);
+  qa.send_cq = qa.recv_cq = nullptr;  // rdma_create_qp filled in rx's
+  ASSERT_EQ(rdma_create_qp(tx, nullptr, &qa), 0) << strerror(errno);
+  ibv_ah_attr ah_attr = group_ah;
+  ibv_ah* ah = ibv_create_ah(tx->pd, &ah_attr);
+  ASSERT_NE(ah, nullptr) << strerror(errno);
+  std::vector<char> rbuf(40 + 64), sbuf(64, 'm');
+  ibv_mr* rmr = rdma_reg_msgs(rx, rbuf.data(), rbuf.size());
+  ibv_mr* smr = rdma_reg_msgs(tx, sbuf.data(), sbuf.size());
+  ASSERT_TRUE(rmr && smr);
+  auto poll_one = [](ibv_cq* cq, ibv_wc& wc, int ms) {
+    for (int i = 0; i < ms; ++i) {
+      if (ibv_poll_cq(cq, 1, &wc) == 1) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    return false;
+  };
+  ibv_wc wc{};
+  for (int round = 0; round < 2; ++round) {  // joined, then left
+    ASSERT_EQ(rdma_post_recv(rx, nullptr, rbuf.data(), rbuf.size(), rmr), 0);
+    ASSERT_EQ(rdma_post_ud_send(tx, nullptr, sbuf.data(), sbuf.size(), smr, IBV_SEND_SIGNALED, ah,
+                                0xffffff),
+              0);
+    ASSERT_TRUE(poll_one(tx->send_cq, wc, kWaitMs));
+    EXPECT_EQ(wc.status, IBV_WC_SUCCESS);
+    if (round == 0) {
+      ASSERT_TRUE(poll_one(rx->recv_cq, wc, kWaitMs)) << "the group's datagram did not arrive";
+      EXPECT_EQ(wc.status, IBV_WC_SUCCESS);
+      EXPECT_EQ(wc.byte_len, 40u + 64u);
+      EXPECT_EQ(wc.src_qp, tx->qp->qp_num);
+      EXPECT_EQ(std::memcmp(rbuf.data() + 40, sbuf.data(), 64), 0);
+      EXPECT_EQ(ibv_destroy_qp(rx->qp), EBUSY) << "a QP attached to a group";
+      ASSERT_EQ(rdma_leave_multicast(rx, sa(group)), 0) << strerror(errno);
+      EXPECT_ERRNO(rdma_leave_multicast(rx, sa(group)), EADDRNOTAVAIL);
+    } else {
+      EXPECT_FALSE(poll_one(rx->recv_cq, wc, 100)) << "received after leaving the group";
+    }
+  }
+  ibv_destroy_ah(ah);
+  rdma_dereg_mr(rmr);
+  rdma_dereg_mr(smr);
+  rdma_destroy_qp(tx);
+  rdma_destroy_qp(rx);
+  EXPECT_EQ(rdma_destroy_id(tx), 0);
+  EXPECT_EQ(rdma_destroy_id(rx), 0);
+}
+
 TEST(RdmaCmApi, SynchronousEndpointsConnectThroughCreateEpAndGetRequest) {
   rdma_addrinfo hints{}, *res = nullptr;
   hints.ai_flags = RAI_PASSIVE;
