@@ -13,7 +13,8 @@
 #   uverbs1/device to srdma1/device;
 #   ibv_devices and ibv_devinfo -v list srdma0 and srdma1 with the GUIDs and GIDs the files hold,
 #   and ibv_devinfo -d srdma1 shows srdma1's alone;
-#   the drop-in's ibv_read_sysfs_file (without the interposer: --no-sysfs) reads srdma1's files;
+#   the drop-in's ibv_read_sysfs_file (without the interposer: --no-sysfs) reads srdma1's files,
+#   and with srdma1 opened first srdma0's files and ibv_get_device_guid still describe A;
 #   `softrdma sysfs --create DIR` writes both devices, from --addr A,B and from SOFTRDMA_ADDR.
 # Exit 0 when all hold, 1 with the differences otherwise. Missing ibverbs-utils is a failure.
 set -uo pipefail
@@ -91,19 +92,31 @@ in_run /usr/bin/ibv_devinfo -d srdma1 >"$WORK/devinfo1.log"
 expect "ibv_devinfo -d srdma1" "srdma1 ${GUID[1]}" \
   "$(awk '$1 == "hca_id:" || $1 == "node_guid:" {print $2}' "$WORK/devinfo1.log" | xargs)"
 
-# The drop-in's ibv_read_sysfs_file, with no interposer to serve the paths.
-expect "ibv_read_sysfs_file (--no-sysfs)" "${GID[1]}|lo|231:193|${GUID[0]}" \
+# The drop-in's ibv_read_sysfs_file, with no interposer to serve the paths; srdma1 is opened
+# first, and srdma0's files (and GUID) must still be those of the first address.
+expect "ibv_read_sysfs_file (--no-sysfs)" \
+  "opened|${GID[1]}|lo|231:193|${GUID[0]}|${GUID[0]//:/}|${GID[0]}" \
   "$(timeout 30 "$SOFTRDMA" run --no-sysfs --addr "$ADDRS" -- /usr/bin/python3 -c "
 import ctypes
 v = ctypes.CDLL('libibverbs.so.1')
+v.ibv_get_device_list.restype = ctypes.POINTER(ctypes.c_void_p)
+v.ibv_open_device.restype = ctypes.c_void_p
+v.ibv_open_device.argtypes = [ctypes.c_void_p]
+v.ibv_get_device_guid.restype = ctypes.c_uint64
+v.ibv_get_device_guid.argtypes = [ctypes.c_void_p]
+devs = v.ibv_get_device_list(None)
+ctx = v.ibv_open_device(devs[1])
 def rd(d, f):
     b = ctypes.create_string_buffer(64)
     n = v.ibv_read_sysfs_file(d.encode(), f.encode(), b, 64)
     return b.value.decode() if n >= 0 else 'ERR'
-print(rd('/sys/class/infiniband/srdma1/ports/1', 'gids/0'),
+guid0 = v.ibv_get_device_guid(devs[0]).to_bytes(8, 'little').hex()
+print('opened' if ctx else 'open failed',
+      rd('/sys/class/infiniband/srdma1/ports/1', 'gids/0'),
       rd('/sys/class/infiniband/srdma1/ports/1', 'gid_attrs/ndevs/0'),
       rd('/sys/class/infiniband_verbs/uverbs1', 'dev'),
-      rd('/sys/class/infiniband/srdma0', 'node_guid'), sep='|')" 2>>"$WORK/stderr.log")"
+      rd('/sys/class/infiniband/srdma0', 'node_guid'), guid0,
+      rd('/sys/class/infiniband/srdma0/ports/1', 'gids/0'), sep='|')" 2>>"$WORK/stderr.log")"
 
 # softrdma sysfs --create: both devices, from --addr and from SOFTRDMA_ADDR.
 "$SOFTRDMA" sysfs --create "$WORK/tree" --addr "$ADDRS" >"$WORK/create.log" 2>&1
