@@ -43,6 +43,11 @@ expect() {  # expect WHAT EXPECTED ACTUAL
     errors=$((errors + 1))
   fi
 }
+names() {  # names DIR: the entries of DIR, space-separated, sorted
+  local all=("$1"/*)
+  all=("${all[@]##*/}")
+  echo "${all[*]}"
+}
 in_run() {  # in_run CMD...: CMD's stdout under softrdma run with both addresses
   timeout 30 "$SOFTRDMA" run --addr "$ADDRS" -- "$@" 2>>"$WORK/stderr.log"
 }
@@ -125,8 +130,8 @@ SOFTRDMA_ADDR=$ADDRS "$SOFTRDMA" sysfs --create "$WORK/tree-env" >>"$WORK/create
 expect "sysfs --create (SOFTRDMA_ADDR=A,B) status" 0 "$?"
 for t in tree tree-env; do
   R=$WORK/$t
-  expect "$t: ls infiniband" "srdma0 srdma1" "$(ls "$R/sys/class/infiniband" | xargs)"
-  expect "$t: ls dev/infiniband" "uverbs0 uverbs1" "$(ls "$R/dev/infiniband" | xargs)"
+  expect "$t: ls infiniband" "srdma0 srdma1" "$(names "$R/sys/class/infiniband")"
+  expect "$t: ls dev/infiniband" "uverbs0 uverbs1" "$(names "$R/dev/infiniband")"
   expect "$t: srdma1 gids/0" "${GID[1]}" "$(cat "$R/sys/class/infiniband/srdma1/ports/1/gids/0")"
   expect "$t: srdma0 node_guid" "${GUID[0]}" "$(cat "$R/sys/class/infiniband/srdma0/node_guid")"
   expect "$t: uverbs1/dev" "231:193" "$(cat "$R/sys/class/infiniband_verbs/uverbs1/dev")"
