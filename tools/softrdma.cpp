@@ -20,9 +20,10 @@
 //       Removes the counter files, same-host mailboxes, address-share registries and rdma_cm
 //       port tables left behind by processes that have exited.
 //
-//   softrdma sysfs --create DIR [--addr IP]
-//       Writes srdma0's sysfs and /dev entries (the tree `softrdma run` shows every program
-//       through libsoftrdma_sysfs.so) under DIR, for an administrator to bind-mount
+//   softrdma sysfs --create DIR [--addr IP[,IP...]]
+//       Writes the sysfs and /dev entries of srdma0 (srdma1, … for further addresses: the tree
+//       `softrdma run` shows every program through libsoftrdma_sysfs.so) under DIR, for an
+//       administrator to bind-mount
 //       (docs/verbs.md, "The device outside the verbs API").
 //
 //   softrdma params [--markdown] [device|ccl]
@@ -56,6 +57,7 @@
 #include "net/shm_port.h"
 #include "net/udp_port.h"
 #include "net/wan_topology.h"
+#include "verbs/device_identity.h"
 #include "verbs/device_name.h"
 #include "verbs/sysfs/tree.h"
 
@@ -141,26 +143,32 @@ struct RunOptions {
   std::vector<std::string> command;
 };
 
+/// Parses --addr: one IPv4 address or a comma-separated list of them (one device each:
+/// srdma0, srdma1, …) into `ips` (host order). Prints the usage error and returns false for
+/// a malformed entry or 0.0.0.0.
+bool parse_addr_list(const std::string& addr, std::vector<uint32_t>& ips) {
+  size_t at = 0;
+  for (;;) {
+    const size_t comma = addr.find(',', at);
+    const std::string one = addr.substr(at, comma == std::string::npos ? comma : comma - at);
+    uint32_t ip = 0;
+    if (!softrdma::net::ipv4_from_string(one, ip) || ip == 0) {
+      error(
+          fmt::format("--addr: '{}' is not a usable IPv4 address (expected a dotted quad "
+                      "such as 127.0.0.2, or a comma-separated list of them)",
+                      one));
+      return false;
+    }
+    ips.push_back(ip);
+    if (comma == std::string::npos) return true;
+    at = comma + 1;
+  }
+}
+
 /// `softrdma run`: validate, set the environment, exec. Returns only on failure.
 int cmd_run(const RunOptions& o) {
-  if (!o.addr.empty()) {
-    // One address, or a comma-separated list (one device each: srdma0, srdma1, …).
-    size_t at = 0;
-    for (;;) {
-      const size_t comma = o.addr.find(',', at);
-      const std::string one = o.addr.substr(at, comma == std::string::npos ? comma : comma - at);
-      uint32_t ip = 0;
-      if (!softrdma::net::ipv4_from_string(one, ip) || ip == 0) {
-        error(
-            fmt::format("--addr: '{}' is not a usable IPv4 address (expected a dotted quad "
-                        "such as 127.0.0.2, or a comma-separated list of them)",
-                        one));
-        return kExitUsage;
-      }
-      if (comma == std::string::npos) break;
-      at = comma + 1;
-    }
-  }
+  if (std::vector<uint32_t> ips; !o.addr.empty() && !parse_addr_list(o.addr, ips))
+    return kExitUsage;
   if (!o.netem.empty()) {
     softrdma::net::NetemConfig cfg;
     std::string why;
@@ -332,34 +340,44 @@ int cmd_stat(const StatOptions& o) {
   return 0;
 }
 
-/// `softrdma sysfs --create DIR`: the virtual tree as real files under DIR.
+/// `softrdma sysfs --create DIR [--addr IP[,IP...]]`: the virtual tree as real files under
+/// DIR, one device per address (srdma0, srdma1, …; default SOFTRDMA_ADDR's list, else
+/// 127.0.0.1). Returns 0, kExitUsage for a malformed --addr, 1 when DIR cannot be written.
 int cmd_sysfs(const std::string& dir, const std::string& addr) {
-  uint32_t ip = (127u << 24) | 1;
+  std::vector<uint32_t> ips;
   if (!addr.empty()) {
-    if (!softrdma::net::ipv4_from_string(addr, ip) || ip == 0) {
-      error(fmt::format("--addr: '{}' is not a usable IPv4 address", addr));
-      return kExitUsage;
-    }
+    if (!parse_addr_list(addr, ips)) return kExitUsage;
   } else {
     std::string malformed;
-    params::read_ipv4(params::kAddr, ip, malformed);
+    if (!params::read_ipv4_list(params::kAddr, ips, malformed) || ips.empty())
+      ips = {(127u << 24) | 1};
   }
   namespace sysfs = softrdma::verbs::sysfs;
-  const sysfs::DeviceView v{ip, sysfs::interface_for(ip)};
-  if (int e = sysfs::materialize(dir, sysfs::build(v)); e != 0) {
+  const std::vector<sysfs::DeviceView> views = sysfs::views_for(ips);
+  if (int e = sysfs::materialize(dir, sysfs::build(views)); e != 0) {
     error(fmt::format("cannot write the tree under {}: {}", dir, std::strerror(e)));
     return 1;
   }
+  std::string devices, mknods;
+  for (size_t i = 0; i < views.size(); ++i) {
+    devices += fmt::format("{}{} ({}, net device {})", i ? ", " : "", sysfs::ibdev_name(i),
+                           softrdma::net::ipv4_to_string(views[i].ip), views[i].ifname);
+    mknods += fmt::format("  mknod /dev/infiniband/{} c {} {}\n", sysfs::uverbs_name(i),
+                          softrdma::verbs::kUverbsMajor, sysfs::uverbs_minor(i));
+  }
+  const std::string stand_in =
+      views.size() == 1
+          ? "uverbs0 there stands in as a link"
+          : fmt::format("uverbs0 … uverbs{} there stand in as links", views.size() - 1);
   fmt::print(
       "wrote {0}/sys/class/infiniband, {0}/sys/class/infiniband_verbs and {0}/dev/infiniband "
-      "for {1} ({2}, net device {3}).\n"
-      "As root, to show them to every program (uverbs0 there stands in as a link to "
-      "/dev/null):\n"
+      "for {1}.\n"
+      "As root, to show them to every program ({2} to /dev/null):\n"
       "  mkdir -p /sys/class/infiniband /sys/class/infiniband_verbs /dev/infiniband\n"
       "  mount --bind {0}/sys/class/infiniband /sys/class/infiniband\n"
       "  mount --bind {0}/sys/class/infiniband_verbs /sys/class/infiniband_verbs\n"
-      "  mknod /dev/infiniband/uverbs0 c 231 192\n",
-      dir, kDeviceName, softrdma::net::ipv4_to_string(ip), v.ifname);
+      "{3}",
+      dir, devices, stand_in, mknods);
   return 0;
 }
 
@@ -409,7 +427,7 @@ int main(int argc, char** argv) {
       "softrdma: user-space RoCEv2 behind the libibverbs API/ABI. Unmodified verbs programs\n"
       "run over it through the drop-in libibverbs.so.1 (and librdmacm.so.1 for RDMA-CM\n"
       "programs); this tool starts them (run), shows the devices' counters (stat), lists\n"
-      "the SOFTRDMA_* parameters (params) and writes srdma0's sysfs tree for bind mounts\n"
+      "the SOFTRDMA_* parameters (params) and writes the devices' sysfs tree for bind mounts\n"
       "(sysfs)."};
   app.name("softrdma");
   app.set_version_flag("--version", std::string(SOFTRDMA_VERSION));
@@ -463,7 +481,7 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember(params::choices(params::kLog)));
   run->add_flag("--no-sysfs", ro.no_sysfs,
                 "do not preload libsoftrdma_sysfs.so (the virtual /sys/class/infiniband, "
-                "/sys/class/infiniband_verbs and /dev/infiniband/uverbs0)");
+                "/sys/class/infiniband_verbs and /dev/infiniband/uverbsN)");
   run->add_option("PROGRAM", ro.command,
                   "the program to run (searched in PATH) and its arguments; put them after "
                   "`--` so that their options are not taken for softrdma's")
@@ -501,20 +519,22 @@ int main(int argc, char** argv) {
   // ---- sysfs --------------------------------------------------------------------------
   std::string sysfs_dir, sysfs_addr;
   CLI::App* sysfs = app.add_subcommand(
-      "sysfs", "write srdma0's sysfs and /dev entries to a directory (for bind mounts as root)");
+      "sysfs",
+      "write the devices' sysfs and /dev entries to a directory (for bind mounts as root)");
   sysfs->footer(
       "`softrdma run` shows every program the virtual /sys/class/infiniband,\n"
       "/sys/class/infiniband_verbs and /dev/infiniband through an LD_PRELOAD library, no root\n"
       "needed. This writes the same tree as real files, for an administrator who wants it\n"
-      "visible to every process (bind mounts; a real mknod for uverbs0).");
+      "visible to every process (bind mounts; a real mknod for each uverbsN).");
   sysfs->add_option("--create", sysfs_dir, "the directory to write (created if missing)")
       ->type_name("DIR")
       ->required();
   sysfs
       ->add_option("--addr", sysfs_addr,
-                   "the device address the files describe (default SOFTRDMA_ADDR, else "
-                   "127.0.0.1)")
-      ->type_name("IP");
+                   "the device addresses the files describe, one device each (srdma0, "
+                   "srdma1, ...): an IPv4 address or a comma-separated list (default "
+                   "SOFTRDMA_ADDR, else 127.0.0.1)")
+      ->type_name("IP[,IP...]");
 
   // ---- params -------------------------------------------------------------------------
   ParamsOptions po;

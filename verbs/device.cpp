@@ -28,9 +28,6 @@ using namespace softrdma::verbs;
 
 namespace {
 
-/// Devices a SOFTRDMA_ADDR list may name (entries past this are not listed).
-constexpr size_t kMaxDevices = 64;
-
 /// The devices this library can list: srdma<N> / uverbs<N> for the N-th address of
 /// SOFTRDMA_ADDR (srdma0 only when it holds one address or none). Their identity fields are
 /// static; the address a device binds is read at ibv_open_device.
@@ -103,9 +100,22 @@ uint32_t configured_ip() {
 namespace softrdma::verbs {
 
 uint32_t device_ip() {
+  // With SOFTRDMA_ADDR set, srdma0 is its first address whichever device opened first (the
+  // default device may be srdma1's when that was opened before srdma0).
+  if (const uint32_t first = configured_ip_at(0)) return first;
   std::lock_guard lk(g_open_mu);
   auto dev = g_default_device.lock();
   return dev ? dev->ip() : configured_ip();
+}
+
+std::vector<uint32_t> device_ips() {
+  std::vector<uint32_t> ips{device_ip()};
+  for (size_t i = 1; i < configured_devices(); ++i) {
+    const uint32_t ip = configured_ip_at(i);
+    if (ip == 0) break;
+    ips.push_back(ip);
+  }
+  return ips;
 }
 
 }  // namespace softrdma::verbs

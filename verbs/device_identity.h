@@ -4,6 +4,7 @@
 // Header-only and free of <infiniband/verbs.h> (the sysfs interposer does not link libibverbs).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <cstdio>
 #include <string>
@@ -12,11 +13,16 @@
 
 namespace softrdma::verbs {
 
+/// Most devices a process lists: one per SOFTRDMA_ADDR entry, srdma0 … srdma63 (entries past
+/// this are not listed, by the verbs library or the sysfs tree).
+inline constexpr size_t kMaxDevices = 64;
+
 /// Firmware version string (ibv_device_attr::fw_ver, sysfs fw_ver).
 inline constexpr char kFirmware[] = "softrdma-0.1.0";
 /// As rxe: no IEEE OUI.
 inline constexpr uint32_t kVendorId = 0xffffff;
-/// uverbs character device numbers (Linux: major 231, minors from 192) and ABI versions of
+/// uverbs character device numbers (Linux: major 231, minors from 192; device i of the list
+/// has minor kUverbsMinor + i, verbs/sysfs/tree.h) and ABI versions of
 /// the kernel interfaces a real device would have (/sys/class/infiniband_verbs/abi_version,
 /// …/uverbsN/abi_version).
 inline constexpr unsigned kUverbsMajor = 231;

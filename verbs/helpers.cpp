@@ -1,5 +1,5 @@
 // The helper functions of the libibverbs API that need no device: strings (ibv_*_str),
-// static-rate conversions, sysfs readers (srdma0's files from the virtual tree) and
+// static-rate conversions, sysfs readers (the devices' files from the virtual tree) and
 // fork protection. Verbs softrdma does not implement are in unsupported.cpp.
 #include <fcntl.h>
 #include <infiniband/verbs.h>
@@ -11,6 +11,7 @@
 #include <cstring>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "verbs/device_identity.h"
 #include "verbs/ops.h"
@@ -42,12 +43,13 @@ constexpr RateRow kRates[] = {
 
 int read_file(const char* dir, const char* file, char* buf, size_t size) {
   std::string path = std::string(dir) + "/" + file;
-  // srdma0's own files come from the virtual tree (verbs/sysfs/tree.h): the same text the
-  // interposer of `softrdma run` serves, without a trailing newline as libibverbs returns it.
-  if (softrdma::verbs::sysfs::in_tree(path.c_str())) {
-    const uint32_t ip = softrdma::verbs::device_ip();
-    const softrdma::verbs::sysfs::DeviceView v{ip, softrdma::verbs::sysfs::interface_for(ip)};
-    if (std::optional<std::string> text = softrdma::verbs::sysfs::read(v, path)) {
+  // The devices' own files (srdma0, srdma1, … as listed) come from the virtual tree
+  // (verbs/sysfs/tree.h): the same text the interposer of `softrdma run` serves, without a
+  // trailing newline as libibverbs returns it.
+  namespace sysfs = softrdma::verbs::sysfs;
+  if (sysfs::in_tree(path.c_str())) {
+    const std::vector<sysfs::DeviceView> views = sysfs::views_for(softrdma::verbs::device_ips());
+    if (std::optional<std::string> text = sysfs::read(views, path)) {
       if (!text->empty() && text->back() == '\n') text->pop_back();
       int n = std::snprintf(buf, size, "%s", text->c_str());
       return n < 0 ? -1 : std::min<int>(n, static_cast<int>(size) - 1);

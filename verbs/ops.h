@@ -11,6 +11,7 @@
 #include <cerrno>
 #include <functional>
 #include <memory>
+#include <vector>
 
 #include "verbs/objects.h"
 
@@ -49,6 +50,10 @@ T* fail(int e) {
 // device.cpp: the address of this process's default device — the open one, else SOFTRDMA_ADDR,
 // else 127.0.0.1 — which the GUID and the sysfs files describe.
 uint32_t device_ip();
+// device.cpp: the addresses of the devices ibv_get_device_list lists, srdma0 first
+// (device_ip()), then srdma<i> at the i-th SOFTRDMA_ADDR entry — what each device's sysfs
+// files describe (verbs/sysfs/tree.h). Stops before a malformed entry.
+std::vector<uint32_t> device_ips();
 
 // cq.cpp: the CQ both ibv_create_cq and ibv_create_cq_ex build (checks `cqe` against
 // max_cqe and `comp_vector`; EINVAL, ENOMEM at max_cq); `record_times` stamps completions.

@@ -8,7 +8,8 @@
 #       the options reach the program's environment and LD_LIBRARY_PATH starts with the
 #       drop-in's directory; PROGRAM's own options after `--` are left alone.
 #       `run` preloads libsoftrdma_sysfs.so (not with --no-sysfs).
-# sysfs: --create DIR writes srdma0's tree there; a bad --addr or no --create is a usage error.
+# sysfs: --create DIR writes srdma0's tree there; a bad --addr (or list entry) or no --create is
+#       a usage error (two devices: verbs/sysfs/tests/two_devices_test.sh).
 # params: lists the registry (all groups, one group, Markdown); an unknown group is a usage
 #       error.
 # stat: with nothing published it says so and exits 0; a live device (an ibv_rc_pingpong
@@ -173,6 +174,8 @@ sr sysfs --create "$WORK/tree" --addr 127.0.0.9
 grep -q "mknod /dev/infiniband/uverbs0 c 231 192" <<<"$OUT" || bad "sysfs --create prints no mount lines"
 sr sysfs --create "$WORK/tree2" --addr 300.1.1.1
 expect_status 2 "sysfs --addr 300.1.1.1" "--addr"
+sr sysfs --create "$WORK/tree2" --addr 127.0.0.9,nope
+expect_status 2 "sysfs --addr 127.0.0.9,nope" "--addr"
 sr sysfs
 expect_status 2 "sysfs without --create" "--create"
 ok "sysfs --create"

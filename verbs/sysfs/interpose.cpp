@@ -1,8 +1,9 @@
 // libsoftrdma_sysfs.so: an LD_PRELOAD library (loaded by `softrdma run`) that gives programs
-// the sysfs and /dev entries of srdma0 without root. The virtual tree (tree.h) is written
-// once per device view to a real directory, /dev/shm/softrdma-sysfs-<uid>/v2-<ip>-<ifname>
-// (v2: the tree's layout version, raised with the 16-entry GID table; a changed tree takes a
-// new one, so a tree left by an older build is never used), and the libc calls that take a
+// the sysfs and /dev entries of the softrdma devices (srdma0, srdma1, …) without root. The
+// virtual tree (tree.h) is written once per list of device views to a real directory,
+// /dev/shm/softrdma-sysfs-<uid>/v2-<ip>-<ifname> for one device, v2-<ip>-<if>+<ip>-<if>… for
+// several (v2: the tree's layout version, raised with the 16-entry GID table; a changed tree
+// takes a new one, so a tree left by an older build is never used), and the libc calls that take a
 // path send paths under /sys/class/infiniband, /sys/class/infiniband_verbs and
 // /dev/infiniband there: open/open64/openat/openat64 (and
 // their _FORTIFY_SOURCE __*_2 forms), fopen/fopen64, stat/lstat/fstatat (and the 64 and
@@ -12,13 +13,14 @@
 // that works on the returned descriptors — read, fstat, getdents/readdir, fdopendir,
 // openat relative to a tree directory — then needs no interposition at all. This covers what
 // rdma-core 44's libibverbs sysfs.c, pyverbs (os.path.exists, os.listdir, open, `ls` in a
-// subprocess) and librdmacm reach for. /dev/infiniband/uverbs0 stats as a character device
-// 231:192 (it is /dev/null underneath: nothing can be done with it but open and close).
+// subprocess) and librdmacm reach for. /dev/infiniband/uverbs<N> stats as a character device
+// 231:(192 + N) (it is /dev/null underneath: nothing can be done with it but open and close).
 //
-// Which device: SOFTRDMA_ADDR when set (what `softrdma run --addr` sets, and what the
-// device binds); otherwise the device this process — or its parent, for a helper program a
-// verbs program started — has open (its counter file /dev/shm/softrdma.<ip>.<pid>); otherwise
-// 127.0.0.1. The values are those of the verbs queries (verbs/device_identity.h).
+// Which devices: one per SOFTRDMA_ADDR entry when it is set (what `softrdma run --addr A,B`
+// sets: srdma0 at A, srdma1 at B, as the verbs library lists them); otherwise the one device
+// this process — or its parent, for a helper program a verbs program started — has open (its
+// counter file /dev/shm/softrdma.<ip>.<pid>); otherwise 127.0.0.1. The values are those of
+// the verbs queries on each device (verbs/device_identity.h).
 //
 // Not covered: relative paths resolved against a working directory inside /sys/class, and
 // the "//" or "/./" spellings of the virtual paths; programs that make system calls without
@@ -90,34 +92,57 @@ uint32_t device_of(pid_t pid) {
   return ip;
 }
 
-uint32_t device_ip() {
-  uint32_t ip = 0;
+/// The addresses of the devices this process lists, srdma0 first: every SOFTRDMA_ADDR entry
+/// when it is set and well formed (what `softrdma run --addr A,B` sets, and what the devices
+/// bind); otherwise the one device this process — or its parent — has open; otherwise
+/// 127.0.0.1.
+std::vector<uint32_t> device_ips() {
+  std::vector<uint32_t> ips;
   std::string malformed;
-  if (softrdma::params::read_ipv4(softrdma::params::kAddr, ip, malformed) && ip) return ip;
-  if ((ip = device_of(::getpid())) || (ip = device_of(::getppid()))) return ip;
-  return (127u << 24) | 1;
+  if (softrdma::params::read_ipv4_list(softrdma::params::kAddr, ips, malformed) && !ips.empty()) {
+    if (ips.size() > softrdma::verbs::kMaxDevices) ips.resize(softrdma::verbs::kMaxDevices);
+    return ips;
+  }
+  uint32_t ip = 0;
+  if ((ip = device_of(::getpid())) || (ip = device_of(::getppid()))) return {ip};
+  return {(127u << 24) | 1};
 }
 
-/// The directory holding the tree for this process's device view, written on first use;
+/// The directory name of the tree for `views`: v2-<ip>-<ifname> for one device (as before
+/// several devices were described), the views joined with '+' for several, or a hash of
+/// that when it would be too long for a file name.
+std::string tree_name(const std::vector<sysfs::DeviceView>& views) {
+  std::string key;
+  for (const sysfs::DeviceView& v : views)
+    key += (key.empty() ? "" : "+") + dotted(v.ip) + "-" + v.ifname;
+  if (key.size() <= 200) return "v2-" + key;
+  uint64_t h = 1469598103934665603ull;  // FNV-1a, 64 bits
+  for (unsigned char c : key) h = (h ^ c) * 1099511628211ull;
+  char hex[20];
+  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(h));
+  return "v2-" + std::to_string(views.size()) + "dev-" + hex;
+}
+
+/// The directory holding the tree for this process's devices, written on first use;
 /// empty when it cannot be (the real paths are used then).
 std::string tree_root() {
   static std::mutex mu;
-  static uint32_t cached_ip = 0;
+  static std::vector<uint32_t> cached_ips;
   static std::string cached_root;
-  const uint32_t ip = device_ip();
+  const std::vector<uint32_t> ips = device_ips();
   std::lock_guard lk(mu);
-  if (ip == cached_ip && !cached_root.empty()) return cached_root;
+  if (ips == cached_ips && !cached_root.empty()) return cached_root;
   const int saved = errno;
-  sysfs::DeviceView v{ip, sysfs::interface_for(ip)};
+  const std::vector<sysfs::DeviceView> views = sysfs::views_for(ips);
   const std::string base = "/dev/shm/softrdma-sysfs-" + std::to_string(::getuid());
-  const std::string root = base + "/v2-" + dotted(ip) + "-" + v.ifname;
+  const std::string root = base + "/" + tree_name(views);
   struct stat st;
   if (REAL(stat)((root + "/dev").c_str(), &st) != 0) {
     // Written aside, then renamed into place: a reader never sees a partial tree.
     ::mkdir(base.c_str(), 0755);
     const std::string pattern = base + "/tmp-XXXXXX";
     std::string tmp = pattern;
-    const std::vector<sysfs::Entry> entries = sysfs::build(v);
+    const std::vector<sysfs::Entry> entries = sysfs::build(views);
     if (!::mkdtemp(tmp.data()) || sysfs::materialize(tmp, entries) != 0) {
       errno = saved;
       return {};
@@ -136,7 +161,7 @@ std::string tree_root() {
     }
   }
   errno = saved;
-  cached_ip = ip;
+  cached_ips = ips;
   cached_root = root;
   return root;
 }
@@ -164,17 +189,13 @@ auto redirect_at(Fn fn, int dirfd, const char* path, Args... args) {
   return fn(dirfd, map(path, keep), args...);
 }
 
-bool is_uverbs(const char* path) {
-  return path && std::strncmp(path, "/dev/infiniband/uverbs", 22) == 0;
-}
-
-/// /dev/infiniband/uverbsN is a character device 231:192 (its stand-in is /dev/null):
+/// /dev/infiniband/uverbsN is a character device 231:(192 + N) (its stand-in is /dev/null):
 /// patches a successful stat of it; returns `rc`.
 template <class Stat>
 int fix_uverbs(const char* path, int rc, Stat* st) {
-  if (rc == 0 && is_uverbs(path)) {
+  if (const int n = sysfs::uverbs_index(path); rc == 0 && n >= 0) {
     st->st_mode = S_IFCHR | 0666;
-    st->st_rdev = makedev(softrdma::verbs::kUverbsMajor, softrdma::verbs::kUverbsMinor);
+    st->st_rdev = makedev(softrdma::verbs::kUverbsMajor, sysfs::uverbs_minor(n));
   }
   return rc;
 }
@@ -288,10 +309,10 @@ int __fxstatat64(int, int dirfd, const char* path, struct stat64* st, int flags)
 }
 int statx(int dirfd, const char* path, int flags, unsigned int mask, struct statx* st) {
   const int rc = redirect_at(REAL(statx), dirfd, path, flags, mask, st);
-  if (rc == 0 && is_uverbs(path)) {
+  if (const int n = sysfs::uverbs_index(path); rc == 0 && n >= 0) {
     st->stx_mode = S_IFCHR | 0666;
     st->stx_rdev_major = softrdma::verbs::kUverbsMajor;
-    st->stx_rdev_minor = softrdma::verbs::kUverbsMinor;
+    st->stx_rdev_minor = sysfs::uverbs_minor(n);
   }
   return rc;
 }

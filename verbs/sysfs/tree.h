@@ -1,11 +1,14 @@
-// The kernel-side face of srdma0 that programs look for outside the verbs API (issue 11, part
-// 4): /sys/class/infiniband/srdma0/… (node_guid, node_type, ports/1/{state, phys_state, rate,
-// lid, gids/N, gid_attrs/types/N, gid_attrs/ndevs/N, pkeys/N}, device/net/<ifname>),
-// /sys/class/infiniband_verbs/{abi_version, uverbs0/{ibdev, abi_version, dev}} and
-// /dev/infiniband/uverbs0 — the files ib_core's sysfs.c and ib_uverbs create for a real
-// device, with the values the verbs queries return (verbs/device_identity.h).
+// The kernel-side face of the softrdma devices that programs look for outside the verbs API
+// (issue 11, part 4). For device i (srdma<i>, the i-th SOFTRDMA_ADDR entry; srdma0 alone in
+// the common one-address case): /sys/class/infiniband/srdma<i>/… (node_guid, node_type,
+// node_desc, ports/1/{state, phys_state, rate, lid, gids/N, gid_attrs/types/N,
+// gid_attrs/ndevs/N, pkeys/N}, device/net/<ifname>), /sys/class/infiniband_verbs/{abi_version,
+// uverbs<i>/{ibdev, abi_version, dev, device}} and /dev/infiniband/uverbs<i> — the files
+// ib_core's sysfs.c and ib_uverbs create for each real device, with the values the verbs
+// queries return for that device (verbs/device_identity.h). ib_uverbs numbers its character
+// devices 231:192, 231:193, … in registration order; uverbs<i> gets minor 192 + i.
 //
-// The tree is data: build() lists its entries for one device view; the LD_PRELOAD
+// The tree is data: build() lists its entries for a list of device views; the LD_PRELOAD
 // interposer (verbs/sysfs/interpose.cpp, loaded by `softrdma run`) writes it once to a real
 // directory (materialize()) and sends the paths under the virtual prefixes there, so every
 // libc call — open, stat, opendir/readdir, readlink, realpath — sees ordinary files; `softrdma
@@ -13,6 +16,7 @@
 // ibv_read_sysfs_file reads it in memory (read()) when the interposer is not loaded.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -20,7 +24,7 @@
 
 namespace softrdma::verbs::sysfs {
 
-/// What the tree describes: the device's IPv4 address (host order) and the network
+/// What the tree describes of one device: its IPv4 address (host order) and the network
 /// interface that holds it (the GID's net device).
 struct DeviceView {
   uint32_t ip = 0;
@@ -30,6 +34,22 @@ struct DeviceView {
 /// The interface whose address is `ip`, else the one whose subnet holds it (127.0.62.1 → the
 /// loopback interface, which holds 127.0.0.1/8), else "lo".
 std::string interface_for(uint32_t ip);
+
+/// One view per address, in order (device i = srdma<i> describes ips[i]), each with its
+/// interface_for(). At most kMaxDevices (verbs/device_identity.h); later addresses are left
+/// out, as the device list leaves them out.
+std::vector<DeviceView> views_for(const std::vector<uint32_t>& ips);
+
+/// The names of device `index`: "srdma<index>" (ibv_get_device_name) and "uverbs<index>"
+/// (its ib_uverbs character device).
+std::string ibdev_name(size_t index);
+std::string uverbs_name(size_t index);
+
+/// The uverbs minor of device `index`: kUverbsMinor + index (ib_uverbs' numbering).
+unsigned uverbs_minor(size_t index);
+
+/// N for "/dev/infiniband/uverbs<N>" (decimal digits to the end of the string), else -1.
+int uverbs_index(const char* path);
 
 /// One entry, its path relative to the tree's root ("sys/class/infiniband/srdma0/node_guid",
 /// "dev/infiniband/uverbs0"). Files hold their text (with the trailing newline sysfs
@@ -41,7 +61,10 @@ struct Entry {
   std::string content;
 };
 
-/// Every entry of the tree for `v`, parents before children.
+/// Every entry of the tree for `devices` (device i is srdma<i> / uverbs<i>), parents before
+/// children. An empty list gives the class directories with no device in them.
+std::vector<Entry> build(const std::vector<DeviceView>& devices);
+/// The tree of the one device `v` (srdma0 / uverbs0).
 std::vector<Entry> build(const DeviceView& v);
 
 /// The virtual absolute paths the tree stands for, e.g. "/sys/class/infiniband"; a path is
@@ -53,8 +76,10 @@ inline constexpr const char* kVirtualRoots[] = {"/sys/class/infiniband",
 /// are not recognised).
 bool in_tree(const char* path);
 
-/// The text of the file at virtual absolute path `path` for `v` (trailing newline included),
-/// or nothing when the tree has no such file.
+/// The text of the file at virtual absolute path `path` in the tree of `devices` (trailing
+/// newline included), or nothing when the tree has no such file.
+std::optional<std::string> read(const std::vector<DeviceView>& devices, const std::string& path);
+/// The same for the one-device tree of `v`.
 std::optional<std::string> read(const DeviceView& v, const std::string& path);
 
 /// Writes the tree's entries under `root` (created if missing): root/sys/class/…,
