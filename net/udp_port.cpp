@@ -26,6 +26,17 @@ bool ipv4_from_string(const std::string& s, uint32_t& ip) {
   return true;
 }
 
+namespace {
+
+/// Asks for `bytes` of socket buffer: SO_RCVBUFFORCE / SO_SNDBUFFORCE where permitted
+/// (CAP_NET_ADMIN), else the plain option, which net.core.{r,w}mem_max caps.
+void ask_buffer(int fd, int force_opt, int opt, int bytes) {
+  if (bytes > 0 && setsockopt(fd, SOL_SOCKET, force_opt, &bytes, sizeof bytes) != 0)
+    setsockopt(fd, SOL_SOCKET, opt, &bytes, sizeof bytes);
+}
+
+}  // namespace
+
 UdpPort::~UdpPort() {
   if (fd_ >= 0) ::close(fd_);
 }
@@ -36,12 +47,8 @@ int UdpPort::bind(uint32_t ip, uint16_t port, int buffer_bytes) {
   // No SO_REUSEADDR: for UDP it would let two devices share an address.
   int pmtu = IP_PMTUDISC_DO;
   setsockopt(fd, IPPROTO_IP, IP_MTU_DISCOVER, &pmtu, sizeof pmtu);
-  if (buffer_bytes > 0) {
-    if (setsockopt(fd, SOL_SOCKET, SO_RCVBUFFORCE, &buffer_bytes, sizeof buffer_bytes) != 0)
-      setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &buffer_bytes, sizeof buffer_bytes);
-    if (setsockopt(fd, SOL_SOCKET, SO_SNDBUFFORCE, &buffer_bytes, sizeof buffer_bytes) != 0)
-      setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &buffer_bytes, sizeof buffer_bytes);
-  }
+  ask_buffer(fd, SO_RCVBUFFORCE, SO_RCVBUF, buffer_bytes);
+  ask_buffer(fd, SO_SNDBUFFORCE, SO_SNDBUF, buffer_bytes);
   sockaddr_in sa{};
   sa.sin_family = AF_INET;
   sa.sin_port = htons(port);
@@ -75,9 +82,7 @@ int UdpPort::join_group(uint32_t group, uint16_t port, uint32_t iface_ip, int bu
   // SO_REUSEADDR on a multicast address: each member socket gets a copy (udp(7)).
   setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof on);
   setsockopt(fd, IPPROTO_IP, IP_MULTICAST_ALL, &off, sizeof off);
-  if (buffer_bytes > 0 &&
-      setsockopt(fd, SOL_SOCKET, SO_RCVBUFFORCE, &buffer_bytes, sizeof buffer_bytes) != 0)
-    setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &buffer_bytes, sizeof buffer_bytes);
+  ask_buffer(fd, SO_RCVBUFFORCE, SO_RCVBUF, buffer_bytes);
   sockaddr_in sa{};
   sa.sin_family = AF_INET;
   sa.sin_port = htons(port);
