@@ -108,6 +108,11 @@ Channel* create_channel() {
 void destroy_channel(Channel* ch) {
   if (!ch) return;
   for (CmaEvent* ev : ch->queue) delete ev;
+  ch->queue.clear();
+  if (ch->waiters > 0) {  // they block for good (see Channel::waiters): nothing is freed
+    ch->destroyed = true;
+    return;
+  }
   ::close(ch->ch.fd);
   delete ch;
 }
@@ -158,11 +163,14 @@ int get_event_locked(Channel* ch, rdma_cm_event** out, std::unique_lock<std::mut
     }
     if (nonblocking(ch->ch.fd)) return fail_errno(EAGAIN);
     const int fd = ch->ch.fd;
+    ++ch->waiters;
     lk.unlock();
     pollfd p{fd, POLLIN, 0};
     int r = ::poll(&p, 1, -1);
     const int e = errno;
     lk.lock();
+    if (ch->destroyed) g_cv.wait(lk, [] { return false; });  // until the process exits
+    --ch->waiters;
     if (r < 0 && e != EINTR) return fail_errno(e);
   }
 }
