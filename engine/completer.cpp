@@ -15,6 +15,13 @@ namespace {
 using wire::psn_add;
 using wire::psn_diff;
 
+// Go-back-N from `psn`.
+void retry_from(QueuePair& qp, uint32_t psn, const char* why) {
+  log().debug("qp {:#x}: go back to psn {:#x} ({}; comp.psn {:#x} req.psn {:#x} cwnd {})", qp.qpn(),
+              psn, why, qp.comp.psn, qp.req.psn, qp.req.window.psns());
+  requester::rewind(qp, psn);
+}
+
 void note_progress(QueuePair& qp, Transport& t, uint32_t old_psn) {
   const uint64_t now = t.now_ns();
   const uint32_t acked = uint32_t(psn_diff(qp.comp.psn, old_psn));
@@ -34,6 +41,26 @@ void note_progress(QueuePair& qp, Transport& t, uint32_t old_psn) {
   while (!inflight.empty() && psn_diff(inflight.front(), qp.comp.psn) < 0) inflight.pop_front();
   qp.comp.head_since_ns = now;
   auto& resent = qp.comp.resent;
+  // A partial ACK that answers the oldest PSN's resend-again (below) and stops right after
+  // it: the responder misses the next PSN as well, although it was sent — and, in a burst
+  // loss, resent too — before that resend. The burst was lost (a full socket buffer drops
+  // thousands at once, and the selective resends of a whole NAKed range with them), so go
+  // back N from the new head now, the window starting again as after a timeout: what the
+  // retransmit timer would do, but the resend-again's ACK keeps re-arming it, and one head
+  // per resend check (1.5 SRTT) crawled (ib_write_bw 8 MiB over UDP: 5-70 MB/s against
+  // ~3 GB/s). NewReno's partial-ACK rule (RFC 6582 3.2), with go-back-N for its one resend.
+  const bool tail_lost = qp.comp.again_psn != kNoPsn &&
+                         qp.comp.psn == psn_add(qp.comp.again_psn, 1) &&
+                         psn_diff(qp.req.psn, qp.comp.psn) > 0 && !qp.sq.empty() &&
+                         qp.sq.front().started && !qp.sq.front().info().read_or_atomic;
+  qp.comp.again_psn = kNoPsn;
+  if (tail_lost) {
+    bump(t.counters().partial_ack_rewinds);
+    qp.comp.recovery_psn = kNoPsn;
+    qp.req.window.on_timeout();
+    retry_from(qp, qp.comp.psn, "partial ACK of a resend-again: the packets after it were lost");
+    return;
+  }
   while (!resent.empty() && psn_diff(resent.front().psn, qp.comp.psn) < 0) resent.pop_front();
   // A late ACK or response can acknowledge PSNs the requester, after a go-back-N rewind,
   // was about to send again: move it forward so its next PSN and the WQE/offset it sends
@@ -65,13 +92,6 @@ bool complete_acked(QueuePair& qp, Transport& t, uint32_t psn) {
   }
   if (progress) note_progress(qp, t, old_psn);
   return ok;
-}
-
-// Go-back-N from `psn`.
-void retry_from(QueuePair& qp, uint32_t psn, const char* why) {
-  log().debug("qp {:#x}: go back to psn {:#x} ({}; comp.psn {:#x} req.psn {:#x} cwnd {})", qp.qpn(),
-              psn, why, qp.comp.psn, qp.req.psn, qp.req.window.psns());
-  requester::rewind(qp, psn);
 }
 
 bool retry_budget(QueuePair& qp, Transport& t) {
@@ -351,7 +371,8 @@ void check_resends(QueuePair& qp, Transport& t, uint64_t now) {
         "oldest: again",
         qp.qpn(), qp.comp.psn, (now - last) / 1000);
     bump(t.counters().resend_again_pkts);
-    requester::resend(qp, t, qp.comp.psn);  // records the resend, and so re-arms
+    requester::resend(qp, t, qp.comp.psn, /*ack_req=*/true);  // records it: re-arms
+    qp.comp.again_psn = qp.comp.psn;
     last = now;
   }
   qp.comp.resend_check_ns = std::max(now + 1, last + check);

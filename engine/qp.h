@@ -116,6 +116,9 @@ struct CompleterState {
   uint64_t resend_check_ns = 0;
   /// When `psn` last moved (an ACK or response acknowledged something), ns.
   uint64_t head_since_ns = 0;
+  /// The oldest PSN as the resend check last sent it again (kNoPsn: none since the ACK moved
+  /// past it). An ACK that then stops right after it says the next PSN is missing too.
+  uint32_t again_psn = kNoPsn;
   /// The responder has sent a selective NAK: it keeps what arrives around a gap, so resending
   /// the oldest PSN alone (resend_check_ns) can fill it. Against a go-back-N responder that
   /// resend would only be dropped again; recovery stays IBTA's (NAK or timeout).
@@ -375,9 +378,11 @@ void rewind(QueuePair& qp, uint32_t psn);
 inline constexpr uint32_t kWindowPsns = CongestionWindow::kMaxPsns;
 /// Sends the packet that starts at `psn` again (a selective NAK named it), leaving the
 /// requester's position alone: a SEND/WRITE segment, a READ request for the rest of its
-/// chunk, or an atomic. Returns the PSNs that packet covers (≥ 1), or 0 when no started
-/// WQE holds `psn`.
-uint32_t resend(QueuePair& qp, Transport& t, uint32_t psn);
+/// chunk, or an atomic. `ack_req`: a SEND/WRITE segment asks for an ACK — set on the last
+/// packet of each resent range and on the resend check's resend of the oldest PSN, so a
+/// responder that already had them (their ACK was lost) answers (IBTA 9.7.5.1.3). Returns
+/// the PSNs that packet covers (≥ 1), or 0 when no started WQE holds `psn`.
+uint32_t resend(QueuePair& qp, Transport& t, uint32_t psn, bool ack_req);
 /// Packets between AckReq bits inside a long message.
 inline constexpr uint32_t kAckEvery = 32;
 /// A READ WQE is requested in chunks of at most this many response packets, so that

@@ -343,7 +343,7 @@ void run(QueuePair& qp, Transport& t) {
       continue;
     }
     if ((paced = paced_out(qp, t) || held_back(qp, t))) break;
-    const uint32_t n = resend(qp, t, r.first);
+    const uint32_t n = resend(qp, t, r.first, /*ack_req=*/r.first == r.last);
     if (n == 0) {
       qp.req.retx.pop_front();
       continue;
@@ -464,13 +464,14 @@ void rewind(QueuePair& qp, uint32_t psn) {
   qp.req.noack_pkts = 0;
   qp.req.retx.clear();  // go-back-N sends everything from `psn` again anyway
   qp.comp.resent.clear();
+  qp.comp.again_psn = kNoPsn;
   qp.req.timed_psn = kNoPsn;
   // Requests at or after `psn` will be sent again; their credits return now.
   auto& inflight = qp.comp.rd_atomic_inflight;
   while (!inflight.empty() && wire::psn_diff(inflight.back(), psn) >= 0) inflight.pop_back();
 }
 
-uint32_t resend(QueuePair& qp, Transport& t, uint32_t psn) {
+uint32_t resend(QueuePair& qp, Transport& t, uint32_t psn, bool ack_req) {
   const uint64_t idx = find_wqe(qp, psn);
   if (idx == qp.sq_end()) return 0;
   SendWqe& w = qp.wqe(idx);
@@ -488,13 +489,15 @@ uint32_t resend(QueuePair& qp, Transport& t, uint32_t psn) {
     case WrClass::kWrite:
     case WrClass::kAtomicWrite: {
       std::vector<iovec> iov;
-      // AckReq on every resend: the requester is waiting for this PSN's acknowledgement, and
-      // a responder that already has it (its ACK was lost) re-acknowledges a duplicate only
-      // when asked (IBTA 9.7.5.1.3). Without it, resends of a middle packet drew no answer and
-      // only the retransmit timeout's go-back could — under a periodic loss of every 7th
-      // packet that one packet was the dropped one every cycle (13 resends + 1 go-back per
-      // timeout), until retry_cnt ran out (verbs_loss_tests InjectedLoss/Every7, ~1 in 8 runs).
-      pay = emit_data_packet(qp, w, t, iov, psn, off, /*ack_req=*/true);
+      // AckReq at the end of each resent range (and on the resend check's resend of the
+      // oldest PSN): the requester is waiting for its acknowledgement, and a responder that
+      // already has it (its ACK was lost) re-acknowledges a duplicate only when asked (IBTA
+      // 9.7.5.1.3). Without it, resends of a middle packet drew no answer and only the
+      // retransmit timeout's go-back could — under a periodic loss of every 7th packet that
+      // one packet was the dropped one every cycle, until retry_cnt ran out
+      // (verbs_loss_tests InjectedLoss/Every7, ~1 in 8 runs). One per range is enough: the
+      // ACK is cumulative.
+      pay = emit_data_packet(qp, w, t, iov, psn, off, ack_req);
       break;
     }
     case WrClass::kLocal:  // holds no PSN: find_wqe never returns it

@@ -934,6 +934,43 @@ TEST_F(TransportTest, AResendAsksForAnAckSoAResponderThatAlreadyHasItAnswers) {
   EXPECT_EQ(std::memcmp(dst.data(), src.data(), 9 * kMtu), 0);
 }
 
+// A burst lost to the end of what was sent: the responder never sees a later packet, so no
+// selective NAK names the gap. The resend check sends the oldest PSN again (asking for an
+// ACK); the ACK stops right after it, which says the next PSN is missing too — so the
+// requester goes back N from there at once (partial_ack_rewinds), not one PSN per resend
+// check (1.5 RTT each, with each answer re-arming the retransmit timer: ib_write_bw 8 MiB
+// over UDP crawled at 5-70 MB/s).
+TEST_F(TransportTest, APartialAckOfTheOldestPsnsResendGoesBackNForTheRest) {
+  ta->selective = tb->selective = true;
+  constexpr uint64_t kRtt = 10'000'000;  // 10 ms
+  ASSERT_EQ(post(*a, WrOpcode::kRdmaWrite, 0, kMtu, 0, 1), kOk);
+  ta->advance(kRtt);
+  settle();
+  a->comp.peer_selective = true;  // as after an earlier selective NAK from this responder
+  // 8 packets, +1 … +8, all lost (a burst a full socket buffer dropped).
+  ASSERT_EQ(post(*a, WrOpcode::kRdmaWrite, kMtu, 8 * kMtu, kMtu, 2), kOk);
+  lose(*ta, {1, 2, 3, 4, 5, 6, 7, 8});
+  ta->advance(kRtt * 3 / 2 + 1000);  // the resend check: the oldest, +1, again
+  {
+    std::lock_guard lk(dev->mutex());
+    completer::on_timer(*a, *ta, ta->now_ns());
+  }
+  ASSERT_EQ(ta->sent.size(), 1u);
+  EXPECT_EQ(parse(ta->sent[0]).hdr.bth.psn, wire::psn_add(kSqPsn, 1));
+  EXPECT_TRUE(parse(ta->sent[0]).hdr.bth.ack_req);
+  deliver(*ta, *b, *tb);
+  deliver(*tb, *a, *ta);  // its ACK stops at +1: +2 … +8 go again, at once
+  EXPECT_EQ(ta->counters_.partial_ack_rewinds.load(), 1u);
+  ASSERT_FALSE(ta->sent.empty()) << "the rest waits for another resend check";
+  EXPECT_EQ(parse(ta->sent[0]).hdr.bth.psn, wire::psn_add(kSqPsn, 2));
+  settle();
+  auto c = drain();
+  ASSERT_EQ(c.size(), 2u);
+  EXPECT_EQ(c[1].wr_id, 2u);
+  EXPECT_EQ(ta->counters_.retransmit_timeouts.load(), 0u);
+  EXPECT_EQ(std::memcmp(dst.data(), src.data(), 9 * kMtu), 0);
+}
+
 // A CE-marked request draws one CNP to the requester's QP, then none for 50 µs; the
 // requester counts it and, pacing with DCQCN, cuts its rate.
 TEST_F(TransportTest, ACeMarkedRequestDrawsARateLimitedCnpThatCutsTheRequestersRate) {
