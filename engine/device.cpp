@@ -38,6 +38,12 @@ constexpr size_t kTxBatch = 64;
 /// kShmOwnerExitPollMs, at most kShmOwnerExitTries times (200 ms in all).
 constexpr int kShmOwnerExitPollMs = 5;
 constexpr int kShmOwnerExitTries = 40;
+/// UDP 4791 at an address nobody shares may be held a moment longer by a process that is
+/// exiting — or by the children a process forked while its device was open, which inherit
+/// the socket (pyverbs' rdmacm tests terminate theirs and open the next device at once).
+/// The bind is tried again every kPortHolderExitPollMs, for kPortHolderExitTries (1 s).
+constexpr int kPortHolderExitPollMs = 10;
+constexpr int kPortHolderExitTries = 100;
 constexpr size_t kRxBatch = 64;
 /// Receive buffer per datagram without GRO: one packet, and larger ones show as truncated.
 constexpr size_t kRxBufferBytes = kMaxRocePacketBytes;
@@ -145,6 +151,11 @@ std::unique_ptr<Device> Device::open(const DeviceConfig& cfg, int& err) {
         log().warn("{} cannot be shared with other processes: {}", net::ipv4_to_string(cfg.ip),
                    std::strerror(e));
     err = d->port_.bind(cfg.ip, wire::kRoceV2Port, cfg.socket_buffer_bytes);
+    for (int tries = 0; err == EADDRINUSE && !d->share_.shared() && tries < kPortHolderExitTries;
+         ++tries) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(kPortHolderExitPollMs));
+      err = d->port_.bind(cfg.ip, wire::kRoceV2Port, cfg.socket_buffer_bytes);
+    }
     if (err == EADDRINUSE && d->share_.shared()) {
       // Another process owns the address: this one joins it as a member — the owner
       // forwards the packets for this process's QPNs; this one sends from ip:ephemeral
