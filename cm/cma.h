@@ -146,12 +146,13 @@ struct Channel {
   rdma_event_channel ch{};  // first
   std::deque<CmaEvent*> queue;
   bool readable = false;  ///< the eventfd's counter is non-zero
-  /// Threads blocked in rdma_get_cm_event on it. A channel destroyed while some wait (an
-  /// application bug rping has: on an early error its main thread destroys the channel its
-  /// CM thread waits on, then exits) is kept, fd included, and they stay blocked until the
-  /// process exits — as a thread blocked in librdmacm's read of the kernel's ucma fd stays
-  /// when another thread closes it. Returning an error instead had rping's CM thread call
-  /// exit() beside its main thread's (a double free in the exit handlers).
+  /// Threads blocked in rdma_get_cm_event on it. A channel destroyed while some wait, or
+  /// before one gets there (an application bug rping has: on an early error its main thread
+  /// destroys the channel its CM thread waits on, then exits), is never freed (its fd is
+  /// kept while a thread polls it), and rdma_get_cm_event on it blocks until the process
+  /// exits — as a thread blocked in librdmacm's read of the kernel's ucma fd stays when
+  /// another thread closes it. Returning an error instead had rping's CM thread call exit()
+  /// beside its main thread's (a double free in the exit handlers).
   int waiters = 0;
   bool destroyed = false;
 };
