@@ -189,7 +189,10 @@ int complete_sync_locked(IdPriv* id, std::unique_lock<std::mutex>& lk);
 /// rdma_get_cm_event's body; `lk` holds g_mu.
 int get_event_locked(Channel* ch, rdma_cm_event** out, std::unique_lock<std::mutex>& lk);
 Channel* create_channel();
-void destroy_channel(Channel* ch);
+/// Destroys a channel and its queued events. An application's channel (rdma_create_event_
+/// channel) is kept, marked destroyed (see Channel::waiters); a synchronous ID's own channel,
+/// which only this library waits on, is freed unless a thread waits on it now.
+void destroy_channel(Channel* ch, bool application_owned);
 
 // ---- IDs (cm_id.cpp) ---------------------------------------------------------------------
 /// An IPv4 address from a sockaddr the application passed: AF_INET, or AF_INET6 holding the

@@ -105,10 +105,16 @@ Channel* create_channel() {
   return ch;
 }
 
-void destroy_channel(Channel* ch) {
+void destroy_channel(Channel* ch, bool application_owned) {
   if (!ch) return;
   for (CmaEvent* ev : ch->queue) delete ev;
   std::deque<CmaEvent*>().swap(ch->queue);
+  if (!application_owned && ch->waiters == 0) {
+    // A synchronous ID's own channel: only this library waits on it, under the lock held.
+    ::close(ch->ch.fd);
+    delete ch;
+    return;
+  }
   ch->destroyed = true;
   // Threads blocked on it keep its fd (see Channel::waiters); otherwise it closes now.
   if (ch->waiters == 0) {
@@ -218,7 +224,7 @@ rdma_event_channel* rdma_create_event_channel(void) {
 void rdma_destroy_event_channel(rdma_event_channel* channel) {
   if (!channel) return;
   std::lock_guard lk(g_mu);
-  destroy_channel(reinterpret_cast<Channel*>(channel));
+  destroy_channel(reinterpret_cast<Channel*>(channel), /*application_owned=*/true);
 }
 
 int rdma_get_cm_event(rdma_event_channel* channel, rdma_cm_event** event) {
@@ -255,7 +261,7 @@ int rdma_migrate_id(rdma_cm_id* id, rdma_event_channel* channel) {
   }
   move_events_locked(p, to);
   p->sync = sync;
-  if (old_sync) destroy_channel(old);
+  if (old_sync) destroy_channel(old, /*application_owned=*/false);
   // Events of this ID the application fetched from the old channel must be acknowledged
   // before it reads the new one (librdmacm waits the same way).
   g_cv.wait(lk, [p] { return p->events_completed >= p->events_reported; });
