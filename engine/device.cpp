@@ -166,8 +166,11 @@ std::unique_ptr<Device> Device::open(const DeviceConfig& cfg, int& err) {
     }
   } else {
     // First free loopback address: several processes on one host each get their own.
+    // 127.0.0.1 is left to programs that name it ("localhost": rping -a 127.0.0.1, and
+    // pyverbs' RDMA-CM tests, whose address is lo's first): an automatic device there made
+    // them share the address with an unrelated process, and lose it when that one exited.
     err = EADDRINUSE;
-    for (uint32_t x = 1; x < 255 && err == EADDRINUSE; ++x)
+    for (uint32_t x = 2; x < 255 && err == EADDRINUSE; ++x)
       err = d->port_.bind((127u << 24) | x, wire::kRoceV2Port, cfg.socket_buffer_bytes);
   }
   if (err) return nullptr;

@@ -75,7 +75,8 @@ enum class CongestionControl : uint8_t {
 
 /// How to open a device.
 struct DeviceConfig {
-  /// IPv4 address to bind (host order); 0 picks the first free 127.0.0.x, x = 1…254.
+  /// IPv4 address to bind (host order); 0 picks the first free 127.0.0.x, x = 2…254
+  /// (127.0.0.1 is left to programs that name it).
   uint32_t ip = 0;
   /// Transmit-side link emulation.
   net::NetemConfig netem;

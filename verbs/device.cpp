@@ -255,7 +255,7 @@ std::shared_ptr<engine::Device> open_engine_device(uint32_t ip, int& err) {
   if (!dev) {
     engine::log().error(
         "cannot open {}: {} ({})", kDeviceName, std::strerror(err),
-        cfg.ip ? net::ipv4_to_string(cfg.ip) : std::string("no free address in 127.0.0.1-254"));
+        cfg.ip ? net::ipv4_to_string(cfg.ip) : std::string("no free address in 127.0.0.2-254"));
     return nullptr;
   }
   std::erase_if(g_open_devices, [](const auto& kv) { return kv.second.expired(); });
