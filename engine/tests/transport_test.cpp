@@ -121,6 +121,19 @@ class TransportTest : public ::testing::Test {
     completer::on_timer(*a, *ta, ta->now_ns());
     completer::on_timer(*b, *tb, tb->now_ns());
   }
+  // Fires the requester's due timers at its clock's time, under the device lock.
+  void run_requester_timers() {
+    std::lock_guard lk(dev->mutex());
+    completer::on_timer(*a, *ta, ta->now_ns());
+  }
+  // Selective recovery on both sides, and a first one-packet WRITE (PSN +0) acknowledged
+  // after `rtt`: the requester has measured the round trip.
+  void start_selective_after_one_rtt(uint64_t rtt) {
+    ta->selective = tb->selective = true;
+    ASSERT_EQ(post(*a, WrOpcode::kRdmaWrite, 0, kMtu, 0, 1), kOk);
+    ta->advance(rtt);
+    settle();
+  }
   // Runs both directions until nothing moves.
   void settle() {
     for (int i = 0; i < 1000; ++i)
@@ -213,8 +226,7 @@ TEST_F(TransportTest, TimeoutRetransmitsThenRetryExceededFlushes) {
   const uint64_t rto = a->retransmit_timeout_ns();
   for (int attempt = 0; attempt < 2; ++attempt) {  // retry_cnt = 2
     ta->advance(rto + 1);
-    std::lock_guard lk(dev->mutex());
-    completer::on_timer(*a, *ta, ta->now_ns());
+    run_requester_timers();
     // After a timeout only the oldest packet goes out, asking for an ACK.
     ASSERT_EQ(ta->sent.size(), 1u) << "attempt " << attempt;
     EXPECT_EQ(parse(ta->sent[0]).hdr.bth.psn, kSqPsn);
@@ -222,10 +234,7 @@ TEST_F(TransportTest, TimeoutRetransmitsThenRetryExceededFlushes) {
     ta->sent.clear();
   }
   ta->advance(rto + 1);
-  {
-    std::lock_guard lk(dev->mutex());
-    completer::on_timer(*a, *ta, ta->now_ns());
-  }
+  run_requester_timers();
   auto c = drain();
   ASSERT_EQ(c.size(), 2u);
   EXPECT_EQ(c[0].status, WcStatus::kRetryExcErr);
@@ -239,10 +248,7 @@ TEST_F(TransportTest, WindowCollapsesOnTimeoutAndGrowsWithAcks) {
   ASSERT_EQ(post(*a, WrOpcode::kRdmaWrite, 0, 8 * kMtu), kOk);
   ta->sent.clear();  // the whole first round is lost
   ta->advance(a->retransmit_timeout_ns() + 1);
-  {
-    std::lock_guard lk(dev->mutex());
-    completer::on_timer(*a, *ta, ta->now_ns());
-  }
+  run_requester_timers();
   ASSERT_EQ(ta->sent.size(), 1u);
   EXPECT_EQ(a->req.window.psns(), 1u);
   deliver(*ta, *b, *tb);  // probe arrives and is ACKed
@@ -289,10 +295,7 @@ TEST_F(TransportTest, RnrNakBacksOffThenSucceedsWhenReceivePosted) {
   EXPECT_TRUE(ta->sent.empty());  // waiting out the RNR timer
   post_recv(*b, 64);
   ta->advance(uint64_t{wire::rnr_timer_usec(1)} * 1000 + 1);
-  {
-    std::lock_guard lk(dev->mutex());
-    completer::on_timer(*a, *ta, ta->now_ns());
-  }
+  run_requester_timers();
   ASSERT_EQ(ta->sent.size(), 1u);
   settle();
   auto c = drain();
@@ -306,8 +309,7 @@ TEST_F(TransportTest, RnrRetryExhaustedFails) {
     deliver(*ta, *b, *tb);
     deliver(*tb, *a, *ta);
     ta->advance(1'000'000);
-    std::lock_guard lk(dev->mutex());
-    completer::on_timer(*a, *ta, ta->now_ns());
+    run_requester_timers();
   }
   auto c = drain();
   ASSERT_EQ(c.size(), 1u);
@@ -848,12 +850,8 @@ TEST_F(TransportTest, OwedReadResponsesEndWithTheQpOrItsMemory) {
 // retransmit timeout — and the window is not collapsed to one PSN (issue 9: at 1 % loss
 // every lost resend used to wait for the 134 ms timer and restart from one PSN).
 TEST_F(TransportTest, ALostResendIsSentAgainAfterOneAndAHalfRttsWithoutATimeout) {
-  ta->selective = tb->selective = true;
   constexpr uint64_t kRtt = 10'000'000;  // 10 ms
-  // A first message measures the round trip.
-  ASSERT_EQ(post(*a, WrOpcode::kRdmaWrite, 0, kMtu, 0, 1), kOk);
-  ta->advance(kRtt);
-  settle();
+  start_selective_after_one_rtt(kRtt);   // a first message measures the round trip
   ASSERT_EQ(a->req.window.srtt_ns(), kRtt);
   ASSERT_EQ(completer::resend_check_ns(*a), kRtt * 3 / 2);
   // Then 8 packets; +3 (PSNs counted from kSqPsn) is lost, and so is its first resend.
@@ -867,20 +865,14 @@ TEST_F(TransportTest, ALostResendIsSentAgainAfterOneAndAHalfRttsWithoutATimeout)
   const uint32_t window = a->req.window.psns();
   // Not before 1.5 RTT...
   ta->advance(kRtt * 3 / 2 - 1000);
-  {
-    std::lock_guard lk(dev->mutex());
-    completer::on_timer(*a, *ta, ta->now_ns());
-  }
+  run_requester_timers();
   EXPECT_TRUE(ta->sent.empty());
   // ...but then, long before the retransmit timeout (67 ms at timeout 14).
   ASSERT_LT(kRtt * 3 / 2, a->retransmit_timeout_ns());
   ta->advance(2000);
   ASSERT_NE(a->next_deadline(), 0u);
   ASSERT_LE(a->next_deadline(), ta->now_ns());
-  {
-    std::lock_guard lk(dev->mutex());
-    completer::on_timer(*a, *ta, ta->now_ns());
-  }
+  run_requester_timers();
   ASSERT_EQ(ta->sent.size(), 1u);
   EXPECT_EQ(parse(ta->sent[0]).hdr.bth.psn, wire::psn_add(kSqPsn, 3));
   EXPECT_EQ(ta->counters_.resend_again_pkts.load(), 1u);
@@ -901,11 +893,8 @@ TEST_F(TransportTest, ALostResendIsSentAgainAfterOneAndAHalfRttsWithoutATimeout)
 // drew no answer and only the retransmit timeout's go-back could recover (InjectedLoss/Every7
 // exhausted retry_cnt that way).
 TEST_F(TransportTest, AResendAsksForAnAckSoAResponderThatAlreadyHasItAnswers) {
-  ta->selective = tb->selective = true;
   constexpr uint64_t kRtt = 10'000'000;  // 10 ms
-  ASSERT_EQ(post(*a, WrOpcode::kRdmaWrite, 0, kMtu, 0, 1), kOk);
-  ta->advance(kRtt);
-  settle();
+  start_selective_after_one_rtt(kRtt);
   // 8 packets; +3, a middle packet, is lost.
   ASSERT_EQ(post(*a, WrOpcode::kRdmaWrite, kMtu, 8 * kMtu, kMtu, 2), kOk);
   lose(*ta, {3});
@@ -916,10 +905,7 @@ TEST_F(TransportTest, AResendAsksForAnAckSoAResponderThatAlreadyHasItAnswers) {
   deliver(*ta, *b, *tb);  // ...and arrives: the responder has the whole message
   tb->sent.clear();       // but its ACK is lost
   ta->advance(kRtt * 3 / 2 + 1000);
-  {
-    std::lock_guard lk(dev->mutex());
-    completer::on_timer(*a, *ta, ta->now_ns());
-  }
+  run_requester_timers();
   ASSERT_EQ(ta->sent.size(), 1u);  // +3 again, long before the retransmit timeout
   const wire::Packet again = parse(ta->sent[0]);
   EXPECT_EQ(again.hdr.bth.psn, wire::psn_add(kSqPsn, 3));
@@ -941,20 +927,14 @@ TEST_F(TransportTest, AResendAsksForAnAckSoAResponderThatAlreadyHasItAnswers) {
 // check (1.5 RTT each, with each answer re-arming the retransmit timer: ib_write_bw 8 MiB
 // over UDP crawled at 5-70 MB/s).
 TEST_F(TransportTest, APartialAckOfTheOldestPsnsResendGoesBackNForTheRest) {
-  ta->selective = tb->selective = true;
   constexpr uint64_t kRtt = 10'000'000;  // 10 ms
-  ASSERT_EQ(post(*a, WrOpcode::kRdmaWrite, 0, kMtu, 0, 1), kOk);
-  ta->advance(kRtt);
-  settle();
+  start_selective_after_one_rtt(kRtt);
   a->comp.peer_selective = true;  // as after an earlier selective NAK from this responder
   // 8 packets, +1 … +8, all lost (a burst a full socket buffer dropped).
   ASSERT_EQ(post(*a, WrOpcode::kRdmaWrite, kMtu, 8 * kMtu, kMtu, 2), kOk);
   lose(*ta, {1, 2, 3, 4, 5, 6, 7, 8});
   ta->advance(kRtt * 3 / 2 + 1000);  // the resend check: the oldest, +1, again
-  {
-    std::lock_guard lk(dev->mutex());
-    completer::on_timer(*a, *ta, ta->now_ns());
-  }
+  run_requester_timers();
   ASSERT_EQ(ta->sent.size(), 1u);
   EXPECT_EQ(parse(ta->sent[0]).hdr.bth.psn, wire::psn_add(kSqPsn, 1));
   EXPECT_TRUE(parse(ta->sent[0]).hdr.bth.ack_req);
