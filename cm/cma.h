@@ -223,7 +223,10 @@ void release_connection_locked(IdPriv* id);
 int send_rtu_locked(IdPriv* id);
 /// The path values of a new connection not set yet: MTU (the port's), local ACK timeout.
 void init_path_locked(IdPriv* id);
-/// The address vector to reach the ID's peer (RoCEv2: a GRH with the IPv4-mapped GID).
+/// An address vector from the ID's port towards `dgid` (RoCEv2: always a GRH), with the
+/// ID's TOS as traffic class and service level.
+ibv_ah_attr ah_attr_to(const IdPriv* id, const ibv_gid& dgid, uint8_t hop_limit);
+/// The address vector to reach the ID's peer (its IPv4-mapped GID, the ID's hop limit).
 ibv_ah_attr peer_ah_attr(const IdPriv* id);
 
 // ---- multicast (multicast.cpp) -----------------------------------------------------------

@@ -278,16 +278,20 @@ int send_rtu_locked(IdPriv* id) {
   return 0;
 }
 
-ibv_ah_attr peer_ah_attr(const IdPriv* id) {
+ibv_ah_attr ah_attr_to(const IdPriv* id, const ibv_gid& dgid, uint8_t hop_limit) {
   ibv_ah_attr a{};
   a.is_global = 1;
   a.port_num = 1;
-  a.grh.dgid = ipv4_gid(id->dst_ip);
+  a.grh.dgid = dgid;
   a.grh.sgid_index = 0;
-  a.grh.hop_limit = id->hop_limit;
+  a.grh.hop_limit = hop_limit;
   a.grh.traffic_class = id->tos;
   a.sl = id->tos >> 5;
   return a;
+}
+
+ibv_ah_attr peer_ah_attr(const IdPriv* id) {
+  return ah_attr_to(id, ipv4_gid(id->dst_ip), id->hop_limit);
 }
 
 void init_path_locked(IdPriv* id) {

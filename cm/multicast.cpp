@@ -36,15 +36,7 @@ uint32_t group_qkey(const IdPriv* id) {
 /// The address vector of the group (ib_init_ah_from_mcmember over the kernel's RoCE record:
 /// the group's GID, hop limit 1, the ID's TOS).
 ibv_ah_attr group_ah_attr(const IdPriv* id, const ibv_gid& mgid) {
-  ibv_ah_attr a{};
-  a.is_global = 1;
-  a.port_num = 1;
-  a.grh.dgid = mgid;
-  a.grh.sgid_index = 0;
-  a.grh.hop_limit = 1;
-  a.grh.traffic_class = id->tos;
-  a.sl = id->tos >> 5;
-  return a;
+  return ah_attr_to(id, mgid, 1);
 }
 
 int join(rdma_cm_id* cm_id, sockaddr* addr, uint32_t join_flags, void* context) {

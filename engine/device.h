@@ -407,7 +407,11 @@ class Device final : public Transport, public ObjectRegistry {
     net::UdpPort port;
     std::vector<uint32_t> qpns;
   };
-  std::unordered_map<uint32_t, std::unique_ptr<McastGroup>> mcast_;
+  using McastGroups = std::unordered_map<uint32_t, std::unique_ptr<McastGroup>>;
+  McastGroups mcast_;
+  /// Leaves the group at `it` (its socket closed, out of the epoll) once no QP is attached;
+  /// returns the next group.
+  McastGroups::iterator leave_if_unused_locked(McastGroups::iterator it);
   /// The key table: key index (key >> 8) → the MR or MW that holds it. MRs and MWs share the
   /// index space, so an R_Key names one object; the low 8 bits must match the object's
   /// current key (a type 2 window changes them at each bind).

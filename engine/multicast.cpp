@@ -58,34 +58,29 @@ Status Device::detach_mcast(uint32_t qpn, uint32_t group) {
   auto q = std::find(qpns.begin(), qpns.end(), qpn);
   if (q == qpns.end()) return std::errc::invalid_argument;
   qpns.erase(q);
-  if (qpns.empty()) {
-    ::epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, it->second->port.fd(), nullptr);
-    mcast_.erase(it);  // closing the socket leaves the group
-    log().debug("left multicast group {}", net::ipv4_to_string(group));
-  }
+  leave_if_unused_locked(it);
   return kOk;
 }
 
 void Device::detach_all_mcast_locked(uint32_t qpn) {
   for (auto it = mcast_.begin(); it != mcast_.end();) {
     std::erase(it->second->qpns, qpn);
-    if (it->second->qpns.empty()) {
-      ::epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, it->second->port.fd(), nullptr);
-      it = mcast_.erase(it);
-    } else {
-      ++it;
-    }
+    it = leave_if_unused_locked(it);
   }
+}
+
+Device::McastGroups::iterator Device::leave_if_unused_locked(McastGroups::iterator it) {
+  if (!it->second->qpns.empty()) return std::next(it);
+  ::epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, it->second->port.fd(), nullptr);
+  log().debug("left multicast group {}", net::ipv4_to_string(it->first));
+  return mcast_.erase(it);  // closing the socket leaves the group
 }
 
 size_t Device::receive_mcast_locked() {
   size_t total = 0;
-  // Group sockets joined or left while a datagram is handled (a completion callback cannot
-  // run here, but stay safe): walk a snapshot of the groups.
-  std::vector<McastGroup*> groups;
-  groups.reserve(mcast_.size());
-  for (auto& [group, g] : mcast_) groups.push_back(g.get());
-  for (McastGroup* g : groups) {
+  // Groups change only under the device lock, which this round holds, and handling a
+  // datagram runs no application code: the table can be walked as it is.
+  for (auto& [group, g] : mcast_) {
     for (;;) {
       const size_t n = g->port.recv_batch(rx_slots_);
       if (n == 0) break;
@@ -117,8 +112,7 @@ void Device::deliver_mcast(const net::RxDatagram& d, const wire::Packet& pkt, ui
   const RxMeta meta{d.src_ip, d.dst_ip, d.tos, d.ttl, ip_id, static_cast<uint16_t>(length)};
   // Each attached QP gets its copy, through the checks a unicast datagram to it would pass
   // (rxe_rcv_mcast_pkt: check_type_state and check_keys per QP).
-  const std::vector<uint32_t> qpns = it->second->qpns;  // a delivery cannot detach, but …
-  for (uint32_t qpn : qpns) {
+  for (uint32_t qpn : it->second->qpns) {  // detaching needs the lock this round holds
     auto q = qps_.find(qpn);
     if (q == qps_.end()) continue;
     QueuePair& qp = *q->second;

@@ -4,7 +4,7 @@
 // is not attached is EINVAL); the groups themselves are the engine's (engine/multicast.cpp).
 // A QP attached to a group cannot be destroyed (ibv_destroy_qp: EBUSY), as with the kernel,
 // which counts attachments in the QP's usecnt.
-#include <arpa/inet.h>
+#include <netinet/in.h>
 
 #include <cstring>
 
@@ -20,13 +20,10 @@ enum class McastGid { kIpv4, kIpv6, kNotMulticast };
 /// rdma_is_multicast_addr: an IPv6 multicast address (ff00::/8) or an IPv4-mapped one of
 /// 224.0.0.0/4 (the GID rdma_cm gives a RoCEv2 group). `group` gets the IPv4 address.
 McastGid classify(const ibv_gid& gid, uint32_t& group) {
-  static const uint8_t kV4Prefix[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
   if (gid.raw[0] == 0xff) return McastGid::kIpv6;
-  if (std::memcmp(gid.raw, kV4Prefix, sizeof kV4Prefix) != 0) return McastGid::kNotMulticast;
-  uint32_t be;
-  std::memcpy(&be, gid.raw + 12, 4);
-  group = ntohl(be);
-  return IN_MULTICAST(group) ? McastGid::kIpv4 : McastGid::kNotMulticast;
+  engine::Gid g;
+  std::memcpy(g.raw, gid.raw, sizeof g.raw);
+  return g.to_ipv4(group) && IN_MULTICAST(group) ? McastGid::kIpv4 : McastGid::kNotMulticast;
 }
 
 /// The checks both calls share; 0 with `group` set, or the errno.
