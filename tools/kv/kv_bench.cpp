@@ -20,8 +20,10 @@
 #include <CLI/CLI.hpp>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <csignal>
 #include <deque>
+#include <mutex>
 #include <thread>
 
 #include "kv/engine.h"
@@ -110,6 +112,9 @@ Row run_row(Engine& e, SegmentHandle h, uint8_t* buf, uint64_t buf_size, Opcode 
   std::atomic<uint64_t> bytes{0};
   std::vector<std::vector<double>> lat(o.threads);
   std::vector<std::string> errors(o.threads);
+  std::mutex failed_mu;  // guards `failed`, which wakes the waiting main thread
+  std::condition_variable failed_cv;
+  bool failed = false;
   const uint64_t share = buf_size / o.threads;
   const uint64_t slots = std::max<uint64_t>(1, share / block);
   auto worker = [&](uint32_t t) {
@@ -142,12 +147,19 @@ Row run_row(Engine& e, SegmentHandle h, uint8_t* buf, uint64_t buf_size, Opcode 
       while (!pending.empty()) finish_oldest();
     } catch (const std::exception& ex) {
       errors[t] = ex.what();
+      // A failed batch ends the row now, not when --duration runs out.
+      std::lock_guard lock(failed_mu);
+      failed = true;
+      failed_cv.notify_all();
     }
   };
   const auto t0 = Clock::now();
   std::vector<std::thread> ts;
   for (uint32_t t = 0; t < o.threads; ++t) ts.emplace_back(worker, t);
-  std::this_thread::sleep_for(std::chrono::duration<double>(o.duration));
+  {
+    std::unique_lock lock(failed_mu);
+    failed_cv.wait_for(lock, std::chrono::duration<double>(o.duration), [&] { return failed; });
+  }
   stop = true;
   for (auto& t : ts) t.join();
   const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
