@@ -35,6 +35,7 @@ void note_progress(QueuePair& qp, Transport& t, uint32_t old_psn) {
   qp.comp.rnr_retry_left = qp.attr.rnr_retry;
   qp.comp.nak_retry_started = false;
   qp.comp.last_progress_ns = now;
+  qp.comp.stalled_since_ns = 0;
   if (qp.comp.recovery_psn != kNoPsn && psn_diff(qp.comp.psn, qp.comp.recovery_psn) >= 0)
     qp.comp.recovery_psn = kNoPsn;  // everything sent before the loss is acknowledged
   auto& inflight = qp.comp.rd_atomic_inflight;
@@ -92,6 +93,39 @@ bool complete_acked(QueuePair& qp, Transport& t, uint32_t psn) {
   }
   if (progress) note_progress(qp, t, old_psn);
   return ok;
+}
+
+// A retransmit timeout with nothing heard from the peer: asks the device why (engine
+// Transport::peer_liveness). A dead peer fails the QP now, naming it, instead of after
+// retry_cnt more timeouts; a stalled one (stopped, or starved of CPU) costs no retry for up
+// to kMaxPeerStallNs since the first such timeout — a NIC would have acknowledged for it
+// meanwhile. False when the timeout does not count against retry_cnt (or the QP failed:
+// see its state).
+bool timeout_counts(QueuePair& qp, Transport& t, uint64_t now) {
+  std::string who;
+  switch (t.peer_liveness(qp, &who)) {
+    case PeerLiveness::kDead:
+      log().warn("qp {:#x}: peer {}: IBV_WC_RETRY_EXC_ERR at psn {:#x}", qp.qpn(), who,
+                 qp.comp.psn);
+      bump(t.counters().dead_peer_err);
+      bump(t.counters().retry_exceeded_err);
+      qp.enter_error(WcStatus::kRetryExcErr);
+      return false;
+    case PeerLiveness::kStalled:
+      if (!qp.comp.stalled_since_ns) qp.comp.stalled_since_ns = now;
+      if (now - qp.comp.stalled_since_ns < kMaxPeerStallNs) {
+        bump(t.counters().stalled_peer_timeouts);
+        log().debug("qp {:#x}: peer {} did not run: timeout not counted", qp.qpn(), who);
+        return false;
+      }
+      log().warn("qp {:#x}: peer {} stalled for {} s: retries count again", qp.qpn(), who,
+                 (now - qp.comp.stalled_since_ns) / 1'000'000'000);
+      return true;
+    case PeerLiveness::kUnknown:
+    case PeerLiveness::kRunning:
+      break;
+  }
+  return true;
 }
 
 bool retry_budget(QueuePair& qp, Transport& t) {
@@ -406,12 +440,19 @@ void on_timer(QueuePair& qp, Transport& t, uint64_t now) {
   }
   bump(t.counters().retransmit_timeouts);
   qp.comp.timer_ns = 0;
-  if (!retry_budget(qp, t)) return;
+  const bool counts = timeout_counts(qp, t, now);
+  if (qp.attr.state == QpState::kErr || (counts && !retry_budget(qp, t))) return;
   qp.comp.fast_retry_psn = kNoPsn;
   qp.comp.recovery_psn = kNoPsn;
   qp.req.window.on_timeout();
   retry_from(qp, qp.comp.psn, "timeout");
   requester::run(qp, t);
+  if (qp.attr.state == QpState::kErr || qp.comp.timer_ns) return;
+  // Nothing went out (the path to the peer is paused: its same-host backlog is full, and a
+  // dead or stopped peer never empties it): the next timeout must still come, or a
+  // requester parked on a dead peer waits forever.
+  qp.comp.timer_ns = now + rto;
+  t.timer_armed(qp, qp.comp.timer_ns);
 }
 
 }  // namespace softrdma::engine::completer

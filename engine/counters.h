@@ -35,6 +35,10 @@ namespace softrdma::engine {
   X(ooo_placed, "request packets placed out of order (selective retransmission)")                  \
   X(retry_exceeded_err, "QPs failed with IBV_WC_RETRY_EXC_ERR")                                    \
   X(retry_rnr_exceeded_err, "QPs failed with IBV_WC_RNR_RETRY_EXC_ERR")                            \
+  X(dead_peer_err, "QPs failed at once because their same-host peer process is gone")              \
+  X(icmp_unreachable_rcvd, "ICMP destination unreachable errors for packets sent (a closed port)") \
+  X(stalled_peer_timeouts,                                                                         \
+    "retransmit timeouts not counted: the peer process was stopped or starved")                    \
   X(rcvd_icrc_err, "packets dropped: ICRC mismatch")                                               \
   X(rcvd_icrc_id_recovered, "packets from senders with a non-zero IPv4 id, ICRC verified")         \
   X(rcvd_malformed, "packets dropped: truncated or malformed headers")                             \

@@ -19,6 +19,8 @@
 #include <sstream>
 #include <thread>
 
+#include <fmt/format.h>
+
 #include "base/params.h"
 #include "engine/counter_publisher.h"
 #include "engine/cq.h"
@@ -26,7 +28,9 @@
 #include "engine/memory.h"
 #include "engine/mw.h"
 #include "engine/qp.h"
+#include "net/address_share.h"
 #include "net/fault_guard.h"
+#include "net/peer_liveness.h"
 #include "wire/icrc.h"
 
 namespace softrdma::engine {
@@ -174,8 +178,12 @@ std::unique_ptr<Device> Device::open(const DeviceConfig& cfg, int& err) {
       err = d->port_.bind((127u << 24) | x, wire::kRoceV2Port, cfg.socket_buffer_bytes);
   }
   if (err) return nullptr;
+  // A dead peer's closed port answers with ICMP: peer_liveness() fails its QPs at once.
+  d->port_.enable_error_queue();
 
   d->path_ = cfg.path;
+  d->shm_dir_ = cfg.shm.dir;
+  d->shm_prefix_ = cfg.shm.name_prefix;
   d->socket_buffer_bytes_ = cfg.socket_buffer_bytes;
   d->dm_pool_ = std::make_unique<DeviceMemoryPool>(cfg.dm_size);
   d->spin_ns_ = cfg.spin_ns;
@@ -342,6 +350,63 @@ uint64_t Device::now_ns() {
   timespec ts;
   ::clock_gettime(CLOCK_MONOTONIC, &ts);
   return uint64_t(ts.tv_sec) * 1'000'000'000ull + uint64_t(ts.tv_nsec);
+}
+
+void Device::read_icmp_errors_locked(uint64_t now) {
+  unreachable_rx_.clear();
+  port_.read_unreachable(unreachable_rx_);
+  for (uint32_t ip : unreachable_rx_) {
+    if (unreachable_.size() > 1024) unreachable_.clear();  // bounded
+    unreachable_[ip] = now;
+    bump(counters_->icmp_unreachable_rcvd);
+    log().debug("ICMP destination unreachable from {}:{}", net::ipv4_to_string(ip),
+                wire::kRoceV2Port);
+  }
+}
+
+PeerLiveness Device::peer_liveness(const QueuePair& qp, std::string* who) {
+  const uint32_t slot = qp.attr.dest_qp_num / kQpnsPerSlot;
+  const uint32_t pid = net::share_slot_pid(qp.remote_ip, slot, shm_dir_, shm_prefix_);
+  const uint64_t now = now_ns();
+  if (pid == 0) {
+    // Not a softrdma device of this host: only the network can tell. An ICMP "destination
+    // unreachable" for the address, recently, says nothing holds its UDP port 4791 (the
+    // process died, or never was): the peer is gone. Otherwise retries count as IBTA says.
+    auto it = unreachable_.find(qp.remote_ip);
+    if (it == unreachable_.end() || now - it->second > kUnreachableFreshNs)
+      return PeerLiveness::kUnknown;
+    if (who)
+      *who = fmt::format("{} qpn {:#x} (ICMP destination unreachable)",
+                         net::ipv4_to_string(qp.remote_ip), qp.attr.dest_qp_num);
+    return PeerLiveness::kDead;
+  }
+  if (pid == static_cast<uint32_t>(::getpid())) return PeerLiveness::kUnknown;  // ourselves
+  const net::ProcessSample s = net::sample_process(pid);
+  PeerLiveness v = PeerLiveness::kRunning;
+  if (s.state == net::ProcessState::kGone) {
+    v = PeerLiveness::kDead;
+  } else if (s.state == net::ProcessState::kStopped) {
+    v = PeerLiveness::kStalled;
+  } else if (s.state == net::ProcessState::kRunnable) {
+    // Runnable, and not one CPU tick since the last look at least kStarvedLookNs ago: it
+    // waits for a CPU (a loaded machine), as a stopped one would.
+    auto [it, fresh] = peer_cpu_.try_emplace(pid, PeerCpu{s.cpu_ticks, now, false});
+    PeerCpu& c = it->second;
+    if (!fresh && now - c.at_ns >= kStarvedLookNs) {
+      c.starved = s.cpu_ticks == c.ticks;
+      c.ticks = s.cpu_ticks;
+      c.at_ns = now;
+    }
+    if (c.starved) v = PeerLiveness::kStalled;
+  }
+  if (peer_cpu_.size() > 256) peer_cpu_.clear();  // bounded: peers come and go
+  if (who)
+    *who = fmt::format("{} qpn {:#x} (pid {}, {})", net::ipv4_to_string(qp.remote_ip),
+                       qp.attr.dest_qp_num, pid,
+                       v == PeerLiveness::kStalled && s.state == net::ProcessState::kRunnable
+                           ? "runnable, no CPU"
+                           : net::to_string(s.state));
+  return v;
 }
 
 void Device::wake() {

@@ -29,6 +29,7 @@
 #include "net/address_share.h"
 #include "net/netem.h"
 #include "net/pcap_tap.h"
+#include "net/peer_liveness.h"
 #include "net/shm_port.h"
 #include "net/udp_port.h"
 #include "net/wan_shaper.h"
@@ -222,6 +223,9 @@ class Device final : public Transport, public ObjectRegistry {
   void deliver_recv_completion(CompletionQueue& cq, const Cqe& cqe, bool solicited) override;
   bool selective_retransmit() const override { return selective_retx_; }
   bool congestion_control(uint32_t dst_ip, DcqcnParams& out) const override;
+  /// Same-host peers: the process holding the destination QPN's slot at the peer's address
+  /// (net::share_slot_pid), read from /proc (net::sample_process). Others: kUnknown.
+  PeerLiveness peer_liveness(const QueuePair& qp, std::string* who = nullptr) override;
   /// Packets to `dst_ip` wait in the same-host backlog (net::ShmPort::backlogged).
   bool path_busy(uint32_t dst_ip) override;
   void wait_for_path(QueuePair& qp) override;
@@ -361,6 +365,26 @@ class Device final : public Transport, public ObjectRegistry {
     return shm_.is_open() &&
            now - last_udp_traffic_ns_.load(std::memory_order_relaxed) > kUdpIdleNs;
   }
+  /// peer_liveness(): each peer process's CPU time at the last look, to tell a runnable
+  /// process that gets no CPU (starved: stalled) from one that runs.
+  struct PeerCpu {
+    uint64_t ticks = 0;
+    uint64_t at_ns = 0;
+    bool starved = false;
+  };
+  std::unordered_map<uint32_t, PeerCpu> peer_cpu_;  // by pid; device lock
+  std::string shm_dir_, shm_prefix_;                // DeviceConfig::shm: where registries live
+  /// Addresses an ICMP "destination unreachable" came back from, and when (now_ns()): what
+  /// UdpPort::read_unreachable() reported (the progress thread reads it on EPOLLERR).
+  std::unordered_map<uint32_t, uint64_t> unreachable_;  // device lock
+  std::vector<uint32_t> unreachable_rx_;                // read_unreachable()'s buffer
+  /// An ICMP error older than this no longer says the peer is gone (it may have restarted).
+  static constexpr uint64_t kUnreachableFreshNs = 5'000'000'000;
+  /// Reads the UDP socket's ICMP errors into unreachable_ (device lock held).
+  void read_icmp_errors_locked(uint64_t now);
+  /// Two looks at a runnable peer's CPU time this far apart with no tick between them
+  /// (sysconf(_SC_CLK_TCK) = 100: one tick is 10 ms of CPU) mean it got no CPU.
+  static constexpr uint64_t kStarvedLookNs = 30'000'000;
   std::atomic<uint64_t> crowded_checked_ns_{0};
   std::atomic<bool> crowded_{false};
   std::atomic<uint64_t> last_rx_ns_{0};  // last packet received (any path)

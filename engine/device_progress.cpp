@@ -234,9 +234,11 @@ void Device::progress_thread() {
     }
     const int n = ::epoll_pwait2(epoll_fd_, events, 4, timeout, nullptr);
     thread_asleep_.store(false, std::memory_order_relaxed);
-    bool bell = false, share_bell = false;
+    bool bell = false, share_bell = false, icmp = false;
     for (int i = 0; i < n; ++i) {
-      if (events[i].data.fd == port_.fd()) {
+      if (events[i].data.fd == port_.fd() && (events[i].events & EPOLLERR)) {
+        bell = icmp = true;  // ICMP errors wait (UdpPort::enable_error_queue): read them now
+      } else if (events[i].data.fd == port_.fd()) {
         // UDP traffic: from now on the poller's window applies (see shm_only above).
         last_udp_traffic_ns_.store(now_ns(), std::memory_order_relaxed);
       } else if (events[i].data.fd == event_fd_) {
@@ -263,6 +265,7 @@ void Device::progress_thread() {
       continue;  // the poller is still at it and no timer is due: leave it the lock
     std::lock_guard lk(mu_);
     if (take_over_due) try_take_over(woke);
+    if (icmp) read_icmp_errors_locked(woke);
     if (bell && shm_.is_open()) shm_.drain_doorbell();
     if (share_bell) receive_share_locked();  // level-triggered: read it even when unshared
     if (shm_.is_open()) shm_.note_polling(woke);

@@ -39,6 +39,12 @@ class XrcDomain;
 
 /// A PSN value no packet carries (PSNs are 24 bits): "none".
 inline constexpr uint32_t kNoPsn = 0xffffffff;
+/// How long a peer whose process is alive but does not run (stopped, or starved of CPU:
+/// Transport::peer_liveness) keeps its connections before retransmit timeouts count against
+/// retry_cnt again, ns: a debugger's breakpoint, a SIGSTOP/SIGCONT, a loaded machine's
+/// scheduling delays. A NIC keeps acknowledging for a stopped process indefinitely; a
+/// software device cannot, and a peer stuck longer than this is treated as lost.
+inline constexpr uint64_t kMaxPeerStallNs = 60'000'000'000;
 
 /// A posted send work request and the requester's progress through it.
 struct SendWqe {
@@ -86,8 +92,12 @@ struct CompleterState {
   uint32_t psn = 0;   ///< oldest PSN not yet acknowledged / responded to
   uint8_t retry_left = 0;
   uint8_t rnr_retry_left = 0;
-  uint64_t timer_ns = 0;             ///< retransmit check time (0: not armed); lazily re-armed
-  uint64_t last_progress_ns = 0;     ///< last transmission or forward progress
+  uint64_t timer_ns = 0;          ///< retransmit check time (0: not armed); lazily re-armed
+  uint64_t last_progress_ns = 0;  ///< last transmission or forward progress
+  /// First retransmit timeout, since the last ACK progress, at which the peer was found
+  /// stalled (Transport::peer_liveness; 0: none): such timeouts cost no retry until
+  /// kMaxPeerStallNs after it.
+  uint64_t stalled_since_ns = 0;
   uint32_t fast_retry_psn = kNoPsn;  ///< PSN of the last out-of-order-triggered rewind
   uint64_t rnr_ns = 0;               ///< RNR back-off deadline (0: none)
   /// Last PSN of each READ request / atomic sent and not yet answered, oldest first.

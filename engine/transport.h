@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <span>
+#include <string>
 
 #include "engine/counters.h"
 #include "engine/dcqcn.h"
@@ -31,6 +32,17 @@ struct RxMeta {
   uint8_t ttl = 64;
   uint16_t ip_id = 0;              ///< as recovered from the ICRC (0 on the same-host path)
   uint16_t udp_payload_bytes = 0;  ///< BTH … ICRC
+};
+
+/// Why a connected QP's peer does not answer, as far as the device can tell (asked at each
+/// retransmit timeout; net/peer_liveness.h).
+enum class PeerLiveness : uint8_t {
+  kUnknown,  ///< a peer on another host (or not a softrdma device here): count the timeout
+  kRunning,  ///< its process runs (or sleeps, and would wake for a packet): count it
+  kStalled,  ///< its process is alive but did not run — stopped (SIGSTOP, a debugger) or
+             ///< starved of CPU: the timeout is not the peer's answer; a NIC would have
+             ///< acknowledged meanwhile
+  kDead,     ///< its process is gone (no such pid, or a zombie): it will never answer
 };
 
 /// Services a device provides to its QPs' transport units. All calls happen with the
@@ -95,6 +107,15 @@ class Transport {
   /// Registers `qp` to be run again (requester::run, and responder::resume for the READ
   /// responses it still owes) when path_busy(its peer) turns false.
   virtual void wait_for_path(QueuePair& qp) { (void)qp; }
+  /// Why `qp`'s peer (its remote address and destination QPN) may be silent. Costs a few
+  /// system calls; asked at retransmit timeouts only. `who` gets a description of the peer
+  /// for error messages ("127.0.0.3 qpn 0x1a2 (pid 4711, stopped)"), when known. The
+  /// default: kUnknown.
+  virtual PeerLiveness peer_liveness(const QueuePair& qp, std::string* who = nullptr) {
+    (void)qp;
+    (void)who;
+    return PeerLiveness::kUnknown;
+  }
   /// Whether requesters towards `dst_ip` (host order) pace their packets with DCQCN
   /// (SOFTRDMA_CC); if so `out` gets the reaction point's parameters (the line rate: the
   /// rate of the emulated link towards `dst_ip`, when there is one). The default is off.

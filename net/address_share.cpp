@@ -100,6 +100,21 @@ std::vector<std::string> share_remove_stale(const std::string& dir, const std::s
   return removed;
 }
 
+uint32_t share_slot_pid(uint32_t ip, uint32_t slot, const std::string& dir,
+                        const std::string& prefix) {
+  if (slot >= kShareSlots) return 0;
+  const std::string path = dir + "/" + prefix + "share-" + dotted(ip);
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+  if (fd < 0) return 0;
+  uint32_t magic = 0, pid = 0;
+  const bool ok = ::pread(fd, &magic, sizeof magic, offsetof(Registry, magic)) == sizeof magic &&
+                  magic == kMagic &&
+                  ::pread(fd, &pid, sizeof pid,
+                          offsetof(Registry, pid) + slot * sizeof(uint32_t)) == sizeof pid;
+  ::close(fd);
+  return ok ? pid : 0;
+}
+
 AddressShare::~AddressShare() {
   leave();
 }

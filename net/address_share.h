@@ -68,6 +68,14 @@ int open_locked_file(const std::string& path);
 std::vector<std::string> share_remove_stale(const std::string& dir = "/dev/shm",
                                             const std::string& prefix = "softrdma-");
 
+/// The pid that holds slot `slot` of the share of `ip` (host order) in the registry file of
+/// `dir`/`prefix` — the process behind the QPNs whose top 4 bits are `slot` — or 0 when no
+/// registry exists for the address (not a softrdma device of this host) or the slot is free.
+/// A killed process's pid stays until its slot is reclaimed: check it (net/peer_liveness.h).
+/// Reads the file without its lock (one aligned 32-bit load per field). Never blocks.
+uint32_t share_slot_pid(uint32_t ip, uint32_t slot, const std::string& dir = "/dev/shm",
+                        const std::string& prefix = "softrdma-");
+
 /// This process's membership in the share of one address.
 class AddressShare {
  public:

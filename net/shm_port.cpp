@@ -27,6 +27,7 @@
 
 #include "net/address_share.h"
 #include "net/fault_guard.h"
+#include "net/peer_liveness.h"
 
 #include <arpa/inet.h>
 #include <dirent.h>
@@ -102,12 +103,11 @@ uint64_t coarse_ns() {
   return uint64_t(ts.tv_sec) * 1'000'000'000ull + uint64_t(ts.tv_nsec);
 }
 
-// kill(pid, 0): 0 or EPERM means a process with that pid exists (a zombie counts as alive
-// until reaped). pid reuse can make a dead peer look alive; that only delays cleanup.
+// A process with that pid exists and is not a zombie (net/peer_liveness.h: a killed peer
+// whose parent has not reaped it yet is as gone as one that was). pid reuse can make a dead
+// peer look alive; that only delays cleanup.
 bool pid_alive(uint32_t pid) {
-  if (pid == 0) return false;
-  if (::kill(static_cast<pid_t>(pid), 0) == 0) return true;
-  return errno == EPERM;
+  return sample_process(pid).state != ProcessState::kGone;
 }
 
 uint64_t random_epoch() {
@@ -683,7 +683,16 @@ uint64_t ShmPort::drain_backlog() {
   // drain_peer() may erase from backlogged_: walk a copy (it is short: peers, not packets).
   const std::vector<Peer*> peers = backlogged_;
   for (Peer* p : peers) {
-    if (p->hdr == nullptr || p->hdr->closed.load(std::memory_order_acquire) != 0 || p->ring < 0) {
+    const uint64_t now = coarse_ns();
+    bool dead = false;
+    if (p->hdr != nullptr && now >= p->next_pid_check) {
+      // A receiver killed outright never closes its mailbox: look at its pid here too, not
+      // only in send() — a requester parked on this backlog sends nothing.
+      p->next_pid_check = now + cfg_.liveness_check_ns;
+      dead = !pid_alive(p->owner_pid);
+    }
+    if (dead || p->hdr == nullptr || p->hdr->closed.load(std::memory_order_acquire) != 0 ||
+        p->ring < 0) {
       // Gone (or our ring was taken back): what waited for it is lost, as packets in a dead
       // receiver's ring are; RC notices. send() looks the peer up again.
       drop_backlog(*p);

@@ -2,6 +2,8 @@
 
 #include <arpa/inet.h>
 #include <errno.h>
+#include <linux/errqueue.h>
+#include <netinet/in.h>
 #include <netinet/udp.h>
 #include <unistd.h>
 
@@ -109,6 +111,7 @@ int UdpPort::rebind(uint32_t ip, uint16_t port, int buffer_bytes) {
   if (gso_) fresh.enable_gso();
   if (gro_) fresh.enable_gro();
   if (header_info_) fresh.enable_header_info();
+  if (recverr_) fresh.enable_error_queue();
   if (tos_ & 0x3) fresh.set_ecn_capable();
   std::swap(fd_, fresh.fd_);  // the old socket closes with `fresh`
   ip_ = fresh.ip_;
@@ -261,6 +264,38 @@ void UdpPort::enable_header_info() {
   setsockopt(fd_, IPPROTO_IP, IP_RECVTTL, &on, sizeof on);
   setsockopt(fd_, IPPROTO_IP, IP_RECVTOS, &on, sizeof on);
   header_info_ = true;
+}
+
+void UdpPort::enable_error_queue() {
+  int on = 1;
+  recverr_ = setsockopt(fd_, IPPROTO_IP, IP_RECVERR, &on, sizeof on) == 0;
+}
+
+size_t UdpPort::read_unreachable(std::vector<uint32_t>& out) {
+  size_t n = 0;
+  for (; n < 256; ++n) {
+    sockaddr_in to{};
+    uint8_t data[64];
+    iovec iov{data, sizeof data};
+    alignas(cmsghdr) uint8_t ctl[CMSG_SPACE(sizeof(sock_extended_err) + sizeof(sockaddr_in))];
+    msghdr m{};
+    m.msg_name = &to;
+    m.msg_namelen = sizeof to;
+    m.msg_iov = &iov;
+    m.msg_iovlen = 1;
+    m.msg_control = ctl;
+    m.msg_controllen = sizeof ctl;
+    if (::recvmsg(fd_, &m, MSG_ERRQUEUE | MSG_DONTWAIT) < 0) break;
+    for (cmsghdr* c = CMSG_FIRSTHDR(&m); c; c = CMSG_NXTHDR(&m, c)) {
+      if (c->cmsg_level != IPPROTO_IP || c->cmsg_type != IP_RECVERR) continue;
+      sock_extended_err e;
+      std::memcpy(&e, CMSG_DATA(c), sizeof e);
+      // msg_name is the address the failed datagram was sent to (ip(7), IP_RECVERR).
+      if (e.ee_origin == SO_EE_ORIGIN_ICMP && e.ee_type == 3 && m.msg_namelen >= sizeof to)
+        out.push_back(ntohl(to.sin_addr.s_addr));
+    }
+  }
+  return n;
 }
 
 int UdpPort::set_ecn_capable() {

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <vector>
 
 namespace softrdma::net {
 
@@ -121,6 +122,15 @@ class UdpPort {
   /// Asks the kernel to report each received datagram's IPv4 TTL and TOS (IP_RECVTTL,
   /// IP_RECVTOS) — packet capture wants the headers that crossed the wire.
   void enable_header_info();
+  /// Asks the kernel to queue ICMP errors for this unconnected socket (IP_RECVERR, ip(7)):
+  /// a datagram sent to a port nobody holds (a dead peer's) draws "port unreachable", which
+  /// read_unreachable() then reports. The socket turns readable with EPOLLERR while errors
+  /// wait: its owner must call read_unreachable() then, or epoll keeps waking.
+  void enable_error_queue();
+  /// Reads every queued ICMP error (MSG_ERRQUEUE, at most 256; never blocks) and appends to
+  /// `out` the destination address (host order) of each datagram that drew "destination
+  /// unreachable" (ICMP type 3: port, host or network). Returns the errors read.
+  size_t read_unreachable(std::vector<uint32_t>& out);
   /// Sends ECN-capable transport, ECT(0) (RFC 3168: ECN field 0b10, what RoCEv2 NICs with
   /// ECN on send), in every datagram's IPv4 header from now on. Returns 0 or an errno.
   int set_ecn_capable();
@@ -137,7 +147,8 @@ class UdpPort {
   uint32_t ip_ = 0;
   uint16_t port_ = 0;
   bool header_info_ = false;
-  uint8_t tos_ = 0;  // the TOS byte this socket sends (set_ecn_capable())
+  bool recverr_ = false;  // enable_error_queue()
+  uint8_t tos_ = 0;       // the TOS byte this socket sends (set_ecn_capable())
   bool gso_ = false;
   bool gro_ = false;
   uint32_t group_ = 0;
