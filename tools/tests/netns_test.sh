@@ -62,7 +62,12 @@ on_exit() {
   local p ns
   for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; done
   for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null; done
-  for ns in "${NS[@]}"; do ip netns del "$ns" 2>/dev/null; done
+  # Programs that exit without closing their device (ib_write_bw -R, rping) leave their
+  # mailbox and share files; those of a namespace can only be cleaned from inside it.
+  for ns in "${NS[@]}"; do
+    ip netns exec "$ns" "$SOFTRDMA" stat --clean >/dev/null 2>&1
+    ip netns del "$ns" 2>/dev/null
+  done
   return 0
 }
 
