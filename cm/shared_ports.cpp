@@ -15,6 +15,7 @@
 #include <cstring>
 
 #include "net/address_share.h"
+#include "net/netns.h"
 
 namespace softrdma::cm {
 
@@ -100,6 +101,10 @@ std::vector<std::string> SharedPorts::remove_stale(const std::string& dir) {
   return removed;
 }
 
+std::string SharedPorts::table_path(uint32_t ip, const std::string& dir) {
+  return dir + "/softrdma-cmports-" + net::netns_scope(net::current_netns()) + dotted(ip);
+}
+
 SharedPorts::~SharedPorts() {
   if (map_) {
     // The last process of the address removes the table (open() copes with the race).
@@ -118,7 +123,7 @@ SharedPorts::~SharedPorts() {
 
 int SharedPorts::open(uint32_t ip, const std::string& dir) {
   if (map_) return EINVAL;
-  const std::string path = dir + "/softrdma-cmports-" + dotted(ip);
+  const std::string path = table_path(ip, dir);
   // Unlinked by the last process of the address while we waited: opened again.
   const int fd = net::open_locked_file(path);
   if (fd < 0) return -fd;

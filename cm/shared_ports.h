@@ -1,13 +1,14 @@
 // The rdma_cm port space of one address, shared by the processes that share the address
 // (net/address_share.h), as the kernel's rdma_cm ports are shared by every process.
 //
-// A file "<dir>/softrdma-cmports-<a.b.c.d>" holds one entry per (process, port space, port)
-// taken at the address, with a listening flag; every access is under flock(2), and entries
-// of dead processes (pid and start time, /proc/<pid>/stat: pids wrap) count as free; the last
-// process of the address removes it. CmDevice claims a port here when its first local ID takes it
-// (a port another live process holds is EADDRINUSE, as a second rdma_bind_addr of a taken port is
-// with the kernel), and the CommManager asks it whether a REQ / SIDR_REQ it has no listener for is
-// another process's (CmConfig::listened_elsewhere).
+// A file "<dir>/softrdma-cmports-<scope><a.b.c.d>" (scope: the network namespace, net/netns.h:
+// one address in two namespaces is two hosts' addresses) holds one entry per (process, port
+// space, port) taken at the address, with a listening flag; every access is under flock(2), and
+// entries of dead processes (pid and start time, /proc/<pid>/stat: pids wrap) count as free; the
+// last process of the address removes it. CmDevice claims a port here when its first local ID takes
+// it (a port another live process holds is EADDRINUSE, as a second rdma_bind_addr of a taken port
+// is with the kernel), and the CommManager asks it whether a REQ / SIDR_REQ it has no listener for
+// is another process's (CmConfig::listened_elsewhere).
 #pragma once
 
 #include <cstdint>
@@ -18,18 +19,21 @@ namespace softrdma::cm {
 
 class SharedPorts {
  public:
-  /// Removes the tables "<dir>/softrdma-cmports-<a.b.c.d>" in which no live process holds
-  /// a port (left by processes that exited without closing their devices). Returns the
-  /// paths removed. For `softrdma stat --clean`.
+  /// Removes the tables "<dir>/softrdma-cmports-*" (of every network namespace) in which no
+  /// live process holds a port (left by processes that exited without closing their
+  /// devices). Returns the paths removed. For `softrdma stat --clean`.
   static std::vector<std::string> remove_stale(const std::string& dir = "/dev/shm");
+  /// The table of `ip` (host order) in the calling thread's network namespace:
+  /// "<dir>/softrdma-cmports-<scope><a.b.c.d>" (scope "ns<inode>-", or "" without /proc).
+  static std::string table_path(uint32_t ip, const std::string& dir = "/dev/shm");
 
   SharedPorts() = default;
   ~SharedPorts();
   SharedPorts(const SharedPorts&) = delete;
   SharedPorts& operator=(const SharedPorts&) = delete;
 
-  /// Maps (creating) the table of `ip` (host order) in `dir`. Returns 0 or the failing
-  /// system call's errno; while not open every port counts as this process's alone.
+  /// Maps (creating) the table of `ip` (host order) in `dir` (table_path()). Returns 0 or the
+  /// failing system call's errno; while not open every port counts as this process's alone.
   int open(uint32_t ip, const std::string& dir = "/dev/shm");
   bool is_open() const { return map_ != nullptr; }
 

@@ -78,6 +78,8 @@ namespace softrdma::engine {
   X(shm_drops, "packets dropped: peer's shared-memory ring full (or no mailbox, shm only)")        \
   X(shm_ring_full_resends, "QPs sent back to a request a full same-host ring dropped")             \
   X(shm_backlogged, "packets held in order by the sender: the peer's same-host ring was full")     \
+  X(shm_doorbell_refused,                                                                          \
+    "same-host peers whose doorbell was refused (gone, or in another network namespace): UDP")     \
   X(path_waits, "times a requester held back: packets to its peer waited in a same-host backlog")  \
   X(rcvd_gro_batches, "UDP GRO receives (several RoCEv2 packets in one datagram buffer)")          \
   X(share_forwarded, "packets handed to another process sharing this address (its QPN's slot)")    \

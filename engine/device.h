@@ -291,6 +291,10 @@ class Device final : public Transport, public ObjectRegistry {
   /// requesters that held back for them (wait_for_path) once their peer's backlog is empty.
   /// While a backlog remains, the next progress round is at most kBacklogPollNs away.
   void drain_backlog(uint64_t now);
+  /// Rings the doorbells of the same-host peers written to (net::ShmPort::ring_doorbells);
+  /// a peer whose doorbell is refused — gone, or in another network namespace — is counted
+  /// (shm_doorbell_refused), logged, and reached by UDP from then on.
+  void ring_shm_doorbells(uint64_t now);
   size_t receive_shm_locked();
   void run_timers_locked(uint64_t now);
   void wake();

@@ -182,7 +182,7 @@ void Device::wait_for_path(QueuePair& qp) {
 void Device::drain_backlog(uint64_t now) {
   if (shm_.any_backlog()) {
     shm_.drain_backlog();
-    shm_.ring_doorbells(now);
+    ring_shm_doorbells(now);
   }
   if (!path_waiters_.empty()) {
     std::vector<uint32_t> waiters;
@@ -208,6 +208,16 @@ void Device::drain_backlog(uint64_t now) {
     if (!next_deadline_ns_ || due < next_deadline_ns_) next_deadline_ns_ = due;
     const uint64_t s = sleep_until_ns_.load(std::memory_order_relaxed);
     if (s == 0 || due < s) wake();
+  }
+}
+
+void Device::ring_shm_doorbells(uint64_t now) {
+  if (const size_t refused = shm_.ring_doorbells(now); refused != 0) {
+    bump(counters_->shm_doorbell_refused, refused);
+    log().warn(
+        "same-host doorbell refused by {} peer(s) (gone, or in another network namespace): "
+        "reaching them by UDP",
+        refused);
   }
 }
 
@@ -298,7 +308,7 @@ void Device::send_queued() {
   std::erase_if(udp_slots_, [&](size_t k) { return !compute_icrc(tx_[k]); });
   if (shm_sent || !udp_slots_.empty()) {
     const uint64_t now = now_ns();
-    if (shm_sent) shm_.ring_doorbells(now);
+    if (shm_sent) ring_shm_doorbells(now);
     if (!udp_slots_.empty()) last_udp_traffic_ns_.store(now, std::memory_order_relaxed);
   }
   tx_iov_.clear();
@@ -452,7 +462,7 @@ void Device::release_wan(uint64_t now) {
     if (errors) bump(counters_->send_err, errors);
     last_udp_traffic_ns_.store(now, std::memory_order_relaxed);
   });
-  if (shm_sent) shm_.ring_doorbells(now);
+  if (shm_sent) ring_shm_doorbells(now);
   note_wan_deadline();
 }
 

@@ -1,6 +1,8 @@
 // The per-address slot registry and forwarding sockets: see address_share.h.
 #include "net/address_share.h"
 
+#include "net/netns.h"
+
 #include <arpa/inet.h>
 #include <dirent.h>
 #include <fcntl.h>
@@ -86,7 +88,7 @@ int open_locked_file(const std::string& path) {
 
 std::vector<std::string> share_remove_stale(const std::string& dir, const std::string& prefix) {
   std::vector<std::string> removed;
-  const std::string lead = prefix + "share-";
+  const std::string lead = prefix + "share-" + netns_scope(current_netns());
   for (uint32_t ip : addresses_in_file_names(dir, lead)) {
     // Joining reclaims the slots of dead processes; leaving, when no live one is left,
     // removes the file (both under its flock).
@@ -100,10 +102,14 @@ std::vector<std::string> share_remove_stale(const std::string& dir, const std::s
   return removed;
 }
 
+std::string share_registry_path(uint32_t ip, const std::string& dir, const std::string& prefix) {
+  return dir + "/" + prefix + "share-" + netns_scope(current_netns()) + dotted(ip);
+}
+
 uint32_t share_slot_pid(uint32_t ip, uint32_t slot, const std::string& dir,
                         const std::string& prefix) {
   if (slot >= kShareSlots) return 0;
-  const std::string path = dir + "/" + prefix + "share-" + dotted(ip);
+  const std::string path = share_registry_path(ip, dir, prefix);
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
   if (fd < 0) return 0;
   uint32_t magic = 0, pid = 0;
@@ -121,7 +127,7 @@ AddressShare::~AddressShare() {
 
 int AddressShare::join(uint32_t ip, const std::string& dir, const std::string& prefix) {
   if (joined()) return EINVAL;
-  const std::string path = dir + "/" + prefix + "share-" + dotted(ip);
+  const std::string path = share_registry_path(ip, dir, prefix);
   // The last process to leave unlinks the file (under the flock): see open_locked_file.
   const int fd = open_locked_file(path);
   if (fd < 0) return -fd;

@@ -1,17 +1,18 @@
 // Several processes on one softrdma address (issue 11): the per-address slot registry and the
 // forwarding sockets between the processes that share the address.
 //
-// A kernel RDMA device is shared by every process of the host; a softrdma device is an IPv4
-// address whose UDP port 4791 (and same-host mailbox) one process owns. Every process that
-// opens a device at address A joins A's *share*: it claims a slot 0..15 in the registry file
-// "<dir>/<prefix>share-<a.b.c.d>" (a bitmap of live slots and one pid per slot, claimed
-// under flock(2); a slot whose pid is dead is reclaimed, checked with kill(pid, 0)) and binds
-// the abstract unix datagram socket "\0<prefix>slot-<a.b.c.d>-<k>" (exclusive, freed by the
-// kernel when its process dies). The engine puts the slot in the top 4 bits of its QPNs, so
-// the owner of port 4791 hands each packet whose destination QPN names another slot to that
-// slot's socket (forward()), with what the datagram's headers said (ForwardedMeta), and QP1
-// packets (the GSI's MADs) to every slot. This layer knows nothing of RoCE: the caller
-// decides what goes where.
+// A kernel RDMA device is shared by every process of the host; a softrdma device is an IPv4 address
+// whose UDP port 4791 (and same-host mailbox) one process owns. Every process that opens a device
+// at address A joins A's *share*: it claims a slot 0..15 in the registry file
+// "<dir>/<prefix>share-<scope><a.b.c.d>" (a bitmap of live slots and one pid per slot, claimed
+// under flock(2); a slot whose pid is dead is reclaimed, checked with kill(pid, 0)) and binds the
+// abstract unix datagram socket "\0<prefix>slot-<a.b.c.d>-<k>" (exclusive, freed by the kernel when
+// its process dies). Abstract sockets are per network namespace, so the file is too: <scope> names
+// the namespace (net/netns.h), and processes of two namespaces using the same address have two
+// separate shares. The engine puts the slot in the top 4 bits of its QPNs, so the owner of port
+// 4791 hands each packet whose destination QPN names another slot to that slot's socket
+// (forward()), with what the datagram's headers said (ForwardedMeta), and QP1 packets (the GSI's
+// MADs) to every slot. This layer knows nothing of RoCE: the caller decides what goes where.
 //
 // Threading: one AddressShare is used by one thread at a time (the device lock); processes
 // meet only through the atomic bitmap in the mapping and the flock.
@@ -61,10 +62,16 @@ std::vector<uint32_t> addresses_in_file_names(const std::string& dir, const std:
 /// unlocks or closes it) or -errno.
 int open_locked_file(const std::string& path);
 
-/// Removes the registry files "<dir>/<prefix>share-<a.b.c.d>" in which no live process
-/// holds a slot — what processes that exited without closing their device (or were killed)
-/// leave behind (a live process's file stays; the next process at an address reclaims a
-/// stale one anyway). Returns the paths removed. For `softrdma stat --clean`.
+/// The registry file of `ip` (host order) in the calling thread's network namespace:
+/// "<dir>/<prefix>share-<scope><a.b.c.d>" (scope "ns<inode>-", or "" without /proc;
+/// net/netns.h).
+std::string share_registry_path(uint32_t ip, const std::string& dir = "/dev/shm",
+                                const std::string& prefix = "softrdma-");
+/// Removes the registry files "<dir>/<prefix>share-<scope><a.b.c.d>" of the calling thread's
+/// network namespace in which no live process holds a slot — what processes that exited without
+/// closing their device (or were killed) leave behind (a live process's file stays; the next
+/// process at an address reclaims a stale one anyway). Returns the paths removed. For `softrdma
+/// stat --clean`.
 std::vector<std::string> share_remove_stale(const std::string& dir = "/dev/shm",
                                             const std::string& prefix = "softrdma-");
 
@@ -84,9 +91,10 @@ class AddressShare {
   AddressShare(const AddressShare&) = delete;
   AddressShare& operator=(const AddressShare&) = delete;
 
-  /// Joins the share of `ip` (host order): maps (creating) the registry in `dir`, claims the
-  /// lowest free slot (a dead pid's slot is free) and binds its socket. Returns 0, EUSERS when
-  /// all 16 slots are live, or the failing system call's errno.
+  /// Joins the share of `ip` (host order) in the calling thread's network namespace: maps
+  /// (creating) the registry (share_registry_path()), claims the lowest free slot (a dead pid's
+  /// slot is free) and binds its socket. Returns 0, EUSERS when all 16 slots are live, or the
+  /// failing system call's errno.
   int join(uint32_t ip, const std::string& dir = "/dev/shm",
            const std::string& prefix = "softrdma-");
   /// Gives the slot back (clears its bit and pid), closes the socket, unmaps; the last

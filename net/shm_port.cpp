@@ -27,6 +27,7 @@
 
 #include "net/address_share.h"
 #include "net/fault_guard.h"
+#include "net/netns.h"
 #include "net/peer_liveness.h"
 
 #include <arpa/inet.h>
@@ -60,7 +61,9 @@ constexpr uint64_t kMagic = 0x314d48534d445253ull;  // "SRDMSHM1"
 // capture file), so a version-1 peer must not be talked to over shared memory.
 // 3: bit 31 of a record's length word is the ECN CE mark (kRecordCe); a version-2 reader
 // would take such a record for a broken ring.
-constexpr uint32_t kVersion = 3;
+// 4: the header names the owner's network namespace (netns) and file names carry it; a
+// version-3 sender would write into another namespace's mailbox of the same address.
+constexpr uint32_t kVersion = 4;
 constexpr uint64_t kPage = 4096;
 constexpr uint64_t kAlign = 64;  // record alignment, bytes
 constexpr uint64_t kRecordHeader = 8;
@@ -151,6 +154,8 @@ struct detail::ShmMailboxHeader {
   uint32_t owner_pid;
   uint32_t ip;
   std::atomic<uint32_t> closed;
+  uint32_t reserved;
+  uint64_t netns;  // the owner's network namespace (net/netns.h; 0: unknown)
   // Line 1: the receiver's busy-poll clock, written often by the receiver, read by senders;
   // and how stale that clock may get before senders ring (0: the sender's own
   // ShmConfig::doorbell_threshold_ns), written rarely by the receiver.
@@ -222,8 +227,15 @@ struct ShmPort::Peer {
 
 // ---- helpers -----------------------------------------------------------------------------
 
+namespace {
+uint64_t resolved_netns(const ShmConfig& cfg) {
+  return cfg.netns == kCurrentNetns ? current_netns() : cfg.netns;
+}
+}  // namespace
+
 std::string shm_mailbox_path(const ShmConfig& cfg, uint32_t ip) {
-  return cfg.dir + "/" + cfg.name_prefix + "shm-" + ipv4_to_string(ip);
+  return cfg.dir + "/" + cfg.name_prefix + "shm-" + netns_scope(resolved_netns(cfg)) +
+         ipv4_to_string(ip);
 }
 
 std::string shm_doorbell_name(const ShmConfig& cfg, uint32_t ip) {
@@ -252,9 +264,12 @@ ShmPort::~ShmPort() {
   close();
 }
 
-std::vector<std::string> shm_remove_stale_mailboxes(const ShmConfig& cfg) {
+std::vector<std::string> shm_remove_stale_mailboxes(const ShmConfig& config) {
   std::vector<std::string> removed;
-  for (uint32_t ip : addresses_in_file_names(cfg.dir, cfg.name_prefix + "shm-")) {
+  ShmConfig cfg = config;
+  cfg.netns = resolved_netns(config);
+  const std::string lead = cfg.name_prefix + "shm-" + netns_scope(cfg.netns);
+  for (uint32_t ip : addresses_in_file_names(cfg.dir, lead)) {
     // Opening takes the address lock, replaces the stale mailbox (marking it closed) and
     // closing removes the replacement: nothing of the address is left. A live owner makes
     // open() fail with EADDRINUSE, and its file stays.
@@ -272,6 +287,7 @@ int ShmPort::open(uint32_t ip, const ShmConfig& cfg) {
       cfg.dir.empty())
     return EINVAL;
   cfg_ = cfg;
+  cfg_.netns = resolved_netns(cfg);  // peers are looked up in the namespace we open in
   ip_ = ip;
   pid_ = static_cast<uint32_t>(getpid());
   path_ = shm_mailbox_path(cfg_, ip);
@@ -366,6 +382,7 @@ int ShmPort::open(uint32_t ip, const ShmConfig& cfg) {
   h->epoch = epoch_;
   h->owner_pid = pid_;
   h->ip = ip;
+  h->netns = cfg_.netns;
   h->closed.store(0, std::memory_order_relaxed);
   h->last_poll_ns.store(0, std::memory_order_relaxed);
   h->doorbell_after_ns.store(0, std::memory_order_relaxed);
@@ -452,12 +469,19 @@ bool ShmPort::lookup_peer(Peer& p, uint64_t now) {
   }
   auto* h = static_cast<MailboxHeader*>(m);
   bool ok = h->magic.load(std::memory_order_acquire) == kMagic && h->version == kVersion &&
-            h->ip == p.ip && valid_geometry(h->ring_count, h->ring_bytes);
+            h->ip == p.ip && h->netns == cfg_.netns && valid_geometry(h->ring_count, h->ring_bytes);
   if (ok) {
     Geometry g = geometry(h->ring_count, h->ring_bytes);
     ok = h->ctl_offset == g.ctl_offset && h->data_offset == g.data_offset &&
          h->total_bytes == g.total_bytes && g.total_bytes <= bytes &&
          h->closed.load(std::memory_order_acquire) == 0 && pid_alive(h->owner_pid);
+  }
+  // The mailbox is only worth writing to if its owner can be woken: its doorbell must be
+  // reachable from here (it is not from another network namespace, e.g. when /proc was
+  // unavailable and names are unscoped).
+  if (ok && !doorbell_reachable(p)) {
+    ok = false;
+    ++stats_.unreachable_peers;
   }
   if (!ok) {
     ::munmap(m, bytes);
@@ -479,6 +503,20 @@ bool ShmPort::lookup_peer(Peer& p, uint64_t now) {
   p.next_pid_check = now + cfg_.liveness_check_ns;
   ++stats_.peers_found;
   return true;
+}
+
+bool ShmPort::doorbell_reachable(const Peer& p) const {
+  if (p.bell_len == 0) return false;
+  // connect(2) finds the name without sending anything. Through our own doorbell socket,
+  // which lives in the namespace this port was opened in (the calling thread's may differ),
+  // disconnected again right after (AF_UNSPEC): ring_doorbells() names its peer per datagram.
+  const bool ok =
+      ::connect(bell_tx_fd_, reinterpret_cast<const sockaddr*>(&p.bell), p.bell_len) == 0 ||
+      (errno != ECONNREFUSED && errno != ENOENT);
+  sockaddr unspec{};
+  unspec.sa_family = AF_UNSPEC;
+  ::connect(bell_tx_fd_, &unspec, sizeof unspec);
+  return ok;
 }
 
 // Gives our ring back (if asked and still ours) and unmaps the peer's mailbox.
@@ -709,8 +747,9 @@ bool ShmPort::backlogged_slow(uint32_t dst_ip) const {
   return false;
 }
 
-void ShmPort::ring_doorbells(uint64_t now_ns) {
-  if (dirty_.empty()) return;
+size_t ShmPort::ring_doorbells(uint64_t now_ns) {
+  if (dirty_.empty()) return 0;
+  size_t refused = 0;
   // Pairs with the fence in note_sleeping(): our tail stores vs. its last_poll_ns store.
   std::atomic_thread_fence(std::memory_order_seq_cst);
   for (Peer* p : dirty_) {
@@ -722,10 +761,20 @@ void ShmPort::ring_doorbells(uint64_t now_ns) {
     if (lp != 0 && (now_ns <= lp || now_ns - lp <= after)) continue;
     uint8_t b = 1;
     if (::sendto(bell_tx_fd_, &b, 1, MSG_DONTWAIT, reinterpret_cast<sockaddr*>(&p->bell),
-                 p->bell_len) == 1)
+                 p->bell_len) == 1) {
       ++stats_.doorbells;
+    } else if (errno == ECONNREFUSED || errno == ENOENT) {
+      // Nobody here holds the doorbell: the receiver is gone, or it is in another network
+      // namespace and would never be woken. Stop writing to it (send() answers kNoPeer until
+      // a later lookup finds a mailbox whose doorbell answers).
+      ++refused;
+      ++stats_.doorbell_failures;
+      drop_peer(*p, true);
+      p->next_lookup = coarse_ns() + cfg_.peer_retry_ns;
+    }
   }
   dirty_.clear();
+  return refused;
 }
 
 // ---- receiver side ----------------------------------------------------------------------

@@ -20,6 +20,13 @@
 // own one mailbox (a file-only O_EXCL/unlink scheme races when two processes replace the
 // same stale file). Like the UDP socket the engine binds, that descriptor is inherited by a
 // fork()ed child, which then keeps the address taken while it lives.
+//
+// Network namespaces (issue 21): /dev/shm and kill(pid, 0) reach across network namespaces,
+// the doorbell does not. A mailbox is therefore scoped to the network namespace of the device
+// that opened it — its file name carries the namespace (net/netns.h) and so does its header —
+// and a sender takes a mailbox for a peer only when it can reach the peer's doorbell
+// (connect(2) to it succeeds). A process in another namespace, even one using the same
+// address, is never written to: it is reached by UDP like a process on another host.
 #pragma once
 
 #include <sys/uio.h>
@@ -40,12 +47,19 @@ struct ShmMailboxHeader;  // layout of the shared mapping: private to shm_port.c
 struct ShmRingCtl;
 }  // namespace detail
 
+/// ShmConfig::netns: the calling thread's network namespace, resolved by ShmPort::open.
+inline constexpr uint64_t kCurrentNetns = UINT64_MAX;
+
 /// Where mailboxes live and how big they are. Tests override `dir`/`name_prefix` so they
 /// never meet a real device; the engine uses the defaults.
 struct ShmConfig {
   std::string dir = "/dev/shm";           ///< directory of mailbox files (a tmpfs)
   std::string name_prefix = "softrdma-";  ///< prefix of file and doorbell names
-  uint32_t ring_count = 64;               ///< K rings per mailbox, 1..64 (one per sender)
+  /// Network namespace the mailbox names are scoped to (net/netns.h): kCurrentNetns (the
+  /// opening thread's, resolved by open()), 0 (unscoped), or a current_netns() value. Peers
+  /// are only looked up in the same scope.
+  uint64_t netns = kCurrentNetns;
+  uint32_t ring_count = 64;  ///< K rings per mailbox, 1..64 (one per sender)
   /// Data bytes per ring: a power of two, 64 KiB … 1 GiB. tmpfs allocates pages lazily, so
   /// the mailbox file (K × ring_bytes) costs memory only for rings in use; a producer reserves
   /// its ring's pages with fallocate() when it claims it (so a full tmpfs gives kNoPeer, not
@@ -68,16 +82,20 @@ struct ShmConfig {
   uint64_t backlog_bytes = 8u << 20;
 };
 
-/// Path of the mailbox file of `ip` (host order): "<dir>/<prefix>shm-<a.b.c.d>".
+/// Path of the mailbox file of `ip` (host order) in cfg.netns (kCurrentNetns: the calling
+/// thread's namespace): "<dir>/<prefix>shm-<scope><a.b.c.d>", scope "ns<inode>-" or "" when
+/// unscoped (netns_scope()).
 std::string shm_mailbox_path(const ShmConfig& cfg, uint32_t ip);
 /// Abstract-namespace doorbell socket name of `ip`, without the leading NUL:
-/// "<prefix>bell-<a.b.c.d>".
+/// "<prefix>bell-<a.b.c.d>" (abstract unix names are per network namespace already).
 std::string shm_doorbell_name(const ShmConfig& cfg, uint32_t ip);
-/// Removes the mailbox files in cfg.dir (cfg.name_prefix + "shm-<a.b.c.d>") that no live
-/// device owns — what a killed device leaves behind (one that closes removes its own, and
-/// the next device on the address replaces a stale one anyway). Each address is taken with
-/// the same lock ShmPort::open takes, so a device opening meanwhile is never disturbed, and a
-/// sender still mapping the stale mailbox is told it closed. Returns the paths removed.
+/// Removes the mailbox files of cfg.netns in cfg.dir (cfg.name_prefix + "shm-<scope><a.b.c.d>")
+/// that no live device owns — what a killed device leaves behind (one that closes removes its own,
+/// and the next device on the address replaces a stale one anyway). Each address is taken with the
+/// same lock ShmPort::open takes, so a device opening meanwhile is never disturbed, and a sender
+/// still mapping the stale mailbox is told it closed. Mailboxes of other network namespaces are
+/// left alone: their lock (the doorbell) cannot be taken from here, so run it in each namespace.
+/// Returns the paths removed.
 std::vector<std::string> shm_remove_stale_mailboxes(const ShmConfig& cfg);
 /// CLOCK_MONOTONIC in ns (the clock of note_polling() and ring_doorbells()).
 uint64_t shm_monotonic_ns();
@@ -111,6 +129,12 @@ struct ShmStats {
   uint64_t rings_claimed = 0;  ///< outbound rings claimed in peers' mailboxes
   uint64_t rings_freed = 0;    ///< inbound rings returned to the free pool by this receiver
   uint64_t doorbells = 0;      ///< doorbell datagrams sent
+  /// Peers dropped because their doorbell refused a datagram (ECONNREFUSED, ENOENT: no
+  /// socket of that name in this network namespace; ring_doorbells()).
+  uint64_t doorbell_failures = 0;
+  /// Mailboxes found whose doorbell could not be reached (another namespace's process, or an
+  /// owner that is exiting): not taken as peers.
+  uint64_t unreachable_peers = 0;
 };
 
 /// The shared-memory endpoint of one device: its inbound mailbox (receiver side) and the
@@ -168,9 +192,14 @@ class ShmPort {
   /// Sends a 1-byte doorbell datagram to every peer written to since the last call whose
   /// receiver has not noted polling within its threshold (the one it published with
   /// set_doorbell_threshold(), else doorbell_threshold_ns) before `now_ns`
-  /// (CLOCK_MONOTONIC ns), or noted sleeping. Errors (EAGAIN: a doorbell is already pending;
-  /// ECONNREFUSED: the peer is gone) are ignored. Call after each batch of send()s.
-  void ring_doorbells(uint64_t now_ns);
+  /// (CLOCK_MONOTONIC ns), or noted sleeping. Call after each batch of send()s. EAGAIN (a
+  /// doorbell is already pending) is ignored. A doorbell refused with ECONNREFUSED or ENOENT
+  /// means no socket of that name is reachable from this network namespace — the receiver is
+  /// gone, or lives in another namespace and would never be woken: that peer is dropped (its
+  /// ring given back; what it held is lost, RC resends it) and looked up again no sooner than
+  /// peer_retry_ns, by then over UDP unless its doorbell answers. Returns the number of peers
+  /// so dropped (also added to stats().doorbell_failures).
+  size_t ring_doorbells(uint64_t now_ns);
 
   /// The receiver's doorbell socket (non-blocking, CLOEXEC) for the engine's epoll set: it
   /// turns readable when a sender rang. -1 when closed.
@@ -239,6 +268,9 @@ class ShmPort {
   void free_ring(uint32_t index);
   Peer& peer_for(uint32_t dst_ip);
   bool lookup_peer(Peer& p, uint64_t now);
+  /// Whether p's doorbell can be rung from this port's network namespace (someone there has
+  /// it bound). Sends nothing.
+  bool doorbell_reachable(const Peer& p) const;
   bool claim_ring(Peer& p, uint64_t now);
   void drop_peer(Peer& p, bool release_ring);
   RingCtl* ring_ctl(uint32_t index) const;

@@ -273,15 +273,16 @@ int cmd_stat_clean(const StatOptions& o) {
       ++failed;
     }
   }
-  // Same-host mailboxes (softrdma-shm-<addr>, in the same directory) of killed devices.
+  // Same-host mailboxes (softrdma-shm-ns<N>-<addr>, in the same directory) of killed devices
+  // of this network namespace (net/netns.h).
   softrdma::net::ShmConfig shm;
   shm.dir = o.dir;
   for (const std::string& p : softrdma::net::shm_remove_stale_mailboxes(shm)) {
     fmt::print("removed {} (same-host mailbox, owner exited)\n", p);
     ++removed;
   }
-  // The share registries (softrdma-share-<addr>) and rdma_cm port tables
-  // (softrdma-cmports-<addr>) of addresses no live process holds.
+  // The share registries (softrdma-share-ns<N>-<addr>, this namespace) and rdma_cm port
+  // tables (softrdma-cmports-*, every namespace) of addresses no live process holds.
   for (const std::string& p : softrdma::net::share_remove_stale(o.dir)) {
     fmt::print("removed {} (address share, its processes exited)\n", p);
     ++removed;
@@ -498,9 +499,12 @@ int main(int argc, char** argv) {
       "`name value` line each as Linux rxe's hw_counters; counters that are zero are left\n"
       "out unless --all is given. A process that exited without closing its device (killed)\n"
       "leaves its file behind, shown as dead until --clean removes it or a new device binds\n"
-      "the same address; --clean also removes the same-host mailboxes (softrdma-shm-<ip>),\n"
-      "address-share registries (softrdma-share-<ip>) and rdma_cm port tables\n"
-      "(softrdma-cmports-<ip>) such processes left. Counter meanings: engine/counters.h.");
+      "the same address; --clean also removes the same-host mailboxes (softrdma-shm-ns<N>-<ip>),\n"
+      "address-share registries (softrdma-share-ns<N>-<ip>) and rdma_cm port tables\n"
+      "(softrdma-cmports-ns<N>-<ip>) such processes left; ns<N> names the network namespace\n"
+      "(the inode of /proc/self/ns/net), and mailboxes and registries are cleaned only in the\n"
+      "namespace stat runs in (ip netns exec NS softrdma stat --clean for another).\n"
+      "Counter meanings: engine/counters.h.");
   auto* all = stat->add_flag("--all,-a", so.all, "list every counter, zero or not");
   auto* json = stat->add_flag("--json", so.json,
                               "print JSON instead: {\"devices\": [{device, address, pid, alive, "

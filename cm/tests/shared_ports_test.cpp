@@ -64,7 +64,7 @@ TEST(SharedPorts, APortAnotherProcessHoldsIsTakenUntilItExits) {
 
 TEST(SharedPorts, TheLastProcessRemovesTheTableAndCleanRemovesStaleOnes) {
   TempDir d;
-  const std::string file = d.path + "/softrdma-cmports-127.0.81.33";
+  const std::string file = SharedPorts::table_path(kIp, d.path);
   struct stat st {};
   {
     SharedPorts p;

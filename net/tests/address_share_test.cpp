@@ -79,7 +79,7 @@ TEST(AddressShare, SlotsAreDistinctAndForwardedPacketsArriveWithTheirHeaders) {
   ASSERT_EQ(next.join(kIp, d.dir, d.prefix), 0);
   EXPECT_EQ(next.slot(), 1u);
   // The last one out removes the registry file.
-  const std::string file = d.dir + "/" + d.prefix + "share-127.0.81.21";
+  const std::string file = share_registry_path(kIp, d.dir, d.prefix);
   struct stat st {};
   owner.leave();
   EXPECT_EQ(::stat(file.c_str(), &st), 0);
@@ -161,9 +161,9 @@ TEST(AddressShare, StaleRegistriesAreRemovedLiveOnesStay) {
   ASSERT_EQ(live.join(kIp, d.dir, d.prefix), 0);
   const std::vector<std::string> removed = share_remove_stale(d.dir, d.prefix);
   ASSERT_EQ(removed.size(), 1u);
-  EXPECT_EQ(removed[0], d.dir + "/" + d.prefix + "share-127.0.81.22");
+  EXPECT_EQ(removed[0], share_registry_path(kIp + 1, d.dir, d.prefix));
   struct stat st {};
-  EXPECT_EQ(::stat((d.dir + "/" + d.prefix + "share-127.0.81.21").c_str(), &st), 0);
+  EXPECT_EQ(::stat(share_registry_path(kIp, d.dir, d.prefix).c_str(), &st), 0);
   EXPECT_TRUE(live.joined());
   EXPECT_FALSE(live.shared());
 }

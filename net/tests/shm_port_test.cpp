@@ -4,6 +4,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <sched.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -688,6 +689,125 @@ TEST_F(ShmPortTest, ReceiverPublishedDoorbellThreshold) {
   EXPECT_EQ(a.stats().doorbells, 3u);
   std::vector<Received> got;
   EXPECT_EQ(drain(b, got), 4u);
+}
+
+// Issue 21: a mailbox belongs to its network namespace (ShmConfig::netns, here set by hand):
+// a sender of another namespace, even one naming the same address, does not find it — not by
+// its name, nor (a file put under its name) by the namespace its header records.
+TEST_F(ShmPortTest, MailboxesAreScopedToTheirNetworkNamespace) {
+  const uint32_t a_ip = ip_of(6, 11), b_ip = ip_of(6, 12), c_ip = ip_of(6, 13);
+  ShmConfig here = cfg, there = cfg;
+  here.netns = 1111;
+  there.netns = 2222;
+  ShmPort a, b, c;
+  ASSERT_EQ(a.open(a_ip, here), 0);
+  ASSERT_EQ(b.open(b_ip, here), 0);
+  ASSERT_EQ(c.open(c_ip, there), 0);
+  EXPECT_EQ(shm_mailbox_path(here, b_ip),
+            cfg.dir + "/" + cfg.name_prefix + "shm-ns1111-127.0.6.12");
+  ShmConfig unscoped = cfg;
+  unscoped.netns = 0;
+  EXPECT_EQ(shm_mailbox_path(unscoped, b_ip), cfg.dir + "/" + cfg.name_prefix + "shm-127.0.6.12");
+
+  const auto pkt = make_packet(3, 300);
+  EXPECT_EQ(send_bytes(c, b_ip, pkt), ShmSendResult::kNoPeer);
+  EXPECT_EQ(send_bytes(a, b_ip, pkt), ShmSendResult::kSent);
+  // b's mailbox under the other namespace's name: its header still says 1111.
+  ASSERT_EQ(::link(shm_mailbox_path(here, b_ip).c_str(), shm_mailbox_path(there, b_ip).c_str()), 0);
+  std::this_thread::sleep_for(std::chrono::nanoseconds(cfg.peer_retry_ns) + 1ms);
+  EXPECT_EQ(send_bytes(c, b_ip, pkt), ShmSendResult::kNoPeer);
+  EXPECT_EQ(c.stats().peers_found, 0u);
+  std::vector<Received> got;
+  ASSERT_EQ(drain(b, got), 1u);
+  EXPECT_EQ(got[0].src, a_ip);
+}
+
+// A doorbell refused (ECONNREFUSED: its owner is gone, or in another network namespace) is
+// not ignored: the peer is dropped and counted, and send() says kNoPeer (UDP) from then on.
+TEST_F(ShmPortTest, RefusedDoorbellDropsThePeer) {
+  cfg.liveness_check_ns = 60'000'000'000;  // the refusal, not the pid check, must find it
+  const uint32_t a_ip = ip_of(6, 21), b_ip = ip_of(6, 22);
+  int ready[2], go[2];
+  ASSERT_EQ(::pipe(ready), 0);
+  ASSERT_EQ(::pipe(go), 0);
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {  // the receiver: opens, then dies without close() (its bell goes with it)
+    ShmPort b;
+    if (b.open(b_ip, cfg) != 0) _exit(1);
+    put_byte(ready[1]);
+    wait_byte(go[0]);
+    _exit(0);
+  }
+  ShmPort a;
+  ASSERT_EQ(a.open(a_ip, cfg), 0);
+  ASSERT_TRUE(wait_byte(ready[0]));
+  const auto pkt = make_packet(4, 100);
+  ASSERT_EQ(send_bytes(a, b_ip, pkt), ShmSendResult::kSent);
+  EXPECT_EQ(a.ring_doorbells(shm_monotonic_ns()), 0u);  // sleeping receiver (never polled)
+  EXPECT_EQ(a.stats().doorbells, 1u);
+  put_byte(go[1]);
+  EXPECT_EQ(wait_child(child), 0);
+  // The mailbox still looks open and the pid check is a minute away: the write succeeds,
+  // the doorbell is refused.
+  ASSERT_EQ(send_bytes(a, b_ip, pkt), ShmSendResult::kSent);
+  EXPECT_EQ(a.ring_doorbells(shm_monotonic_ns()), 1u);
+  EXPECT_EQ(a.stats().doorbell_failures, 1u);
+  EXPECT_EQ(send_bytes(a, b_ip, pkt), ShmSendResult::kNoPeer);
+  // Looked up again later: the mailbox is there, its doorbell is not.
+  std::this_thread::sleep_for(std::chrono::nanoseconds(cfg.peer_retry_ns) + 1ms);
+  EXPECT_EQ(send_bytes(a, b_ip, pkt), ShmSendResult::kNoPeer);
+  for (int* p : {ready, go}) ::close(p[0]), ::close(p[1]);
+}
+
+// The real thing (needs CAP_SYS_ADMIN for unshare(CLONE_NEWNET), else skipped): ports opened
+// by a thread in a new network namespace — one of them on an address also open here — and
+// ports here never write to each other, each sender reaching only its own namespace's owner
+// of the address. With unscoped names (netns 0, as without /proc) the doorbell check alone
+// keeps a sender here off the other namespace's mailbox.
+TEST_F(ShmPortTest, AnotherNetworkNamespaceWithTheSameAddressStaysSeparate) {
+  const uint32_t a_ip = ip_of(6, 31), b_ip = ip_of(6, 32), c_ip = ip_of(6, 33);
+  const uint32_t d_ip = ip_of(6, 34), e_ip = ip_of(6, 35);
+  ShmConfig unscoped = cfg;
+  unscoped.netns = 0;
+  ShmPort a, b;       // here
+  ShmPort b2, c, d2;  // there: b2 on b's address, d2 unscoped
+  ASSERT_EQ(a.open(a_ip, cfg), 0);
+  ASSERT_EQ(b.open(b_ip, cfg), 0);
+  int unshare_err = 0, b2_err = -1, c_err = -1, d2_err = -1;
+  std::thread([&] {
+    if (::unshare(CLONE_NEWNET) != 0) {
+      unshare_err = errno;
+      return;
+    }
+    b2_err = b2.open(b_ip, cfg);
+    c_err = c.open(c_ip, cfg);
+    d2_err = d2.open(d_ip, unscoped);
+  }).join();
+  if (unshare_err != 0)
+    GTEST_SKIP() << "unshare(CLONE_NEWNET): " << std::strerror(unshare_err)
+                 << " (needs CAP_SYS_ADMIN)";
+  ASSERT_EQ(b2_err, 0);
+  ASSERT_EQ(c_err, 0);
+  ASSERT_EQ(d2_err, 0);
+
+  EXPECT_EQ(send_bytes(a, b_ip, make_packet(1, 500)), ShmSendResult::kSent);
+  EXPECT_EQ(send_bytes(c, b_ip, make_packet(2, 700)), ShmSendResult::kSent);
+  EXPECT_EQ(send_bytes(c, a_ip, make_packet(3, 100)), ShmSendResult::kNoPeer);
+  EXPECT_EQ(send_bytes(a, c_ip, make_packet(4, 100)), ShmSendResult::kNoPeer);
+  std::vector<Received> at_b, at_b2;
+  ASSERT_EQ(drain(b, at_b), 1u);
+  ASSERT_EQ(drain(b2, at_b2), 1u);
+  EXPECT_EQ(at_b[0].src, a_ip);
+  EXPECT_EQ(at_b[0].bytes, make_packet(1, 500));
+  EXPECT_EQ(at_b2[0].src, c_ip);
+  EXPECT_EQ(at_b2[0].bytes, make_packet(2, 700));
+
+  ShmPort e;
+  ASSERT_EQ(e.open(e_ip, unscoped), 0);
+  EXPECT_EQ(send_bytes(e, d_ip, make_packet(5, 100)), ShmSendResult::kNoPeer);
+  EXPECT_EQ(e.stats().unreachable_peers, 1u);
+  EXPECT_EQ(e.stats().peers_found, 0u);
 }
 
 // Finds `needle` in the mailbox file of `ip` and returns a writable mapping of it plus the

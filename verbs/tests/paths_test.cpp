@@ -33,6 +33,8 @@
 #include <tuple>
 #include <vector>
 
+#include "net/shm_port.h"
+#include "net/udp_port.h"
 #include "verbs/tests/harness.h"
 #include "verbs/tests/traffic.h"
 
@@ -76,12 +78,19 @@ bool pid_exists(long pid) {
   return pid > 0 && (kill(static_cast<pid_t>(pid), 0) == 0 || errno == EPERM);
 }
 
+// The same-host mailbox file of address `a` in this network namespace (net/shm_port.h).
+std::string mailbox_of(const std::string& a) {
+  uint32_t ip = 0;
+  softrdma::net::ipv4_from_string(a, ip);
+  return softrdma::net::shm_mailbox_path(softrdma::net::ShmConfig{}, ip);
+}
+
 // No shared-memory mailbox of the slot's addresses is left in /dev/shm, and counter files
 // of its addresses left by killed roles (softrdma.<addr>.<pid>, pid gone) are removed.
 void expect_clean_dev_shm(int slot) {
   for (int role = 0; role < 4; ++role) {
     const std::string a = addr_of(slot, role);
-    const std::string mailbox = "/dev/shm/softrdma-shm-" + a;
+    const std::string mailbox = mailbox_of(a);
     struct stat st {};
     EXPECT_NE(0, stat(mailbox.c_str(), &st)) << mailbox << " left behind";
     DIR* d = opendir("/dev/shm");
@@ -525,7 +534,7 @@ TEST(ShmPeer, KilledMidStreamThenRestartedOnSameAddress) {
     while (pid_exists(dead) && Clock::now() < until) std::this_thread::sleep_for(1ms);
     ASSERT_FALSE(pid_exists(dead)) << "B (pid " << dead << ") was not reaped";
     struct stat stale {};
-    EXPECT_EQ(0, stat(("/dev/shm/softrdma-shm-" + addr_of(slot, 1)).c_str(), &stale))
+    EXPECT_EQ(0, stat(mailbox_of(addr_of(slot, 1)).c_str(), &stale))
         << "B's stale mailbox is not there to be replaced";
 
     Device dev;
