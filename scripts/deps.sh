@@ -18,7 +18,7 @@ PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev
   tshark tcpdump iproute2 procps
   openmpi-bin libopenmpi-dev libgloo-dev gnuplot-nox
-  python3-torch libtorch-dev pybind11-dev python3-pytest dataset-fashion-mnist
+  python3-torch libtorch-dev pybind11-dev python3-pytest python3-pyverbs dataset-fashion-mnist
 )
 
 # dpkg -s also succeeds for a removed package whose configuration files remain: require
