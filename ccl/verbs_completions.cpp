@@ -51,8 +51,10 @@ void VerbsTransport::Impl::handle(const ibv_wc& wc) {
     if (P.closed && P.pending == 0) return;  // it left; nothing of ours was in flight
     std::string what;
     if (wc.status == IBV_WC_RETRY_EXC_ERR)
-      what = "unreachable (IBV_WC_RETRY_EXC_ERR: no ACK after " + std::to_string(opt.retry_cnt) +
-             " retransmissions)";
+      // Retransmissions went unanswered, or the device found the peer's process gone (then at
+      // the first retransmit timeout; docs/architecture.md, "Peers that die or stop").
+      what = "unreachable (IBV_WC_RETRY_EXC_ERR: no ACK within " + std::to_string(opt.retry_cnt) +
+             " retransmissions, or the peer's process is gone)";
     else
       what = std::string("transfer failed: ") + ibv_wc_status_str(wc.status) + " (status " +
              std::to_string(wc.status) + ")";

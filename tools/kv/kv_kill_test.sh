@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# kv-bench's target killed with SIGKILL mid-run (issue 21: "nothing lost, nothing hung"):
+# the initiator must exit non-zero within 2 s of the kill, its error naming the peer
+# (kv-bench's "… with peer 'target' … failed" and softrdma's log line naming the peer's
+# address, QPN and pid), for blocks of 4 KiB, 64 KiB and 1 MiB, on whichever path
+# SOFTRDMA_TRANSPORT selects.
+#
+#   kv_kill_test.sh BUILD_DIR CASE      CASE: 4k | 64k | 1m
+#
+# Case k uses the TCP metadata port 17795+k and the device addresses 127.0.93.(2k+1) (target)
+# and 127.0.93.(2k+2) (initiator), so the cases run in parallel.
+set -uo pipefail
+
+# shellcheck source=scripts/lib/test_lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib/test_lib.sh"
+case_test_args kv_kill "4k 64k 1m" "$@"
+case "$CASE" in
+  4k) K=0; BLOCK=4k ;;
+  64k) K=1; BLOCK=64k ;;
+  1m) K=2; BLOCK=1m ;;
+esac
+PORT=$((17795 + K))
+STEP_TIMEOUT=60
+make_work_dir "kv-kill-$CASE"
+TARGET_PID="" INIT_PID=""
+# shellcheck disable=SC2317  # called at exit by test_lib.sh
+on_exit() {
+  [[ -n $TARGET_PID ]] && kill -9 "$TARGET_PID" 2>/dev/null
+  [[ -n $INIT_PID ]] && kill -9 "$INIT_PID" 2>/dev/null
+  return 0
+}
+
+# No `timeout` wrapper: the pids are kv-bench's own (the initiator is bounded below).
+SOFTRDMA_ADDR=127.0.93.$((2 * K + 1)) "$BUILD_DIR/bin/kv-bench" --mode target --serve-metadata \
+  --metadata "tcp://127.0.0.1:$PORT" --buffer_size 16m >"$WORK/target.log" 2>&1 &
+TARGET_PID=$!
+wait_for_listener "$PORT" "$TARGET_PID" 30 "$WORK/target.log"
+SOFTRDMA_ADDR=127.0.93.$((2 * K + 2)) "$BUILD_DIR/bin/kv-bench" --mode initiator \
+  --metadata "tcp://127.0.0.1:$PORT" --operation write --block_size "$BLOCK" --qps 2 \
+  --batch_size 16 --buffer_size 16m --duration 30 >"$WORK/init.log" 2>&1 &
+INIT_PID=$!
+# Running: the target's device counts the WRITEs it receives (softrdma stat).
+for ((i = 0; i < 300; i++)); do
+  "$BUILD_DIR/bin/softrdma" stat --json 2>/dev/null | grep -q "127.0.93.$((2 * K + 1))" && break
+  sleep 0.1
+done
+sleep 2
+kill -0 "$INIT_PID" 2>/dev/null || { show_logs "$WORK/init.log" "$WORK/target.log"; fail "the initiator ended before the kill"; }
+kill -9 "$TARGET_PID"
+killed_at=$(date +%s.%N)
+elapsed() { awk -v a="$killed_at" -v b="$(date +%s.%N)" 'BEGIN { printf "%.2f", b - a }'; }
+while kill -0 "$INIT_PID" 2>/dev/null && awk -v t="$(elapsed)" 'BEGIN { exit !(t < 2.0) }'; do
+  sleep 0.05
+done
+took=$(elapsed)
+if kill -0 "$INIT_PID" 2>/dev/null; then
+  show_logs "$WORK/init.log"
+  fail "the initiator still runs $took s after its target was killed (a hang)"
+fi
+wait "$INIT_PID"
+rc=$?
+INIT_PID=""
+wait "$TARGET_PID" 2>/dev/null
+TARGET_PID=""
+echo "initiator ended $took s after the kill: $(status_text $rc)"
+grep -E "peer|failed" "$WORK/init.log" | head -3
+((rc != 0)) || { show_logs "$WORK/init.log"; fail "the initiator exited 0 although its target died"; }
+grep -q "with peer 'target'.* failed" "$WORK/init.log" ||
+  { show_logs "$WORK/init.log"; fail "kv-bench's error does not name the peer"; }
+grep -q "peer 127.0.93.$((2 * K + 1)) qpn .*(pid [0-9]*, gone): IBV_WC_RETRY_EXC_ERR" "$WORK/init.log" ||
+  { show_logs "$WORK/init.log"; fail "softrdma's log does not name the dead peer"; }
+echo "PASS [$TEST_NAME]"
