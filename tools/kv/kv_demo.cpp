@@ -100,6 +100,25 @@ Setup make_setup(const Options& o) {
   return s;
 }
 
+// Waits up to `timeout` for what `next(slice)` returns (a notification), probing `peer` every
+// 200 ms while it is connected (Engine::check_peer throws KvError naming it when it died or
+// stopped answering): a dead peer ends the wait within the RC retry bound, not after
+// `timeout` (issue 21: prefill hung 95 s after decode was killed).
+template <class Next>
+auto wait_watching(Engine& e, const std::string& peer, std::chrono::milliseconds timeout,
+                   Next&& next) -> decltype(next(timeout)) {
+  const auto until = Clock::now() + timeout;
+  bool was_connected = false;
+  for (;;) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - Clock::now());
+    if (left.count() <= 0) return std::nullopt;
+    if (auto n = next(std::min<std::chrono::milliseconds>(left, 200ms))) return n;
+    const bool up = e.connected(peer);
+    if (up || was_connected) e.check_peer(peer);  // throws KvError naming a dead peer
+    was_connected = was_connected || up;
+  }
+}
+
 std::vector<std::string> split_words(const std::string& s) {
   std::istringstream in(s);
   std::vector<std::string> out;
@@ -130,7 +149,7 @@ int run_decode(const Options& o, std::shared_ptr<MetadataStore> store) {
   KvConsumer c(e);
   const uint32_t layers = s.layout.model().layers;
   for (;;) {
-    auto start = c.wait_other(120s);
+    auto start = wait_watching(e, "prefill", 120s, [&](auto t) { return c.wait_other(t); });
     if (!start) throw std::runtime_error("decode: no request from prefill within 120 s");
     const auto w = split_words(start->message);
     if (w.size() == 1 && w[0] == "kv-demo-stop") return 0;
@@ -140,7 +159,7 @@ int run_decode(const Options& o, std::shared_ptr<MetadataStore> store) {
     const uint64_t req = std::stoull(w[1]);
     for (uint32_t l = 0; l < layers; ++l) c.wait_for_layer(req, l, start->peer, 60s);
     const double last_ms = ms_since(t0, Clock::now());
-    auto done = c.wait_other(60s);
+    auto done = wait_watching(e, "prefill", 60s, [&](auto t) { return c.wait_other(t); });
     if (!done) throw std::runtime_error("decode: no kv-done from prefill");
     const auto d = split_words(done->message);
     if (d.size() != 3 || d[0] != "kv-done" || d[1] != w[1])
@@ -209,7 +228,7 @@ Result prefill_request(Engine& e, const Setup& s, const Options& o, uint64_t req
   res.compute_ms = ms_since(t0, tc);
   res.exposed_prefill_ms = ms_since(tc, td);
   e.notify("decode", fmt::format("kv-done {} {:.3f}", req, res.compute_ms));
-  auto v = e.wait_notification(120s);
+  auto v = wait_watching(e, "decode", 120s, [&](auto t) { return e.wait_notification(t); });
   if (!v) throw std::runtime_error("prefill: decode did not verify request " + std::to_string(req));
   const auto w = split_words(v->message);
   if (w.size() != 5 || w[0] != "kv-verified" || std::stoull(w[1]) != req)

@@ -5,7 +5,12 @@
 # address, QPN and pid), for blocks of 4 KiB, 64 KiB and 1 MiB, on whichever path
 # SOFTRDMA_TRANSPORT selects.
 #
-#   kv_kill_test.sh BUILD_DIR CASE      CASE: 4k | 64k | 1m
+#   kv_kill_test.sh BUILD_DIR CASE      CASE: 4k | 64k | 1m | demo_decode | demo_prefill
+#
+# demo_decode / demo_prefill: kv-demo's decode (or prefill) process is killed while the two
+# run requests of 8 K tokens back to back; the survivor must exit non-zero within 2 s naming
+# its peer (before: prefill waited 120 s for decode's verification, decode 60-120 s for
+# prefill's next message). Metadata port 17798 / 17799.
 #
 # Case k uses the TCP metadata port 17795+k and the device addresses 127.0.93.(2k+1) (target)
 # and 127.0.93.(2k+2) (initiator), so the cases run in parallel.
@@ -13,11 +18,13 @@ set -uo pipefail
 
 # shellcheck source=scripts/lib/test_lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib/test_lib.sh"
-case_test_args kv_kill "4k 64k 1m" "$@"
+case_test_args kv_kill "4k 64k 1m demo_decode demo_prefill" "$@"
 case "$CASE" in
   4k) K=0; BLOCK=4k ;;
   64k) K=1; BLOCK=64k ;;
   1m) K=2; BLOCK=1m ;;
+  demo_decode) K=3 ;;
+  demo_prefill) K=4 ;;
 esac
 PORT=$((17795 + K))
 STEP_TIMEOUT=60
@@ -29,6 +36,50 @@ on_exit() {
   [[ -n $INIT_PID ]] && kill -9 "$INIT_PID" 2>/dev/null
   return 0
 }
+
+elapsed() { awk -v a="$killed_at" -v b="$(date +%s.%N)" 'BEGIN { printf "%.2f", b - a }'; }
+
+if [[ $CASE == demo_* ]]; then
+  # The decode process serves the store; both take the first free 127.0.0.x.
+  M="tcp://127.0.0.1:$PORT"
+  "$BUILD_DIR/bin/kv-demo" --role decode --serve-metadata --metadata "$M" --tokens 8192 \
+    --requests 1000 >"$WORK/decode.log" 2>&1 &
+  TARGET_PID=$!
+  wait_for_listener "$PORT" "$TARGET_PID" 30 "$WORK/decode.log"
+  "$BUILD_DIR/bin/kv-demo" --role prefill --metadata "$M" --tokens 8192 --requests 1000 \
+    >"$WORK/prefill.log" 2>&1 &
+  INIT_PID=$!
+  # Running: prefill printed a request's row (it flushes its stdout per row).
+  for ((i = 0; i < 300; i++)); do
+    grep -qE '^ +whole +[0-9]+ ' "$WORK/prefill.log" && break
+    sleep 0.1
+  done
+  grep -qE '^ +whole +[0-9]+ ' "$WORK/prefill.log" ||
+    { show_logs "$WORK/prefill.log" "$WORK/decode.log"; fail "kv-demo never finished a request"; }
+  victim=$TARGET_PID survivor=$INIT_PID name=decode peer=decode
+  if [[ $CASE == demo_prefill ]]; then
+    victim=$INIT_PID survivor=$TARGET_PID name=prefill peer=prefill
+  fi
+  kill -9 "$victim"
+  killed_at=$(date +%s.%N)
+  while kill -0 "$survivor" 2>/dev/null && awk -v t="$(elapsed)" 'BEGIN { exit !(t < 2.0) }'; do
+    sleep 0.05
+  done
+  took=$(elapsed)
+  log="$WORK/prefill.log"
+  [[ $CASE == demo_prefill ]] && log="$WORK/decode.log"
+  kill -0 "$survivor" 2>/dev/null &&
+    { show_logs "$log"; fail "the survivor still runs $took s after $name was killed (a hang)"; }
+  wait "$survivor"
+  rc=$?
+  TARGET_PID="" INIT_PID=""
+  echo "survivor ended $took s after $name was killed: $(status_text $rc)"
+  grep "kv-demo:" "$log" | tail -1
+  ((rc != 0)) || { show_logs "$log"; fail "the survivor exited 0"; }
+  grep -q "kv-demo: .*peer '$peer'" "$log" || { show_logs "$log"; fail "the error does not name '$peer'"; }
+  echo "PASS [$TEST_NAME]"
+  exit 0
+fi
 
 # No `timeout` wrapper: the pids are kv-bench's own (the initiator is bounded below).
 SOFTRDMA_ADDR=127.0.93.$((2 * K + 1)) "$BUILD_DIR/bin/kv-bench" --mode target --serve-metadata \
@@ -48,7 +99,6 @@ sleep 2
 kill -0 "$INIT_PID" 2>/dev/null || { show_logs "$WORK/init.log" "$WORK/target.log"; fail "the initiator ended before the kill"; }
 kill -9 "$TARGET_PID"
 killed_at=$(date +%s.%N)
-elapsed() { awk -v a="$killed_at" -v b="$(date +%s.%N)" 'BEGIN { printf "%.2f", b - a }'; }
 while kill -0 "$INIT_PID" 2>/dev/null && awk -v t="$(elapsed)" 'BEGIN { exit !(t < 2.0) }'; do
   sleep 0.05
 done
