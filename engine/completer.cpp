@@ -156,9 +156,15 @@ void on_selective_nak(QueuePair& qp, const wire::Packet& pkt, Transport& t) {
   bump(t.counters().selective_nak_rcvd);
   qp.comp.peer_selective = true;
   PsnRange r{pkt.hdr.bth.psn, pkt.hdr.aeth.msn & wire::kPsnMask};
-  if (psn_diff(r.last, r.first) < 0 || psn_diff(r.last, qp.req.max_psn) >= 0) {
+  if (psn_diff(r.last, r.first) < 0 || psn_diff(r.first, qp.req.max_psn) >= 0) {
     bump(t.counters().rcvd_malformed);  // not a range of PSNs sent: a forged or broken NAK
     return;
+  }
+  if (psn_diff(r.last, qp.req.max_psn) >= 0) {
+    // Past what was ever sent: the responder saw a forged PSN that far ahead (or the NAK is
+    // forged). What was sent of it may be missing, the rest is nobody's: resend the former.
+    bump(t.counters().selective_nak_clipped);
+    r.last = psn_add(qp.req.max_psn, wire::kPsnMask);
   }
   if (psn_diff(r.last, qp.comp.psn) < 0) return;  // all acknowledged since
   if (psn_diff(r.first, qp.comp.psn) < 0) r.first = qp.comp.psn;

@@ -33,6 +33,13 @@ namespace softrdma::engine {
   X(selective_nak_sent, "selective NAKs sent (a range of PSNs missing, the rest kept)")            \
   X(selective_nak_rcvd, "selective NAKs received")                                                 \
   X(ooo_placed, "request packets placed out of order (selective retransmission)")                  \
+  X(ooo_refused,                                                                                   \
+    "out-of-order WRITEs not placed: checks failed, zero length, not after a kept PSN")            \
+  X(ooo_contested, "second copies of a PSN placed out of order that differ: both dropped, resent") \
+  X(ooo_unplaced,                                                                                  \
+    "PSNs placed out of order then forgotten: an unmarked packet arrived behind them")             \
+  X(selective_nak_clipped,                                                                         \
+    "selective NAKs naming PSNs never sent: cut to what was sent, or dropped")                     \
   X(retry_exceeded_err, "QPs failed with IBV_WC_RETRY_EXC_ERR")                                    \
   X(retry_rnr_exceeded_err, "QPs failed with IBV_WC_RNR_RETRY_EXC_ERR")                            \
   X(dead_peer_err, "QPs failed at once because their same-host peer process is gone")              \

@@ -189,6 +189,9 @@ struct ResponderState {
   /// Responses owed, oldest first (responder::resume sends them); empty unless the path to
   /// the requester paused mid-READ.
   std::deque<PendingResponse> pending;
+  /// The requester asked for selective retransmission (Bth::selective) on a request that
+  /// was accepted in order; only then are requests placed out of order (responder.cpp).
+  bool peer_selective = false;
   /// Selective retransmission: packets kept beyond the expected PSN and the gaps reported;
   /// allocated at the first out-of-order packet of a requester that asked for it.
   std::unique_ptr<ReceivedPsns> ooo;

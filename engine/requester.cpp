@@ -133,6 +133,8 @@ wire::Headers base_headers(const QueuePair& qp, const SendWqe& w, Transport& t, 
   h.bth.dest_qpn = type.connected ? qp.attr.dest_qp_num : w.wr.remote_qpn;
   h.bth.psn = psn;
   h.bth.selective = type.reliable && t.selective_retransmit();
+  // Sent before (max_psn is one past the highest PSN ever sent; note_sent moves it after).
+  h.bth.resend = h.bth.selective && wire::psn_diff(psn, qp.req.max_psn) < 0;
   if (type.service == wire::Service::kUd) {
     const uint32_t own = qp.qpn() == 1 ? ud::kGsiQkey : qp.attr.qkey;  // QP1: the GSI's
     h.deth.qkey = (w.wr.remote_qkey & 0x80000000u) ? own : w.wr.remote_qkey;

@@ -12,6 +12,7 @@
 #include "engine/srq.h"
 #include "engine/xrcd.h"
 #include "net/fault_guard.h"
+#include "wire/icrc.h"
 
 namespace softrdma::engine::responder {
 
@@ -457,8 +458,13 @@ void send_selective_nak(QueuePair& qp, Transport& t, uint32_t first, uint32_t la
               qp.resp.epsn);
 }
 
-// Writes a WRITE segment that arrived ahead of the expected PSN to its place. False when it
-// cannot be placed now (see above); nothing is written then.
+// Writes a WRITE segment that arrived ahead of the expected PSN to its place, after the
+// checks its in-order copy would pass (placement::write): length against the MTU, a FIRST's
+// or ONLY's RETH — rkey, bounds, access — against its payload (a FIRST's DMA length exceeds
+// its one MTU, an ONLY's equals its payload; a zero-length WRITE has nothing to place and
+// no rkey to check, so it waits for its turn), a MIDDLE's or LAST's offset inside a WRITE
+// whose FIRST passed them. False when it cannot be placed now (see above); nothing is
+// written then.
 bool place_early(QueuePair& qp, const wire::Packet& pkt, Transport& t, ReceivedPsns& o) {
   const uint32_t m = pkt.info->mask;
   const uint32_t psn = pkt.hdr.bth.psn;
@@ -467,13 +473,12 @@ bool place_early(QueuePair& qp, const wire::Packet& pkt, Transport& t, ReceivedP
   const size_t n = pkt.payload.size();
   if (m & wire::kHasReth) {
     const wire::Reth& r = pkt.hdr.reth;
+    if (r.dma_length == 0) return false;
     if ((m & wire::kIsOnly) && n != r.dma_length) return false;
-    uint8_t* p = nullptr;
-    if (r.dma_length) {
-      p = check_remote(qp, t, r.rkey, r.va, r.dma_length, kRemoteWrite);
-      if (!p) return false;  // the in-order copy draws the access error
-    }
-    if (n && !net::guarded_copy(p, pkt.payload.data(), n)) return false;  // in order: NAK
+    if ((m & wire::kIsFirst) && r.dma_length <= n) return false;
+    uint8_t* p = check_remote(qp, t, r.rkey, r.va, r.dma_length, kRemoteWrite);
+    if (!p) return false;  // the in-order copy draws the access error
+    if (!net::guarded_copy(p, pkt.payload.data(), n)) return false;  // in order: NAK
     if (m & wire::kIsFirst) o.add_write({psn, p, r.dma_length, read_psns(qp, r.dma_length)});
     return true;
   }
@@ -490,6 +495,72 @@ uint32_t request_psns(const QueuePair& qp, const wire::Packet& pkt) {
   return (pkt.info->mask & wire::kIsRead) ? read_psns(qp, pkt.hdr.reth.dma_length) : 1u;
 }
 
+// What tells two copies of a PSN apart: CRC-32 of the opcode, the RETH and the payload.
+// A genuine resend is the same bytes (the requester resends from the same WQE and memory).
+uint32_t fingerprint(const wire::Packet& pkt) {
+  uint8_t h[17] = {pkt.hdr.bth.opcode};
+  if (pkt.info->mask & wire::kHasReth) {
+    std::memcpy(h + 1, &pkt.hdr.reth.va, 8);
+    std::memcpy(h + 9, &pkt.hdr.reth.rkey, 4);
+    std::memcpy(h + 13, &pkt.hdr.reth.dma_length, 4);
+  }
+  return wire::crc32(wire::crc32(0, h), pkt.payload);
+}
+
+// A second copy of a PSN placed out of order differs from the first: one of them is forged
+// (a genuine resend is identical), and which cannot be told. Neither is trusted: the PSN is
+// forgotten as placed and made in-order only (ReceivedPsns::mark_contested), and reported
+// missing so that the requester sends it again; what its in-order copy writes is final. A
+// WRITE FIRST contested takes the placements made from its RETH with it.
+void contest(QueuePair& qp, Transport& t, ReceivedPsns& o, uint32_t psn) {
+  bump(t.counters().ooo_contested);
+  log().debug("qp {:#x}: two different copies of psn {:#x} out of order: contested", qp.qpn(), psn);
+  uint32_t last = psn;
+  if (const WritePlacement* w = o.write_at(psn)) {
+    for (uint32_t i = 1; i < w->npsn; ++i) {
+      const uint32_t p = psn_add(psn, i);
+      if (psn_diff(o.next, p) <= 0) break;
+      if (o.placed(p)) {
+        o.unplace(p);
+        bump(t.counters().ooo_unplaced);
+      }
+      last = p;
+    }
+  }
+  o.mark_contested(psn);
+  send_selective_nak(qp, t, psn, last);
+}
+
+// A packet without Bth::resend (a first transmission, as far as its sender says) arrived at
+// `psn`, at or behind ReceivedPsns::next. A requester sends new PSNs in order, so whatever
+// made the responder see PSNs beyond `psn` first was not sent by it after this packet:
+// forged (or reordered on the way). The PSNs from `psn` up to next are forgotten — placed
+// data stays in memory and is written again by the genuine copies — and next comes back to
+// `psn`, so that the genuine stream is placed and reported afresh. Costs at most the
+// retransmission of PSNs that were genuine (reordered), never a PSN consumed in a forged
+// copy's stead.
+void forget_from(QueuePair& qp, Transport& t, ReceivedPsns& o, uint32_t psn) {
+  const uint32_t n = o.clear_range(psn, o.next);
+  if (n) {
+    bump(t.counters().ooo_unplaced, n);
+    log().debug("qp {:#x}: first transmission of psn {:#x} behind {:#x}: {} placed PSNs forgotten",
+                qp.qpn(), psn, o.next, n);
+  }
+  o.next = psn;
+}
+
+// An out-of-order request from a requester that negotiated selective retransmission
+// (ResponderState::peer_selective). Rules beyond the in-order checks (place_early), each so
+// that a forged packet costs at most a retransmission (docs/architecture.md, "What an
+// attacker on the network can and cannot do"):
+//  - a copy of a placed PSN is a duplicate only when identical (fingerprint); otherwise the
+//    PSN is contested (contest());
+//  - a contested PSN is taken in order only;
+//  - a first transmission behind ReceivedPsns::next makes the PSNs from it on forgotten
+//    (forget_from());
+//  - behind next, a resend is placed only right after a PSN placed already: resends fill a
+//    reported gap from its start, so a packet inside a gap whose first PSN is missing can
+//    only be a resend whose predecessor was lost again, or forged — it waits for its turn.
 void on_out_of_order(QueuePair& qp, const wire::Packet& pkt, Transport& t) {
   const uint32_t psn = pkt.hdr.bth.psn;
   if (psn_diff(psn, qp.resp.epsn) >= int32_t(ReceivedPsns::kSpanPsns)) {
@@ -504,20 +575,31 @@ void on_out_of_order(QueuePair& qp, const wire::Packet& pkt, Transport& t) {
   o.sync(qp.resp.epsn);
   if (psn_diff(o.next, qp.resp.epsn) < 0) o.next = qp.resp.epsn;
   if (o.placed(psn)) {
-    bump(t.counters().duplicate_request);
-    return;
+    if (o.digest(psn) == fingerprint(pkt)) {
+      bump(t.counters().duplicate_request);
+      return;
+    }
+    return contest(qp, t, o, psn);
   }
   bump(t.counters().out_of_seq_request);
+  if (o.contested(psn)) {
+    bump(t.counters().ooo_refused);
+    o.mark_reported(psn, false);  // reported again when the expected PSN reaches it
+    return;
+  }
+  if (!pkt.hdr.bth.resend && psn_diff(o.next, psn) > 0) forget_from(qp, t, o, psn);
   if (qp.resp.in_write && !o.write_holding(qp.resp.write_first_psn))
     o.add_write({qp.resp.write_first_psn, qp.resp.write_base, qp.resp.write_length,
                  read_psns(qp, qp.resp.write_length)});
-  if (place_early(qp, pkt, t, o)) {
+  const bool in_gap = psn_diff(o.next, psn) > 0;
+  if ((!in_gap || o.placed(psn_add(psn, wire::kPsnMask))) && place_early(qp, pkt, t, o)) {
     bump(t.counters().ooo_placed);
-    o.mark_placed(psn, pkt.info->mask & (wire::kIsLast | wire::kIsOnly));
+    o.mark_placed(psn, pkt.info->mask & (wire::kIsLast | wire::kIsOnly), fingerprint(pkt));
     if (psn_diff(psn, o.next) > 0) send_selective_nak(qp, t, o.next, psn_add(psn, wire::kPsnMask));
     if (psn_diff(psn, o.next) >= 0) o.next = psn_add(psn, 1);
     return;
   }
+  if (pkt.info->mask & wire::kIsWrite) bump(t.counters().ooo_refused);
   // Not placeable now: as if lost. Reported with the gap before it when it is new; when it
   // is a resend, again once the expected PSN reaches it (advance_over_placed).
   if (psn_diff(psn, o.next) >= 0) {
@@ -619,11 +701,16 @@ void on_request(QueuePair& qp, const wire::Packet& pkt, Transport& t) {
   const RequestCheck c = check_request(qp, pkt);
   if ((pkt.info->mask & wire::kHasXrceth) && !resolve_xrc_srq(qp, pkt, t, c)) return;
   if (c == RequestCheck::kOutOfSequence) {
-    if (pkt.hdr.bth.selective && t.selective_retransmit()) return on_out_of_order(qp, pkt, t);
+    // The QP's negotiated mode, not the packet's bit: any packet can set that.
+    if (qp.resp.peer_selective && t.selective_retransmit()) return on_out_of_order(qp, pkt, t);
     return on_out_of_sequence(qp, psn, t);
   }
   if (c == RequestCheck::kDuplicate) return on_duplicate(qp, pkt, t);
   qp.resp.nak_sent = false;  // the expected PSN has arrived
+  if (qp.resp.ooo && !pkt.hdr.bth.resend && psn_diff(qp.resp.ooo->next, psn) > 0) {
+    qp.resp.ooo->sync(qp.resp.epsn);
+    forget_from(qp, t, *qp.resp.ooo, psn);  // a first transmission of the expected PSN
+  }
   if (c != RequestCheck::kNew) {
     log().debug("qp {:#x}: {} psn {:#x} refused: {}", qp.qpn(), pkt.info->name, psn, to_string(c));
     return nak_and_fail(qp, t, wire::NakCode::kInvalidRequest, psn);
@@ -639,7 +726,11 @@ void on_request(QueuePair& qp, const wire::Packet& pkt, Transport& t) {
     on_atomic(qp, pkt, t);
   else if (m & wire::kIsAtomicWrite)
     on_atomic_write(qp, pkt, t);
-  if (qp.resp.ooo && qp.attr.state != QpState::kErr) {
+  if (qp.attr.state == QpState::kErr) return;
+  // Selective retransmission is the requester's to ask for, and it is believed from
+  // requests accepted in order only: their PSN is the expected one (IBTA's own bar).
+  if (pkt.hdr.bth.selective && psn_diff(qp.resp.epsn, psn) > 0) qp.resp.peer_selective = true;
+  if (qp.resp.ooo) {
     for (uint32_t p = psn; p != qp.resp.epsn; p = psn_add(p, 1)) qp.resp.ooo->clear(p);
     advance_over_placed(qp, t);
   }

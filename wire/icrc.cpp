@@ -334,4 +334,8 @@ void encode_ipv4_udp(const Ipv4UdpTuple& t, size_t udp_payload_bytes, uint8_t tt
   put16(p + 10, static_cast<uint16_t>(~sum));
 }
 
+uint32_t crc32(uint32_t crc, std::span<const uint8_t> bytes) noexcept {
+  return crc_update(crc, bytes.data(), bytes.size());
+}
+
 }  // namespace softrdma::wire

@@ -68,6 +68,11 @@ uint32_t icrc_compute(const Ipv4UdpTuple& t,
 uint32_t icrc_with_ip_id(uint32_t icrc, uint16_t from_id, uint16_t ip_id,
                          size_t udp_payload_bytes) noexcept;
 
+/// Plain CRC-32 (zlib's crc32: reflected, polynomial 0x04C11DB7) of `bytes`, continuing
+/// from `crc` (0 to start). The responder fingerprints packets it placed out of order with
+/// it (engine/received_psns.h). Not a MAC: it tells copies apart, it authenticates nothing.
+uint32_t crc32(uint32_t crc, std::span<const uint8_t> bytes) noexcept;
+
 /// Outcome of checking a received packet's ICRC.
 struct IcrcVerdict {
   bool ok = false;            ///< some (id, DF) explains the received ICRC

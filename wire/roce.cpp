@@ -187,6 +187,7 @@ constexpr uint8_t kFecnBit = 0x80;
 constexpr uint8_t kBecnBit = 0x40;
 constexpr uint8_t kAckReqBit = 0x80;
 constexpr uint8_t kSelectiveBit = 0x40;  // first bit of resv7 (see Bth::selective)
+constexpr uint8_t kResendBit = 0x20;     // second bit of resv7 (see Bth::resend)
 
 constexpr uint32_t kRnrTimerUsec[32] = {
     655360, 10,    20,    30,    40,    60,     80,     120,    160,    240,    320,
@@ -255,6 +256,7 @@ ParseError parse(std::span<const uint8_t> udp_payload, Packet& out) noexcept {
   bth.dest_qpn = load24(p + 5);
   bth.ack_req = (p[8] & kAckReqBit) != 0;
   bth.selective = (p[8] & kSelectiveBit) != 0;
+  bth.resend = (p[8] & kResendBit) != 0;
   bth.psn = load24(p + 9);
 
   const uint8_t* q = p + kBthBytes;
@@ -319,7 +321,8 @@ size_t encode_headers(const Headers& h, std::span<uint8_t> out) noexcept {
   store16(p + 2, bth.pkey);
   p[4] = static_cast<uint8_t>((bth.fecn ? kFecnBit : 0) | (bth.becn ? kBecnBit : 0));
   store24(p + 5, bth.dest_qpn & kQpnMask);
-  p[8] = static_cast<uint8_t>((bth.ack_req ? kAckReqBit : 0) | (bth.selective ? kSelectiveBit : 0));
+  p[8] = static_cast<uint8_t>((bth.ack_req ? kAckReqBit : 0) | (bth.selective ? kSelectiveBit : 0) |
+                              (bth.resend ? kResendBit : 0));
   store24(p + 9, bth.psn & kPsnMask);
 
   uint8_t* q = p + kBthBytes;

@@ -151,6 +151,13 @@ struct Bth {
   /// softrdma never sets it and never acts on it. Set by a requester on its requests when
   /// SOFTRDMA_SELECTIVE_RETX is on: "I understand selective NAKs" (docs/wide-area.md).
   bool selective = false;
+  /// softrdma's resend mark, bit 5 of BTH byte 8 (the second bit of resv7, likewise covered
+  /// by the ICRC and ignored by other peers): set with `selective` on a request packet whose
+  /// PSN the requester has sent before (go-back-N, selective or timer resend). A responder
+  /// placing packets out of order takes an unmarked packet arriving behind the highest PSN
+  /// it has seen as evidence that that PSN was forged or reordered (engine/responder.cpp).
+  /// It is a hint, not a credential: forging it gains nothing (docs/architecture.md).
+  bool resend = false;
   uint32_t psn = 0;  ///< 24 bits
 };
 

@@ -1089,5 +1089,106 @@ TEST_P(SelectiveLossTest, WritesAndSendsSurviveRandomLoss) {
 
 INSTANTIATE_TEST_SUITE_P(Seeds, SelectiveLossTest, ::testing::Range(1, 17));
 
+// ---- Forged out-of-order packets (issue 21 item 1) --------------------------------------
+
+// A copy of genuine packet `g` with a different payload (what a blind forger sends at a
+// PSN it guessed); `resend` sets Bth::resend (byte 8, 0x20).
+std::vector<uint8_t> forged_copy(const std::vector<uint8_t>& g, bool resend = false) {
+  std::vector<uint8_t> f = g;
+  f[f.size() - 8] ^= 0xff;  // a payload byte (the ICRC is the last 4)
+  if (resend) f[8] |= 0x20;
+  return f;
+}
+
+// Genuine WRITE packets +0…+7 (PSNs counted from the first one) are taken off `t`, so a
+// test can deliver them in the order it chooses.
+std::vector<std::vector<uint8_t>> take(FakeTransport& t) {
+  std::vector<std::vector<uint8_t>> v(t.sent.begin(), t.sent.end());
+  t.sent.clear();
+  return v;
+}
+
+// A forged middle packet lands ahead of the genuine one while an earlier packet is lost: it
+// is placed, but the genuine first transmissions then arriving behind it make the responder
+// forget it; the genuine copy is placed, the loss recovered, every byte is the requester's.
+TEST_F(TransportTest, ForgedPacketAheadOfItsGenuineCopyIsForgottenWhenTheGenuineStreamArrives) {
+  start_selective_after_one_rtt(1000000);
+  ASSERT_EQ(post(*a, WrOpcode::kRdmaWrite, kMtu, 8 * kMtu, kMtu, 2), kOk);
+  auto g = take(*ta);
+  ASSERT_EQ(g.size(), 8u);
+  for (int i : {0, 1}) ta->sent.push_back(g[i]);
+  ta->sent.push_back(forged_copy(g[5]));  // +2 is lost; the forgery reaches +5 first
+  for (int i : {3, 4, 5, 6, 7}) ta->sent.push_back(g[i]);
+  deliver(*ta, *b, *tb);
+  EXPECT_EQ(tb->counters_.ooo_unplaced.load(), 1u);
+  EXPECT_EQ(tb->counters_.ooo_contested.load(), 0u);
+  settle();
+  EXPECT_EQ(drain().size(), 2u);
+  EXPECT_EQ(std::memcmp(dst.data() + kMtu, src.data() + kMtu, 8 * kMtu), 0) << "forged data kept";
+  EXPECT_EQ(b->attr.state, QpState::kRts);
+}
+
+// A forged copy (marked as a resend) of a PSN already placed out of order: the two differ,
+// so the PSN is contested — reported missing, taken in order only — and the requester's
+// resend is what stays in memory. An identical copy is only a duplicate.
+TEST_F(TransportTest, ADifferentSecondCopyOfAPlacedPsnIsContestedAndResentInOrder) {
+  start_selective_after_one_rtt(1000000);
+  ASSERT_EQ(post(*a, WrOpcode::kRdmaWrite, kMtu, 8 * kMtu, kMtu, 2), kOk);
+  auto g = take(*ta);
+  ASSERT_EQ(g.size(), 8u);
+  for (int i : {0, 1, 3, 4, 5}) ta->sent.push_back(g[i]);  // +2 lost
+  ta->sent.push_back(g[5]);                                // a true duplicate
+  ta->sent.push_back(forged_copy(g[5], /*resend=*/true));  // a forgery of +5
+  for (int i : {6, 7}) ta->sent.push_back(g[i]);
+  deliver(*ta, *b, *tb);
+  EXPECT_EQ(tb->counters_.ooo_contested.load(), 1u);
+  EXPECT_EQ(tb->counters_.duplicate_request.load(), 1u);
+  std::vector<std::pair<uint32_t, uint32_t>> naks;
+  for (const auto& bytes : tb->sent) {
+    wire::Packet p = parse(bytes);
+    if (p.hdr.aeth.syndrome == wire::aeth_nak(wire::NakCode::kSelectiveRetransmit))
+      naks.emplace_back(p.hdr.bth.psn, p.hdr.aeth.msn);
+  }
+  const uint32_t base = wire::psn_add(kSqPsn, 1);  // after the warm-up WRITE
+  const std::vector<std::pair<uint32_t, uint32_t>> want{
+      {wire::psn_add(base, 2), wire::psn_add(base, 2)},
+      {wire::psn_add(base, 5), wire::psn_add(base, 5)}};
+  EXPECT_EQ(naks, want);
+  settle();
+  EXPECT_EQ(drain().size(), 2u);
+  EXPECT_EQ(std::memcmp(dst.data() + kMtu, src.data() + kMtu, 8 * kMtu), 0);
+  EXPECT_EQ(b->attr.state, QpState::kRts);
+}
+
+// The selective bit of an out-of-order packet is not the QP's mode: before any request with
+// it was accepted in order, a gap draws a go-back-N sequence NAK and nothing is placed.
+TEST_F(TransportTest, TheSelectiveBitAloneDoesNotTurnOnOutOfOrderPlacement) {
+  ta->selective = tb->selective = true;
+  ASSERT_EQ(post(*a, WrOpcode::kRdmaWrite, 0, 8 * kMtu), kOk);
+  lose(*ta, {0});  // the very first request: nothing was accepted in order yet
+  deliver(*ta, *b, *tb);
+  EXPECT_EQ(tb->counters_.ooo_placed.load(), 0u);
+  ASSERT_FALSE(tb->sent.empty());
+  EXPECT_EQ(parse(tb->sent[0]).hdr.aeth.syndrome, wire::aeth_nak(wire::NakCode::kPsnSequenceError));
+  settle();
+  ASSERT_EQ(drain().size(), 1u);
+  EXPECT_EQ(std::memcmp(dst.data(), src.data(), 8 * kMtu), 0);
+}
+
+// Zero-length WRITEs carry nothing to place and no rkey to check: never placed early (they
+// were, and the genuine packet of that PSN was then dropped as a duplicate).
+TEST_F(TransportTest, AZeroLengthWriteIsNeverPlacedOutOfOrder) {
+  start_selective_after_one_rtt(1000000);
+  ASSERT_EQ(post(*a, WrOpcode::kRdmaWrite, 0, 0, 0, 2), kOk);
+  ASSERT_EQ(post(*a, WrOpcode::kRdmaWrite, 0, 0, 0, 3), kOk);
+  lose(*ta, {1});  // the first zero-length WRITE (the warm-up used +0)
+  deliver(*ta, *b, *tb);
+  EXPECT_EQ(tb->counters_.ooo_placed.load(), 0u);
+  EXPECT_EQ(tb->counters_.ooo_refused.load(), 1u);
+  settle();
+  EXPECT_EQ(drain().size(), 3u);
+  EXPECT_EQ(b->attr.state, QpState::kRts);
+}
+
 }  // namespace
 }  // namespace softrdma::engine

@@ -115,6 +115,13 @@ struct Shared {
   std::atomic<uint32_t> attack_started{0};
   std::atomic<uint32_t> attack_done{0};
   std::atomic<uint32_t> requester_failed{0};
+  /// Lockstep (an attack that must never hit the expected PSN itself): before each round
+  /// the requester sets `idle_round` to round + 1 — nothing is outstanding then, so the
+  /// responder's expected PSN is exactly done_psn() — and waits until the attacker has set
+  /// `attacker_round` to it (its burst is sent and received) or is done.
+  std::atomic<uint32_t> lockstep{0};
+  std::atomic<uint32_t> idle_round{0};
+  std::atomic<uint32_t> attacker_round{0};
 };
 
 /// What the attacker learns about one endpoint.
@@ -152,6 +159,14 @@ void requester(Role& r, const Ctx& c) {
                       (attack_seen_at >= 0 && round >= attack_seen_at + kRoundsAfterAttack &&
                        round >= kMinRounds - 1);
     ASSERT_LT(Clock::now() - start, 60s) << "transfer still running after 60 s, round " << round;
+    if (c.sh->lockstep.load() && round > 0 && !c.sh->attack_done.load()) {
+      c.sh->idle_round.store(uint32_t(round) + 1);
+      const auto until = Clock::now() + 20s;
+      while (c.sh->attacker_round.load() <= uint32_t(round) && !c.sh->attack_done.load()) {
+        ASSERT_LT(Clock::now(), until) << "the attacker never let round " << round << " go";
+        std::this_thread::sleep_for(100us);
+      }
+    }
     const uint64_t slot = kWriteRegion + (round % kSlots) * kSlot;
     fill_pattern(b + kSrc, kSlot, write_seed(round));
     memset(b + kReadBack, kGuard, kSlot);
@@ -486,11 +501,12 @@ void attacker(Role& r, const Ctx& c, const AttackFn& fn) {
   c.sh->attack_done.store(1);
 }
 
-void run_hostile(Outcome outcome, AttackFn attack) {
+void run_hostile(Outcome outcome, AttackFn attack, bool lockstep = false) {
   void* m =
       mmap(nullptr, sizeof(Shared), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
   ASSERT_NE(MAP_FAILED, m);
   Shared* sh = new (m) Shared();
+  sh->lockstep.store(lockstep ? 1 : 0);
   const Ctx c{sh, outcome};
   Spec s;
   s.conn.path_mtu = IBV_MTU_1024;
@@ -721,6 +737,87 @@ TEST(HostilePackets, ForgedPacketsFromANonPeerAddressAreAllDroppedAsAddressError
     printf("[ attacker ] %lu requests to the responder, %lu responses to the requester\n",
            (unsigned long)to_b.sent, (unsigned long)to_a.sent);
   });
+}
+
+// Issue 21: forged out-of-order WRITEs with the selective-retransmission bit set. Before
+// every round, while nothing is outstanding (so the responder's expected PSN is exactly
+// done_psn() and no forged packet can be the expected one), the attacker sends a burst of
+// WRITEs from the requester's address at PSNs 1…kAhead past it — the PSNs the next rounds
+// will use: zero-length WRITE ONLYs (no rkey needed to be "placed"), WRITEs with a garbage
+// rkey, middle and last packets of no verified message, and a WRITE FIRST with the real
+// rkey whose DMA length (8 bytes, at the MR's end) is shorter than its payload. A forged
+// packet may cost a retransmission; it must never be placed in a PSN's stead (the genuine
+// packet then dropped as a duplicate while the requester completes successfully) nor write
+// past the MR: every round verifies, the guard pages are intact, both QPs stay RTS.
+TEST(HostilePackets, ForgedOutOfOrderSelectiveWritesNeverTakeAGenuinePacketsPlace) {
+  run_hostile(
+      Outcome::kSurvives,
+      [](Attack& at) {
+        Sender s = at.requests_as_requester();
+        const Counters before = at.r.peer_counters(1);
+        constexpr int kBursts = 40;
+        constexpr int kPerBurst = 60;
+        constexpr uint32_t kAhead = 200;  // a round uses ~180 PSNs
+        std::vector<uint8_t> junk(kMtu, 0xe7);
+        uint32_t seen = 0;
+        for (int burst = 0; burst < kBursts; ++burst) {
+          const auto until = Clock::now() + 20s;
+          uint32_t idle;
+          while ((idle = at.sh->idle_round.load()) <= seen) {
+            ASSERT_LT(Clock::now(), until) << "the requester never went idle";
+            std::this_thread::sleep_for(100us);
+          }
+          seen = idle;
+          const uint32_t epsn = at.done_psn();  // exact: nothing is outstanding
+          const Counters b0 = at.r.peer_counters(1);
+          const uint64_t sent0 = s.sent;
+          for (int i = 0; i < kPerBurst; ++i) {
+            Bth b = s.bth(kWriteOnly, psn_add(epsn, 1 + at.rand_below(kAhead)));
+            b.selective = true;
+            b.resend = at.rng() % 2;
+            PacketBuilder pb(b);
+            switch (i % 7) {
+              case 0:  // zero length, garbage rkey and address
+                pb.reth(at.rng(), static_cast<uint32_t>(at.rng()), 0);
+                break;
+              case 1:  // zero length, the real rkey
+                pb.reth(at.b_addr(), at.b_rkey(), 0);
+                break;
+              case 2:  // 64 bytes, a guessed rkey
+                pb.reth(at.target_va(), at.b_rkey() ^ (1u + at.rand_below(255)), 64)
+                    .payload(junk.data(), 64);
+                break;
+              case 3:  // FIRST, real rkey, DMA length 8 at the MR's end, 1 MTU of payload
+                b.opcode = kWriteFirst;
+                pb = PacketBuilder(b);
+                pb.reth(at.b_addr() + at.b_size() - 8, at.b_rkey(), 8).payload(junk.data(), kMtu);
+                break;
+              case 4:  // MIDDLE of whatever message holds that PSN
+                b.opcode = kWriteMiddle;
+                pb = PacketBuilder(b);
+                pb.payload(junk.data(), kMtu);
+                break;
+              case 5:  // LAST
+                b.opcode = kWriteLast;
+                pb = PacketBuilder(b);
+                pb.payload(junk.data(), 1 + at.rand_below(kMtu));
+                break;
+              default:  // FIRST, garbage rkey
+                b.opcode = kWriteFirst;
+                pb = PacketBuilder(b);
+                pb.reth(at.target_va(), static_cast<uint32_t>(at.rng()), 4 * kMtu)
+                    .payload(junk.data(), kMtu);
+            }
+            s.go(pb.finish(s.t()));
+          }
+          // Every forged packet is handled before the next round starts.
+          at.wait_growth(1, {"rcvd_pkts"}, b0, s.sent - sent0);
+          at.sh->attacker_round.store(idle);
+        }
+        printf("[ attacker ] %lu forged out-of-order WRITEs in %d bursts; responder:%s\n",
+               (unsigned long)s.sent, kBursts, Growth{before, at.r.peer_counters(1)}.str().c_str());
+      },
+      /*lockstep=*/true);
 }
 
 // ---- single-process tests against a fake peer -------------------------------------------

@@ -92,6 +92,10 @@ struct Bth {
   uint16_t pkey = 0xffff;
   uint32_t dest_qpn = 0;
   bool ack_req = false;
+  /// softrdma's selective-retransmission capability bit (wire::Bth::selective, 0x40 of
+  /// byte 8) and its resend bit (wire::Bth::resend, 0x20).
+  bool selective = false;
+  bool resend = false;
   uint32_t psn = 0;
 };
 
