@@ -352,6 +352,10 @@ uint64_t Device::now_ns() {
   return uint64_t(ts.tv_sec) * 1'000'000'000ull + uint64_t(ts.tv_nsec);
 }
 
+uint32_t Device::peer_pid(uint32_t ip, uint32_t qpn) {
+  return net::share_slot_pid(ip, qpn / kQpnsPerSlot, shm_dir_, shm_prefix_);
+}
+
 void Device::read_icmp_errors_locked(uint64_t now) {
   unreachable_rx_.clear();
   port_.read_unreachable(unreachable_rx_);
@@ -365,8 +369,8 @@ void Device::read_icmp_errors_locked(uint64_t now) {
 }
 
 PeerLiveness Device::peer_liveness(const QueuePair& qp, std::string* who) {
-  const uint32_t slot = qp.attr.dest_qp_num / kQpnsPerSlot;
-  const uint32_t pid = net::share_slot_pid(qp.remote_ip, slot, shm_dir_, shm_prefix_);
+  // The pid found at RTR: the slot may hold another process by now (a restarted peer).
+  const uint32_t pid = qp.peer_pid ? qp.peer_pid : peer_pid(qp.remote_ip, qp.attr.dest_qp_num);
   const uint64_t now = now_ns();
   if (pid == 0) {
     // Not a softrdma device of this host: only the network can tell. An ICMP "destination

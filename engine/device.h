@@ -226,6 +226,8 @@ class Device final : public Transport, public ObjectRegistry {
   /// Same-host peers: the process holding the destination QPN's slot at the peer's address
   /// (net::share_slot_pid), read from /proc (net::sample_process). Others: kUnknown.
   PeerLiveness peer_liveness(const QueuePair& qp, std::string* who = nullptr) override;
+  /// The pid in slot qpn / kQpnsPerSlot of `ip`'s share registry (net::share_slot_pid).
+  uint32_t peer_pid(uint32_t ip, uint32_t qpn) override;
   /// Packets to `dst_ip` wait in the same-host backlog (net::ShmPort::backlogged).
   bool path_busy(uint32_t dst_ip) override;
   void wait_for_path(QueuePair& qp) override;

@@ -265,6 +265,11 @@ void QueuePair::apply_modify(const QpAttr& a, uint32_t mask, const ModifyPlan& p
     case QpState::kSqd:
       attr.sq_draining = true;
       break;
+    case QpState::kRtr:
+      // Who the peer is now: a later look at its address could find another process in
+      // its slot (a restarted peer), and take it for the peer being alive.
+      if (type_->connected) peer_pid = dev_.transport().peer_pid(remote_ip, attr.dest_qp_num);
+      break;
     default:
       break;
   }

@@ -295,7 +295,10 @@ class QueuePair {
   /// an unreliable type, every WQE the requester has sent whole is then completed.
   void transmit_pending_requests();
   uint32_t remote_ip = 0;  ///< from attr.ah.dgid at RTR
-  uint32_t mtu = 256;      ///< path MTU, bytes
+  /// The peer's process when it is a softrdma device of this host, as found at RTR
+  /// (Transport::peer_pid); 0: not known.
+  uint32_t peer_pid = 0;
+  uint32_t mtu = 256;  ///< path MTU, bytes
 
   /// The memory sq and rq allocate from (QpInit::sq_memory, rq_memory), declared before
   /// them so that it outlives them.

@@ -107,6 +107,13 @@ class Transport {
   /// Registers `qp` to be run again (requester::run, and responder::resume for the READ
   /// responses it still owes) when path_busy(its peer) turns false.
   virtual void wait_for_path(QueuePair& qp) { (void)qp; }
+  /// The process behind QPN `qpn` at `ip` (host order) when that is a softrdma device of
+  /// this host, else 0. The default: 0.
+  virtual uint32_t peer_pid(uint32_t ip, uint32_t qpn) {
+    (void)ip;
+    (void)qpn;
+    return 0;
+  }
   /// Why `qp`'s peer (its remote address and destination QPN) may be silent. Costs a few
   /// system calls; asked at retransmit timeouts only. `who` gets a description of the peer
   /// for error messages ("127.0.0.3 qpn 0x1a2 (pid 4711, stopped)"), when known. The
