@@ -29,6 +29,11 @@
 #                                  wildcard); fail, showing LOG, if it exits first or after SECONDS
 #   status_text RC                 "status RC", plus "(timed out after ${STEP_TIMEOUT}s)" for
 #                                  timeout's 124 / 137
+#   kill_and_wait_exit VICTIM PID SECONDS LOG WHAT
+#                                  SIGKILLs VICTIM, then waits up to SECONDS for PID (a
+#                                  background job) to exit by itself; fails (showing LOG,
+#                                  naming WHAT) if it still runs (a hang). Sets TOOK (seconds
+#                                  from the kill, 2 decimals) and RC (PID's exit status)
 
 TEST_NAME=${TEST_NAME:-$(basename "$0" .sh)}
 
@@ -146,4 +151,22 @@ status_text() {
   local rc=$1
   echo -n "status $rc"
   if ((rc == 124 || rc == 137)); then echo -n " (timed out after ${STEP_TIMEOUT:-?}s)"; fi
+}
+
+# shellcheck disable=SC2034  # TOOK and RC are for the caller
+kill_and_wait_exit() {
+  local victim=$1 pid=$2 seconds=$3 log=$4 what=$5 t0
+  kill -9 "$victim"
+  t0=$(date +%s.%N)
+  _since() { awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.2f", b - a }'; }
+  while kill -0 "$pid" 2>/dev/null && awk -v t="$(_since)" -v s="$seconds" 'BEGIN { exit !(t < s) }'; do
+    sleep 0.05
+  done
+  TOOK=$(_since)
+  if kill -0 "$pid" 2>/dev/null; then
+    show_logs "$log"
+    fail "$what still runs $TOOK s after its peer was killed (a hang)"
+  fi
+  RC=0
+  wait "$pid" || RC=$?
 }

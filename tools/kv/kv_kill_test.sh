@@ -37,8 +37,6 @@ on_exit() {
   return 0
 }
 
-elapsed() { awk -v a="$killed_at" -v b="$(date +%s.%N)" 'BEGIN { printf "%.2f", b - a }'; }
-
 if [[ $CASE == demo_* ]]; then
   # The decode process serves the store; both take the first free 127.0.0.x.
   M="tcp://127.0.0.1:$PORT"
@@ -60,20 +58,12 @@ if [[ $CASE == demo_* ]]; then
   if [[ $CASE == demo_prefill ]]; then
     victim=$INIT_PID survivor=$TARGET_PID name=prefill peer=prefill
   fi
-  kill -9 "$victim"
-  killed_at=$(date +%s.%N)
-  while kill -0 "$survivor" 2>/dev/null && awk -v t="$(elapsed)" 'BEGIN { exit !(t < 2.0) }'; do
-    sleep 0.05
-  done
-  took=$(elapsed)
   log="$WORK/prefill.log"
   [[ $CASE == demo_prefill ]] && log="$WORK/decode.log"
-  kill -0 "$survivor" 2>/dev/null &&
-    { show_logs "$log"; fail "the survivor still runs $took s after $name was killed (a hang)"; }
-  wait "$survivor"
-  rc=$?
+  kill_and_wait_exit "$victim" "$survivor" 2 "$log" "the survivor"
+  rc=$RC
   TARGET_PID="" INIT_PID=""
-  echo "survivor ended $took s after $name was killed: $(status_text $rc)"
+  echo "survivor ended $TOOK s after $name was killed: $(status_text $rc)"
   grep "kv-demo:" "$log" | tail -1
   ((rc != 0)) || { show_logs "$log"; fail "the survivor exited 0"; }
   grep -q "kv-demo: .*peer '$peer'" "$log" || { show_logs "$log"; fail "the error does not name '$peer'"; }
@@ -97,18 +87,9 @@ for ((i = 0; i < 300; i++)); do
 done
 sleep 2
 kill -0 "$INIT_PID" 2>/dev/null || { show_logs "$WORK/init.log" "$WORK/target.log"; fail "the initiator ended before the kill"; }
-kill -9 "$TARGET_PID"
-killed_at=$(date +%s.%N)
-while kill -0 "$INIT_PID" 2>/dev/null && awk -v t="$(elapsed)" 'BEGIN { exit !(t < 2.0) }'; do
-  sleep 0.05
-done
-took=$(elapsed)
-if kill -0 "$INIT_PID" 2>/dev/null; then
-  show_logs "$WORK/init.log"
-  fail "the initiator still runs $took s after its target was killed (a hang)"
-fi
-wait "$INIT_PID"
-rc=$?
+kill_and_wait_exit "$TARGET_PID" "$INIT_PID" 2 "$WORK/init.log" "the initiator"
+rc=$RC
+took=$TOOK
 INIT_PID=""
 wait "$TARGET_PID" 2>/dev/null
 TARGET_PID=""
