@@ -443,7 +443,7 @@ void QueuePair::complete_recv(WcStatus status, WcOpcode opcode, uint32_t byte_le
 }
 
 void QueuePair::complete_recv(WcStatus status, WcOpcode opcode, uint32_t byte_len, uint32_t imm_be,
-                              uint32_t wc_flags, bool solicited, uint32_t src_qp) {
+                              uint32_t wc_flags, bool solicited, uint32_t src_qp, uint8_t sl) {
   Cqe c;
   c.wr_id = resp.wqe->wr_id;
   c.status = status;
@@ -453,6 +453,7 @@ void QueuePair::complete_recv(WcStatus status, WcOpcode opcode, uint32_t byte_le
   c.wc_flags = wc_flags;
   c.qp_num = qpn_;
   c.src_qp = src_qp;
+  c.sl = sl;
   CompletionQueue* cq = resp.wqe_cq;
   release_recv_wqe();
   if (cq) transport->deliver_recv_completion(*cq, c, solicited);

@@ -332,11 +332,12 @@ class QueuePair {
   /// the receive queue. False when none is posted.
   bool take_recv_wqe();
   /// Completes resp.wqe (taken by take_recv_wqe) to its CQ and lets it go; `src_qp` is the
-  /// sender's QPN (UD: from the DETH; others: the destination QP).
+  /// sender's QPN (UD: from the DETH; others: the destination QP), `sl` ibv_wc.sl (UD:
+  /// ud::kSlRoceV2Ipv4).
   void complete_recv(WcStatus status, WcOpcode opcode, uint32_t byte_len, uint32_t imm_be,
                      uint32_t wc_flags, bool solicited);
   void complete_recv(WcStatus status, WcOpcode opcode, uint32_t byte_len, uint32_t imm_be,
-                     uint32_t wc_flags, bool solicited, uint32_t src_qp);
+                     uint32_t wc_flags, bool solicited, uint32_t src_qp, uint8_t sl = 0);
   /// The PD that checks the memory a received request touches: the XRC SRQ's for an XRC
   /// request (annex A14.4), else the QP's.
   ProtectionDomain& responder_pd() const;
@@ -473,9 +474,21 @@ void on_request(QueuePair& qp, const wire::Packet& pkt, const RxMeta& meta, Tran
 /// UD receive unit (ud.cpp): executes a SEND ONLY datagram. The receive buffer gets the
 /// 40-byte GRH area first — for RoCEv2 over IPv4, 20 zero bytes and the packet's IPv4 header
 /// (IBTA vol 1 11.4.1.1, annex A17.4.5.1; rxe execute()) — then the payload; the completion
-/// has wc.src_qp from the DETH and IBV_WC_GRH. A datagram with no receive WQE posted or one
-/// too small is dropped and counted (ud_dropped_pkts); the Q_Key was checked by the device.
+/// has wc.src_qp from the DETH, IBV_WC_GRH and wc.sl = kSlRoceV2Ipv4. A datagram with no
+/// receive WQE posted or one too small is dropped and counted (ud_dropped_pkts); the Q_Key
+/// was checked by the device.
 namespace ud {
+/// ibv_wc.sl of a UD receive completion: on RoCE a ConnectX's CQE carries the received
+/// packet's type in the SL bits, not an SL (RoCE has no SL outside a VLAN's PCP): bit 3 set
+/// when the frame has a UDP header (RoCEv2), bits 2:0 the L3 header type, 0 GRH (RoCEv1),
+/// 1 IPv6, 2 IPv4 — mlx5 PRM as quoted in UCX's ud_iface.h uct_ud_iface_check_grh();
+/// rdma-core providers/mlx5/cq.c handle_responder() passes the CQE's bits 27:24 of
+/// flags_rqpn to wc->sl unchanged (the kernel's mlx5 maps the same bits to
+/// network_hdr_type: MLX5_CQE_ROCE_L3_HEADER_TYPE_IPV4 = 2). Every softrdma datagram is
+/// RoCEv2 over IPv4: 0x8 | 0x2. UCX's ud_verbs reads bits 2:0 to find the destination
+/// address in the GRH area (IPv4: its last 4 bytes; otherwise a 16-byte IPv6 GID) and
+/// drops a datagram whose address is not one of its own: with 0 it dropped every one.
+inline constexpr uint8_t kSlRoceV2Ipv4 = 0x8 | 0x2;
 void on_request(QueuePair& qp, const wire::Packet& pkt, const RxMeta& meta, Transport& t);
 /// Bytes of the GRH area at the head of every UD receive buffer (ibv_post_recv(3)).
 inline constexpr uint32_t kGrhBytes = 40;

@@ -160,6 +160,9 @@ struct Cqe {
   uint32_t qp_num = 0;
   uint32_t src_qp = 0;
   uint32_t wc_flags = 0;
+  /// ibv_wc.sl. 0 except on a UD receive completion, where it carries the RoCE packet type
+  /// as a ConnectX reports it there (kSlRoceV2Ipv4; see ud::on_request).
+  uint8_t sl = 0;
 };
 
 /// QP attribute mask bits (values of enum ibv_qp_attr_mask).

@@ -70,7 +70,7 @@ void on_request(QueuePair& qp, const wire::Packet& pkt, const RxMeta& meta, Tran
   qp.complete_recv(WcStatus::kSuccess, WcOpcode::kRecv,
                    static_cast<uint32_t>(kGrhBytes + pkt.payload.size()), imm ? pkt.hdr.imm_be : 0,
                    kWcGrh | (imm ? uint32_t{kWcWithImm} : 0u), pkt.hdr.bth.solicited,
-                   pkt.hdr.deth.src_qpn);
+                   pkt.hdr.deth.src_qpn, kSlRoceV2Ipv4);
 }
 
 }  // namespace softrdma::engine::ud

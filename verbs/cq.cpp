@@ -35,6 +35,7 @@ void fill_wc(const engine::Cqe& c, ibv_wc& w) {
   w.qp_num = c.qp_num;
   w.src_qp = c.src_qp;
   w.wc_flags = c.wc_flags;
+  w.sl = c.sl;
 }
 
 }  // namespace

@@ -78,12 +78,14 @@ uint32_t read_src_qp(ibv_cq_ex* cq) {
 unsigned int read_wc_flags(ibv_cq_ex* cq) {
   return of(cq)->current.wc_flags;
 }
-// RoCE has no LIDs, SLs or path bits (IBTA annex A17): 0, as rxe reports in ibv_wc.
+// RoCE has no LIDs or path bits (IBTA annex A17): 0, as rxe reports in ibv_wc. The SL is
+// what ibv_wc.sl has: 0, or on a UD receive the packet type a ConnectX reports there
+// (engine::ud::kSlRoceV2Ipv4).
 uint32_t read_slid(ibv_cq_ex*) {
   return 0;
 }
-uint8_t read_sl(ibv_cq_ex*) {
-  return 0;
+uint8_t read_sl(ibv_cq_ex* cq) {
+  return of(cq)->current.sl;
 }
 uint8_t read_dlid_path_bits(ibv_cq_ex*) {
   return 0;

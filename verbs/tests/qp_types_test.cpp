@@ -119,6 +119,63 @@ TEST(Ud, SendRecvWithGrhAndSourceQp) {
       }));
 }
 
+// A UD receive completion's SL carries the RoCE packet type as a ConnectX reports it
+// (engine::ud::kSlRoceV2Ipv4: UDP header present, L3 header type 2 = IPv4), in ibv_wc.sl
+// and in ibv_wc_read_sl of an extended CQ; a send completion's SL stays 0. UCX's ud_verbs
+// picks the destination address out of the GRH area by these bits (2: the last 4 bytes,
+// the IPv4 destination, checked here; otherwise the last 16 as an IPv6 GID) and drops every
+// datagram not addressed to one of its GIDs: with sl 0 it dropped them all (issue 22).
+TEST(Ud, RecvCompletionSlIsRoceV2Ipv4PacketType) {
+  run_roles(two_roles(
+      [](Role& r) {
+        UdEnd u(r, 1);
+        r.barrier();
+        ASSERT_EQ(0, u.send(r, 1, 0, 64));
+        ASSERT_EQ(0, u.send(r, 2, 0, 64));
+        for (uint64_t i = 1; i <= 2; ++i) EXPECT_EQ(0, int(poll_success(u.cq, i, IBV_WC_SEND).sl));
+        r.barrier();
+      },
+      [](Role& r) {
+        // One QP whose receive CQ is extended, so both ibv_wc and ibv_wc_read_sl are seen:
+        // the first datagram is polled through ibv_poll_cq, the second through ibv_start_poll.
+        ibv_cq_init_attr_ex ca{};
+        ca.cqe = 16;
+        ca.wc_flags = IBV_WC_STANDARD_FLAGS;
+        ibv_cq_ex* cqx = ibv_create_cq_ex(r.dev().ctx, &ca);
+        ASSERT_NE(nullptr, cqx) << strerror(errno);
+        ibv_cq* cq = ibv_cq_ex_to_cq(cqx);
+        ibv_qp* qp = make_qp(r, IBV_QPT_UD, cq);
+        r.send_value(0, qp->qp_num);
+        const auto peer_qpn = r.recv_value<uint32_t>(0);
+        to_rts(qp, r.peer_info(0).gid, peer_qpn);
+        for (uint64_t i = 0; i < 2; ++i)
+          ASSERT_EQ(0, post_recv(qp, 10 + i, r.buf() + i * 4096, 4096, r.lkey()));
+        r.barrier();
+        const ibv_wc wc = poll_success(cq, 10, IBV_WC_RECV);
+        EXPECT_EQ(0xa, int(wc.sl)) << "RoCEv2 (bit 3) over IPv4 (bits 2:0 = 2)";
+        EXPECT_TRUE(wc.wc_flags & IBV_WC_GRH);
+        uint32_t dst = 0;
+        std::memcpy(&dst, r.buf() + 40 - 4, 4);
+        EXPECT_EQ(r.dev().ipv4, ntohl(dst)) << "what UCX compares with its own GID's IPv4";
+
+        ibv_poll_cq_attr pa{};
+        int rc = ENOENT;
+        for (int tries = 0; tries < 50000 && rc == ENOENT; ++tries) {
+          rc = ibv_start_poll(cqx, &pa);
+          if (rc == ENOENT) usleep(100);
+        }
+        ASSERT_EQ(0, rc);
+        EXPECT_EQ(11u, cqx->wr_id);
+        EXPECT_EQ(IBV_WC_SUCCESS, cqx->status);
+        EXPECT_EQ(0xa, int(ibv_wc_read_sl(cqx)));
+        EXPECT_EQ(0u, ibv_wc_read_slid(cqx));
+        ibv_end_poll(cqx);
+        r.barrier();
+        EXPECT_EQ(0, ibv_destroy_qp(qp));
+        EXPECT_EQ(0, ibv_destroy_cq(cq));
+      }));
+}
+
 // A datagram whose DETH Q_Key is not the receiving QP's is dropped and counted
 // (rcvd_qkey_err); the next, with the right Q_Key, is received. A Q_Key with the most
 // significant bit set in the WR sends the QP's own (IBTA 10.2.5) and is received.
