@@ -350,6 +350,8 @@ class Device final : public Transport, public ObjectRegistry {
   uint64_t next_take_over_ns_ = 0;  // a member's next try_take_over()
   /// A member checks this often whether port 4791 is free (its owner exited), ns.
   static constexpr uint64_t kTakeOverCheckNs = 20'000'000;
+  /// The progress thread retries the share's backlog this often while it holds packets, ns.
+  static constexpr uint64_t kShareBacklogRetryNs = 50'000;
   /// Member, progress thread, device lock held: binds UDP 4791 at the address when the owner
   /// has given it up (exited) and becomes the owner — it forwards the other members' packets
   /// from now on. The same-host mailbox stays off (UDP only).

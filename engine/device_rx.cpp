@@ -197,8 +197,10 @@ bool Device::forward_to_share(const net::RxDatagram& d, const uint8_t* data, siz
   bool sent = false;
   for (uint32_t k = 0; k < net::kShareSlots; ++k) {
     if (!((gsi ? others : 1u << slot) & (1u << k))) continue;
+    const uint64_t waited = share_.stats().backlogged;
     if (share_.forward(k, meta, bytes)) {
       bump(counters_->share_forwarded);
+      if (share_.stats().backlogged != waited) bump(counters_->share_backlogged);
       sent = true;
     } else {
       bump(counters_->share_forward_drops);
@@ -226,6 +228,9 @@ size_t Device::receive_share_locked() {
     bump_locked(counters_->share_rcvd);
     handle_packet(d, d.data, len, meta.ip_id_hint, meta.from_shm != 0, /*forwarded=*/true);
   }
+  // Follows the owner the registry names (a new one after a take-over) once the queue is
+  // drained: reconnecting discards what is still queued.
+  if (member_ && n < kRxBudget) share_.follow_owner();
   if (n) {
     last_rx_ns_.store(now_ns(), std::memory_order_relaxed);
     flush();
@@ -319,6 +324,9 @@ size_t Device::receive_shm_locked() {
         handle_packet(d, bytes.data(), bytes.size(), 0, /*from_shm=*/true);
       },
       kRxBudget);
+  // Follows the owner the registry names (a new one after a take-over) once the queue is
+  // drained: reconnecting discards what is still queued.
+  if (member_ && n < kRxBudget) share_.follow_owner();
   if (n) {
     last_rx_ns_.store(now_ns(), std::memory_order_relaxed);
     flush();

@@ -403,7 +403,13 @@ bool Device::forward_local(TxSlot& s) {
   d.src_port = port_.port();
   d.ttl = tx_ttl_;
   d.tos = static_cast<uint8_t>(tx_tos_ | (s.ce ? 0x3 : 0));
-  return forward_to_share(d, share_tx_.data(), share_tx_.size(), 0, /*from_shm=*/false);
+  const bool taken = forward_to_share(d, share_tx_.data(), share_tx_.size(), 0, false);
+  // A packet for another live slot that its socket refused (full) is lost there, counted in
+  // share_forward_drops, as a full socket buffer loses a datagram: sending it to this
+  // process's own socket or ring instead only brought it back here, to be dropped again as an
+  // unknown QPN after a second forward. QPN 1 (every slot's GSI) is also this process's.
+  return taken || (s.dest_qpn != 1 && s.dest_qpn / kQpnsPerSlot != share_.slot() &&
+                   (share_.live_mask() & (1u << (s.dest_qpn / kQpnsPerSlot))));
 }
 
 bool Device::shape_queued(uint64_t now) {

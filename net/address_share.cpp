@@ -24,8 +24,9 @@ namespace {
 /// The registry file's layout (one page; only the first bytes are used).
 struct Registry {
   uint32_t magic;
-  std::atomic<uint32_t> live;  // bit k: slot k joined and has not left
-  uint32_t pid[kShareSlots];   // the process holding each slot (0: none); under flock
+  std::atomic<uint32_t> live;   // bit k: slot k joined and has not left
+  uint32_t pid[kShareSlots];    // the process holding each slot (0: none); under flock
+  std::atomic<uint32_t> owner;  // slot + 1 of the process owning UDP 4791 (0: none known)
 };
 constexpr uint32_t kMagic = 0x53524131;  // "SRA1"
 constexpr size_t kFileBytes = 4096;
@@ -150,10 +151,13 @@ int AddressShare::join(uint32_t ip, const std::string& dir, const std::string& p
     reg->magic = kMagic;
   }
   name_prefix_ = prefix + "slot-" + dotted(ip) + "-";
+  fwd_prefix_ = prefix + "fwd-" + dotted(ip) + "-";
   // Slots of processes that died without leave() (killed) are free again: their bits too.
   for (uint32_t k = 0; k < kShareSlots; ++k)
     if (reg->pid[k] != 0 && pid_dead(reg->pid[k])) {
       reg->pid[k] = 0;
+      uint32_t dead_owner = k + 1;  // killed while owning the port: nobody to follow
+      reg->owner.compare_exchange_strong(dead_owner, 0, std::memory_order_acq_rel);
       reg->live.fetch_and(~(1u << k), std::memory_order_acq_rel);
     }
   for (uint32_t k = 0; k < kShareSlots; ++k)
@@ -195,7 +199,32 @@ int AddressShare::join(uint32_t ip, const std::string& dir, const std::string& p
   file_fd_ = fd;
   map_ = m;
   live_ = &reg->live;
+  owner_ = &reg->owner;
   return 0;
+}
+
+void AddressShare::become_owner() {
+  if (!joined()) return;
+  if (following_ != 0) {  // a member that took over: datagrams from anyone again
+    sockaddr_un none{};
+    none.sun_family = AF_UNSPEC;
+    ::connect(fd_, reinterpret_cast<sockaddr*>(&none), sizeof none.sun_family);
+    following_ = 0;
+  }
+  owner_->store(slot_ + 1, std::memory_order_release);
+}
+
+bool AddressShare::follow_owner() {
+  if (!joined()) return false;
+  const uint32_t owner = owner_->load(std::memory_order_acquire);
+  if (owner == following_) return owner != 0;
+  if (owner == 0 || owner == slot_ + 1) return false;  // none yet, or ourselves (stale)
+  sockaddr_un a;
+  const socklen_t len =
+      abstract_addr(fwd_prefix_ + std::to_string(owner - 1) + "-" + std::to_string(slot_), a);
+  if (::connect(fd_, reinterpret_cast<sockaddr*>(&a), len) != 0) return false;  // retried
+  following_ = owner;
+  return true;
 }
 
 void AddressShare::leave() {
@@ -203,6 +232,8 @@ void AddressShare::leave() {
   auto* reg = static_cast<Registry*>(map_);
   ::flock(file_fd_, LOCK_EX);
   if (reg->pid[slot_] == static_cast<uint32_t>(::getpid())) {
+    uint32_t mine = slot_ + 1;
+    reg->owner.compare_exchange_strong(mine, 0, std::memory_order_acq_rel);
     reg->live.fetch_and(~(1u << slot_), std::memory_order_acq_rel);
     reg->pid[slot_] = 0;
   }
@@ -211,16 +242,51 @@ void AddressShare::leave() {
   if (empty) ::unlink(path_.c_str());  // the last one out (join() copes with the race)
   ::flock(file_fd_, LOCK_UN);
   ::close(fd_);
+  close_out();
   ::munmap(map_, kFileBytes);
   ::close(file_fd_);
   fd_ = file_fd_ = -1;
   map_ = nullptr;
   live_ = nullptr;
+  owner_ = nullptr;
+  following_ = 0;
 }
 
-bool AddressShare::forward(uint32_t slot, const ForwardedMeta& meta,
-                           std::span<const uint8_t> packet) {
-  if (!joined() || slot >= kShareSlots) return false;
+int AddressShare::out_fd(uint32_t slot) {
+  if (!out_init_) {
+    for (int& f : out_fd_) f = -1;
+    out_init_ = true;
+  }
+  if (out_fd_[slot] >= 0) return out_fd_[slot];
+  const int s = ::socket(AF_UNIX, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (s < 0) return fd_;
+  sockaddr_un a;
+  const socklen_t len =
+      abstract_addr(fwd_prefix_ + std::to_string(slot_) + "-" + std::to_string(slot), a);
+  if (::bind(s, reinterpret_cast<sockaddr*>(&a), len) != 0) {
+    ::close(s);
+    return fd_;  // unconnected sends from the slot socket (the queue limit applies)
+  }
+  const int buf = 4 << 20;
+  ::setsockopt(s, SOL_SOCKET, SO_SNDBUF, &buf, sizeof buf);
+  out_fd_[slot] = s;
+  return s;
+}
+
+void AddressShare::close_out() {
+  if (out_init_)
+    for (int& f : out_fd_)
+      if (f >= 0) {
+        ::close(f);
+        f = -1;
+      }
+  for (auto& q : backlog_) q.clear();
+  backlog_mask_.store(0, std::memory_order_relaxed);
+  backlog_bytes_ = 0;
+}
+
+int AddressShare::send_to(uint32_t slot, const ForwardedMeta& meta,
+                          std::span<const uint8_t> packet) {
   sockaddr_un a;
   const socklen_t len = abstract_addr(name_prefix_ + std::to_string(slot), a);
   iovec iov[2] = {{const_cast<ForwardedMeta*>(&meta), sizeof meta},
@@ -230,25 +296,65 @@ bool AddressShare::forward(uint32_t slot, const ForwardedMeta& meta,
   h.msg_namelen = len;
   h.msg_iov = iov;
   h.msg_iovlen = 2;
-  if (::sendmsg(fd_, &h, MSG_DONTWAIT | MSG_NOSIGNAL) >= 0) {
+  if (::sendmsg(out_fd(slot), &h, MSG_DONTWAIT | MSG_NOSIGNAL) >= 0) return 0;
+  return errno == EWOULDBLOCK ? EAGAIN : errno;
+}
+
+void AddressShare::forget_slot(uint32_t slot) {
+  // Nobody holds the socket: a process killed without leave(). Clear its bit so later
+  // packets are dropped without a system call (under the flock: a joiner may be taking the
+  // slot right now).
+  auto* reg = static_cast<Registry*>(map_);
+  ::flock(file_fd_, LOCK_EX);
+  if (pid_dead(reg->pid[slot])) {
+    reg->pid[slot] = 0;
+    reg->live.fetch_and(~(1u << slot), std::memory_order_acq_rel);
+  }
+  ::flock(file_fd_, LOCK_UN);
+}
+
+bool AddressShare::forward(uint32_t slot, const ForwardedMeta& meta,
+                           std::span<const uint8_t> packet) {
+  if (!joined() || slot >= kShareSlots) return false;
+  // Behind a backlog, a packet waits its turn (the receiver's PSN checks want the order).
+  const int e = (backlog_mask_.load(std::memory_order_relaxed) & (1u << slot))
+                    ? EAGAIN
+                    : send_to(slot, meta, packet);
+  if (e == 0) {
     ++stats_.forwarded;
     return true;
   }
-  const int e = errno;
-  ++stats_.forward_drops;
-  if (e == ECONNREFUSED || e == ENOENT) {
-    // Nobody holds the socket: a process killed without leave(). Clear its bit so later
-    // packets are dropped without a system call (under the flock: a joiner may be taking the
-    // slot right now).
-    auto* reg = static_cast<Registry*>(map_);
-    ::flock(file_fd_, LOCK_EX);
-    if (pid_dead(reg->pid[slot])) {
-      reg->pid[slot] = 0;
-      reg->live.fetch_and(~(1u << slot), std::memory_order_acq_rel);
-    }
-    ::flock(file_fd_, LOCK_UN);
+  if (e == EAGAIN && backlog_bytes_ + packet.size() <= kMaxBacklogBytes) {
+    backlog_[slot].push_back({slot, meta, {packet.begin(), packet.end()}});
+    backlog_mask_.fetch_or(1u << slot, std::memory_order_relaxed);
+    backlog_bytes_ += packet.size();
+    ++stats_.backlogged;
+    ++stats_.forwarded;
+    return true;
   }
+  ++stats_.forward_drops;
+  if (e == ECONNREFUSED || e == ENOENT) forget_slot(slot);
   return false;
+}
+
+bool AddressShare::flush_backlog() {
+  for (uint32_t k = 0; k < kShareSlots; ++k) {
+    if (!(backlog_mask_.load(std::memory_order_relaxed) & (1u << k))) continue;
+    std::deque<Pending>& q = backlog_[k];
+    while (!q.empty()) {
+      const int e = send_to(k, q.front().meta, q.front().packet);
+      if (e == EAGAIN) break;  // full again: later
+      if (e != 0) {
+        ++stats_.forward_drops;  // its process is gone meanwhile
+        --stats_.forwarded;
+        if (e == ECONNREFUSED || e == ENOENT) forget_slot(k);
+      }
+      backlog_bytes_ -= q.front().packet.size();
+      q.pop_front();
+    }
+    if (q.empty()) backlog_mask_.fetch_and(~(1u << k), std::memory_order_relaxed);
+  }
+  return backlogged();
 }
 
 size_t AddressShare::receive(std::span<uint8_t> buf, ForwardedMeta& meta) {

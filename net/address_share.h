@@ -14,6 +14,14 @@
 // (forward()), with what the datagram's headers said (ForwardedMeta), and QP1 packets (the GSI's
 // MADs) to every slot. This layer knows nothing of RoCE: the caller decides what goes where.
 //
+// The registry also names the owner's slot (become_owner()). The owner forwards to slot k from
+// a socket of its own for k, "\0<prefix>fwd-<a.b.c.d>-<owner>-<k>", and slot k's socket is
+// connected to it (follow_owner()): Linux queues at most net.unix.max_dgram_qlen (10 by
+// default) datagrams on a unix datagram socket from senders it is not connected to, so a burst
+// of READ responses or ACKs forwarded to an unconnected socket overflowed it and was lost
+// (issue 22 item 5); from the socket it is connected to, only that sender's send buffer bounds
+// what may wait — one per slot, so a slow or stopped process holds up only its own packets.
+//
 // Threading: one AddressShare is used by one thread at a time (the device lock); processes
 // meet only through the atomic bitmap in the mapping and the flock.
 #pragma once
@@ -23,6 +31,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <span>
 #include <string>
 #include <vector>
@@ -48,7 +57,8 @@ static_assert(sizeof(ForwardedMeta) == 12);
 /// Counters of one share (plain integers, read under the caller's lock).
 struct ShareStats {
   uint64_t forwarded = 0;      ///< packets handed to another slot's socket
-  uint64_t forward_drops = 0;  ///< ... that its socket refused (gone, full)
+  uint64_t forward_drops = 0;  ///< ... that its socket refused (gone; full and backlog full)
+  uint64_t backlogged = 0;     ///< ... that waited in the backlog (its socket was full)
   uint64_t received = 0;       ///< packets another slot's owner forwarded to us
   uint64_t malformed = 0;      ///< forwarded datagrams too short to carry a ForwardedMeta
 };
@@ -111,10 +121,35 @@ class AddressShare {
   /// Whether another process shares the address now (one relaxed load).
   bool shared() const { return (live_mask() & ~(1u << slot_)) != 0; }
 
-  /// Sends `packet` with `meta` to slot `slot`'s socket. Never blocks; false (counted in
-  /// stats().forward_drops) when the slot's process is gone or its socket is full (the
-  /// packet is then lost, as a full socket buffer loses a datagram).
+  /// Records this process as the one that owns the address's UDP 4791 (the one that
+  /// forwards), and stops following another owner (a member that took over). Call once the
+  /// port is bound.
+  void become_owner();
+  /// A member: connects its slot socket to the owner's forwarding socket for this slot when
+  /// the registry names an owner other than the one it follows (a connected unix datagram
+  /// socket takes its peer's datagrams past net.unix.max_dgram_qlen, and only its peer's).
+  /// The owner creates that socket when it first forwards here: until then this fails and is
+  /// tried again. Reconnecting discards what is still queued from the previous owner:
+  /// receive() everything first. One relaxed load when nothing changed. Returns whether the
+  /// socket follows the registered owner now.
+  bool follow_owner();
+
+  /// Sends `packet` with `meta` to slot `slot`'s socket. Never blocks. When the socket is
+  /// full (this process's send buffer holds all its receiver can take) the packet is copied to
+  /// a backlog, kept in order behind what is already there, and sent by flush_backlog() as
+  /// the receiver reads: a member slower than the owner for a while is not made to lose and
+  /// retransmit whole READ responses (each packet lost costs a go-back-N replay). False
+  /// (counted in stats().forward_drops) when the slot's process is gone or the backlog holds
+  /// kMaxBacklogBytes already.
   bool forward(uint32_t slot, const ForwardedMeta& meta, std::span<const uint8_t> packet);
+  /// Sends what forward() put in the backlog, in order, until a socket is full again.
+  /// Returns whether some is still waiting (call again soon: no event says when). Never
+  /// blocks.
+  bool flush_backlog();
+  /// Whether forward() left packets in the backlog (one relaxed load: any thread).
+  bool backlogged() const { return backlog_mask_.load(std::memory_order_relaxed) != 0; }
+  /// The most bytes the backlog holds before forward() drops.
+  static constexpr size_t kMaxBacklogBytes = 16u << 20;
 
   /// The slot socket (non-blocking, CLOEXEC) for an epoll set; -1 when not joined.
   int fd() const { return fd_; }
@@ -126,14 +161,36 @@ class AddressShare {
 
  private:
   std::string name_prefix_;  // abstract socket names: "<prefix>slot-<a.b.c.d>-"
+  std::string fwd_prefix_;   // the owner's forwarding sockets: "<prefix>fwd-<a.b.c.d>-"
   std::string path_;         // the registry file
   uint32_t ip_ = 0;
   uint32_t slot_ = 0;
+  uint32_t following_ = 0;  // the owner's slot + 1 this socket is connected to; 0: none
   int fd_ = -1;
   int file_fd_ = -1;
   void* map_ = nullptr;
   std::atomic<uint32_t>* live_ = nullptr;
+  std::atomic<uint32_t>* owner_ = nullptr;  // the registry's owner field: slot + 1, 0: none
   ShareStats stats_;
+  /// Packets forward() could not send yet, oldest first from backlog_head_.
+  struct Pending {
+    uint32_t slot;
+    ForwardedMeta meta;
+    std::vector<uint8_t> packet;
+  };
+  std::deque<Pending> backlog_[kShareSlots];  // per destination slot, oldest first
+  std::atomic<uint32_t> backlog_mask_{0};     // bit k: backlog_[k] not empty (any thread reads)
+  size_t backlog_bytes_ = 0;
+  int out_fd_[kShareSlots];  // the owner's forwarding socket per destination slot (-1: none)
+  bool out_init_ = false;
+  /// The owner's socket for `slot` (created and named on first use; fd_ when that fails).
+  int out_fd(uint32_t slot);
+  /// Closes the forwarding sockets and drops the backlog.
+  void close_out();
+  /// One sendmsg to `slot`'s socket: 0 sent, else the errno (EAGAIN: full).
+  int send_to(uint32_t slot, const ForwardedMeta& meta, std::span<const uint8_t> packet);
+  /// A slot whose socket nobody holds (killed without leave()): its bit cleared.
+  void forget_slot(uint32_t slot);
 };
 
 }  // namespace softrdma::net
