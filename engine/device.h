@@ -257,6 +257,9 @@ class Device final : public Transport, public ObjectRegistry {
                         uint16_t ip_id_hint, bool from_shm);
   /// Packets the owner forwarded to this process (member, or shared), through the checks.
   size_t receive_share_locked();
+  /// Sends the share's batches and backlog (net::AddressShare::send_batches) and adds the
+  /// outcome to the counters (share_forwarded, share_forward_drops, share_backlogged).
+  void send_share_locked();
   /// Datagrams on the multicast groups' sockets, through the checks (engine/multicast.cpp).
   size_t receive_mcast_locked();
   /// A parsed packet that arrived for multicast group d.dst_ip: a copy to each attached QP
@@ -346,6 +349,7 @@ class Device final : public Transport, public ObjectRegistry {
   bool member_ = false;            // another process owns UDP 4791 at ip(): port_ is ip():ephemeral
   std::vector<uint8_t> share_rx_;  // receive_share_locked()'s buffer
   std::vector<uint8_t> share_tx_;  // forward_local()'s gathered packet
+  net::ShareStats share_seen_;     // share_.stats() already added to the counters
   int socket_buffer_bytes_ = 0;    // DeviceConfig::socket_buffer_bytes, for try_take_over()
   uint64_t next_take_over_ns_ = 0;  // a member's next try_take_over()
   /// A member checks this often whether port 4791 is free (its owner exited), ns.

@@ -281,21 +281,20 @@ void AddressShare::close_out() {
         f = -1;
       }
   for (auto& q : backlog_) q.clear();
+  for (Batch& b : batch_) b = Batch{};
   backlog_mask_.store(0, std::memory_order_relaxed);
   backlog_bytes_ = 0;
 }
 
-int AddressShare::send_to(uint32_t slot, const ForwardedMeta& meta,
-                          std::span<const uint8_t> packet) {
+int AddressShare::send_to(uint32_t slot, const Batch& b) {
   sockaddr_un a;
   const socklen_t len = abstract_addr(name_prefix_ + std::to_string(slot), a);
-  iovec iov[2] = {{const_cast<ForwardedMeta*>(&meta), sizeof meta},
-                  {const_cast<uint8_t*>(packet.data()), packet.size()}};
+  iovec iov{const_cast<uint8_t*>(b.bytes.data()), b.bytes.size()};
   msghdr h{};
   h.msg_name = &a;
   h.msg_namelen = len;
-  h.msg_iov = iov;
-  h.msg_iovlen = 2;
+  h.msg_iov = &iov;
+  h.msg_iovlen = 1;
   if (::sendmsg(out_fd(slot), &h, MSG_DONTWAIT | MSG_NOSIGNAL) >= 0) return 0;
   return errno == EWOULDBLOCK ? EAGAIN : errno;
 }
@@ -313,65 +312,112 @@ void AddressShare::forget_slot(uint32_t slot) {
   ::flock(file_fd_, LOCK_UN);
 }
 
+namespace {
+/// A record's header in a forwarded datagram: the meta, then the packet's length.
+constexpr size_t kRecordHeader = sizeof(ForwardedMeta) + sizeof(uint32_t);
+size_t padded(size_t n) {
+  return (n + 3) & ~size_t{3};
+}
+}  // namespace
+
 bool AddressShare::forward(uint32_t slot, const ForwardedMeta& meta,
                            std::span<const uint8_t> packet) {
   if (!joined() || slot >= kShareSlots) return false;
-  // Behind a backlog, a packet waits its turn (the receiver's PSN checks want the order).
-  const int e = (backlog_mask_.load(std::memory_order_relaxed) & (1u << slot))
-                    ? EAGAIN
-                    : send_to(slot, meta, packet);
-  if (e == 0) {
-    ++stats_.forwarded;
-    return true;
-  }
-  if (e == EAGAIN && backlog_bytes_ + packet.size() <= kMaxBacklogBytes) {
-    backlog_[slot].push_back({slot, meta, {packet.begin(), packet.end()}});
-    backlog_mask_.fetch_or(1u << slot, std::memory_order_relaxed);
-    backlog_bytes_ += packet.size();
-    ++stats_.backlogged;
-    ++stats_.forwarded;
-    return true;
-  }
-  ++stats_.forward_drops;
-  if (e == ECONNREFUSED || e == ENOENT) forget_slot(slot);
-  return false;
+  Batch& b = batch_[slot];
+  const size_t record = kRecordHeader + padded(packet.size());
+  if (b.packets != 0 && b.bytes.size() + record > kBatchBytes) send_slot(slot);
+  const size_t at = b.bytes.size();
+  b.bytes.resize(at + record);
+  std::memcpy(b.bytes.data() + at, &meta, sizeof meta);
+  const auto length = static_cast<uint32_t>(packet.size());
+  std::memcpy(b.bytes.data() + at + sizeof meta, &length, sizeof length);
+  if (!packet.empty())
+    std::memcpy(b.bytes.data() + at + kRecordHeader, packet.data(), packet.size());
+  ++b.packets;
+  backlog_mask_.fetch_or(1u << slot, std::memory_order_relaxed);
+  return true;
 }
 
-bool AddressShare::flush_backlog() {
-  for (uint32_t k = 0; k < kShareSlots; ++k) {
-    if (!(backlog_mask_.load(std::memory_order_relaxed) & (1u << k))) continue;
-    std::deque<Pending>& q = backlog_[k];
-    while (!q.empty()) {
-      const int e = send_to(k, q.front().meta, q.front().packet);
-      if (e == EAGAIN) break;  // full again: later
-      if (e != 0) {
-        ++stats_.forward_drops;  // its process is gone meanwhile
-        --stats_.forwarded;
-        if (e == ECONNREFUSED || e == ENOENT) forget_slot(k);
-      }
-      backlog_bytes_ -= q.front().packet.size();
-      q.pop_front();
+void AddressShare::send_slot(uint32_t k) {
+  std::deque<Batch>& q = backlog_[k];
+  while (!q.empty()) {  // the oldest first: the receiver's PSN checks want the order
+    const int e = send_to(k, q.front());
+    if (e == EAGAIN) break;  // full again: later
+    if (e == 0) {
+      stats_.forwarded += q.front().packets;
+    } else {
+      stats_.forward_drops += q.front().packets;  // its process is gone meanwhile
+      if (e == ECONNREFUSED || e == ENOENT) forget_slot(k);
     }
-    if (q.empty()) backlog_mask_.fetch_and(~(1u << k), std::memory_order_relaxed);
+    backlog_bytes_ -= q.front().bytes.size();
+    q.pop_front();
   }
+  Batch& b = batch_[k];
+  if (b.packets != 0) {
+    const int e = q.empty() ? send_to(k, b) : EAGAIN;
+    if (e == 0) {
+      stats_.forwarded += b.packets;
+    } else if (e == EAGAIN && backlog_bytes_ + b.bytes.size() <= kMaxBacklogBytes) {
+      stats_.backlogged += b.packets;
+      backlog_bytes_ += b.bytes.size();
+      q.push_back(std::move(b));
+      b = Batch{};
+    } else {
+      stats_.forward_drops += b.packets;
+      if (e == ECONNREFUSED || e == ENOENT) forget_slot(k);
+    }
+    b.bytes.clear();
+    b.packets = 0;
+  }
+  if (q.empty()) backlog_mask_.fetch_and(~(1u << k), std::memory_order_relaxed);
+}
+
+bool AddressShare::send_batches() {
+  const uint32_t pending = backlog_mask_.load(std::memory_order_relaxed);
+  for (uint32_t k = 0; k < kShareSlots; ++k)
+    if (pending & (1u << k)) send_slot(k);
   return backlogged();
 }
 
 size_t AddressShare::receive(std::span<uint8_t> buf, ForwardedMeta& meta) {
   if (!joined()) return 0;
   for (int tries = 0; tries < 64; ++tries) {
-    iovec iov[2] = {{&meta, sizeof meta}, {buf.data(), buf.size()}};
-    msghdr h{};
-    h.msg_iov = iov;
-    h.msg_iovlen = 2;
-    const ssize_t n = ::recvmsg(fd_, &h, MSG_DONTWAIT);
-    if (n < 0) return 0;
-    if (static_cast<size_t>(n) <= sizeof meta || (h.msg_flags & MSG_TRUNC)) {
+    if (rx_at_ >= rx_len_) {  // the next datagram
+      if (rx_.size() < (256u << 10)) rx_.resize(256u << 10);
+      iovec iov{rx_.data(), rx_.size()};
+      msghdr h{};
+      h.msg_iov = &iov;
+      h.msg_iovlen = 1;
+      rx_pending_.store(false, std::memory_order_relaxed);
+      const ssize_t n = ::recvmsg(fd_, &h, MSG_DONTWAIT);
+      if (n < 0) return 0;
+      rx_at_ = 0;
+      rx_len_ = static_cast<size_t>(n);
+      if (h.msg_flags & MSG_TRUNC) {
+        ++stats_.malformed;
+        rx_len_ = 0;
+        continue;
+      }
+    }
+    uint32_t length = 0;
+    if (rx_len_ - rx_at_ < kRecordHeader) {
       ++stats_.malformed;
+      rx_at_ = rx_len_;
       continue;
     }
+    std::memcpy(&meta, rx_.data() + rx_at_, sizeof meta);
+    std::memcpy(&length, rx_.data() + rx_at_ + sizeof meta, sizeof length);
+    const size_t at = rx_at_ + kRecordHeader;
+    if (length == 0 || length > buf.size() || length > rx_len_ - at) {
+      ++stats_.malformed;
+      rx_at_ = rx_len_;  // the rest of this datagram cannot be trusted
+      continue;
+    }
+    std::memcpy(buf.data(), rx_.data() + at, length);
+    rx_at_ = at + padded(length);
+    rx_pending_.store(rx_at_ < rx_len_, std::memory_order_relaxed);
     ++stats_.received;
-    return static_cast<size_t>(n) - sizeof meta;
+    return length;
   }
   return 0;
 }
