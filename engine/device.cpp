@@ -296,6 +296,7 @@ std::unique_ptr<Device> Device::open(const DeviceConfig& cfg, int& err) {
   if (d->share_.joined()) {
     ev.data.fd = d->share_.fd();
     ::epoll_ctl(d->epoll_fd_, EPOLL_CTL_ADD, d->share_.fd(), &ev);
+    d->share_.set_epoll(d->epoll_fd_);
     d->share_rx_.resize(kRxBufferBytes);
   }
   if (d->share_.joined()) {

@@ -336,9 +336,11 @@ class Device final : public Transport, public ObjectRegistry {
   /// peer's backlog (the ring was full); kRingFull (dropped) when the backlog is full too; kDropped
   /// with no mailbox under SOFTRDMA_TRANSPORT=shm. `ce`: it carries the CE mark.
   ShmOutcome send_shm(uint32_t dst_ip, std::span<const iovec> iov, bool ce);
-  /// Owner of a shared address, a packet to its own address: handed to the process whose
-  /// QPN it names (true: sent), or copied to every other process for QP1 and then sent as
-  /// usual (false).
+  /// A packet to this process's own shared address: handed to the slot socket of the process
+  /// whose QPN it names (true: sent, or lost there and counted), or copied to every other
+  /// process for QP1 and then sent as usual (false). The owner sends every such packet this
+  /// way; a member only those for the owner's QPNs (the other members take only the owner's
+  /// datagrams).
   bool forward_local(TxSlot& s);
   std::vector<uint8_t> shm_capture_;  // a same-host packet as recorded, with its ICRC
 

@@ -218,11 +218,12 @@ size_t Device::receive_share_locked() {
   size_t n = 0;
   for (; n < kRxBudget; ++n) {
     net::ForwardedMeta meta;
-    const size_t len = share_.receive(share_rx_, meta);
-    if (len == 0) break;
+    const std::span<uint8_t> p = share_.next(meta);  // valid until the next call
+    if (p.empty()) break;
+    const size_t len = p.size();
     net::RxDatagram d;
-    d.data = share_rx_.data();
-    d.capacity = share_rx_.size();
+    d.data = p.data();
+    d.capacity = len;
     d.length = len;
     d.src_ip = meta.src_ip;
     d.src_port = meta.src_port;

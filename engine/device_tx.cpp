@@ -274,10 +274,19 @@ void Device::send_queued() {
   udp_slots_.clear();
   bool shm_sent = false;
   const bool share_local = !member_ && share_.joined() && share_.shared();
+  // A member's packets for the owner's QPNs go to the owner's slot socket, as the owner's
+  // come to it (no ICRC, several to a datagram): by UDP they cost the ICRC on both sides and
+  // the owner's UDP receive, which held ib_write_bw at one address to a third of two
+  // addresses (over the rings). The rest (another member's QPNs, QP1) go by UDP to the owner,
+  // which forwards them.
+  const uint32_t owner_slot = member_ && share_.joined() ? share_.owner_slot() : net::kShareSlots;
   for (size_t k = 0; k < tx_count_; ++k) {
     TxSlot& s = tx_[k];
     if (s.taken) continue;
     if (share_local && s.dst_ip == ip() && forward_local(s)) continue;
+    if (owner_slot < net::kShareSlots && s.dst_ip == ip() && s.dest_qpn != 1 &&
+        s.dest_qpn / kQpnsPerSlot == owner_slot && forward_local(s))
+      continue;
     if (!shm_.is_open()) {
       udp_slots_.push_back(k);
       continue;

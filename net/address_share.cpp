@@ -7,6 +7,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/epoll.h>
 #include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
@@ -269,6 +270,19 @@ int AddressShare::out_fd(uint32_t slot) {
   }
   const int buf = 4 << 20;
   ::setsockopt(s, SOL_SOCKET, SO_SNDBUF, &buf, sizeof buf);
+  ::setsockopt(s, SOL_SOCKET, SO_RCVBUF, &buf, sizeof buf);
+  // Connected to the slot's socket as well, so what that process sends back here (a member's
+  // packets for this process's QPNs) passes the queue limit too; refused while it still
+  // follows a previous owner (then this socket only sends).
+  sockaddr_un peer;
+  const socklen_t peer_len = abstract_addr(name_prefix_ + std::to_string(slot), peer);
+  ::connect(s, reinterpret_cast<sockaddr*>(&peer), peer_len);
+  if (epoll_fd_ >= 0) {
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.fd = fd_;  // reads as the slot socket's event: receive() reads both
+    ::epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, s, &ev);
+  }
   out_fd_[slot] = s;
   return s;
 }
@@ -291,11 +305,16 @@ int AddressShare::send_to(uint32_t slot, const Batch& b) {
   const socklen_t len = abstract_addr(name_prefix_ + std::to_string(slot), a);
   iovec iov{const_cast<uint8_t*>(b.bytes.data()), b.bytes.size()};
   msghdr h{};
-  h.msg_name = &a;
-  h.msg_namelen = len;
   h.msg_iov = &iov;
   h.msg_iovlen = 1;
-  if (::sendmsg(out_fd(slot), &h, MSG_DONTWAIT | MSG_NOSIGNAL) >= 0) return 0;
+  // A member to the owner it follows: through its connected slot socket, to the owner's
+  // socket for it (connected back: no queue limit).
+  const bool to_owner = following_ != 0 && slot + 1 == following_;
+  if (!to_owner) {
+    h.msg_name = &a;
+    h.msg_namelen = len;
+  }
+  if (::sendmsg(to_owner ? fd_ : out_fd(slot), &h, MSG_DONTWAIT | MSG_NOSIGNAL) >= 0) return 0;
   return errno == EWOULDBLOCK ? EAGAIN : errno;
 }
 
@@ -379,8 +398,8 @@ bool AddressShare::send_batches() {
   return backlogged();
 }
 
-size_t AddressShare::receive(std::span<uint8_t> buf, ForwardedMeta& meta) {
-  if (!joined()) return 0;
+std::span<uint8_t> AddressShare::next(ForwardedMeta& meta) {
+  if (!joined()) return {};
   for (int tries = 0; tries < 64; ++tries) {
     if (rx_at_ >= rx_len_) {  // the next datagram
       if (rx_.size() < (256u << 10)) rx_.resize(256u << 10);
@@ -389,8 +408,11 @@ size_t AddressShare::receive(std::span<uint8_t> buf, ForwardedMeta& meta) {
       h.msg_iov = &iov;
       h.msg_iovlen = 1;
       rx_pending_.store(false, std::memory_order_relaxed);
-      const ssize_t n = ::recvmsg(fd_, &h, MSG_DONTWAIT);
-      if (n < 0) return 0;
+      ssize_t n = ::recvmsg(fd_, &h, MSG_DONTWAIT);
+      // Then the sockets for the other slots (members' packets to this process, the owner).
+      for (uint32_t k = 0; n < 0 && out_init_ && k < kShareSlots; ++k)
+        if (out_fd_[k] >= 0) n = ::recvmsg(out_fd_[k], &h, MSG_DONTWAIT);
+      if (n < 0) return {};
       rx_at_ = 0;
       rx_len_ = static_cast<size_t>(n);
       if (h.msg_flags & MSG_TRUNC) {
@@ -408,18 +430,27 @@ size_t AddressShare::receive(std::span<uint8_t> buf, ForwardedMeta& meta) {
     std::memcpy(&meta, rx_.data() + rx_at_, sizeof meta);
     std::memcpy(&length, rx_.data() + rx_at_ + sizeof meta, sizeof length);
     const size_t at = rx_at_ + kRecordHeader;
-    if (length == 0 || length > buf.size() || length > rx_len_ - at) {
+    if (length == 0 || length > rx_len_ - at) {
       ++stats_.malformed;
       rx_at_ = rx_len_;  // the rest of this datagram cannot be trusted
       continue;
     }
-    std::memcpy(buf.data(), rx_.data() + at, length);
     rx_at_ = at + padded(length);
     rx_pending_.store(rx_at_ < rx_len_, std::memory_order_relaxed);
     ++stats_.received;
-    return length;
+    return {rx_.data() + at, length};
   }
-  return 0;
+  return {};
+}
+
+size_t AddressShare::receive(std::span<uint8_t> buf, ForwardedMeta& meta) {
+  const std::span<uint8_t> p = next(meta);
+  if (p.size() > buf.size()) {
+    ++stats_.malformed;
+    return 0;
+  }
+  std::memcpy(buf.data(), p.data(), p.size());
+  return p.size();
 }
 
 }  // namespace softrdma::net

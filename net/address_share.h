@@ -133,6 +133,11 @@ class AddressShare {
   /// receive() everything first. One relaxed load when nothing changed. Returns whether the
   /// socket follows the registered owner now.
   bool follow_owner();
+  /// The slot of the process the registry names as the owner; kShareSlots when none.
+  uint32_t owner_slot() const {
+    const uint32_t o = owner_ ? owner_->load(std::memory_order_relaxed) : 0;
+    return o == 0 ? kShareSlots : o - 1;
+  }
 
   /// Queues `packet` with `meta` for slot `slot`'s socket: packets for one slot travel
   /// together, several to a datagram (records: ForwardedMeta, 32-bit length, the packet,
@@ -158,10 +163,16 @@ class AddressShare {
 
   /// The slot socket (non-blocking, CLOEXEC) for an epoll set; -1 when not joined.
   int fd() const { return fd_; }
+  /// The epoll set to which the owner adds each forwarding socket it creates (they carry the
+  /// members' packets back to it), with fd() as the event's data: receive() reads them all.
+  void set_epoll(int epoll_fd) { epoll_fd_ = epoll_fd; }
   /// Receives one forwarded packet into `buf`: returns its length (0: none waiting; a
   /// malformed datagram or record is counted and skipped) and fills `meta`. A datagram holds
   /// several packets: the rest wait here for the next calls. Never blocks.
   size_t receive(std::span<uint8_t> buf, ForwardedMeta& meta);
+  /// receive() without the copy: the packet where it lies in the datagram read, valid until
+  /// the next call (empty: none waiting).
+  std::span<uint8_t> next(ForwardedMeta& meta);
   /// Whether receive() holds packets of a datagram it has read (no epoll event announces
   /// them).
   bool rx_pending() const { return rx_pending_.load(std::memory_order_relaxed); }
@@ -195,6 +206,7 @@ class AddressShare {
   std::atomic<bool> rx_pending_{false};  // rx_at_ < rx_len_ (any thread reads)
   int out_fd_[kShareSlots];  // the owner's forwarding socket per destination slot (-1: none)
   bool out_init_ = false;
+  int epoll_fd_ = -1;  // set_epoll()
   /// The owner's socket for `slot` (created and named on first use; fd_ when that fails).
   int out_fd(uint32_t slot);
   /// Closes the forwarding sockets and drops the backlog.
