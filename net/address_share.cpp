@@ -258,7 +258,15 @@ int AddressShare::out_fd(uint32_t slot) {
     for (int& f : out_fd_) f = -1;
     out_init_ = true;
   }
-  if (out_fd_[slot] >= 0) return out_fd_[slot];
+  // A socket made for a process that has left the slot since (the next process there took
+  // it: pyverbs forks a passive and an active side per test) is connected to the dead one's
+  // socket, which makes the newcomer's follow_owner() fail: made again.
+  const uint32_t pid = static_cast<Registry*>(map_)->pid[slot];
+  if (out_fd_[slot] >= 0 && out_pid_[slot] == pid) return out_fd_[slot];
+  if (out_fd_[slot] >= 0) {
+    ::close(out_fd_[slot]);  // (leaves the epoll set with it)
+    out_fd_[slot] = -1;
+  }
   const int s = ::socket(AF_UNIX, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   if (s < 0) return fd_;
   sockaddr_un a;
@@ -284,6 +292,7 @@ int AddressShare::out_fd(uint32_t slot) {
     ::epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, s, &ev);
   }
   out_fd_[slot] = s;
+  out_pid_[slot] = pid;
   return s;
 }
 

@@ -205,6 +205,7 @@ class AddressShare {
   size_t rx_at_ = 0, rx_len_ = 0;        // its next record, its end
   std::atomic<bool> rx_pending_{false};  // rx_at_ < rx_len_ (any thread reads)
   int out_fd_[kShareSlots];  // the owner's forwarding socket per destination slot (-1: none)
+  uint32_t out_pid_[kShareSlots] = {};  // the pid in the slot when out_fd_ was made
   bool out_init_ = false;
   int epoll_fd_ = -1;  // set_epoll()
   /// The owner's socket for `slot` (created and named on first use; fd_ when that fails).
