@@ -91,6 +91,7 @@ namespace softrdma::engine {
   X(rcvd_gro_batches, "UDP GRO receives (several RoCEv2 packets in one datagram buffer)")          \
   X(share_forwarded, "packets handed to another process sharing this address (its QPN's slot)")    \
   X(share_forward_drops, "packets for another process at this address lost (gone or full)")        \
+  X(share_backlogged, "... of share_forwarded that waited in the owner's backlog (socket full)")   \
   X(share_rcvd, "packets received from the owner of this address's UDP port (forwarded)")          \
   X(mcast_rcvd_pkts, "datagrams received for a multicast group some QP is attached to")            \
   X(mcast_delivered, "multicast datagrams placed in an attached QP (one per QP)")

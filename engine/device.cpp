@@ -296,7 +296,16 @@ std::unique_ptr<Device> Device::open(const DeviceConfig& cfg, int& err) {
   if (d->share_.joined()) {
     ev.data.fd = d->share_.fd();
     ::epoll_ctl(d->epoll_fd_, EPOLL_CTL_ADD, d->share_.fd(), &ev);
+    d->share_.set_epoll(d->epoll_fd_);
     d->share_rx_.resize(kRxBufferBytes);
+  }
+  if (d->share_.joined()) {
+    // The owner names itself in the registry; a member connects its slot socket to the
+    // owner's, past the unix datagram queue limit (net/address_share.h).
+    if (d->member_)
+      d->share_.follow_owner();
+    else
+      d->share_.become_owner();
   }
   if (d->member_)
     log().info(
@@ -340,6 +349,7 @@ void Device::try_take_over(uint64_t now) {
   ::epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, port_.fd(), &ev);
   socket_watched_ = true;
   member_ = false;
+  share_.become_owner();
   log().info(
       "device srdma0 took over {}:{} from its exited owner (slot {}; same-host shared "
       "memory off)",

@@ -257,6 +257,9 @@ class Device final : public Transport, public ObjectRegistry {
                         uint16_t ip_id_hint, bool from_shm);
   /// Packets the owner forwarded to this process (member, or shared), through the checks.
   size_t receive_share_locked();
+  /// Sends the share's batches and backlog (net::AddressShare::send_batches) and adds the
+  /// outcome to the counters (share_forwarded, share_forward_drops, share_backlogged).
+  void send_share_locked();
   /// Datagrams on the multicast groups' sockets, through the checks (engine/multicast.cpp).
   size_t receive_mcast_locked();
   /// A parsed packet that arrived for multicast group d.dst_ip: a copy to each attached QP
@@ -333,9 +336,11 @@ class Device final : public Transport, public ObjectRegistry {
   /// peer's backlog (the ring was full); kRingFull (dropped) when the backlog is full too; kDropped
   /// with no mailbox under SOFTRDMA_TRANSPORT=shm. `ce`: it carries the CE mark.
   ShmOutcome send_shm(uint32_t dst_ip, std::span<const iovec> iov, bool ce);
-  /// Owner of a shared address, a packet to its own address: handed to the process whose
-  /// QPN it names (true: sent), or copied to every other process for QP1 and then sent as
-  /// usual (false).
+  /// A packet to this process's own shared address: handed to the slot socket of the process
+  /// whose QPN it names (true: sent, or lost there and counted), or copied to every other
+  /// process for QP1 and then sent as usual (false). The owner sends every such packet this
+  /// way; a member only those for the owner's QPNs (the other members take only the owner's
+  /// datagrams).
   bool forward_local(TxSlot& s);
   std::vector<uint8_t> shm_capture_;  // a same-host packet as recorded, with its ICRC
 
@@ -346,10 +351,13 @@ class Device final : public Transport, public ObjectRegistry {
   bool member_ = false;            // another process owns UDP 4791 at ip(): port_ is ip():ephemeral
   std::vector<uint8_t> share_rx_;  // receive_share_locked()'s buffer
   std::vector<uint8_t> share_tx_;  // forward_local()'s gathered packet
+  net::ShareStats share_seen_;     // share_.stats() already added to the counters
   int socket_buffer_bytes_ = 0;    // DeviceConfig::socket_buffer_bytes, for try_take_over()
   uint64_t next_take_over_ns_ = 0;  // a member's next try_take_over()
   /// A member checks this often whether port 4791 is free (its owner exited), ns.
   static constexpr uint64_t kTakeOverCheckNs = 20'000'000;
+  /// The progress thread retries the share's backlog this often while it holds packets, ns.
+  static constexpr uint64_t kShareBacklogRetryNs = 50'000;
   /// Member, progress thread, device lock held: binds UDP 4791 at the address when the owner
   /// has given it up (exited) and becomes the owner — it forwards the other members' packets
   /// from now on. The same-host mailbox stays off (UDP only).

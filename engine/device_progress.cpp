@@ -76,6 +76,8 @@ void Device::run_timers_locked(uint64_t now) {
 }
 
 void Device::progress_locked(uint64_t now, bool check_udp) {
+  // Forwards that found a sharing process's socket full (net/address_share.h), oldest first.
+  if (share_.backlogged()) send_share_locked();
   receive_locked(check_udp);
   run_timers_locked(now);
   flush();
@@ -215,6 +217,11 @@ void Device::progress_thread() {
     if (app_polling && (until == 0 || until > last_poll + window)) until = last_poll + window;
     // A member looks now and then whether its address's owner has exited (try_take_over).
     if (member_ && (until == 0 || until > now + kTakeOverCheckNs)) until = now + kTakeOverCheckNs;
+    // Forwards wait in the backlog for a sharing process to read (no event says when).
+    if (share_.backlogged() && (until == 0 || until > now + kShareBacklogRetryNs))
+      until = now + kShareBacklogRetryNs;
+    // Packets of a forwarded datagram that the last round's budget left unread.
+    if (share_.rx_pending()) until = now;
     if (shm_.is_open() && !app_polling) {
       std::lock_guard lk(mu_);
       thread_asleep_.store(true, std::memory_order_relaxed);

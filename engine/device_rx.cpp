@@ -197,27 +197,33 @@ bool Device::forward_to_share(const net::RxDatagram& d, const uint8_t* data, siz
   bool sent = false;
   for (uint32_t k = 0; k < net::kShareSlots; ++k) {
     if (!((gsi ? others : 1u << slot) & (1u << k))) continue;
-    if (share_.forward(k, meta, bytes)) {
-      bump(counters_->share_forwarded);
-      sent = true;
-    } else {
-      bump(counters_->share_forward_drops);
-    }
+    // Queued in the slot's batch; send_share_locked() sends it and counts the outcome.
+    sent = share_.forward(k, meta, bytes) || sent;
   }
   // A packet its slot's process could not take (it died) goes through this process's
   // checks, which drop it as addressed to an unknown QPN.
   return !gsi && sent;
 }
 
+void Device::send_share_locked() {
+  share_.send_batches();
+  const net::ShareStats& now = share_.stats();
+  bump_locked(counters_->share_forwarded, now.forwarded - share_seen_.forwarded);
+  bump_locked(counters_->share_forward_drops, now.forward_drops - share_seen_.forward_drops);
+  bump_locked(counters_->share_backlogged, now.backlogged - share_seen_.backlogged);
+  share_seen_ = now;
+}
+
 size_t Device::receive_share_locked() {
   size_t n = 0;
   for (; n < kRxBudget; ++n) {
     net::ForwardedMeta meta;
-    const size_t len = share_.receive(share_rx_, meta);
-    if (len == 0) break;
+    const std::span<uint8_t> p = share_.next(meta);  // valid until the next call
+    if (p.empty()) break;
+    const size_t len = p.size();
     net::RxDatagram d;
-    d.data = share_rx_.data();
-    d.capacity = share_rx_.size();
+    d.data = p.data();
+    d.capacity = len;
     d.length = len;
     d.src_ip = meta.src_ip;
     d.src_port = meta.src_port;
@@ -226,6 +232,9 @@ size_t Device::receive_share_locked() {
     bump_locked(counters_->share_rcvd);
     handle_packet(d, d.data, len, meta.ip_id_hint, meta.from_shm != 0, /*forwarded=*/true);
   }
+  // Follows the owner the registry names (a new one after a take-over) once the queue is
+  // drained: reconnecting discards what is still queued.
+  if (member_ && n < kRxBudget) share_.follow_owner();
   if (n) {
     last_rx_ns_.store(now_ns(), std::memory_order_relaxed);
     flush();

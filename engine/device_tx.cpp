@@ -260,10 +260,13 @@ void Device::send_queued() {
       pcap_->flush();
       pcap_dirty_ = false;
     }
+    // Packets the receive path forwarded to processes sharing the address, in batches.
+    if (share_.backlogged()) send_share_locked();
     return;
   }
   if (wan_.is_open() && !shape_queued(now_ns())) {
     tx_count_ = 0;
+    if (share_.backlogged()) send_share_locked();
     return;
   }
   // Peers on this host with a mailbox get their packets through shared memory; the rest
@@ -271,10 +274,19 @@ void Device::send_queued() {
   udp_slots_.clear();
   bool shm_sent = false;
   const bool share_local = !member_ && share_.joined() && share_.shared();
+  // A member's packets for the owner's QPNs go to the owner's slot socket, as the owner's
+  // come to it (no ICRC, several to a datagram): by UDP they cost the ICRC on both sides and
+  // the owner's UDP receive, which held ib_write_bw at one address to a third of two
+  // addresses (over the rings). The rest (another member's QPNs, QP1) go by UDP to the owner,
+  // which forwards them.
+  const uint32_t owner_slot = member_ && share_.joined() ? share_.owner_slot() : net::kShareSlots;
   for (size_t k = 0; k < tx_count_; ++k) {
     TxSlot& s = tx_[k];
     if (s.taken) continue;
     if (share_local && s.dst_ip == ip() && forward_local(s)) continue;
+    if (owner_slot < net::kShareSlots && s.dst_ip == ip() && s.dest_qpn != 1 &&
+        s.dest_qpn / kQpnsPerSlot == owner_slot && forward_local(s))
+      continue;
     if (!shm_.is_open()) {
       udp_slots_.push_back(k);
       continue;
@@ -369,14 +381,18 @@ void Device::send_queued() {
     if (errors) bump(counters_->send_err, errors);
   }
   tx_count_ = 0;
+  // forward_local()'s packets and the receive path's, several to a datagram per process.
+  if (share_.backlogged()) send_share_locked();
 }
 
 bool Device::forward_local(TxSlot& s) {
   // Straight to the process sharing the address, not through this process's own socket or
   // ring: a packet still queued there is lost when this process exits right after sending
   // it (a REJ, the last DREP), and the member would wait out its CM retries.
-  if (!compute_icrc(s)) return true;  // unmapped payload: not sent
-  for (int b = 0; b < 4; ++b) s.trailer[s.pad + b] = static_cast<uint8_t>(s.icrc >> (8 * b));
+  // No ICRC, as on the same-host rings (marked from_shm: the member does not check one):
+  // a unix socket has no bit errors, and a CRC over every 4 KiB of READ responses on both
+  // sides held two processes at one address to a quarter of what two addresses reach.
+  for (int b = 0; b < 4; ++b) s.trailer[s.pad + b] = 0;
   // The payload is registered memory, which may be unmapped meanwhile (net/fault_guard.h):
   // sized first, copied under the guard.
   size_t total = 0;
@@ -403,7 +419,13 @@ bool Device::forward_local(TxSlot& s) {
   d.src_port = port_.port();
   d.ttl = tx_ttl_;
   d.tos = static_cast<uint8_t>(tx_tos_ | (s.ce ? 0x3 : 0));
-  return forward_to_share(d, share_tx_.data(), share_tx_.size(), 0, /*from_shm=*/false);
+  const bool taken = forward_to_share(d, share_tx_.data(), share_tx_.size(), 0, /*from_shm=*/true);
+  // A packet for another live slot that its socket refused (full) is lost there, counted in
+  // share_forward_drops, as a full socket buffer loses a datagram: sending it to this
+  // process's own socket or ring instead only brought it back here, to be dropped again as an
+  // unknown QPN after a second forward. QPN 1 (every slot's GSI) is also this process's.
+  return taken || (s.dest_qpn != 1 && s.dest_qpn / kQpnsPerSlot != share_.slot() &&
+                   (share_.live_mask() & (1u << (s.dest_qpn / kQpnsPerSlot))));
 }
 
 bool Device::shape_queued(uint64_t now) {

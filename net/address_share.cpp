@@ -7,6 +7,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/epoll.h>
 #include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
@@ -24,8 +25,9 @@ namespace {
 /// The registry file's layout (one page; only the first bytes are used).
 struct Registry {
   uint32_t magic;
-  std::atomic<uint32_t> live;  // bit k: slot k joined and has not left
-  uint32_t pid[kShareSlots];   // the process holding each slot (0: none); under flock
+  std::atomic<uint32_t> live;   // bit k: slot k joined and has not left
+  uint32_t pid[kShareSlots];    // the process holding each slot (0: none); under flock
+  std::atomic<uint32_t> owner;  // slot + 1 of the process owning UDP 4791 (0: none known)
 };
 constexpr uint32_t kMagic = 0x53524131;  // "SRA1"
 constexpr size_t kFileBytes = 4096;
@@ -150,10 +152,13 @@ int AddressShare::join(uint32_t ip, const std::string& dir, const std::string& p
     reg->magic = kMagic;
   }
   name_prefix_ = prefix + "slot-" + dotted(ip) + "-";
+  fwd_prefix_ = prefix + "fwd-" + dotted(ip) + "-";
   // Slots of processes that died without leave() (killed) are free again: their bits too.
   for (uint32_t k = 0; k < kShareSlots; ++k)
     if (reg->pid[k] != 0 && pid_dead(reg->pid[k])) {
       reg->pid[k] = 0;
+      uint32_t dead_owner = k + 1;  // killed while owning the port: nobody to follow
+      reg->owner.compare_exchange_strong(dead_owner, 0, std::memory_order_acq_rel);
       reg->live.fetch_and(~(1u << k), std::memory_order_acq_rel);
     }
   for (uint32_t k = 0; k < kShareSlots; ++k)
@@ -195,7 +200,32 @@ int AddressShare::join(uint32_t ip, const std::string& dir, const std::string& p
   file_fd_ = fd;
   map_ = m;
   live_ = &reg->live;
+  owner_ = &reg->owner;
   return 0;
+}
+
+void AddressShare::become_owner() {
+  if (!joined()) return;
+  if (following_ != 0) {  // a member that took over: datagrams from anyone again
+    sockaddr_un none{};
+    none.sun_family = AF_UNSPEC;
+    ::connect(fd_, reinterpret_cast<sockaddr*>(&none), sizeof none.sun_family);
+    following_ = 0;
+  }
+  owner_->store(slot_ + 1, std::memory_order_release);
+}
+
+bool AddressShare::follow_owner() {
+  if (!joined()) return false;
+  const uint32_t owner = owner_->load(std::memory_order_acquire);
+  if (owner == following_) return owner != 0;
+  if (owner == 0 || owner == slot_ + 1) return false;  // none yet, or ourselves (stale)
+  sockaddr_un a;
+  const socklen_t len =
+      abstract_addr(fwd_prefix_ + std::to_string(owner - 1) + "-" + std::to_string(slot_), a);
+  if (::connect(fd_, reinterpret_cast<sockaddr*>(&a), len) != 0) return false;  // retried
+  following_ = owner;
+  return true;
 }
 
 void AddressShare::leave() {
@@ -203,6 +233,8 @@ void AddressShare::leave() {
   auto* reg = static_cast<Registry*>(map_);
   ::flock(file_fd_, LOCK_EX);
   if (reg->pid[slot_] == static_cast<uint32_t>(::getpid())) {
+    uint32_t mine = slot_ + 1;
+    reg->owner.compare_exchange_strong(mine, 0, std::memory_order_acq_rel);
     reg->live.fetch_and(~(1u << slot_), std::memory_order_acq_rel);
     reg->pid[slot_] = 0;
   }
@@ -211,63 +243,223 @@ void AddressShare::leave() {
   if (empty) ::unlink(path_.c_str());  // the last one out (join() copes with the race)
   ::flock(file_fd_, LOCK_UN);
   ::close(fd_);
+  close_out();
   ::munmap(map_, kFileBytes);
   ::close(file_fd_);
   fd_ = file_fd_ = -1;
   map_ = nullptr;
   live_ = nullptr;
+  owner_ = nullptr;
+  following_ = 0;
 }
+
+int AddressShare::out_fd(uint32_t slot) {
+  if (!out_init_) {
+    for (int& f : out_fd_) f = -1;
+    out_init_ = true;
+  }
+  // A socket made for a process that has left the slot since (the next process there took
+  // it: pyverbs forks a passive and an active side per test) is connected to the dead one's
+  // socket, which makes the newcomer's follow_owner() fail: made again.
+  const uint32_t pid = static_cast<Registry*>(map_)->pid[slot];
+  if (out_fd_[slot] >= 0 && out_pid_[slot] == pid) return out_fd_[slot];
+  if (out_fd_[slot] >= 0) {
+    ::close(out_fd_[slot]);  // (leaves the epoll set with it)
+    out_fd_[slot] = -1;
+  }
+  const int s = ::socket(AF_UNIX, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (s < 0) return fd_;
+  sockaddr_un a;
+  const socklen_t len =
+      abstract_addr(fwd_prefix_ + std::to_string(slot_) + "-" + std::to_string(slot), a);
+  if (::bind(s, reinterpret_cast<sockaddr*>(&a), len) != 0) {
+    ::close(s);
+    return fd_;  // unconnected sends from the slot socket (the queue limit applies)
+  }
+  const int buf = 4 << 20;
+  ::setsockopt(s, SOL_SOCKET, SO_SNDBUF, &buf, sizeof buf);
+  ::setsockopt(s, SOL_SOCKET, SO_RCVBUF, &buf, sizeof buf);
+  // Connected to the slot's socket as well, so what that process sends back here (a member's
+  // packets for this process's QPNs) passes the queue limit too; refused while it still
+  // follows a previous owner (then this socket only sends).
+  sockaddr_un peer;
+  const socklen_t peer_len = abstract_addr(name_prefix_ + std::to_string(slot), peer);
+  ::connect(s, reinterpret_cast<sockaddr*>(&peer), peer_len);
+  if (epoll_fd_ >= 0) {
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.fd = fd_;  // reads as the slot socket's event: receive() reads both
+    ::epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, s, &ev);
+  }
+  out_fd_[slot] = s;
+  out_pid_[slot] = pid;
+  return s;
+}
+
+void AddressShare::close_out() {
+  if (out_init_)
+    for (int& f : out_fd_)
+      if (f >= 0) {
+        ::close(f);
+        f = -1;
+      }
+  for (auto& q : backlog_) q.clear();
+  for (Batch& b : batch_) b = Batch{};
+  backlog_mask_.store(0, std::memory_order_relaxed);
+  backlog_bytes_ = 0;
+}
+
+int AddressShare::send_to(uint32_t slot, const Batch& b) {
+  sockaddr_un a;
+  const socklen_t len = abstract_addr(name_prefix_ + std::to_string(slot), a);
+  iovec iov{const_cast<uint8_t*>(b.bytes.data()), b.bytes.size()};
+  msghdr h{};
+  h.msg_iov = &iov;
+  h.msg_iovlen = 1;
+  // A member to the owner it follows: through its connected slot socket, to the owner's
+  // socket for it (connected back: no queue limit).
+  const bool to_owner = following_ != 0 && slot + 1 == following_;
+  if (!to_owner) {
+    h.msg_name = &a;
+    h.msg_namelen = len;
+  }
+  if (::sendmsg(to_owner ? fd_ : out_fd(slot), &h, MSG_DONTWAIT | MSG_NOSIGNAL) >= 0) return 0;
+  return errno == EWOULDBLOCK ? EAGAIN : errno;
+}
+
+void AddressShare::forget_slot(uint32_t slot) {
+  // Nobody holds the socket: a process killed without leave(). Clear its bit so later
+  // packets are dropped without a system call (under the flock: a joiner may be taking the
+  // slot right now).
+  auto* reg = static_cast<Registry*>(map_);
+  ::flock(file_fd_, LOCK_EX);
+  if (pid_dead(reg->pid[slot])) {
+    reg->pid[slot] = 0;
+    reg->live.fetch_and(~(1u << slot), std::memory_order_acq_rel);
+  }
+  ::flock(file_fd_, LOCK_UN);
+}
+
+namespace {
+/// A record's header in a forwarded datagram: the meta, then the packet's length.
+constexpr size_t kRecordHeader = sizeof(ForwardedMeta) + sizeof(uint32_t);
+size_t padded(size_t n) {
+  return (n + 3) & ~size_t{3};
+}
+}  // namespace
 
 bool AddressShare::forward(uint32_t slot, const ForwardedMeta& meta,
                            std::span<const uint8_t> packet) {
   if (!joined() || slot >= kShareSlots) return false;
-  sockaddr_un a;
-  const socklen_t len = abstract_addr(name_prefix_ + std::to_string(slot), a);
-  iovec iov[2] = {{const_cast<ForwardedMeta*>(&meta), sizeof meta},
-                  {const_cast<uint8_t*>(packet.data()), packet.size()}};
-  msghdr h{};
-  h.msg_name = &a;
-  h.msg_namelen = len;
-  h.msg_iov = iov;
-  h.msg_iovlen = 2;
-  if (::sendmsg(fd_, &h, MSG_DONTWAIT | MSG_NOSIGNAL) >= 0) {
-    ++stats_.forwarded;
-    return true;
-  }
-  const int e = errno;
-  ++stats_.forward_drops;
-  if (e == ECONNREFUSED || e == ENOENT) {
-    // Nobody holds the socket: a process killed without leave(). Clear its bit so later
-    // packets are dropped without a system call (under the flock: a joiner may be taking the
-    // slot right now).
-    auto* reg = static_cast<Registry*>(map_);
-    ::flock(file_fd_, LOCK_EX);
-    if (pid_dead(reg->pid[slot])) {
-      reg->pid[slot] = 0;
-      reg->live.fetch_and(~(1u << slot), std::memory_order_acq_rel);
+  Batch& b = batch_[slot];
+  const size_t record = kRecordHeader + padded(packet.size());
+  if (b.packets != 0 && b.bytes.size() + record > kBatchBytes) send_slot(slot);
+  const size_t at = b.bytes.size();
+  b.bytes.resize(at + record);
+  std::memcpy(b.bytes.data() + at, &meta, sizeof meta);
+  const auto length = static_cast<uint32_t>(packet.size());
+  std::memcpy(b.bytes.data() + at + sizeof meta, &length, sizeof length);
+  if (!packet.empty())
+    std::memcpy(b.bytes.data() + at + kRecordHeader, packet.data(), packet.size());
+  ++b.packets;
+  backlog_mask_.fetch_or(1u << slot, std::memory_order_relaxed);
+  return true;
+}
+
+void AddressShare::send_slot(uint32_t k) {
+  std::deque<Batch>& q = backlog_[k];
+  while (!q.empty()) {  // the oldest first: the receiver's PSN checks want the order
+    const int e = send_to(k, q.front());
+    if (e == EAGAIN) break;  // full again: later
+    if (e == 0) {
+      stats_.forwarded += q.front().packets;
+    } else {
+      stats_.forward_drops += q.front().packets;  // its process is gone meanwhile
+      if (e == ECONNREFUSED || e == ENOENT) forget_slot(k);
     }
-    ::flock(file_fd_, LOCK_UN);
+    backlog_bytes_ -= q.front().bytes.size();
+    q.pop_front();
   }
-  return false;
+  Batch& b = batch_[k];
+  if (b.packets != 0) {
+    const int e = q.empty() ? send_to(k, b) : EAGAIN;
+    if (e == 0) {
+      stats_.forwarded += b.packets;
+    } else if (e == EAGAIN && backlog_bytes_ + b.bytes.size() <= kMaxBacklogBytes) {
+      stats_.backlogged += b.packets;
+      backlog_bytes_ += b.bytes.size();
+      q.push_back(std::move(b));
+      b = Batch{};
+    } else {
+      stats_.forward_drops += b.packets;
+      if (e == ECONNREFUSED || e == ENOENT) forget_slot(k);
+    }
+    b.bytes.clear();
+    b.packets = 0;
+  }
+  if (q.empty()) backlog_mask_.fetch_and(~(1u << k), std::memory_order_relaxed);
+}
+
+bool AddressShare::send_batches() {
+  const uint32_t pending = backlog_mask_.load(std::memory_order_relaxed);
+  for (uint32_t k = 0; k < kShareSlots; ++k)
+    if (pending & (1u << k)) send_slot(k);
+  return backlogged();
+}
+
+std::span<uint8_t> AddressShare::next(ForwardedMeta& meta) {
+  if (!joined()) return {};
+  for (int tries = 0; tries < 64; ++tries) {
+    if (rx_at_ >= rx_len_) {  // the next datagram
+      if (rx_.size() < (256u << 10)) rx_.resize(256u << 10);
+      iovec iov{rx_.data(), rx_.size()};
+      msghdr h{};
+      h.msg_iov = &iov;
+      h.msg_iovlen = 1;
+      rx_pending_.store(false, std::memory_order_relaxed);
+      ssize_t n = ::recvmsg(fd_, &h, MSG_DONTWAIT);
+      // Then the sockets for the other slots (members' packets to this process, the owner).
+      for (uint32_t k = 0; n < 0 && out_init_ && k < kShareSlots; ++k)
+        if (out_fd_[k] >= 0) n = ::recvmsg(out_fd_[k], &h, MSG_DONTWAIT);
+      if (n < 0) return {};
+      rx_at_ = 0;
+      rx_len_ = static_cast<size_t>(n);
+      if (h.msg_flags & MSG_TRUNC) {
+        ++stats_.malformed;
+        rx_len_ = 0;
+        continue;
+      }
+    }
+    uint32_t length = 0;
+    if (rx_len_ - rx_at_ < kRecordHeader) {
+      ++stats_.malformed;
+      rx_at_ = rx_len_;
+      continue;
+    }
+    std::memcpy(&meta, rx_.data() + rx_at_, sizeof meta);
+    std::memcpy(&length, rx_.data() + rx_at_ + sizeof meta, sizeof length);
+    const size_t at = rx_at_ + kRecordHeader;
+    if (length == 0 || length > rx_len_ - at) {
+      ++stats_.malformed;
+      rx_at_ = rx_len_;  // the rest of this datagram cannot be trusted
+      continue;
+    }
+    rx_at_ = at + padded(length);
+    rx_pending_.store(rx_at_ < rx_len_, std::memory_order_relaxed);
+    ++stats_.received;
+    return {rx_.data() + at, length};
+  }
+  return {};
 }
 
 size_t AddressShare::receive(std::span<uint8_t> buf, ForwardedMeta& meta) {
-  if (!joined()) return 0;
-  for (int tries = 0; tries < 64; ++tries) {
-    iovec iov[2] = {{&meta, sizeof meta}, {buf.data(), buf.size()}};
-    msghdr h{};
-    h.msg_iov = iov;
-    h.msg_iovlen = 2;
-    const ssize_t n = ::recvmsg(fd_, &h, MSG_DONTWAIT);
-    if (n < 0) return 0;
-    if (static_cast<size_t>(n) <= sizeof meta || (h.msg_flags & MSG_TRUNC)) {
-      ++stats_.malformed;
-      continue;
-    }
-    ++stats_.received;
-    return static_cast<size_t>(n) - sizeof meta;
+  const std::span<uint8_t> p = next(meta);
+  if (p.size() > buf.size()) {
+    ++stats_.malformed;
+    return 0;
   }
-  return 0;
+  std::memcpy(buf.data(), p.data(), p.size());
+  return p.size();
 }
 
 }  // namespace softrdma::net

@@ -113,7 +113,10 @@ uint32_t check_slot(Role& r, const std::vector<uint32_t>& qpns) {
 /// Whether this process is a member of its address's share (the owner forwarded it
 /// packets), from its published counters.
 bool is_member(Role& r) {
-  return r.counters()["share_rcvd"] > 0;
+  // A member receives only what the owner hands it; the owner also receives packets from its
+  // member (for its own QPNs, straight to its slot sockets), but others by UDP or its rings.
+  auto c = r.counters();
+  return c["share_rcvd"] > 0 && c["share_rcvd"] == c["rcvd_pkts"];
 }
 
 void three_processes(Role& r) {
