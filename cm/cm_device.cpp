@@ -58,13 +58,18 @@ CmConfig config_for(const ibv_device_attr& attr) {
 
 /// At unload (process exit) the kernel's rdma_cm would tear down the process's connections:
 /// do the same — REJ, DREQ or DREP to every peer — so peers do not wait out their retries.
-/// Best effort: another thread may hold g_mu while the process exits.
+/// Then the CM threads stop: at a dlclose (Open MPI unloads libfabric, and with it this
+/// library, in MPI_Finalize) a thread left polling would run on in unmapped code and crash
+/// the process seconds later. Best effort: another thread may hold g_mu while the process
+/// exits.
 struct Unload {
   ~Unload() {
     for (int i = 0; i < 200; ++i) {
       if (g_mu.try_lock()) {
         release_all_connections_locked();
+        const bool idle = live_ids_locked() == 0;
         g_mu.unlock();
+        CmDevice::close_all(idle);
         return;
       }
       ::usleep(1000);
@@ -175,13 +180,30 @@ std::vector<CmDevice*> CmDevice::all_locked() {
   return out;
 }
 
-void CmDevice::close_all() {
+void CmDevice::close_all(bool close) {
   std::vector<std::unique_ptr<CmDevice>> devs;
-  {
-    std::lock_guard lk(g_mu);
-    devs.swap(devices());
+  for (int i = 0;; ++i) {
+    if (g_mu.try_lock()) break;
+    if (i == 200) return;
+    ::usleep(1000);
   }
-  devs.clear();  // joins the threads outside g_mu (they take it)
+  devs.swap(devices());
+  g_mu.unlock();
+  // Outside g_mu: the threads take it.
+  for (auto& d : devs) {
+    d->stop_ = true;
+    d->kick();
+    if (!d->thread_.joinable()) continue;
+    if (d->thread_.get_id() == std::this_thread::get_id())
+      d->thread_.detach();  // exit() called from a CM thread: it runs no more CM code
+    else
+      d->thread_.join();
+  }
+  if (close) {
+    devs.clear();
+  } else {
+    for (auto& d : devs) (void)d.release();  // still in the application's hands
+  }
 }
 
 CmDevice::~CmDevice() {

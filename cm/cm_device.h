@@ -36,8 +36,12 @@ class CmDevice {
   static CmDevice* get_locked(uint32_t ip, int& err);
   /// Every device opened so far (rdma_get_devices). g_mu held.
   static std::vector<CmDevice*> all_locked();
-  /// Closes every device (library unload): stops the threads, destroys QP1, closes contexts.
-  static void close_all();
+  /// Library unload (dlclose, or process exit): stops every device's CM thread, so that none
+  /// runs on in an unmapped library, and — when `close` (no rdma_cm_id is left) — destroys
+  /// QP1 and the PD and closes the contexts, so that the engine's progress threads stop too.
+  /// Devices an application still uses (IDs left, maybe its QPs on id->verbs) are left open.
+  /// Takes g_mu; returns without doing anything if it cannot get it within ~200 ms.
+  static void close_all(bool close);
 
   ~CmDevice();
   CmDevice(const CmDevice&) = delete;
