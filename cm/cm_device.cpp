@@ -60,20 +60,22 @@ CmConfig config_for(const ibv_device_attr& attr) {
 /// do the same — REJ, DREQ or DREP to every peer — so peers do not wait out their retries.
 /// Then the CM threads stop: at a dlclose (Open MPI unloads libfabric, and with it this
 /// library, in MPI_Finalize) a thread left polling would run on in unmapped code and crash
-/// the process seconds later. Best effort: another thread may hold g_mu while the process
-/// exits.
+/// the process seconds later. The threads stop even when g_mu stays busy (another thread
+/// holds it while the process exits, or the CM thread is slow in a send): up to 2 s for it,
+/// then without the connections' teardown.
 struct Unload {
   ~Unload() {
-    for (int i = 0; i < 200; ++i) {
+    bool idle = false;
+    for (int i = 0; i < 2000; ++i) {
       if (g_mu.try_lock()) {
         release_all_connections_locked();
-        const bool idle = live_ids_locked() == 0;
+        idle = live_ids_locked() == 0;
         g_mu.unlock();
-        CmDevice::close_all(idle);
-        return;
+        break;
       }
       ::usleep(1000);
     }
+    CmDevice::close_all(idle);
   }
 } g_unload;
 
@@ -182,22 +184,26 @@ std::vector<CmDevice*> CmDevice::all_locked() {
 
 void CmDevice::close_all(bool close) {
   std::vector<std::unique_ptr<CmDevice>> devs;
-  for (int i = 0;; ++i) {
-    if (g_mu.try_lock()) break;
-    if (i == 200) return;
-    ::usleep(1000);
-  }
-  devs.swap(devices());
-  g_mu.unlock();
+  bool locked = false;
+  for (int i = 0; i < 2000 && !(locked = g_mu.try_lock()); ++i) ::usleep(1000);
+  devs.swap(devices());  // unlocked only at unload with g_mu stuck: nobody opens devices then
+  if (locked) g_mu.unlock();
   // Outside g_mu: the threads take it.
   for (auto& d : devs) {
     d->stop_ = true;
     d->kick();
+  }
+  for (auto& d : devs) {
     if (!d->thread_.joinable()) continue;
-    if (d->thread_.get_id() == std::this_thread::get_id())
-      d->thread_.detach();  // exit() called from a CM thread: it runs no more CM code
-    else
+    // A thread that does not come back within 2 s (stuck behind g_mu) is left: waiting for
+    // it would hang the unload.
+    for (int i = 0; i < 2000 && !d->exited_; ++i) ::usleep(1000);
+    if (d->exited_ && d->thread_.get_id() != std::this_thread::get_id()) {
       d->thread_.join();
+    } else {
+      d->thread_.detach();  // stuck, or exit() was called from this CM thread
+      close = false;
+    }
   }
   if (close) {
     devs.clear();
@@ -238,6 +244,10 @@ void CmDevice::kick() {
 }
 
 void CmDevice::run() {
+  struct Exited {
+    std::atomic<bool>& flag;
+    ~Exited() { flag = true; }
+  } exited{exited_};
   while (!stop_) {
     int timeout_ms = -1;
     {

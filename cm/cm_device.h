@@ -40,7 +40,8 @@ class CmDevice {
   /// runs on in an unmapped library, and — when `close` (no rdma_cm_id is left) — destroys
   /// QP1 and the PD and closes the contexts, so that the engine's progress threads stop too.
   /// Devices an application still uses (IDs left, maybe its QPs on id->verbs) are left open.
-  /// Takes g_mu; returns without doing anything if it cannot get it within ~200 ms.
+  /// Takes g_mu (for at most 2 s: at unload it may stay busy), waits for each thread at most
+  /// 2 s, and leaves open what it could not stop.
   static void close_all(bool close);
 
   ~CmDevice();
@@ -91,6 +92,7 @@ class CmDevice {
   std::unique_ptr<CommManager> cm_;
   int wake_fd_ = -1;
   std::atomic<bool> stop_{false};
+  std::atomic<bool> exited_{false};  ///< run() returned (close_all waits for it, bounded)
   std::thread thread_;
   std::map<std::pair<uint16_t, uint16_t>, std::vector<IdPriv*>> ports_;
   SharedPorts shared_ports_;  // the address's ports across processes (cm/shared_ports.h)
