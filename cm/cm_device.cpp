@@ -79,6 +79,22 @@ struct Unload {
   }
 } g_unload;
 
+/// Keeps this library mapped for the rest of the process once a device (and so a CM thread)
+/// was opened, as -z nodelete would: Open MPI's MPI_Finalize dlcloses libfabric, and with it
+/// this library, while libfabric still holds an rdma_cm_id — and a thread (a CM thread, or
+/// one of the application's in a librdmacm call) may be inside it, to return into unmapped
+/// code seconds later (issue 22 item 3: SIGSEGV after MPI_Finalize). Unload's teardown then
+/// runs at process exit.
+void pin_library() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    Dl_info info{};
+    if (::dladdr(reinterpret_cast<void*>(&pin_library), &info) == 0 || !info.dli_fname) return;
+    if (!::dlopen(info.dli_fname, RTLD_NOW | RTLD_NOLOAD | RTLD_NODELETE))
+      log().warn("cannot pin {} in memory: {}", info.dli_fname, ::dlerror());
+  });
+}
+
 }  // namespace
 
 int library_init() {
@@ -169,6 +185,7 @@ CmDevice* CmDevice::get_locked(uint32_t ip, int& err) {
   };
   d->cm_ = std::make_unique<CommManager>(*d->transport_, std::move(config));
   d->wake_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  pin_library();
   d->thread_ = std::thread([dev = d.get()] { dev->run(); });
   log().info("RDMA-CM on {} (QP1 ready; response timeout {}, {} retries)", ip_string(got),
              d->cm_->config().response_timeout, d->cm_->config().max_retries);
