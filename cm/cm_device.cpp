@@ -63,10 +63,15 @@ CmConfig config_for(const ibv_device_attr& attr) {
 /// the process seconds later. The threads stop even when g_mu stays busy (another thread
 /// holds it while the process exits, or the CM thread is slow in a send): up to 2 s for it,
 /// then without the connections' teardown.
+/// The process that loaded the library (a forked child's pid differs).
+const pid_t g_library_pid = ::getpid();
+
 struct Unload {
   ~Unload() {
     bool idle = false;
-    for (int i = 0; i < 2000; ++i) {
+    // A child forked while another thread held g_mu never sees it released: wait less there.
+    const int tries = g_library_pid == ::getpid() ? 2000 : 200;
+    for (int i = 0; i < tries; ++i) {
       if (g_mu.try_lock()) {
         release_all_connections_locked();
         idle = live_ids_locked() == 0;
@@ -186,6 +191,7 @@ CmDevice* CmDevice::get_locked(uint32_t ip, int& err) {
   d->cm_ = std::make_unique<CommManager>(*d->transport_, std::move(config));
   d->wake_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   pin_library();
+  d->thread_pid_ = ::getpid();
   d->thread_ = std::thread([dev = d.get()] { dev->run(); });
   log().info("RDMA-CM on {} (QP1 ready; response timeout {}, {} retries)", ip_string(got),
              d->cm_->config().response_timeout, d->cm_->config().max_retries);
@@ -202,7 +208,8 @@ std::vector<CmDevice*> CmDevice::all_locked() {
 void CmDevice::close_all(bool close) {
   std::vector<std::unique_ptr<CmDevice>> devs;
   bool locked = false;
-  for (int i = 0; i < 2000 && !(locked = g_mu.try_lock()); ++i) ::usleep(1000);
+  const int tries = g_library_pid == ::getpid() ? 2000 : 200;
+  for (int i = 0; i < tries && !(locked = g_mu.try_lock()); ++i) ::usleep(1000);
   devs.swap(devices());  // unlocked only at unload with g_mu stuck: nobody opens devices then
   if (locked) g_mu.unlock();
   // Outside g_mu: the threads take it.
@@ -212,6 +219,12 @@ void CmDevice::close_all(bool close) {
   }
   for (auto& d : devs) {
     if (!d->thread_.joinable()) continue;
+    if (d->thread_pid_ != ::getpid()) {
+      // A child forked with the device open (pyverbs' rdmacm tests): the thread is the
+      // parent's, it does not exist here.
+      close = false;
+      continue;
+    }
     // A thread that does not come back within 2 s (stuck behind g_mu) is left: waiting for
     // it would hang the unload.
     for (int i = 0; i < 2000 && !d->exited_; ++i) ::usleep(1000);
@@ -225,7 +238,10 @@ void CmDevice::close_all(bool close) {
   if (close) {
     devs.clear();
   } else {
-    for (auto& d : devs) (void)d.release();  // still in the application's hands
+    for (auto& d : devs) {
+      if (d->thread_.joinable()) d->thread_.detach();  // not ours to join (see above)
+      (void)d.release();                               // still in the application's hands
+    }
   }
 }
 

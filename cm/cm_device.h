@@ -13,6 +13,8 @@
 
 #include <infiniband/verbs.h>
 
+#include <sys/types.h>
+
 #include <atomic>
 #include <cstdint>
 #include <map>
@@ -92,6 +94,7 @@ class CmDevice {
   std::unique_ptr<CommManager> cm_;
   int wake_fd_ = -1;
   std::atomic<bool> stop_{false};
+  pid_t thread_pid_ = 0;             ///< the process that started thread_ (a forked child has none)
   std::atomic<bool> exited_{false};  ///< run() returned (close_all waits for it, bounded)
   std::thread thread_;
   std::map<std::pair<uint16_t, uint16_t>, std::vector<IdPriv*>> ports_;
