@@ -6,7 +6,6 @@
 
 #include <atomic>
 #include <cstring>
-#include <initializer_list>
 #include <mutex>
 
 namespace softrdma::net {
@@ -77,23 +76,6 @@ __attribute__((noinline)) bool copy_guarded(void* dst, const void* src, size_t n
   t_guard = nullptr;
   return true;
 }
-
-/// At unload (dlclose of the library holding this code, or process exit) the handlers go
-/// back to the ones found at install: a SIGSEGV handler left in an unmapped library turns
-/// any later fault — or a signal sent with kill — into a jump to nowhere (issue 22 item 3:
-/// Open MPI unloads libfabric, with it librdmacm and libibverbs, in MPI_Finalize). A handler
-/// installed after ours (which may chain to it) is left alone: it is no longer ours to undo.
-struct Uninstall {
-  ~Uninstall() {
-    if (!g_installed.load(std::memory_order_acquire)) return;
-    for (int sig : {SIGSEGV, SIGBUS}) {
-      struct sigaction now;
-      if (sigaction(sig, nullptr, &now) != 0) continue;
-      if ((now.sa_flags & SA_SIGINFO) && now.sa_sigaction == on_fault)
-        sigaction(sig, sig == SIGSEGV ? &g_old_segv : &g_old_bus, nullptr);
-    }
-  }
-} g_uninstall;
 
 }  // namespace
 
