@@ -58,19 +58,47 @@ CmConfig config_for(const ibv_device_attr& attr) {
 
 /// At unload (process exit) the kernel's rdma_cm would tear down the process's connections:
 /// do the same — REJ, DREQ or DREP to every peer — so peers do not wait out their retries.
-/// Best effort: another thread may hold g_mu while the process exits.
+/// Then the CM threads stop: at a dlclose (Open MPI unloads libfabric, and with it this
+/// library, in MPI_Finalize) a thread left polling would run on in unmapped code and crash
+/// the process seconds later. The threads stop even when g_mu stays busy (another thread
+/// holds it while the process exits, or the CM thread is slow in a send): up to 2 s for it,
+/// then without the connections' teardown.
+/// The process that loaded the library (a forked child's pid differs).
+const pid_t g_library_pid = ::getpid();
+
 struct Unload {
   ~Unload() {
-    for (int i = 0; i < 200; ++i) {
+    bool idle = false;
+    // A child forked while another thread held g_mu never sees it released: wait less there.
+    const int tries = g_library_pid == ::getpid() ? 2000 : 200;
+    for (int i = 0; i < tries; ++i) {
       if (g_mu.try_lock()) {
         release_all_connections_locked();
+        idle = live_ids_locked() == 0;
         g_mu.unlock();
-        return;
+        break;
       }
       ::usleep(1000);
     }
+    CmDevice::close_all(idle);
   }
 } g_unload;
+
+/// Keeps this library mapped for the rest of the process once a device (and so a CM thread)
+/// was opened, as -z nodelete would: Open MPI's MPI_Finalize dlcloses libfabric, and with it
+/// this library, while libfabric still holds an rdma_cm_id — and a thread (a CM thread, or
+/// one of the application's in a librdmacm call) may be inside it, to return into unmapped
+/// code seconds later (issue 22 item 3: SIGSEGV after MPI_Finalize). Unload's teardown then
+/// runs at process exit.
+void pin_library() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    Dl_info info{};
+    if (::dladdr(reinterpret_cast<void*>(&pin_library), &info) == 0 || !info.dli_fname) return;
+    if (!::dlopen(info.dli_fname, RTLD_NOW | RTLD_NOLOAD | RTLD_NODELETE))
+      log().warn("cannot pin {} in memory: {}", info.dli_fname, ::dlerror());
+  });
+}
 
 }  // namespace
 
@@ -162,6 +190,8 @@ CmDevice* CmDevice::get_locked(uint32_t ip, int& err) {
   };
   d->cm_ = std::make_unique<CommManager>(*d->transport_, std::move(config));
   d->wake_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  pin_library();
+  d->thread_pid_ = ::getpid();
   d->thread_ = std::thread([dev = d.get()] { dev->run(); });
   log().info("RDMA-CM on {} (QP1 ready; response timeout {}, {} retries)", ip_string(got),
              d->cm_->config().response_timeout, d->cm_->config().max_retries);
@@ -175,13 +205,44 @@ std::vector<CmDevice*> CmDevice::all_locked() {
   return out;
 }
 
-void CmDevice::close_all() {
+void CmDevice::close_all(bool close) {
   std::vector<std::unique_ptr<CmDevice>> devs;
-  {
-    std::lock_guard lk(g_mu);
-    devs.swap(devices());
+  bool locked = false;
+  const int tries = g_library_pid == ::getpid() ? 2000 : 200;
+  for (int i = 0; i < tries && !(locked = g_mu.try_lock()); ++i) ::usleep(1000);
+  devs.swap(devices());  // unlocked only at unload with g_mu stuck: nobody opens devices then
+  if (locked) g_mu.unlock();
+  // Outside g_mu: the threads take it.
+  for (auto& d : devs) {
+    d->stop_ = true;
+    d->kick();
   }
-  devs.clear();  // joins the threads outside g_mu (they take it)
+  for (auto& d : devs) {
+    if (!d->thread_.joinable()) continue;
+    if (d->thread_pid_ != ::getpid()) {
+      // A child forked with the device open (pyverbs' rdmacm tests): the thread is the
+      // parent's, it does not exist here.
+      close = false;
+      continue;
+    }
+    // A thread that does not come back within 2 s (stuck behind g_mu) is left: waiting for
+    // it would hang the unload.
+    for (int i = 0; i < 2000 && !d->exited_; ++i) ::usleep(1000);
+    if (d->exited_ && d->thread_.get_id() != std::this_thread::get_id()) {
+      d->thread_.join();
+    } else {
+      d->thread_.detach();  // stuck, or exit() was called from this CM thread
+      close = false;
+    }
+  }
+  if (close) {
+    devs.clear();
+  } else {
+    for (auto& d : devs) {
+      if (d->thread_.joinable()) d->thread_.detach();  // not ours to join (see above)
+      (void)d.release();                               // still in the application's hands
+    }
+  }
 }
 
 CmDevice::~CmDevice() {
@@ -216,6 +277,10 @@ void CmDevice::kick() {
 }
 
 void CmDevice::run() {
+  struct Exited {
+    std::atomic<bool>& flag;
+    ~Exited() { flag = true; }
+  } exited{exited_};
   while (!stop_) {
     int timeout_ms = -1;
     {

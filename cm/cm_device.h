@@ -13,6 +13,8 @@
 
 #include <infiniband/verbs.h>
 
+#include <sys/types.h>
+
 #include <atomic>
 #include <cstdint>
 #include <map>
@@ -36,8 +38,13 @@ class CmDevice {
   static CmDevice* get_locked(uint32_t ip, int& err);
   /// Every device opened so far (rdma_get_devices). g_mu held.
   static std::vector<CmDevice*> all_locked();
-  /// Closes every device (library unload): stops the threads, destroys QP1, closes contexts.
-  static void close_all();
+  /// Library unload (dlclose, or process exit): stops every device's CM thread, so that none
+  /// runs on in an unmapped library, and — when `close` (no rdma_cm_id is left) — destroys
+  /// QP1 and the PD and closes the contexts, so that the engine's progress threads stop too.
+  /// Devices an application still uses (IDs left, maybe its QPs on id->verbs) are left open.
+  /// Takes g_mu (for at most 2 s: at unload it may stay busy), waits for each thread at most
+  /// 2 s, and leaves open what it could not stop.
+  static void close_all(bool close);
 
   ~CmDevice();
   CmDevice(const CmDevice&) = delete;
@@ -87,6 +94,8 @@ class CmDevice {
   std::unique_ptr<CommManager> cm_;
   int wake_fd_ = -1;
   std::atomic<bool> stop_{false};
+  pid_t thread_pid_ = 0;             ///< the process that started thread_ (a forked child has none)
+  std::atomic<bool> exited_{false};  ///< run() returned (close_all waits for it, bounded)
   std::thread thread_;
   std::map<std::pair<uint16_t, uint16_t>, std::vector<IdPriv*>> ports_;
   SharedPorts shared_ports_;  // the address's ports across processes (cm/shared_ports.h)

@@ -113,6 +113,10 @@ void release_all_connections_locked() {
   for (IdPriv* id : ids()) release_connection_locked(id);
 }
 
+size_t live_ids_locked() {
+  return ids().size();
+}
+
 void publish_addresses_locked(IdPriv* id) {
   rdma_addr& a = id->id.route.addr;
   make_sockaddr(a.src_sin, id->wildcard ? 0 : id->src_ip, id->src_port);

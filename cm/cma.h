@@ -207,6 +207,8 @@ void free_id_locked(IdPriv* id);
 int bind_locked(IdPriv* id, uint32_t ip, uint16_t port, bool wildcard);
 /// Releases every ID's connection (library unload: peers get REJ/DREQ/DREP, not silence).
 void release_all_connections_locked();
+/// How many rdma_cm_ids are alive (the library's unload closes its devices only at 0).
+size_t live_ids_locked();
 /// Fills id.route.addr from the ID's addresses and GIDs.
 void publish_addresses_locked(IdPriv* id);
 /// The path record of the ID's route (RoCE: built locally, no SA; Linux

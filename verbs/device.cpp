@@ -1,6 +1,7 @@
 // ibv_device and ibv_context: the device list (srdma0, or one device per SOFTRDMA_ADDR list
 // entry: a multi-NIC host), opening a context on the process's engine device at that address,
 // and the device, port, GID and P_Key queries.
+#include <dlfcn.h>
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -225,6 +226,24 @@ int ctx_query_device_ex(ibv_context* ctx, const ibv_query_device_ex_input* input
   return 0;
 }
 
+/// Keeps this library mapped for the rest of the process once it has started a device: each
+/// device has a progress thread (and the fault guard a SIGSEGV handler) running this
+/// library's code, and a program may dlclose it with a context still open — Open MPI's
+/// MPI_Finalize unloads libfabric, and with it librdmacm.so.1 and libibverbs.so.1, after
+/// libfabric left an rdma_cm_id (and so its device) open: the thread then ran on in unmapped
+/// code and the process died of SIGSEGV seconds later (issue 22 item 3). rdma-core's
+/// libibverbs has no threads of its own; its providers' are the kernel's. RTLD_NODELETE on
+/// the loaded library: dlclose then leaves it in place (as -z nodelete would from the start).
+void pin_library() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    Dl_info info{};
+    if (::dladdr(reinterpret_cast<void*>(&pin_library), &info) == 0 || !info.dli_fname) return;
+    if (!::dlopen(info.dli_fname, RTLD_NOW | RTLD_NOLOAD | RTLD_NODELETE))
+      engine::log().warn("cannot pin {} in memory: {}", info.dli_fname, ::dlerror());
+  });
+}
+
 /// The engine device at `ip` (host order) of this process, opened if none is; ip 0 asks for
 /// the default one (SOFTRDMA_ADDR's if set, else any open device, else the first free
 /// 127.0.0.x). Returns nullptr with `err` set as engine::Device::open (EINVAL for a malformed
@@ -258,6 +277,7 @@ std::shared_ptr<engine::Device> open_engine_device(uint32_t ip, int& err) {
         cfg.ip ? net::ipv4_to_string(cfg.ip) : std::string("no free address in 127.0.0.2-254"));
     return nullptr;
   }
+  pin_library();
   std::erase_if(g_open_devices, [](const auto& kv) { return kv.second.expired(); });
   g_open_devices[dev->ip()] = dev;
   if (g_default_device.expired()) g_default_device = dev;
