@@ -18,8 +18,13 @@
 
 namespace softrdma::cm {
 
-std::mutex g_mu;
-std::condition_variable g_cv;
+// Never destroyed: an application thread may still wait on g_cv when the process exits (in
+// rdma_get_cm_event on a destroyed channel, which blocks for good, as a read of the kernel's
+// closed ucma fd does), and glibc's pthread_cond_destroy waits for its waiters — exit() then
+// hung in the static destructors (rping after "rdma_bind_addr: Address already in use",
+// 1 run in 6).
+std::mutex& g_mu = *new std::mutex;
+std::condition_variable& g_cv = *new std::condition_variable;
 
 namespace {
 

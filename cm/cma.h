@@ -157,8 +157,8 @@ struct Channel {
   bool destroyed = false;
 };
 
-extern std::mutex g_mu;
-extern std::condition_variable g_cv;
+extern std::mutex& g_mu;  // never destroyed (cm_device.cpp)
+extern std::condition_variable& g_cv;
 
 inline IdPriv* priv(rdma_cm_id* id) {
   return reinterpret_cast<IdPriv*>(id);

@@ -458,6 +458,7 @@ size_t AddressShare::receive(std::span<uint8_t> buf, ForwardedMeta& meta) {
     ++stats_.malformed;
     return 0;
   }
+  if (p.empty()) return 0;  // nothing waiting (memcpy from nullptr is UB even for 0 bytes)
   std::memcpy(buf.data(), p.data(), p.size());
   return p.size();
 }

@@ -46,6 +46,7 @@ DURATION=30
 STEP_TIMEOUT=60
 
 make_work_dir "peer-death-$CASE"
+suppress_perftest_leaks
 SERVER_PID="" CLIENT_PID=""
 # shellcheck disable=SC2317  # called at exit by test_lib.sh
 on_exit() {

@@ -125,17 +125,7 @@ on_exit() {
   [[ -n "$SERVER_PID" ]] && kill "$SERVER_PID" 2>/dev/null
 }
 
-# Sanitizer builds (`softrdma run` preloads the ASan runtime): perftest 4.5 frees little
-# of its own memory on exit (its parameter/context buffers, asprintf'd strings, and the
-# ibv_get_device_list() array, it never calls ibv_free_device_list), which LeakSanitizer
-# reports and turns into a nonzero exit status. Suppress only leaks whose allocation stack
-# passes through a perftest binary or glibc's vasprintf (whose caller the unwinder loses;
-# softrdma does not use it); leaks from softrdma's own threads are still reported.
-cat >"$WORK/lsan.supp" <<'SUPP'
-leak:/usr/bin/ib_
-leak:__vasprintf_internal
-SUPP
-export LSAN_OPTIONS="${LSAN_OPTIONS:+$LSAN_OPTIONS:}suppressions=$WORK/lsan.supp:print_suppressions=0"
+suppress_perftest_leaks
 
 # Checks the result table of one side's log; prints its rows on success, the problems on
 # failure.
