@@ -56,6 +56,7 @@ for tool in ib_write_bw ib_read_bw ib_atomic_bw ib_write_lat ib_read_lat ibv_rc_
 done
 
 make_work_dir "softrdma-netns-$CASE"
+suppress_perftest_leaks  # under ASan: perftest's own leaks only
 PIDS=()
 # shellcheck disable=SC2317  # called at exit by test_lib.sh
 on_exit() {

@@ -25,6 +25,9 @@ BIN="$BUILD/bin/softrdma"
 [[ "$MODE" == udp ]] && PORT0=18572 || PORT0=18570
 WORK=$(mktemp -d /tmp/share_perf.XXXXXX)
 trap 'rm -rf "$WORK"' EXIT
+# shellcheck source=scripts/lib/test_lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib/test_lib.sh"
+suppress_perftest_leaks  # under ASan: perftest's own leaks only
 
 # run TOOL SERVER_ADDR CLIENT_ADDR PORT -> prints the client's BW average (MB/sec)
 run() {
