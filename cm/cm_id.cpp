@@ -141,7 +141,10 @@ void publish_addresses_locked(IdPriv* id) {
   rdma_addr& a = id->id.route.addr;
   make_sockaddr(a.src_sin, id->wildcard ? 0 : id->src_ip, id->src_port);
   if (id->dst_ip || id->dst_port) make_sockaddr(a.dst_sin, id->dst_ip, id->dst_port);
-  if (id->dev && !id->unattached) a.addr.ibaddr.sgid = ipv4_gid(id->dev->ip());
+  if (id->dev && !id->unattached)
+    a.addr.ibaddr.sgid = ipv4_gid(id->dev->ip());
+  else
+    a.addr.ibaddr.sgid = ibv_gid{};  // no device, no GID
   if (id->dst_ip) a.addr.ibaddr.dgid = ipv4_gid(id->dst_ip);
   a.addr.ibaddr.pkey = htobe16(0xffff);
 }
