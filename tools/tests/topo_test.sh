@@ -51,7 +51,8 @@
 #                         the devices' counters show WAN-held and loss-dropped packets;
 #                         no rank logs IBV_WC_RETRY_EXC_ERR (before Device::drain_wan the
 #                         link dropped the last ACK at its sender's close, every run)
-#   (libfabric: not a case yet; case_libfabric below is ready, and says how to add it)
+#   libfabric   (lf, 30)  fi_pingpong -p verbs -e msg, then -e rdm (libfabric's verbs
+#                         provider, verbs;ofi_rxm), 100 iterations of 64 B .. 1 MiB each
 #
 # Needs root with CAP_NET_ADMIN (ip netns add): otherwise it exits 77, which ctest reports as
 # skipped (SKIP_RETURN_CODE), saying why. The namespaces are deleted at exit, also on failure
@@ -60,7 +61,7 @@
 # tshark, python3) is a failure, never a skip. On failure the logs are printed.
 set -uo pipefail
 
-CASES="perftest ud allreduce2 allreduce4 kv ucx mpi_ucx capture mtu9000 wan"
+CASES="perftest ud allreduce2 allreduce4 kv ucx mpi_ucx capture mtu9000 wan libfabric"
 # shellcheck source=scripts/lib/test_lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib/test_lib.sh"
 case_test_args topo "$CASES" "$@"
@@ -91,7 +92,7 @@ case "$CASE" in
   capture) TAG=cp NET=27 ;;
   mtu9000) TAG=mt NET=28 MTU=9000 ;;
   wan) TAG=wn NET=29 ;;
-  # libfabric (lf, 30) would go here: see case_libfabric.
+  libfabric) TAG=lf NET=30 ;;
 esac
 PORT=$((18400 + 5 * (NET - 20))) # this case's TCP ports: PORT ... PORT+4
 NS=() ADDR=()
@@ -123,6 +124,7 @@ case "$CASE" in
   capture) need ib_write_bw tcpdump tshark python3 ;;
   mtu9000) need ibv_devinfo ib_write_bw ibv_ud_pingpong ;;
   wan) need python3 ;;
+  libfabric) need fi_pingpong ;;
 esac
 
 make_work_dir "softrdma-topo-$CASE"
@@ -626,12 +628,8 @@ EOF
   echo "ok: AllReduce through 10 ms RTT and 1 % loss each way, 0 wrong (8 B: $t8 us)"
 }
 
-# libfabric's verbs provider (fi_pingpong -p verbs) between the namespaces: NOT a case yet —
-# fi_pingpong fails with EINVAL at rdma_create_qp over softrdma (docs/rdma-cm.md; being fixed
-# elsewhere, ctests libfabric.* disabled). To turn it on once libfabric.* pass: add
-# "libfabric" to CASES here and to the foreach in tools/CMakeLists.txt, `libfabric) TAG=lf
-# NET=30 ;;` to the table above (ports 18450-18454), `libfabric) need fi_pingpong ;;` to the
-# program checks. The case itself is ready (as cm/interop/libfabric_test.sh's msg/rdm cases):
+# libfabric's verbs provider (fi_pingpong -p verbs) between the namespaces, as
+# cm/interop/libfabric_test.sh's msg/rdm cases on one host.
 case_libfabric() {
   local ep p=$PORT
   for ep in msg rdm; do
