@@ -186,7 +186,8 @@ int get_event_locked(Channel* ch, rdma_cm_event** out, std::unique_lock<std::mut
     lk.lock();
     if (ch->destroyed) g_cv.wait(lk, [] { return false; });  // until the process exits
     --ch->waiters;
-    if (r < 0 && e != EINTR) return fail_errno(e);
+    // A signal ends the wait with EINTR, as librdmacm's read() of the kernel's channel does.
+    if (r < 0) return fail_errno(e);
   }
 }
 

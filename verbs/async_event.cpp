@@ -87,13 +87,11 @@ extern "C" {
 
 int ibv_get_async_event(ibv_context* ctx, ibv_async_event* event) {
   for (;;) {
-    ssize_t r;
-    do {
-      r = ::read(ctx->async_fd, event, sizeof *event);
-    } while (r < 0 && errno == EINTR);
+    // One read, as rdma-core's: EINTR when a signal interrupts it.
+    const ssize_t r = ::read(ctx->async_fd, event, sizeof *event);
     if (r != static_cast<ssize_t>(sizeof *event)) {
       if (r >= 0) errno = EIO;
-      return -1;  // EAGAIN when the application made async_fd non-blocking
+      return -1;  // EAGAIN when the application made async_fd non-blocking, EINTR on a signal
     }
     std::lock_guard lk(g_live_mu);
     if (names_qp(event->event_type)) {

@@ -172,10 +172,9 @@ int ibv_destroy_cq(ibv_cq* cq) {
 int ibv_get_cq_event(ibv_comp_channel* channel, ibv_cq** cq, void** cq_context) {
   ibv_cq* handle = nullptr;
   for (;;) {
-    ssize_t r;
-    do {
-      r = ::read(channel->fd, &handle, sizeof handle);
-    } while (r < 0 && errno == EINTR);
+    // One read, as rdma-core's: a signal that interrupts it returns -1 with errno EINTR (qperf
+    // ends its timed loops blocked here with SIGALRM; retrying left it blocked for good).
+    const ssize_t r = ::read(channel->fd, &handle, sizeof handle);
     if (r != sizeof handle) {
       if (r >= 0) errno = EIO;
       return -1;

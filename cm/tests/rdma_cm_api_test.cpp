@@ -16,6 +16,7 @@
 #include <spawn.h>
 #include <sys/wait.h>
 
+#include <csignal>
 #include <cstring>
 #include <string>
 #include <thread>
@@ -111,6 +112,23 @@ TEST(RdmaCmApi, EventChannelIsAPollableFdAndNonBlockingGetFailsWithEagain) {
   EXPECT_EQ(rdma_get_dst_port(id), htons(18340));
   EXPECT_EQ(rdma_destroy_id(id), 0);
   EXPECT_EQ(rdma_destroy_id(srv), 0);
+}
+
+// A signal interrupts a blocking rdma_get_cm_event: -1 with errno EINTR, as librdmacm's
+// read() of the kernel's channel (a program's timer or Ctrl-C handler ends its wait).
+TEST(RdmaCmApi, ASignalInterruptsABlockingGetWithEintr) {
+  Channel c;
+  ASSERT_NE(c.ch, nullptr) << strerror(errno);
+  struct sigaction sa{}, old{};
+  sa.sa_handler = [](int) {};
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = 0;  // no SA_RESTART
+  ASSERT_EQ(sigaction(SIGALRM, &sa, &old), 0);
+  ualarm(100'000, 0);
+  rdma_cm_event* ev = nullptr;
+  EXPECT_ERRNO(rdma_get_cm_event(c.ch, &ev), EINTR);
+  ualarm(0, 0);
+  ASSERT_EQ(sigaction(SIGALRM, &old, nullptr), 0);
 }
 
 TEST(RdmaCmApi, InvalidCallsFailWithLibrdmacmsErrno) {

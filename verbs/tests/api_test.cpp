@@ -10,6 +10,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <csignal>
 #include <cstdlib>
 #include <cstring>
 #include <vector>
@@ -800,6 +801,35 @@ TEST_F(Api, CompletionChannelSignalsArmedCq) {
   EXPECT_EQ(-1, ibv_get_cq_event(p.ch, &ev_cq, &ev_ctx));
   EXPECT_EQ(EAGAIN, errno);
 
+  p.close();
+}
+
+// A signal interrupts a blocking ibv_get_cq_event / ibv_get_async_event: -1 with errno EINTR,
+// as rdma-core's single read() of the channel. qperf ends its timed loops that way (SIGALRM
+// while blocked in ibv_get_cq_event); retrying the read left it blocked for good and its
+// rc_lat ended in "failed to receive results: timed out".
+TEST_F(Api, ASignalInterruptsBlockingEventReadsWithEintr) {
+  ChannelPair p;
+  ASSERT_NO_FATAL_FAILURE(p.open(d));
+  struct sigaction sa{}, old{};
+  sa.sa_handler = [](int) {};
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = 0;  // no SA_RESTART
+  ASSERT_EQ(0, sigaction(SIGALRM, &sa, &old));
+  ibv_cq* ev_cq = nullptr;
+  void* ev_ctx = nullptr;
+  ASSERT_EQ(0, ibv_req_notify_cq(p.b.rcq, 0));  // armed, nothing will complete
+  ualarm(100'000, 0);
+  errno = 0;
+  EXPECT_EQ(-1, ibv_get_cq_event(p.ch, &ev_cq, &ev_ctx));
+  EXPECT_EQ(EINTR, errno);
+  ibv_async_event ae{};
+  ualarm(100'000, 0);
+  errno = 0;
+  EXPECT_EQ(-1, ibv_get_async_event(d.ctx, &ae));
+  EXPECT_EQ(EINTR, errno);
+  ualarm(0, 0);
+  ASSERT_EQ(0, sigaction(SIGALRM, &old, nullptr));
   p.close();
 }
 
