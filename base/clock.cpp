@@ -2,6 +2,7 @@
 
 #include <dlfcn.h>
 #include <errno.h>
+#include <pthread.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -164,6 +165,11 @@ uint64_t now_ns() {
   return divide(dilation(), monotonic_raw());
 }
 
+uint64_t coarse_now_ns() {
+  if (g_fake.load(std::memory_order_relaxed)) return now_ns();
+  return divide(dilation(), read_clock(CLOCK_MONOTONIC_COARSE));
+}
+
 uint64_t realtime_ns() {
   return dilate_realtime(realtime_raw());
 }
@@ -258,6 +264,26 @@ void sleep_until_ns(uint64_t virtual_deadline_ns) {
       timespec one{0, 1000};
       real_clock_nanosleep(CLOCK_MONOTONIC, 0, &one, nullptr);
     }
+  }
+}
+
+std::cv_status wait_until(std::condition_variable& cv, std::unique_lock<std::mutex>& lock,
+                          Steady::time_point deadline) {
+  const auto ns = deadline.time_since_epoch().count();
+  const uint64_t real = ns <= 0 ? 0 : to_real_deadline_ns(static_cast<uint64_t>(ns));
+  timespec ts{};
+  ts.tv_sec = static_cast<time_t>(std::min<uint64_t>(real / 1'000'000'000, INT64_MAX));
+  ts.tv_nsec = static_cast<long>(real % 1'000'000'000);
+  const int r = ::pthread_cond_clockwait(cv.native_handle(), lock.mutex()->native_handle(),
+                                         CLOCK_MONOTONIC, &ts);
+  return r == ETIMEDOUT ? std::cv_status::timeout : std::cv_status::no_timeout;
+}
+
+void real_sleep_ns(uint64_t real_ns) {
+  timespec ts{};
+  ts.tv_sec = static_cast<time_t>(real_ns / 1'000'000'000);
+  ts.tv_nsec = static_cast<long>(real_ns % 1'000'000'000);
+  while (real_clock_nanosleep(CLOCK_MONOTONIC, 0, &ts, &ts) == EINTR) {
   }
 }
 

@@ -31,6 +31,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -64,6 +65,10 @@ bool dilated();
 
 /// Virtual monotonic time in ns: CLOCK_MONOTONIC / K, rounded down. Never decreases.
 uint64_t now_ns();
+
+/// now_ns() from CLOCK_MONOTONIC_COARSE: cheaper, resolution of a scheduler tick (1–4 ms
+/// real), for timers of 100 ms and more.
+uint64_t coarse_now_ns();
 
 /// Virtual wall-clock time in ns since 1970: E + (CLOCK_REALTIME − E) / K (see above).
 uint64_t realtime_ns();
@@ -127,8 +132,8 @@ struct Steady {
 };
 
 /// A virtual deadline as the real std::chrono::steady_clock time point at which it is
-/// reached, for condition_variable::wait_until and friends (libstdc++'s steady_clock is
-/// CLOCK_MONOTONIC). Reads no clock.
+/// reached (libstdc++'s steady_clock is CLOCK_MONOTONIC). Reads no clock. For condition
+/// variables use clock::wait_until below.
 std::chrono::steady_clock::time_point to_real(Steady::time_point deadline);
 
 /// A virtual duration as a real one, rounded up (a wait never ends early); negative → 0.
@@ -141,14 +146,37 @@ std::chrono::nanoseconds to_real(std::chrono::duration<Rep, Period> d) {
                                                         uint64_t{INT64_MAX})));
 }
 
-/// A real std::chrono::steady_clock deadline `d` virtual from now (for
-/// condition_variable::wait_until): the replacement of cv.wait_for(lock, d), whose own
-/// steady_clock::now() an interposed clock_gettime would dilate.
-template <class Rep, class Period>
-std::chrono::steady_clock::time_point real_deadline_after(std::chrono::duration<Rep, Period> d) {
-  return std::chrono::steady_clock::time_point(std::chrono::nanoseconds(real_now_ns())) +
-         to_real(d);
+/// Waits on `cv` (`lock` held) until notified or until the virtual deadline has passed:
+/// std::condition_variable::wait_until on this clock (spurious wake-ups included). Waits
+/// with pthread_cond_clockwait on CLOCK_MONOTONIC until the real deadline and takes the
+/// timeout from its result: libstdc++'s own wait_until/wait_for read steady_clock to decide,
+/// and in a process with libsoftrdma_tdf.so preloaded that read is dilated (a deadline then
+/// never looks reached and the wait spins). Not for use under FakeClock.
+std::cv_status wait_until(std::condition_variable& cv, std::unique_lock<std::mutex>& lock,
+                          Steady::time_point deadline);
+
+/// wait_until with a predicate: false when `pred` is still false at the deadline.
+template <class Predicate>
+bool wait_until(std::condition_variable& cv, std::unique_lock<std::mutex>& lock,
+                Steady::time_point deadline, Predicate pred) {
+  while (!pred())
+    if (wait_until(cv, lock, deadline) == std::cv_status::timeout) return pred();
+  return true;
 }
+
+/// condition_variable::wait_for(lock, d, pred) for a virtual duration `d`.
+template <class Rep, class Period, class Predicate>
+bool wait_for(std::condition_variable& cv, std::unique_lock<std::mutex>& lock,
+              std::chrono::duration<Rep, Period> d, Predicate pred) {
+  return wait_until(cv, lock,
+                    Steady::now() + std::chrono::ceil<std::chrono::nanoseconds>(
+                                        std::max(d, std::chrono::duration<Rep, Period>::zero())),
+                    pred);
+}
+
+/// Sleeps `real_ns` of real time, undilated and past LD_PRELOAD interposers — for waits on
+/// the machine itself (a lock holder, an exiting thread), not on the emulated system.
+void real_sleep_ns(uint64_t real_ns);
 
 /// sleep_for_ns over a chrono duration (negative: no sleep).
 template <class Rep, class Period>
