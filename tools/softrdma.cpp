@@ -486,7 +486,8 @@ int main(int argc, char** argv) {
       "[ARGS...]");
   run->footer(
       "Checks the options, exports SOFTRDMA_ADDR / SOFTRDMA_TRANSPORT / SOFTRDMA_NETEM /\n"
-      "SOFTRDMA_PCAP / SOFTRDMA_LOG, puts the\n"
+      "SOFTRDMA_PCAP / SOFTRDMA_LOG / SOFTRDMA_TDF (--tdf also preloads libsoftrdma_tdf.so\n"
+      "and prints on stderr which programs do not see dilated time), puts the\n"
       "directories of the drop-ins libibverbs.so.1 and librdmacm.so.1 (<dir of this\n"
       "executable>/../lib) first in LD_LIBRARY_PATH (and ../python, the torch.distributed\n"
       "backend softrdma_torch, first in PYTHONPATH when it was built) and executes PROGRAM in\n"
