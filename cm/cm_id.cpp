@@ -6,9 +6,12 @@
 #include <arpa/inet.h>
 #include <endian.h>
 
+#include <algorithm>
 #include <cstring>
 #include <random>
 #include <set>
+#include <string>
+#include <vector>
 
 #include "base/params.h"
 #include "cm/address.h"
@@ -82,6 +85,23 @@ uint32_t source_for(uint32_t dst, int& err) {
   return src;
 }
 
+/// Whether `ip` (not 0) is an address of one of the process's devices, so that a bind there
+/// attaches that device: one the RDMA-CM has open there, or an entry of SOFTRDMA_ADDR (the
+/// devices `softrdma run --addr` gave the process). Without SOFTRDMA_ADDR the process has
+/// declared no devices and a bind opens one at any address of this host (a process may own
+/// several addresses). Anything else is an address of this host with no device of the
+/// process — 127.0.0.1, which libfabric's verbs provider binds to find its interfaces, or a
+/// NIC's address — where the kernel's rdma_cm binds without a device (id->verbs NULL).
+bool owned_locked(uint32_t ip) {
+  for (CmDevice* d : CmDevice::all_locked())
+    if (d->ip() == ip) return true;
+  std::vector<uint32_t> configured;
+  std::string malformed;
+  if (!params::raw(params::kAddr) || !params::read_ipv4_list(params::kAddr, configured, malformed))
+    return true;
+  return std::find(configured.begin(), configured.end(), ip) != configured.end();
+}
+
 }  // namespace
 
 IdPriv* alloc_id_locked(Channel* channel, void* context, rdma_port_space ps, ibv_qp_type qp_type) {
@@ -121,7 +141,10 @@ void publish_addresses_locked(IdPriv* id) {
   rdma_addr& a = id->id.route.addr;
   make_sockaddr(a.src_sin, id->wildcard ? 0 : id->src_ip, id->src_port);
   if (id->dst_ip || id->dst_port) make_sockaddr(a.dst_sin, id->dst_ip, id->dst_port);
-  if (id->dev) a.addr.ibaddr.sgid = ipv4_gid(id->dev->ip());
+  if (id->dev && !id->unattached)
+    a.addr.ibaddr.sgid = ipv4_gid(id->dev->ip());
+  else
+    a.addr.ibaddr.sgid = ibv_gid{};  // no device, no GID
   if (id->dst_ip) a.addr.ibaddr.dgid = ipv4_gid(id->dst_ip);
   a.addr.ibaddr.pkey = htobe16(0xffff);
 }
@@ -220,6 +243,20 @@ int rdma_bind_addr(rdma_cm_id* id, sockaddr* addr) {
   std::lock_guard lk(g_mu);
   IdPriv* p = priv(id);
   if (p->state != IdState::kIdle) return fail_errno(EINVAL);
+  if (ip != 0 && !owned_locked(ip)) {
+    // An address of this host that no device of the process owns: bound, with no device
+    // (id.verbs NULL), as the kernel's rdma_cm does. Its port is held on the default device;
+    // a listen there hears only requests addressed to `ip`.
+    if (!is_local_address(ip)) return fail_errno(EADDRNOTAVAIL);
+    if (int e = bind_locked(p, 0, port, /*wildcard=*/true)) return fail_errno(e);
+    p->wildcard = false;
+    p->unattached = true;
+    p->src_ip = ip;
+    publish_addresses_locked(p);
+    log().debug("bound to {}:{} with no device (none of the process's devices owns {})",
+                ip_string(ip), p->src_port, ip_string(ip));
+    return 0;
+  }
   if (int e = bind_locked(p, ip, port, ip == 0)) return fail_errno(e);
   return 0;
 }
@@ -241,8 +278,11 @@ int rdma_resolve_addr(rdma_cm_id* id, sockaddr* src_addr, sockaddr* dst_addr, in
     if (int e = bind_locked(p, via, src_port, via == 0)) return fail_errno(e);
   }
   if (p->state != IdState::kAddrBound) return fail_errno(EINVAL);
-  // The source becomes the device's address (the kernel's route source), never the wildcard.
+  // The source becomes the device's address (the kernel's route source), never the wildcard
+  // nor an address no device of the process owns.
   p->wildcard = false;
+  p->unattached = false;
+  p->src_ip = p->dev->ip();
   p->id.verbs = p->dev->verbs();
   p->id.pd = p->dev->pd();
   p->id.port_num = 1;

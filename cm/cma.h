@@ -84,6 +84,10 @@ struct IdPriv {
   uint16_t dst_port = 0;
   bool port_bound = false;  ///< holds src_port in dev's port table
   bool wildcard = false;
+  /// Bound to an address of this host that none of the process's devices owns (cm_id.cpp,
+  /// owned_locked): as the kernel's rdma_cm, no device is attached (id.verbs NULL); the ID
+  /// keeps src_ip and holds its port on the default device, which `dev` names.
+  bool unattached = false;
 
   // rdma_set_option.
   uint8_t tos = 0;

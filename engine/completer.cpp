@@ -36,6 +36,14 @@ void note_progress(QueuePair& qp, Transport& t, uint32_t old_psn) {
   qp.comp.nak_retry_started = false;
   qp.comp.last_progress_ns = now;
   qp.comp.stalled_since_ns = 0;
+  qp.comp.probe_sent = false;
+  if (!qp.comp.probe_ns && psn_diff(qp.req.psn, qp.comp.psn) > 0) {
+    // Still outstanding and nothing sent since: watch the tail from here.
+    if (const uint64_t pto = probe_timeout_ns(qp)) {
+      qp.comp.probe_ns = now + pto;
+      t.timer_armed(qp, qp.comp.probe_ns);
+    }
+  }
   if (qp.comp.recovery_psn != kNoPsn && psn_diff(qp.comp.psn, qp.comp.recovery_psn) >= 0)
     qp.comp.recovery_psn = kNoPsn;  // everything sent before the loss is acknowledged
   auto& inflight = qp.comp.rd_atomic_inflight;
@@ -355,6 +363,14 @@ void on_response(QueuePair& qp, const wire::Packet& pkt, Transport& t) {
   requester::run(qp, t);
 }
 
+uint64_t probe_timeout_ns(const QueuePair& qp) {
+  const uint64_t srtt = qp.req.window.srtt_ns();
+  const uint64_t rto = qp.retransmit_timeout_ns();
+  if (!srtt || !rto) return 0;
+  const uint64_t pto = std::max<uint64_t>(1'000'000, 2 * srtt);
+  return pto < rto ? pto : 0;
+}
+
 uint64_t resend_check_ns(const QueuePair& qp) {
   const uint64_t srtt = qp.req.window.srtt_ns();
   return srtt ? std::max<uint64_t>(1'000'000, srtt + srtt / 2) : 0;
@@ -419,6 +435,28 @@ void check_resends(QueuePair& qp, Transport& t, uint64_t now) {
   t.timer_armed(qp, qp.comp.resend_check_ns);
 }
 
+// The tail-loss probe's check (probe_timeout_ns): lazy like the retransmit timer — armed at
+// a transmission, moved on to the last transmission or ACK progress plus the timeout, and
+// fired only when neither happened for that long. One probe per stall (probe_sent, cleared
+// by ACK progress); an RNR wait or nothing outstanding disarms it.
+void check_tail(QueuePair& qp, Transport& t, uint64_t now) {
+  qp.comp.probe_ns = 0;
+  const uint64_t pto = probe_timeout_ns(qp);
+  const bool outstanding =
+      psn_diff(qp.req.psn, qp.comp.psn) > 0 && !qp.sq.empty() && qp.sq.front().started;
+  if (!pto || !outstanding || qp.req.rnr_wait || qp.comp.probe_sent ||
+      qp.attr.state != QpState::kRts)
+    return;
+  if (now < qp.comp.last_progress_ns + pto) {
+    qp.comp.probe_ns = qp.comp.last_progress_ns + pto;
+    t.timer_armed(qp, qp.comp.probe_ns);
+    return;
+  }
+  // The retransmit timeout is due as well (a progress thread that ran late): it recovers.
+  if (now >= qp.comp.last_progress_ns + qp.retransmit_timeout_ns()) return;
+  qp.comp.probe_sent = requester::probe(qp, t);
+}
+
 }  // namespace
 
 void on_timer(QueuePair& qp, Transport& t, uint64_t now) {
@@ -428,6 +466,7 @@ void on_timer(QueuePair& qp, Transport& t, uint64_t now) {
     requester::run(qp, t);
   }
   if (qp.comp.resend_check_ns && now >= qp.comp.resend_check_ns) check_resends(qp, t, now);
+  if (qp.comp.probe_ns && now >= qp.comp.probe_ns) check_tail(qp, t, now);
   if (qp.comp.pace_ns && now >= qp.comp.pace_ns) {
     qp.comp.pace_ns = 0;
     requester::run(qp, t);

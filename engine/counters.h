@@ -75,6 +75,7 @@ namespace softrdma::engine {
   X(dcqcn_rate_cuts, "DCQCN rate cuts (CNPs that lowered a QP's rate)")                            \
   X(paced_waits, "times a requester waited for its DCQCN pacer")                                   \
   X(resend_again_pkts, "lost resends sent again ~1.5 RTT after the resend (selective)")            \
+  X(tail_loss_probes, "tail-loss probes: the last PSN sent again ~2 RTT after the last ACK")       \
   X(partial_ack_rewinds, "go-back-N after an ACK stopped at a resent PSN (the rest was lost)")     \
   X(resp_access_faults, "requests NAKed: their target memory was unmapped since registration")     \
   X(local_access_faults, "local buffers found unmapped: WQE in error or packet not sent")          \

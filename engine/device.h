@@ -421,6 +421,11 @@ class Device final : public Transport, public ObjectRegistry {
   /// Folds the WAN queue's next departure into the timer deadline the progress thread
   /// sleeps towards (waking it when that is earlier than its current sleep).
   void note_wan_deadline();
+  /// At close: sends what the emulated links still hold once it is due (the progress thread
+  /// keeps running meanwhile), for at most kWanDrainMaxNs. Those packets are on the wire
+  /// already; a real link delivers them after their sender has gone.
+  void drain_wan();
+  static constexpr uint64_t kWanDrainMaxNs = 1'000'000'000;
   std::unique_ptr<net::PcapTap> pcap_;
   bool pcap_dirty_ = false;
   struct HeldCompletion {

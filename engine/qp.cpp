@@ -136,6 +136,7 @@ uint64_t QueuePair::next_deadline() const {
   if (comp.rnr_ns && (!d || comp.rnr_ns < d)) d = comp.rnr_ns;
   if (comp.pace_ns && (!d || comp.pace_ns < d)) d = comp.pace_ns;
   if (comp.resend_check_ns && (!d || comp.resend_check_ns < d)) d = comp.resend_check_ns;
+  if (comp.probe_ns && (!d || comp.probe_ns < d)) d = comp.probe_ns;
   return d;
 }
 

@@ -129,6 +129,14 @@ struct CompleterState {
   /// The oldest PSN as the resend check last sent it again (kNoPsn: none since the ACK moved
   /// past it). An ACK that then stops right after it says the next PSN is missing too.
   uint32_t again_psn = kNoPsn;
+  /// Tail-loss probe (RACK-TLP, RFC 8985 7; IRN's RTO_low plays the same part, Mittal et al.
+  /// 2018, 3.1): when the probe timeout (completer::probe_timeout_ns) passes with PSNs
+  /// outstanding and neither an ACK nor a transmission since, the last PSN sent goes out once
+  /// more. `probe_ns`: that check's time (0: not armed; lazily moved on, as timer_ns).
+  /// `probe_sent`: a probe went out and no ACK has moved since (one per stall: then the
+  /// retransmit timer recovers).
+  uint64_t probe_ns = 0;
+  bool probe_sent = false;
   /// The responder has sent a selective NAK: it keeps what arrives around a gap, so resending
   /// the oldest PSN alone (resend_check_ns) can fill it. Against a go-back-N responder that
   /// resend would only be dropped again; recovery stays IBTA's (NAK or timeout).
@@ -400,6 +408,15 @@ inline constexpr uint32_t kWindowPsns = CongestionWindow::kMaxPsns;
 /// responder that already had them (their ACK was lost) answers (IBTA 9.7.5.1.3). Returns
 /// the PSNs that packet covers (≥ 1), or 0 when no started WQE holds `psn`.
 uint32_t resend(QueuePair& qp, Transport& t, uint32_t psn, bool ack_req);
+/// The tail-loss probe (completer::probe_timeout_ns): the last PSN sent goes out again with
+/// AckReq, leaving the requester's position alone. Any IBTA responder answers it: a duplicate
+/// with an ACK (the ACK was lost), the expected PSN with an ACK (the tail was lost), a PSN
+/// beyond a gap with a sequence or selective NAK (more was lost). When that PSN belongs to a
+/// READ or atomic, whose request resent would draw the whole chunk of responses again, the
+/// requester goes back to the oldest unacknowledged PSN instead (a READ then asks only for
+/// the responses it misses). No window collapse and no retry counted: the retransmit timer
+/// still runs. Returns false when nothing was outstanding to probe.
+bool probe(QueuePair& qp, Transport& t);
 /// Packets between AckReq bits inside a long message.
 inline constexpr uint32_t kAckEvery = 32;
 /// A READ WQE is requested in chunks of at most this many response packets, so that
@@ -422,6 +439,13 @@ void on_cnp(QueuePair& qp, Transport& t);
 /// (at least 1 ms; 0 before any round trip is measured, when only the retransmit timer
 /// recovers).
 uint64_t resend_check_ns(const QueuePair& qp);
+/// The tail-loss probe timeout, ns: 2 × the smoothed round trip, at least 1 ms (a loaded
+/// host delays ACKs by that much without loss), and only when that is below the retransmit
+/// timeout; 0 (no probe) before any round trip is measured or with the retransmit timer off.
+/// A message's last packets lost (no later packet reveals the gap, so no NAK comes) then
+/// cost about one probe timeout plus a round trip, not the retransmit timeout (537 ms at
+/// the CM's default ACK timeout of 17). RACK-TLP's PTO (RFC 8985 7.2).
+uint64_t probe_timeout_ns(const QueuePair& qp);
 }  // namespace completer
 
 /// Responder: executes incoming requests against the QP's receive queue and MRs.

@@ -442,6 +442,10 @@ void run(QueuePair& qp, Transport& t) {
       qp.comp.timer_ns = now + rto;
       t.timer_armed(qp, qp.comp.timer_ns);
     }
+    if (const uint64_t pto = completer::probe_timeout_ns(qp); pto && !qp.comp.probe_ns) {
+      qp.comp.probe_ns = now + pto;  // lazy, as the retransmit timer
+      t.timer_armed(qp, qp.comp.probe_ns);
+    }
   }
 }
 
@@ -473,7 +477,11 @@ void rewind(QueuePair& qp, uint32_t psn) {
   while (!inflight.empty() && wire::psn_diff(inflight.back(), psn) >= 0) inflight.pop_back();
 }
 
-uint32_t resend(QueuePair& qp, Transport& t, uint32_t psn, bool ack_req) {
+namespace {
+
+// The packet that starts at `psn` once more (resend, probe): returns the PSNs it covers, 0
+// when no started WQE holds `psn`.
+uint32_t emit_again(QueuePair& qp, Transport& t, uint32_t psn, bool ack_req) {
   const uint64_t idx = find_wqe(qp, psn);
   if (idx == qp.sq_end()) return 0;
   SendWqe& w = qp.wqe(idx);
@@ -507,8 +515,16 @@ uint32_t resend(QueuePair& qp, Transport& t, uint32_t psn, bool ack_req) {
   }
   note_paced(qp, t, pay);
   bump(t.counters().retransmitted_pkts);
+  qp.req.timed_psn = kNoPsn;  // Karn's rule: no round trip is timed across a resend
+  return n;
+}
+
+}  // namespace
+
+uint32_t resend(QueuePair& qp, Transport& t, uint32_t psn, bool ack_req) {
+  const uint32_t n = emit_again(qp, t, psn, ack_req);
+  if (n == 0) return 0;
   bump(t.counters().selective_retransmitted_pkts);
-  qp.req.timed_psn = kNoPsn;
   // Watch it: a resend lost too is sent again (completer::on_timer).
   const uint64_t now = t.now_ns();
   qp.comp.resent.push_back({psn, now});
@@ -517,6 +533,25 @@ uint32_t resend(QueuePair& qp, Transport& t, uint32_t psn, bool ack_req) {
     t.timer_armed(qp, qp.comp.resend_check_ns);
   }
   return n;
+}
+
+bool probe(QueuePair& qp, Transport& t) {
+  if (wire::psn_diff(qp.req.psn, qp.comp.psn) <= 0 || qp.sq.empty() || !qp.sq.front().started)
+    return false;
+  const uint32_t last = (qp.req.psn - 1) & wire::kPsnMask;
+  const uint64_t idx = find_wqe(qp, last);
+  if (idx == qp.sq_end()) return false;
+  bump(t.counters().tail_loss_probes);
+  if (qp.wqe(idx).info().read_or_atomic) {
+    log().debug("qp {:#x}: tail-loss probe: back to psn {:#x} (a READ or atomic at the tail)",
+                qp.qpn(), qp.comp.psn);
+    rewind(qp, qp.comp.psn);
+    run(qp, t);
+    return true;
+  }
+  log().debug("qp {:#x}: tail-loss probe: psn {:#x} again (oldest unacknowledged {:#x})", qp.qpn(),
+              last, qp.comp.psn);
+  return emit_again(qp, t, last, /*ack_req=*/true) != 0;
 }
 
 }  // namespace softrdma::engine::requester

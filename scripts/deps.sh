@@ -16,7 +16,7 @@ PACKAGES=(
   libpcap-dev zlib1g-dev libisal-dev
   libcli11-dev libfmt-dev libspdlog-dev nlohmann-json3-dev
   libgtest-dev libgmock-dev libbenchmark-dev
-  tshark tcpdump iproute2 procps
+  tshark tcpdump iproute2 procps python3
   openmpi-bin libopenmpi-dev ucx-utils libfabric-bin libgloo-dev gnuplot-nox
   python3-torch libtorch-dev pybind11-dev python3-pytest python3-pyverbs dataset-fashion-mnist
 )

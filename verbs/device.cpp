@@ -251,6 +251,16 @@ void pin_library() {
 /// SOFTRDMA_* variable).
 std::shared_ptr<engine::Device> open_engine_device(uint32_t ip, int& err) {
   std::lock_guard lk(g_open_mu);
+  // A child forked while the parent had devices open inherits their objects but none of
+  // their threads: a device it opens is its own, sharing the address with the parent (as a
+  // context a child opens on a real device is its own). The inherited ones stay the parent
+  // contexts' (the child may not use them, as with real verbs after fork).
+  static pid_t open_pid = ::getpid();
+  if (open_pid != ::getpid()) {
+    open_pid = ::getpid();
+    g_open_devices.clear();
+    g_default_device.reset();
+  }
   engine::DeviceConfig cfg;
   std::string e;
   if (!engine::DeviceConfig::from_environment(cfg, e)) {

@@ -1190,5 +1190,106 @@ TEST_F(TransportTest, AZeroLengthWriteIsNeverPlacedOutOfOrder) {
   EXPECT_EQ(b->attr.state, QpState::kRts);
 }
 
+// Tail-loss probe (RACK-TLP, RFC 8985 7; issue 23 item 2). A plain (go-back-N) pair that has
+// measured its round trip with a first one-packet WRITE.
+class TailLossTest : public TransportTest {
+ protected:
+  static constexpr uint64_t kRtt = 10'000'000;  // 10 ms; the retransmit timeout is 67 ms
+  void SetUp() override {
+    TransportTest::SetUp();
+    ASSERT_EQ(post(*a, WrOpcode::kRdmaWrite, 0, kMtu, 0, 1), kOk);
+    ta->advance(kRtt);
+    settle();
+    ASSERT_EQ(drain().size(), 1u);
+    ASSERT_EQ(a->req.window.srtt_ns(), kRtt);
+    ASSERT_EQ(completer::probe_timeout_ns(*a), 2 * kRtt);
+    ASSERT_LT(2 * kRtt, a->retransmit_timeout_ns());
+  }
+  // Moves the requester's clock `ns` on and fires its due timers.
+  void wait(uint64_t ns) {
+    ta->advance(ns);
+    run_requester_timers();
+  }
+};
+
+TEST_F(TailLossTest, LostTailPacketsCostAProbeAndOneRoundTripNotATimeout) {
+  ASSERT_EQ(post(*a, WrOpcode::kRdmaWrite, kMtu, 8 * kMtu, kMtu, 2), kOk);
+  lose(*ta, {7, 8});  // the message's last two packets (PSN +1 was the first message)
+  deliver(*ta, *b, *tb);
+  EXPECT_TRUE(tb->sent.empty()) << "the lost last packet asked for the ACK: none comes";
+  wait(2 * kRtt - 1000);
+  EXPECT_TRUE(ta->sent.empty()) << "no probe before 2 RTT";
+  wait(2000);
+  ASSERT_EQ(ta->sent.size(), 1u);
+  wire::Packet p = parse(ta->sent[0]);
+  EXPECT_EQ(p.hdr.bth.psn, wire::psn_add(kSqPsn, 8)) << "the last PSN sent";
+  EXPECT_TRUE(p.hdr.bth.ack_req);
+  EXPECT_EQ(ta->counters_.tail_loss_probes.load(), 1u);
+  deliver(*ta, *b, *tb);  // beyond the gap at +7: a sequence NAK
+  ASSERT_EQ(tb->sent.size(), 1u);
+  EXPECT_EQ(parse(tb->sent[0]).hdr.aeth.syndrome, wire::aeth_nak(wire::NakCode::kPsnSequenceError));
+  settle();  // go back to +7: +7 and +8 again
+  auto c = drain();
+  ASSERT_EQ(c.size(), 1u);
+  EXPECT_EQ(c[0].wr_id, 2u);
+  EXPECT_EQ(c[0].status, WcStatus::kSuccess);
+  EXPECT_EQ(std::memcmp(dst.data(), src.data(), 9 * kMtu), 0);
+  EXPECT_EQ(ta->counters_.retransmit_timeouts.load(), 0u);
+}
+
+TEST_F(TailLossTest, ALostAckIsAnsweredByTheProbesDuplicate) {
+  ASSERT_EQ(post(*a, WrOpcode::kSend, 0, 3 * kMtu, 0, 2), kOk);
+  post_recv(*b, 3 * kMtu);
+  deliver(*ta, *b, *tb);
+  ASSERT_EQ(drain().size(), 1u);  // the receive completed...
+  tb->sent.clear();               // ...and its ACK was lost
+  wait(2 * kRtt + 1000);
+  ASSERT_EQ(ta->sent.size(), 1u);
+  EXPECT_EQ(parse(ta->sent[0]).hdr.bth.psn, wire::psn_add(kSqPsn, 3));
+  settle();  // a duplicate with AckReq: re-acknowledged, not received twice
+  auto c = drain();
+  ASSERT_EQ(c.size(), 1u);
+  EXPECT_EQ(c[0].wr_id, 2u);
+  EXPECT_EQ(c[0].opcode, WcOpcode::kSend);
+  EXPECT_EQ(ta->counters_.retransmit_timeouts.load(), 0u);
+  EXPECT_EQ(ta->counters_.tail_loss_probes.load(), 1u);
+}
+
+TEST_F(TailLossTest, LostLastReadResponsesAreRequestedAgainAfterTheProbe) {
+  constexpr uint32_t kLen = 8 * kMtu;
+  ASSERT_EQ(post(*a, WrOpcode::kRdmaRead, 0, kLen, 0, 2), kOk);
+  deliver(*ta, *b, *tb);
+  lose(*tb, {7, 8});  // the last two READ responses
+  deliver(*tb, *a, *ta);
+  EXPECT_TRUE(ta->sent.empty());
+  wait(2 * kRtt + 1000);
+  ASSERT_EQ(ta->sent.size(), 1u);
+  wire::Packet rr = parse(ta->sent[0]);
+  EXPECT_EQ(rr.hdr.bth.psn, wire::psn_add(kSqPsn, 7)) << "a READ for the missing responses";
+  EXPECT_EQ(rr.hdr.reth.va, reinterpret_cast<uintptr_t>(src.data()) + 6 * kMtu);
+  settle();
+  auto c = drain();
+  ASSERT_EQ(c.size(), 1u);
+  EXPECT_EQ(c[0].opcode, WcOpcode::kRdmaRead);
+  EXPECT_EQ(std::memcmp(dst.data(), src.data(), kLen), 0);
+  EXPECT_EQ(ta->counters_.retransmit_timeouts.load(), 0u);
+}
+
+TEST_F(TailLossTest, OneProbePerStallThenTheRetransmitTimerRecovers) {
+  ASSERT_EQ(post(*a, WrOpcode::kRdmaWrite, kMtu, 4 * kMtu, kMtu, 2), kOk);
+  ta->sent.clear();  // all four lost
+  wait(2 * kRtt + 1000);
+  ASSERT_EQ(ta->sent.size(), 1u);
+  ta->sent.clear();  // the probe too
+  wait(2 * kRtt + 1000);
+  EXPECT_TRUE(ta->sent.empty()) << "no second probe without an ACK";
+  wait(a->retransmit_timeout_ns());
+  ASSERT_FALSE(ta->sent.empty());
+  EXPECT_EQ(ta->counters_.retransmit_timeouts.load(), 1u);
+  settle();
+  ASSERT_EQ(drain().size(), 1u);
+  EXPECT_EQ(std::memcmp(dst.data(), src.data(), 5 * kMtu), 0);
+}
+
 }  // namespace
 }  // namespace softrdma::engine

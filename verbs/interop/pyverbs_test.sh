@@ -1,19 +1,19 @@
 #!/usr/bin/env bash
 # rdma-core's Python test suite (Debian's python3-pyverbs, /usr/share/doc/rdma-core/tests)
-# against srdma0, through `softrdma run` (device 127.0.14.1):
+# against srdma0, through `softrdma run` (device 127.0.0.1):
 #
 #   pyverbs_test.sh BUILD_DIR [rdmacm_after_qp]
 #
-# rdmacm_after_qp (issue 22 item 6): only tests.test_qp then tests.test_rdmacm, in one
-# Python process, at 127.0.97.3: the parent's QP tests leave device contexts open, so the
-# RDMA-CM tests' forked passive and active sides share the address with the parent, which
-# owns it and forwards to them; each test's children take the slots the previous test's
-# left. Issue 22 reported ETIMEDOUT there; on the 2-core test host the original code passed
-# this ordering but slowly (~8 s: forwards to the children lost to the unix socket's
-# 10-datagram queue and retried, which a loaded host can stretch into the CM's timeout), and
-# an intermediate version of the fix failed it (the parent's forwarding socket for a slot
-# stayed connected to the previous child's dead socket: test_rdmacm_async_read errored
-# after 22 s). Now ~2 s.
+# rdmacm_after_qp (issue 22 item 6): only tests.test_qp, tests.test_efadv, then
+# tests.test_rdmacm, in one Python process. test_efadv's set-up opens a context and skips
+# (not an EFA device) without closing it, so the parent holds the device at 127.0.0.1 open
+# while test_rdmacm's forked passive and active sides open theirs at the same address. A
+# child inherits the parent's device objects but not their threads; it used to reuse them,
+# sent its REQ through the parent's socket and never heard an answer (every test_rdmacm test
+# "stuck" after 20 s). Now a forked child opens a device of its own, which shares the
+# address with the parent (forwarding) as another process would. Issue 22 reported
+# ETIMEDOUT in this order; it was not seen while the suite ran at another address than
+# 127.0.0.1.
 #
 # pyverbs_run.py runs the suite as its run_tests.py does (--dev srdma0 --gid 0) and prints a
 # summary of what ran, passed and was skipped, and why (docs/verbs.md keeps that table). The
@@ -30,9 +30,15 @@ source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib/test_lib.sh"
 TEST_NAME=pyverbs
 [[ $# -eq 1 || ( $# -eq 2 && $2 == rdmacm_after_qp ) ]] ||
   { echo "usage: $0 BUILD_DIR [rdmacm_after_qp]" >&2; exit 2; }
-ADDR=127.0.14.1 ONLY=()
+# The device's address is lo's first address, 127.0.0.1: the suite finds the address of the
+# GID's net device (lo, in the virtual sysfs) with `ip addr show lo` and binds and connects
+# its RDMA-CM IDs there. As with the kernel's rdma_cm, a bind to an address that is not one
+# of the process's devices attaches no device (docs/rdma-cm.md, "Binding"), so the device
+# must be at that address, as rxe's is at its net device's. ctest runs the tests that use
+# 127.0.0.1 one at a time (RESOURCE_LOCK softrdma_127.0.0.1).
+ADDR=127.0.0.1 ONLY=()
 if [[ ${2:-} == rdmacm_after_qp ]]; then
-  ADDR=127.0.97.3 ONLY=(--only tests.test_qp --only tests.test_rdmacm)
+  ONLY=(--only tests.test_qp --only tests.test_efadv --only tests.test_rdmacm)
 fi
 resolve_build_dir "$1"
 require_softrdma_built

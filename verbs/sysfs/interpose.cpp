@@ -29,6 +29,9 @@
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <ifaddrs.h>
+#include <net/if.h>
+#include <netinet/in.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -38,9 +41,11 @@
 #include <sys/xattr.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <mutex>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -58,6 +63,9 @@ namespace {
     static auto fn = reinterpret_cast<decltype(&::name)>(dlsym(RTLD_NEXT, #name)); \
     return fn;                                                                     \
   }())
+
+/// Set while the tree is built: getifaddrs then answers with the real interfaces only.
+thread_local bool t_real_ifaddrs = false;
 
 std::string dotted(uint32_t ip) {
   return std::to_string(ip >> 24) + "." + std::to_string((ip >> 16) & 255) + "." +
@@ -133,7 +141,9 @@ std::string tree_root() {
   std::lock_guard lk(mu);
   if (ips == cached_ips && !cached_root.empty()) return cached_root;
   const int saved = errno;
+  t_real_ifaddrs = true;  // the tree names each device's real interface (lo for 127.x)
   const std::vector<sysfs::DeviceView> views = sysfs::views_for(ips);
+  t_real_ifaddrs = false;
   const std::string base = "/dev/shm/softrdma-sysfs-" + std::to_string(::getuid());
   const std::string root = base + "/" + tree_name(views);
   struct stat st;
@@ -369,6 +379,82 @@ char* realpath(const char* path, char* resolved) {
 }
 char* canonicalize_file_name(const char* path) {
   return realpath(path, nullptr);
+}
+
+// getifaddrs / freeifaddrs: the addresses of the devices `softrdma run --addr` gave the process
+// (SOFTRDMA_ADDR) as addresses of lo labelled lo:srdma0, lo:srdma1, … — what
+// `ip addr add 127.0.96.1/8 dev lo label lo:srdma0` shows — when no interface has them
+// already. An RDMA device's address is an interface's address (the GID table is built from
+// it); libfabric's verbs provider finds its devices' addresses this way (binding each
+// interface address with the RDMA-CM, skipping the interface named "lo") and has no FI_EP_MSG
+// endpoints without one (docs/rdma-cm.md, "libfabric"). The entries are appended to libc's
+// list, in blocks of this library that freeifaddrs takes off again.
+
+namespace {
+
+struct ExtraIfaddr {
+  ifaddrs ifa{};
+  sockaddr_in addr{};
+  sockaddr_in netmask{};
+  char name[IFNAMSIZ]{};
+};
+
+std::mutex g_extra_mu;
+std::set<const void*>& extra_blocks() {
+  static auto* s = new std::set<const void*>;
+  return *s;
+}
+
+}  // namespace
+
+int getifaddrs(ifaddrs** out) {
+  const int r = REAL(getifaddrs)(out);
+  if (r != 0 || t_real_ifaddrs || !softrdma::params::raw(softrdma::params::kAddr)) return r;
+  std::vector<uint32_t> ips;
+  std::string malformed;
+  if (!softrdma::params::read_ipv4_list(softrdma::params::kAddr, ips, malformed)) return r;
+  ifaddrs** tail = out;
+  std::vector<uint32_t> present;
+  for (ifaddrs* a = *out; a; a = a->ifa_next) {
+    if (a->ifa_addr && a->ifa_addr->sa_family == AF_INET)
+      present.push_back(ntohl(reinterpret_cast<sockaddr_in*>(a->ifa_addr)->sin_addr.s_addr));
+    tail = &a->ifa_next;
+  }
+  std::lock_guard lk(g_extra_mu);
+  for (size_t i = 0; i < ips.size() && i < softrdma::verbs::kMaxDevices; ++i) {
+    if (std::find(present.begin(), present.end(), ips[i]) != present.end()) continue;
+    auto* e = new ExtraIfaddr;
+    std::snprintf(e->name, sizeof e->name, "lo:srdma%zu", i);
+    e->addr.sin_family = AF_INET;
+    e->addr.sin_addr.s_addr = htonl(ips[i]);
+    e->netmask.sin_family = AF_INET;
+    e->netmask.sin_addr.s_addr = htonl((ips[i] >> 24) == 127 ? 0xff000000u : 0xffffffffu);
+    e->ifa.ifa_name = e->name;
+    e->ifa.ifa_flags = IFF_UP | IFF_RUNNING;
+    e->ifa.ifa_addr = reinterpret_cast<sockaddr*>(&e->addr);
+    e->ifa.ifa_netmask = reinterpret_cast<sockaddr*>(&e->netmask);
+    extra_blocks().insert(e);
+    *tail = &e->ifa;
+    tail = &e->ifa.ifa_next;
+  }
+  return r;
+}
+
+void freeifaddrs(ifaddrs* list) {
+  {
+    std::lock_guard lk(g_extra_mu);
+    ifaddrs** link = &list;
+    while (*link && !extra_blocks().count(*link)) link = &(*link)->ifa_next;
+    ifaddrs* extra = *link;  // the appended entries are the list's tail
+    *link = nullptr;
+    while (extra) {
+      ifaddrs* next = extra->ifa_next;
+      extra_blocks().erase(extra);
+      delete reinterpret_cast<ExtraIfaddr*>(extra);
+      extra = next;
+    }
+  }
+  if (list) REAL(freeifaddrs)(list);
 }
 
 }  // extern "C"
