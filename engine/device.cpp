@@ -357,7 +357,7 @@ void Device::drain_wan() {
     }
     if (due == UINT64_MAX || now >= deadline) return;
     const uint64_t until = std::min(due, deadline);
-    if (until > now) std::this_thread::sleep_for(std::chrono::nanoseconds(until - now));
+    if (until > now) clock::sleep_until_ns(until);  // a virtual deadline
   }
 }
 
