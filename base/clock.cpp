@@ -274,8 +274,11 @@ std::cv_status wait_until(std::condition_variable& cv, std::unique_lock<std::mut
   timespec ts{};
   ts.tv_sec = static_cast<time_t>(std::min<uint64_t>(real / 1'000'000'000, INT64_MAX));
   ts.tv_nsec = static_cast<long>(real % 1'000'000'000);
-  const int r = ::pthread_cond_clockwait(cv.native_handle(), lock.mutex()->native_handle(),
-                                         CLOCK_MONOTONIC, &ts);
+  // libc's own: libsoftrdma_tdf.so's pthread_cond_clockwait would take `ts` for virtual.
+  using CondClockwait = int (*)(pthread_cond_t*, pthread_mutex_t*, clockid_t, const timespec*);
+  static const auto fn = reinterpret_cast<CondClockwait>(libc_function("pthread_cond_clockwait"));
+  const int r = (fn ? fn : &::pthread_cond_clockwait)(
+      cv.native_handle(), lock.mutex()->native_handle(), CLOCK_MONOTONIC, &ts);
   return r == ETIMEDOUT ? std::cv_status::timeout : std::cv_status::no_timeout;
 }
 

@@ -21,7 +21,8 @@
 // deadlines are converted with to_real_*() (a wait of d virtual ns is d·K real ns). The real
 // clock itself is read through libc's own clock_gettime (looked up in libc.so.6, not through
 // the symbol search order), so that the LD_PRELOAD interposer of `softrdma run --tdf`
-// (libsoftrdma_tdf.so, base/tdf_interpose.cpp) never dilates this module a second time.
+// (libsoftrdma_tdf.so, base/tdf_interpose.cpp) never dilates this module a second time;
+// its sleeps and condition-variable waits call libc's own functions the same way.
 //
 // For tests, FakeClock replaces the real clock with a settable one (and may set K), in this
 // process only.
@@ -147,11 +148,11 @@ std::chrono::nanoseconds to_real(std::chrono::duration<Rep, Period> d) {
 }
 
 /// Waits on `cv` (`lock` held) until notified or until the virtual deadline has passed:
-/// std::condition_variable::wait_until on this clock (spurious wake-ups included). Waits
-/// with pthread_cond_clockwait on CLOCK_MONOTONIC until the real deadline and takes the
-/// timeout from its result: libstdc++'s own wait_until/wait_for read steady_clock to decide,
-/// and in a process with libsoftrdma_tdf.so preloaded that read is dilated (a deadline then
-/// never looks reached and the wait spins). Not for use under FakeClock.
+/// std::condition_variable::wait_until on this clock (spurious wake-ups included). Calls
+/// libc's own pthread_cond_clockwait with the real CLOCK_MONOTONIC deadline and takes the
+/// timeout from its result: libstdc++'s waits would reach libsoftrdma_tdf.so's interposer in
+/// a preloaded process, which takes deadlines for virtual ones, and would decide the timeout
+/// from a dilated steady_clock read. Not for use under FakeClock.
 std::cv_status wait_until(std::condition_variable& cv, std::unique_lock<std::mutex>& lock,
                           Steady::time_point deadline);
 

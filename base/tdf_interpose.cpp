@@ -8,16 +8,22 @@
 // E + (real − E) / K (clock.h: E = SOFTRDMA_TDF_EPOCH, set by `softrdma run`, else the boot
 // time), CPU-time clocks are left alone; gettimeofday and time (the wall clock); nanosleep,
 // clock_nanosleep (relative and TIMER_ABSTIME), usleep and sleep wait K times longer in real
-// time and report what is left of an interrupted sleep in virtual units.
+// time and report what is left of an interrupted sleep in virtual units;
+// pthread_cond_clockwait and sem_clockwait take absolute deadlines on the dilated clock
+// (what libstdc++'s condition_variable::wait_for/wait_until and Python's threading waits
+// compute) and wait until the real time that reaches them.
 //
 // Not covered (documented in docs/wide-area.md): programs that read the TSC (rdtsc: perftest
-// on x86) or make system calls without libc; timeouts of poll/select/epoll_wait, and
-// absolute deadlines handed to the kernel (pthread_cond_timedwait, sem_timedwait, futex)
-// after being computed from the dilated clock — these fire early.
+// on x86) or make system calls without libc; timeouts of poll/select/epoll_wait (real), and
+// absolute deadlines handed to pthread_cond_timedwait, sem_timedwait or a futex after being
+// computed from the dilated clock — these fire at once (the clock of a condition variable
+// waited on with pthread_cond_timedwait is not visible to an interposer).
 //
 // With SOFTRDMA_TDF unset or 1 every function passes straight through.
 #include <dlfcn.h>
 #include <errno.h>
+#include <pthread.h>
+#include <semaphore.h>
 #include <sys/time.h>
 #include <time.h>
 #include <unistd.h>
@@ -71,6 +77,12 @@ int sleep_virtual(uint64_t virtual_ns, timespec* rem) {
   return r;
 }
 
+/// The real time, on clock `id`, at which that clock's dilated reading is `virtual_abs`.
+timespec real_deadline(clockid_t id, const timespec& virtual_abs) {
+  const uint64_t v = to_ns(virtual_abs);
+  return to_timespec(wall(id) ? clk::undilate_realtime(v) : clk::to_real_deadline_ns(v));
+}
+
 }  // namespace
 
 extern "C" {
@@ -120,10 +132,23 @@ int clock_nanosleep(clockid_t id, int flags, const timespec* req, timespec* rem)
   if (req->tv_nsec < 0 || req->tv_nsec >= long(kNsPerSec) || req->tv_sec < 0) return EINVAL;
   if (!(flags & TIMER_ABSTIME)) return sleep_virtual(to_ns(*req), rem);
   // An absolute virtual time: the real time of the same clock at which it is reached.
-  const uint64_t v = to_ns(*req);
-  const uint64_t real = wall(id) ? clk::undilate_realtime(v) : clk::to_real_deadline_ns(v);
-  const timespec ts = to_timespec(real);
+  const timespec ts = real_deadline(id, *req);
   return REAL(clock_nanosleep)(id, flags, &ts, nullptr);
+}
+
+int pthread_cond_clockwait(pthread_cond_t* cond, pthread_mutex_t* mutex, clockid_t id,
+                           const timespec* abstime) {
+  if (!clk::dilated() || !(boot_based(id) || wall(id)))
+    return REAL(pthread_cond_clockwait)(cond, mutex, id, abstime);
+  const timespec ts = real_deadline(id, *abstime);
+  return REAL(pthread_cond_clockwait)(cond, mutex, id, &ts);
+}
+
+int sem_clockwait(sem_t* sem, clockid_t id, const timespec* abstime) {
+  if (!clk::dilated() || !(boot_based(id) || wall(id)))
+    return REAL(sem_clockwait)(sem, id, abstime);
+  const timespec ts = real_deadline(id, *abstime);
+  return REAL(sem_clockwait)(sem, id, &ts);
 }
 
 int usleep(useconds_t us) {
