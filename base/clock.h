@@ -16,9 +16,11 @@
 // so the processes it starts agree and dates stay near the real date), else the host's boot
 // time (CLOCK_REALTIME − CLOCK_MONOTONIC), which every process on the host also agrees on.
 //
-// What stays real: nothing in softrdma reads the system clock directly except this module.
-// Kernel waits take real durations: poll/epoll/ppoll timeouts, futex and condition-variable
-// deadlines are converted with to_real_*() (a wait of d virtual ns is d·K real ns). The real
+// Nothing in softrdma reads the system clock or sleeps directly except this module (and
+// the few places marked as real: a random seed, waits for a lock holder or an exiting
+// thread — real_sleep_ns — and bench/ programs that measure the machine itself). Kernel
+// waits take real durations: poll/epoll/ppoll timeouts and condition-variable deadlines are
+// converted with to_real_*() or wait_until() (a wait of d virtual ns is d·K real ns). The real
 // clock itself is read through libc's own clock_gettime (looked up in libc.so.6, not through
 // the symbol search order), so that the LD_PRELOAD interposer of `softrdma run --tdf`
 // (libsoftrdma_tdf.so, base/tdf_interpose.cpp) never dilates this module a second time;
