@@ -170,6 +170,27 @@ inline constexpr Param kParams[] = {
      .doc = "device memory of each device (`max_dm_size`): what `ibv_alloc_dm` hands out in "
             "all, counted in 64-byte units; 0: no device memory (docs/verbs.md)"},
 
+    {.name = "SOFTRDMA_TDF",
+     .group = Group::kDevice,
+     .kind = Kind::kText,
+     .default_text = "1",
+     .choices = "a real number in 1..1000000",
+     .doc = "time dilation factor K (`softrdma run --tdf`): every clock softrdma reads runs K "
+            "times slower than real time (CLOCK_MONOTONIC / K), so emulated link rates and "
+            "delays, timers, timeouts and the tools' measurements are virtual: 100 Gbit/s at "
+            "K = 50 is paced at 2 Gbit/s real (docs/wide-area.md, Time dilation). Every "
+            "process of one emulated system must use the same K"},
+    {.name = "SOFTRDMA_TDF_EPOCH",
+     .group = Group::kDevice,
+     .kind = Kind::kInteger,
+     .default_value = 0,
+     .default_text = "the boot time",
+     .min = 0,
+     .max = INT64_MAX,
+     .unit = "ns since 1970",
+     .doc = "with SOFTRDMA_TDF: the instant from which the wall clock (CLOCK_REALTIME) is "
+            "dilated; `softrdma run --tdf` sets it to its start"},
+
     // ---- ccl (collectives) -------------------------------------------------------------------
     {.name = "SOFTRDMA_CCL_ALGO",
      .group = Group::kCcl,
@@ -546,6 +567,8 @@ inline constexpr const Param& kSelectiveRetx = by_name("SOFTRDMA_SELECTIVE_RETX"
 inline constexpr const Param& kCc = by_name("SOFTRDMA_CC");
 inline constexpr const Param& kFaultGuard = by_name("SOFTRDMA_FAULT_GUARD");
 inline constexpr const Param& kDmSize = by_name("SOFTRDMA_DM_SIZE");
+inline constexpr const Param& kTdf = by_name("SOFTRDMA_TDF");
+inline constexpr const Param& kTdfEpoch = by_name("SOFTRDMA_TDF_EPOCH");
 inline constexpr const Param& kCclAlgo = by_name("SOFTRDMA_CCL_ALGO");
 inline constexpr const Param& kCclSite = by_name("SOFTRDMA_CCL_SITE");
 inline constexpr const Param& kCclWanCompress = by_name("SOFTRDMA_CCL_WAN_COMPRESS");

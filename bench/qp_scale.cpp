@@ -39,6 +39,7 @@ constexpr unsigned kMinMessages = 20000;
 constexpr unsigned kMsgBytes = 32;
 constexpr unsigned kSlotBytes = 64;
 
+// Real time: this measures the machine (the verbs library it is linked against), undilated.
 double now_s() {
   timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);

@@ -45,6 +45,7 @@
 
 namespace {
 
+// Real time: the kernel's UDP floor of this machine, undilated.
 double now_s() {
   timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);

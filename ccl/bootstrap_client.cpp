@@ -48,7 +48,8 @@ std::unique_ptr<TcpBootstrap> TcpBootstrap::connect(const std::string& host, uin
         int rc = ::connect(fd, ai->ai_addr, ai->ai_addrlen);
         if (rc != 0 && errno == EINPROGRESS) {
           pollfd p{fd, POLLOUT, 0};
-          ::poll(&p, 1, std::max(1, std::min(1000, remaining_ms(deadline))));
+          ::poll(&p, 1,
+                 clock::to_real_timeout_ms(std::max(1, std::min(1000, remaining_ms(deadline)))));
           int err = ETIMEDOUT;
           socklen_t el = sizeof err;
           if (p.revents) getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &el);
@@ -77,7 +78,7 @@ std::unique_ptr<TcpBootstrap> TcpBootstrap::connect(const std::string& host, uin
     if (Clock::now() >= deadline)
       throw BootstrapError(me + ": cannot reach the bootstrap root " + root + " within " +
                            ms_text(timeout) + ": " + last_error);
-    std::this_thread::sleep_for(milliseconds(std::min(100, remaining_ms(deadline) + 1)));
+    clock::sleep_for(milliseconds(std::min(100, remaining_ms(deadline) + 1)));
   }
 }
 
@@ -122,7 +123,7 @@ std::vector<std::string> TcpBootstrap::all_gather(const std::string& mine) {
                            ms_text(timeout_ + milliseconds(5000)) +
                            " (waiting for the other ranks)");
     pollfd p{fd_, POLLIN, 0};
-    ::poll(&p, 1, std::min(left, 1000));
+    ::poll(&p, 1, clock::to_real_timeout_ms(std::min(left, 1000)));
     if (p.revents && !in.fill(fd_) && in.buf.size() < 8)
       throw BootstrapError(me + ": the bootstrap root " + root_ + " closed the connection");
   }

@@ -147,7 +147,7 @@ class RootSession {
       pf.push_back({c.fd, static_cast<short>(c.fd >= 0 ? POLLIN : 0), 0});
     const int wait_ms =
         deadline_ == Clock::time_point::max() ? 1000 : std::min(1000, remaining_ms(deadline_));
-    ::poll(pf.data(), pf.size(), wait_ms);
+    ::poll(pf.data(), pf.size(), clock::to_real_timeout_ms(wait_ms));
     return pf;
   }
 
@@ -350,7 +350,8 @@ BootstrapRoot::~BootstrapRoot() {
   if (!state_ || !state_->thread.joinable()) return;
   {
     std::unique_lock<std::mutex> g(state_->mu);
-    state_->cv.wait_for(g, state_->timeout + milliseconds(1000), [&] { return state_->finished; });
+    clock::wait_for(state_->cv, g, state_->timeout + milliseconds(1000),
+                    [&] { return state_->finished; });
   }
   // The thread owns a reference to the state: detaching is safe if it is still running.
   if (state_->finished)

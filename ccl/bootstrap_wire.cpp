@@ -59,7 +59,7 @@ bool write_all(int fd, const std::string& data, Clock::time_point deadline) {
       int left = remaining_ms(deadline);
       if (left == 0) return false;
       pollfd p{fd, POLLOUT, 0};
-      ::poll(&p, 1, left);
+      ::poll(&p, 1, clock::to_real_timeout_ms(left));
       continue;
     }
     return false;

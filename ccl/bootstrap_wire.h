@@ -13,9 +13,11 @@
 #include <cstdint>
 #include <string>
 
+#include "base/clock.h"
+
 namespace softrdma::ccl::bootstrap_wire {
 
-using Clock = std::chrono::steady_clock;
+using Clock = clock::Steady;  // virtual under time dilation (base/clock.h)
 
 enum Frame : uint32_t { kHello = 1, kData = 2, kBye = 3, kError = 4 };
 /// Largest payload accepted; a longer length field marks the stream malformed.

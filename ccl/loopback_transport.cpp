@@ -11,11 +11,13 @@
 #include <unordered_map>
 #include <vector>
 
+#include "base/clock.h"
+
 namespace softrdma::ccl {
 
 namespace detail {
 
-using Clock = std::chrono::steady_clock;
+using Clock = clock::Steady;  // virtual under time dilation (base/clock.h)
 
 struct LoopbackRequest {
   enum class Status : uint8_t { kPending, kDone, kFailed };
@@ -207,7 +209,7 @@ class LoopbackTransport : public Transport {
         reqs_.erase(it);
         throw PeerError(prefix(op) + why, peer);
       }
-      s_->cv[idx(rank_)]->wait_until(lk, deadline);
+      clock::wait_until(*s_->cv[idx(rank_)], lk, deadline);
     }
   }
 
@@ -253,7 +255,7 @@ class LoopbackTransport : public Transport {
                             std::to_string(s_->timeout.count()) + " ms",
                         missing);
       }
-      s_->cv[idx(rank_)]->wait_until(lk, deadline);
+      clock::wait_until(*s_->cv[idx(rank_)], lk, deadline);
     }
   }
 

@@ -70,7 +70,7 @@ void VerbsTransport::Impl::check_failure(const char* op) {
     drain_pending = false;
     const auto until = Clock::now() + milliseconds(100);
     while (!all_sends_done() && Clock::now() < until)
-      if (poll_once() == 0) usleep(200);
+      if (poll_once() == 0) clock::sleep_for(std::chrono::microseconds(200));
   }
   throw PeerError(describe_failure(op), fail_peer);
 }

@@ -28,13 +28,14 @@
 #include <utility>
 #include <vector>
 
+#include "base/clock.h"
 #include "ccl/verbs_control.h"
 #include "ccl/verbs_transport.h"
 
 namespace softrdma::ccl {
 namespace verbs {
 
-using Clock = std::chrono::steady_clock;
+using Clock = clock::Steady;  // virtual under time dilation (base/clock.h)
 
 /// strerror(e) as a string.
 std::string errno_text(int e);

@@ -15,13 +15,13 @@ using std::chrono::milliseconds;
 
 void VerbsTransport::Impl::sleep_on_channel(microseconds max_wait) {
   if (ibv_req_notify_cq(cq, 0)) {
-    usleep(static_cast<useconds_t>(std::min<int64_t>(max_wait.count(), 1000)));
+    clock::sleep_for(std::min<microseconds>(max_wait, microseconds(1000)));
     return;
   }
   if (poll_once() > 0) return;  // completions that raced with arming
   pollfd pfd{channel->fd, POLLIN, 0};
-  const timespec ts{static_cast<time_t>(max_wait.count() / 1000000),
-                    static_cast<long>(max_wait.count() % 1000000) * 1000};
+  const timespec ts =
+      clock::to_real_timespec(static_cast<uint64_t>(std::max<int64_t>(max_wait.count(), 0)) * 1000);
   ::ppoll(&pfd, 1, &ts, nullptr);
   ibv_cq* ev_cq = nullptr;
   void* ev_ctx = nullptr;
@@ -138,7 +138,7 @@ void VerbsTransport::Impl::close() {
       if (ctl_free < 1) {
         const auto until = Clock::now() + milliseconds(200);
         while (ctl_free < 1 && !P.dead && Clock::now() < until)
-          if (poll_once() == 0) usleep(100);
+          if (poll_once() == 0) clock::sleep_for(microseconds(100));
       }
       if (ctl_free >= 1 && !P.dead) post_ctl(P, m, false);
     }
@@ -146,7 +146,7 @@ void VerbsTransport::Impl::close() {
   const auto until =
       Clock::now() + std::min<milliseconds>(opt.timeout, milliseconds(failed ? 100 : 2000));
   while (!all_sends_done() && Clock::now() < until)
-    if (poll_once() == 0) usleep(100);
+    if (poll_once() == 0) clock::sleep_for(microseconds(100));
 }
 
 }  // namespace softrdma::ccl

@@ -12,6 +12,7 @@
 #include <cstring>
 #include <random>
 
+#include "base/clock.h"
 #include "base/params.h"
 #include "cm/address.h"
 #include "cm/log.h"
@@ -83,7 +84,7 @@ struct Unload {
         g_mu.unlock();
         break;
       }
-      ::usleep(1000);
+      clock::real_sleep_ns(1'000'000);  // real: waits for a lock holder, not the network
     }
     CmDevice::close_all(idle);
   }
@@ -214,7 +215,8 @@ void CmDevice::close_all(bool close) {
   std::vector<std::unique_ptr<CmDevice>> devs;
   bool locked = false;
   const int tries = g_library_pid == ::getpid() ? 2000 : 200;
-  for (int i = 0; i < tries && !(locked = g_mu.try_lock()); ++i) ::usleep(1000);
+  for (int i = 0; i < tries && !(locked = g_mu.try_lock()); ++i)
+    clock::real_sleep_ns(1'000'000);  // real: waits for a lock holder, not the network
   devs.swap(devices());  // unlocked only at unload with g_mu stuck: nobody opens devices then
   if (locked) g_mu.unlock();
   // Outside g_mu: the threads take it.
@@ -232,7 +234,8 @@ void CmDevice::close_all(bool close) {
     }
     // A thread that does not come back within 2 s (stuck behind g_mu) is left: waiting for
     // it would hang the unload.
-    for (int i = 0; i < 2000 && !d->exited_; ++i) ::usleep(1000);
+    for (int i = 0; i < 2000 && !d->exited_; ++i)
+      clock::real_sleep_ns(1'000'000);  // real: waits for a thread to exit, not the network
     if (d->exited_ && d->thread_.get_id() != std::this_thread::get_id()) {
       d->thread_.join();
     } else {
@@ -292,8 +295,9 @@ void CmDevice::run() {
       std::lock_guard lk(g_mu);
       if (auto d = cm_->next_deadline()) {
         const uint64_t now = transport_->now_ns();
-        timeout_ms =
-            *d <= now ? 0 : int(std::min<uint64_t>((*d - now + 999'999) / 1'000'000, 60'000));
+        // The CM's deadlines are virtual (clock::now_ns); poll waits in real time.
+        timeout_ms = clock::to_real_timeout_ms(
+            *d <= now ? 0 : int(std::min<uint64_t>((*d - now + 999'999) / 1'000'000, 60'000)));
       }
     }
     pollfd fds[2] = {{transport_->event_fd(), POLLIN, 0}, {wake_fd_, POLLIN, 0}};

@@ -7,6 +7,7 @@
 #include <cerrno>
 #include <cstring>
 
+#include "base/clock.h"
 #include "cm/address.h"
 #include "cm/log.h"
 
@@ -182,9 +183,7 @@ void VerbsMadTransport::send(const MadAddress& to, std::span<const uint8_t, kMad
 }
 
 uint64_t VerbsMadTransport::now_ns() {
-  timespec ts;
-  ::clock_gettime(CLOCK_MONOTONIC, &ts);
-  return uint64_t(ts.tv_sec) * 1'000'000'000ull + uint64_t(ts.tv_nsec);
+  return clock::now_ns();
 }
 
 int VerbsMadTransport::event_fd() const {

@@ -4,6 +4,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "base/clock.h"
 #include "engine/transport.h"
 
 namespace softrdma::engine {
@@ -58,11 +59,7 @@ bool CompletionQueue::push(const Cqe& cqe, bool solicited) {
   const size_t slot = (head_ + count_) % ring_.size();
   ring_[slot] = cqe;
   if (!times_.empty()) {
-    timespec mono, real;
-    ::clock_gettime(CLOCK_MONOTONIC, &mono);
-    ::clock_gettime(CLOCK_REALTIME, &real);
-    times_[slot] = {uint64_t(mono.tv_sec) * 1000000000u + uint64_t(mono.tv_nsec),
-                    uint64_t(real.tv_sec) * 1000000000u + uint64_t(real.tv_nsec)};
+    times_[slot] = {clock::now_ns(), clock::realtime_ns()};
   }
   ++count_;
   if (arm_ == Arm::kAll ||

@@ -40,8 +40,8 @@ class CompletionChannel {
 
 /// When a CQE entered its CQ (ibv_wc_read_completion_ts / _wallclock_ns).
 struct CompletionTime {
-  uint64_t monotonic_ns = 0;  // CLOCK_MONOTONIC
-  uint64_t realtime_ns = 0;   // CLOCK_REALTIME (wall clock)
+  uint64_t monotonic_ns = 0;  // clock::now_ns() (CLOCK_MONOTONIC / SOFTRDMA_TDF)
+  uint64_t realtime_ns = 0;   // clock::realtime_ns() (wall clock, dilated alike)
 };
 
 /// A completion queue: a bounded FIFO of CQEs, produced by the engine under the device
@@ -71,7 +71,7 @@ class CompletionQueue {
   /// record_completion_times() was called before the first push).
   int poll(int n, Cqe* out, CompletionTime* times);
 
-  /// Stamps every CQE pushed from now on with CLOCK_MONOTONIC and CLOCK_REALTIME (two
+  /// Stamps every CQE pushed from now on with the (dilated) monotonic and wall clocks (two
   /// clock reads per completion, so only CQs created with a timestamp wc_flag pay them).
   /// Call before the CQ is used.
   void record_completion_times();

@@ -23,6 +23,7 @@
 
 #include <fmt/format.h>
 
+#include "base/clock.h"
 #include "base/params.h"
 #include "engine/counter_publisher.h"
 #include "engine/cq.h"
@@ -93,7 +94,12 @@ bool DeviceConfig::from_environment(DeviceConfig& out, std::string& error) {
   std::string transport, cc;
   int64_t spin_us = -1;
   int64_t dm_size = static_cast<int64_t>(c.dm_size);
-  if (!params::read_ipv4(params::kAddr, c.ip, error) ||
+  // The clock's factor is read once by base/clock; a malformed one refuses the open here
+  // with its reason instead of stopping the process at the first clock read.
+  double tdf = 1;
+  uint64_t tdf_epoch = 0;
+  if (!clock::read_environment(tdf, tdf_epoch, error) ||
+      !params::read_ipv4(params::kAddr, c.ip, error) ||
       !params::read_text(params::kPcap, c.pcap_path, error) ||
       !params::read_text(params::kTransport, transport, error) ||
       !params::read_integer(params::kSpinUs, spin_us, error) ||
@@ -159,7 +165,7 @@ std::unique_ptr<Device> Device::open(const DeviceConfig& cfg, int& err) {
     err = d->port_.bind(cfg.ip, wire::kRoceV2Port, cfg.socket_buffer_bytes);
     for (int tries = 0; err == EADDRINUSE && !d->share_.shared() && tries < kPortHolderExitTries;
          ++tries) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(kPortHolderExitPollMs));
+      clock::sleep_for(std::chrono::milliseconds(kPortHolderExitPollMs));
       err = d->port_.bind(cfg.ip, wire::kRoceV2Port, cfg.socket_buffer_bytes);
     }
     if (err == EADDRINUSE && d->share_.shared()) {
@@ -219,7 +225,7 @@ std::unique_ptr<Device> Device::open(const DeviceConfig& cfg, int& err) {
     // check, enough to exhaust a short retry budget (InjectedLoss in parallel ctest runs).
     int e = d->shm_.open(d->ip(), cfg.shm);
     for (int tries = 0; e == EADDRINUSE && tries < kShmOwnerExitTries; ++tries) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(kShmOwnerExitPollMs));
+      clock::sleep_for(std::chrono::milliseconds(kShmOwnerExitPollMs));
       e = d->shm_.open(d->ip(), cfg.shm);
     }
     if (e != 0) {
@@ -351,7 +357,7 @@ void Device::drain_wan() {
     }
     if (due == UINT64_MAX || now >= deadline) return;
     const uint64_t until = std::min(due, deadline);
-    if (until > now) std::this_thread::sleep_for(std::chrono::nanoseconds(until - now));
+    if (until > now) clock::sleep_until_ns(until);  // a virtual deadline
   }
 }
 
@@ -381,9 +387,7 @@ void Device::try_take_over(uint64_t now) {
 }
 
 uint64_t Device::now_ns() {
-  timespec ts;
-  ::clock_gettime(CLOCK_MONOTONIC, &ts);
-  return uint64_t(ts.tv_sec) * 1'000'000'000ull + uint64_t(ts.tv_nsec);
+  return clock::now_ns();
 }
 
 uint32_t Device::peer_pid(uint32_t ip, uint32_t qpn) {

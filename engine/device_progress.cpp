@@ -19,6 +19,7 @@
 #include <iterator>
 #include <random>
 
+#include "base/clock.h"
 #include "base/params.h"
 #include "engine/counter_publisher.h"
 #include "engine/cq.h"
@@ -234,9 +235,8 @@ void Device::progress_thread() {
     timespec ts{};
     timespec* timeout = nullptr;  // sleep until an event
     if (until) {
-      const uint64_t left = until > now ? until - now : 0;
-      ts.tv_sec = static_cast<time_t>(left / 1'000'000'000);
-      ts.tv_nsec = static_cast<long>(left % 1'000'000'000);
+      // Deadlines are virtual (clock::now_ns); the kernel waits in real time.
+      ts = clock::to_real_timespec(until > now ? until - now : 0);
       timeout = &ts;
     }
     const int n = ::epoll_pwait2(epoll_fd_, events, 4, timeout, nullptr);

@@ -475,7 +475,7 @@ Peer& Engine::Impl::ensure_connected(std::unique_lock<std::mutex>& lk, const std
   const auto until = Clock::now() + opt.connect_timeout;
   const std::string who = "kv engine '" + name + "': peer '" + peer + "'";
   while (p.state == PeerState::kConnecting)
-    if (cv.wait_until(lk, until) == std::cv_status::timeout)
+    if (clock::wait_until(cv, lk, until) == std::cv_status::timeout)
       throw KvError(who + ": handshake still running after " +
                         std::to_string(opt.connect_timeout.count()) + " ms",
                     peer);
@@ -541,7 +541,7 @@ Peer& Engine::Impl::ensure_connected(std::unique_lock<std::mutex>& lk, const std
     // arrives at this engine's listener.
     for (Qp* q : set) destroy_qp(q);
     set.clear();
-    if (!cv.wait_until(lk, until, [&] { return p.state == PeerState::kConnected; }))
+    if (!clock::wait_until(cv, lk, until, [&] { return p.state == PeerState::kConnected; }))
       drop("the peer's own handshake did not arrive");
     return p;
   }

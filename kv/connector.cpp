@@ -4,6 +4,8 @@
 #include <cstdio>
 #include <stdexcept>
 
+#include "base/clock.h"
+
 namespace softrdma::kv {
 
 std::string layer_message(uint64_t request, uint32_t layer) {
@@ -57,11 +59,11 @@ void KvProducer::save_layer(const KvRequest& r, uint32_t layer,
 }
 
 void KvProducer::wait_for_save(std::chrono::milliseconds timeout) {
-  const auto until = std::chrono::steady_clock::now() + timeout;
+  const auto until = clock::Steady::now() + timeout;
   while (!batches_.empty()) {
     const BatchId b = batches_.front();
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-        until - std::chrono::steady_clock::now());
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(until - clock::Steady::now());
     BatchStatus s = engine_.wait(b, std::max(left, std::chrono::milliseconds(0)));
     if (s.state == BatchState::kPending)
       throw KvError("kv::KvProducer::wait_for_save: not done after " +
@@ -97,7 +99,7 @@ bool KvConsumer::layer_ready(uint64_t request, uint32_t layer) {
 void KvConsumer::wait_for_layer(uint64_t request, uint32_t layer, const std::string& peer,
                                 std::chrono::milliseconds timeout,
                                 std::chrono::milliseconds probe_interval) {
-  using Clock = std::chrono::steady_clock;
+  using Clock = clock::Steady;
   const auto until = Clock::now() + timeout;
   auto next_probe = Clock::now() + probe_interval;
   bool was_connected = false;
@@ -125,7 +127,7 @@ void KvConsumer::wait_for_layer(uint64_t request, uint32_t layer, const std::str
 }
 
 std::optional<Notification> KvConsumer::wait_other(std::chrono::milliseconds timeout) {
-  using Clock = std::chrono::steady_clock;
+  using Clock = clock::Steady;
   const auto until = Clock::now() + timeout;
   for (;;) {
     if (!other_.empty()) {

@@ -206,7 +206,7 @@ Engine::~Engine() {
     const auto bound = std::min<std::chrono::milliseconds>(
         I.opt.connect_timeout, std::chrono::milliseconds(static_cast<int64_t>(
                                    1000 * ack_timeout_s * (I.opt.retry_cnt + 1))));
-    const auto deadline = std::chrono::steady_clock::now() + bound;
+    const auto deadline = Clock::now() + bound;
     auto busy = [&] {
       for (const auto& [name, p] : I.peers) {
         if (p->state != detail::PeerState::kConnected) continue;
@@ -217,9 +217,9 @@ Engine::~Engine() {
       return false;
     };
     std::unique_lock lk(I.mu);
-    while (busy() && std::chrono::steady_clock::now() < deadline) {
+    while (busy() && Clock::now() < deadline) {
       lk.unlock();
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      clock::sleep_for(std::chrono::milliseconds(1));
       lk.lock();
     }
   }
@@ -577,7 +577,7 @@ BatchStatus Engine::wait(BatchId batch, std::chrono::milliseconds timeout) {
                                   std::to_string(batch));
     BatchStatus s = impl_->status_of(*it->second);
     if (s.state != BatchState::kPending || it->second->transfers == 0) return s;
-    if (impl_->cv.wait_until(lk, until) == std::cv_status::timeout)
+    if (clock::wait_until(impl_->cv, lk, until) == std::cv_status::timeout)
       return impl_->status_of(*impl_->batches.at(batch));
   }
 }
@@ -626,7 +626,8 @@ std::vector<Notification> Engine::get_notifications() {
 
 std::optional<Notification> Engine::wait_notification(std::chrono::milliseconds timeout) {
   std::unique_lock lk(impl_->mu);
-  if (!impl_->cv.wait_for(lk, timeout, [&] { return !impl_->inbox.empty(); })) return std::nullopt;
+  if (!clock::wait_for(impl_->cv, lk, timeout, [&] { return !impl_->inbox.empty(); }))
+    return std::nullopt;
   Notification n = std::move(impl_->inbox.front());
   impl_->inbox.pop_front();
   return n;
@@ -647,8 +648,9 @@ void Engine::check_peer(std::string_view peer) {
   I.post_probe(p);
   const uint64_t mine = p.probes_sent;
   const auto bound = 2 * I.retry_bound() + std::chrono::seconds(1);
-  const bool answered = I.cv.wait_for(
-      lk, bound, [&] { return p.probes_done >= mine || p.state != detail::PeerState::kConnected; });
+  const bool answered = clock::wait_for(I.cv, lk, bound, [&] {
+    return p.probes_done >= mine || p.state != detail::PeerState::kConnected;
+  });
   if (p.state != detail::PeerState::kConnected)
     throw KvError("kv engine '" + I.name + "': peer " + p.desc + ": " + p.broken_reason, p.name);
   if (!answered)

@@ -26,7 +26,7 @@
 
 namespace softrdma::kv {
 
-using Clock = std::chrono::steady_clock;
+using Clock = clock::Steady;  // virtual under time dilation (base/clock.h)
 
 namespace detail {
 

@@ -84,7 +84,7 @@ void Engine::Impl::progress_loop() {
     if (poll_all()) continue;
     for (uint32_t d = 0; d < nd; ++d) fds[d] = {devs[d].channel->fd, POLLIN, 0};
     fds[nd] = {wake_fd, POLLIN, 0};
-    ::poll(fds.data(), nd + 1, 100);
+    ::poll(fds.data(), nd + 1, clock::to_real_timeout_ms(100));
     for (uint32_t d = 0; d < nd; ++d) {
       if (!(fds[d].revents & POLLIN)) continue;
       ibv_cq* ev_cq = nullptr;

@@ -73,7 +73,7 @@ Fd connect_tcp(const std::string& host, uint16_t port, Clock::time_point deadlin
     }
     last = errno;
     if (!retry || remaining_ms(deadline) == 0) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    clock::sleep_for(std::chrono::milliseconds(20));
   }
   freeaddrinfo(res);
   throw std::runtime_error("cannot connect to " + host + ":" + std::to_string(port) + ": " +
@@ -101,7 +101,7 @@ Fd listen_tcp(const std::string& host, uint16_t port, uint16_t& bound_port) {
 
 Fd accept_tcp(int listener, int timeout_ms) {
   pollfd p{listener, POLLIN, 0};
-  if (::poll(&p, 1, timeout_ms) <= 0) return Fd();
+  if (::poll(&p, 1, clock::to_real_timeout_ms(timeout_ms)) <= 0) return Fd();
   Fd fd(::accept4(listener, nullptr, nullptr, SOCK_CLOEXEC));
   if (fd) {
     int one = 1;
@@ -123,7 +123,7 @@ bool send_all(int fd, std::string_view data, Clock::time_point deadline) {
       const int left = remaining_ms(deadline);
       if (left == 0) return false;
       pollfd p{fd, POLLOUT, 0};
-      ::poll(&p, 1, left);
+      ::poll(&p, 1, clock::to_real_timeout_ms(left));
       continue;
     }
     return false;
@@ -146,7 +146,7 @@ bool recv_exact(int fd, size_t n, std::string& out, Clock::time_point deadline) 
     const int left = remaining_ms(deadline);
     if (left == 0) return false;
     pollfd p{fd, POLLIN, 0};
-    ::poll(&p, 1, std::min(left, 1000));
+    ::poll(&p, 1, clock::to_real_timeout_ms(std::min(left, 1000)));
   }
   return true;
 }

@@ -8,9 +8,11 @@
 #include <string>
 #include <string_view>
 
+#include "base/clock.h"
+
 namespace softrdma::kv::net {
 
-using Clock = std::chrono::steady_clock;
+using Clock = clock::Steady;  // virtual under time dilation (base/clock.h)
 
 /// An owned file descriptor (closed on destruction; movable).
 class Fd {

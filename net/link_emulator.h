@@ -142,7 +142,7 @@ class LocalLinkClock final : public LinkClock {
 /// A LinkClock over a 64-bit word that other processes map too (e.g. in /dev/shm): the
 /// reservation is a compare-and-swap loop, so any number of processes share the bottleneck.
 /// The word must be 8-byte aligned, lock-free (std::atomic<uint64_t> is on x86-64 and
-/// aarch64) and on the same clock (CLOCK_MONOTONIC) in every process.
+/// aarch64) and on the same clock in every process (base/clock.h: CLOCK_MONOTONIC / K).
 class SharedLinkClock final : public LinkClock {
  public:
   explicit SharedLinkClock(std::atomic<uint64_t>* free_ns) : free_ns_(free_ns) {}

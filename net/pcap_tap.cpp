@@ -7,6 +7,7 @@
 #include <cstring>
 #include <vector>
 
+#include "base/clock.h"
 #include "net/udp_port.h"
 
 namespace softrdma::net {
@@ -111,13 +112,16 @@ void PcapTap::record(const CapturedHeaders& hd, std::span<const iovec> payload) 
     f.insert(f.end(), static_cast<const uint8_t*>(v.iov_base),
              static_cast<const uint8_t*>(v.iov_base) + v.iov_len);
   pcap_pkthdr ph{};
-  timeval tv{};
-  ::gettimeofday(&tv, nullptr);
-  ph.ts = tv;
+  // Virtual wall-clock time: under time dilation a capture's gaps are the emulated ones.
+  const uint64_t t = clock::realtime_ns();
+  ph.ts.tv_sec = static_cast<time_t>(t / 1'000'000'000);
+  ph.ts.tv_usec = static_cast<suseconds_t>(t % 1'000'000'000 / 1000);
   ph.caplen = ph.len = static_cast<bpf_u_int32>(f.size());
   pcap_dump(reinterpret_cast<u_char*>(h_->dumper), &ph, f.data());
 }
 
-void PcapTap::flush() { pcap_dump_flush(h_->dumper); }
+void PcapTap::flush() {
+  pcap_dump_flush(h_->dumper);
+}
 
 }  // namespace softrdma::net

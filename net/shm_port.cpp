@@ -50,6 +50,7 @@
 #include <cstring>
 #include <deque>
 
+#include "base/clock.h"
 #include "net/udp_port.h"
 
 namespace softrdma::net {
@@ -98,12 +99,10 @@ constexpr uint64_t align_up(uint64_t v, uint64_t a) {
 static_assert(std::atomic<uint64_t>::is_always_lock_free);
 static_assert(std::atomic<uint32_t>::is_always_lock_free);
 
-// CLOCK_MONOTONIC_COARSE: a few ns through the vDSO, ms resolution — enough for the 100 ms
-// retry/liveness timers that send() and poll() keep without taking a time argument.
+// CLOCK_MONOTONIC_COARSE (dilated): a few ns through the vDSO, ms resolution — enough for
+// the 100 ms retry/liveness timers that send() and poll() keep without taking a time argument.
 uint64_t coarse_ns() {
-  timespec ts;
-  clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
-  return uint64_t(ts.tv_sec) * 1'000'000'000ull + uint64_t(ts.tv_nsec);
+  return clock::coarse_now_ns();
 }
 
 // A process with that pid exists and is not a zombie (net/peer_liveness.h: a killed peer
@@ -117,7 +116,7 @@ uint64_t random_epoch() {
   uint64_t e = 0;
   if (getrandom(&e, sizeof e, GRND_NONBLOCK) != sizeof e) {
     timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
+    clock_gettime(CLOCK_REALTIME, &ts);  // a seed, not a time: dilated or not is all one
     e = (uint64_t(ts.tv_sec) << 32) ^ uint64_t(ts.tv_nsec) ^ (uint64_t(getpid()) << 20);
   }
   return e ? e : 1;
@@ -243,9 +242,7 @@ std::string shm_doorbell_name(const ShmConfig& cfg, uint32_t ip) {
 }
 
 uint64_t shm_monotonic_ns() {
-  timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return uint64_t(ts.tv_sec) * 1'000'000'000ull + uint64_t(ts.tv_nsec);
+  return clock::now_ns();
 }
 
 ShmPort::RingCtl* ShmPort::ring_ctl(uint32_t index) const {

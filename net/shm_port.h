@@ -97,7 +97,8 @@ std::string shm_doorbell_name(const ShmConfig& cfg, uint32_t ip);
 /// left alone: their lock (the doorbell) cannot be taken from here, so run it in each namespace.
 /// Returns the paths removed.
 std::vector<std::string> shm_remove_stale_mailboxes(const ShmConfig& cfg);
-/// CLOCK_MONOTONIC in ns (the clock of note_polling() and ring_doorbells()).
+/// clock::now_ns() (virtual CLOCK_MONOTONIC, base/clock.h): the clock of note_polling() and
+/// ring_doorbells().
 uint64_t shm_monotonic_ns();
 
 /// Result of ShmPort::send.

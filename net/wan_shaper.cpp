@@ -11,6 +11,9 @@
 #include <cerrno>
 #include <cstring>
 #include <functional>
+#include <string>
+
+#include "base/clock.h"
 
 namespace softrdma::net {
 
@@ -48,7 +51,10 @@ int WanShaper::open(uint32_t local_ip, const WanTopology& topo, const std::strin
   topo_ = topo;
   const size_t n = topo_.links.size();
   if (cfg.share_clock && n > 0) {
-    path_ = cfg.dir + "/" + cfg.name_prefix + "wan-" + hex(fnv1a(text));
+    // The link's free time is on the clock of base/clock.h: processes with another time
+    // dilation factor must not share it (a K = 1 time read at K = 10 is 10× in the future).
+    const std::string key = clock::dilated() ? text + "@tdf=" + std::to_string(clock::tdf()) : text;
+    path_ = cfg.dir + "/" + cfg.name_prefix + "wan-" + hex(fnv1a(key));
     map_bytes_ = n * kLine;
     fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
     if (fd_ < 0) {

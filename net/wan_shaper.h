@@ -83,7 +83,7 @@ class WanShaper {
   bool is_open() const { return open_; }
 
   /// Decides the fate of a packet to `dst_ip` of `len` bytes gathered from `iov`, submitted
-  /// at `now_ns` (CLOCK_MONOTONIC). `ecn_ce` is set when it goes now CE-marked.
+  /// at `now_ns` (clock::now_ns(), virtual). `ecn_ce` is set when it goes now CE-marked.
   WanVerdict submit(uint32_t dst_ip, const iovec* iov, size_t iovcnt, size_t len, uint64_t now_ns,
                     bool& ecn_ce);
   /// Hands every packet due at `now_ns` to fn(const Packet&), in departure order (ties in

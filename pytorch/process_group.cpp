@@ -24,6 +24,7 @@
 #include <optional>
 #include <thread>
 
+#include "base/clock.h"
 #include "base/params.h"
 #include "ccl/bootstrap.h"
 #include "ccl/ccl.h"
@@ -35,7 +36,7 @@ namespace {
 
 using ccl::DataType;
 using ccl::RedOp;
-using Clock = std::chrono::steady_clock;
+using Clock = softrdma::clock::Steady;  // virtual under time dilation (base/clock.h)
 using c10d::OpType;
 
 constexpr uint64_t kCollectiveTransfer = uint64_t{2} << 62;
@@ -364,7 +365,8 @@ struct ProcessGroupSoftrdma::Impl {
           lock.lock();
           continue;
         }
-        if (pause.count() > 0) cv.wait_for(lock, pause, [&] { return !queue.empty(); });
+        if (pause.count() > 0)
+          softrdma::clock::wait_for(cv, lock, pause, [&] { return !queue.empty(); });
       }
       std::optional<Job> job;
       if (!queue.empty()) {

@@ -1,7 +1,7 @@
 // softrdma — command-line companion of the softrdma drop-ins libibverbs.so.1 and librdmacm.so.1.
 //
 //   softrdma run [--addr IP[,IP...]] [--transport auto|udp|shm] [--netem SPEC] [--wan FILE|SPEC]
-//                [--pcap FILE] [--log LEVEL] -- PROGRAM [ARGS...]
+//                [--pcap FILE] [--log LEVEL] [--tdf K] -- PROGRAM [ARGS...]
 //       Runs an unmodified verbs program over softrdma: checks the options, exports
 //       SOFTRDMA_ADDR / SOFTRDMA_NETEM / SOFTRDMA_WAN / SOFTRDMA_PCAP / SOFTRDMA_LOG, puts the
 //       directory holding
@@ -9,7 +9,10 @@
 //       in LD_LIBRARY_PATH, preloads libsoftrdma_sysfs.so from the same directory (the virtual
 //       /sys/class/infiniband, /sys/class/infiniband_verbs and /dev/infiniband; --no-sysfs
 //       leaves it out) and execs PROGRAM in place of itself (same pid, exit status, signals
-//       and stdio).
+//       and stdio). --tdf K (time dilation, base/clock.h) sets SOFTRDMA_TDF=K and
+//       SOFTRDMA_TDF_EPOCH, preloads libsoftrdma_tdf.so (PROGRAM's clock_gettime,
+//       gettimeofday, time and sleeps run K times slower) and prints on stderr which
+//       programs do not see it (perftest on x86 reads the TSC).
 //
 //   softrdma stat [--all] [--json]
 //       Prints the counters that every open softrdma device publishes in
@@ -49,6 +52,7 @@
 #include <tuple>
 #include <vector>
 
+#include "base/clock.h"
 #include "base/params.h"
 #include "cm/shared_ports.h"
 #include "engine/counters.h"
@@ -139,6 +143,7 @@ struct RunOptions {
   std::string pcap;
   std::string log;
   std::string transport;
+  std::string tdf;
   bool no_sysfs = false;
   std::vector<std::string> command;
 };
@@ -192,6 +197,21 @@ int cmd_run(const RunOptions& o) {
       return kExitUsage;
     }
   }
+  // Time dilation: --tdf, or SOFTRDMA_TDF inherited from the environment.
+  double tdf = 1;
+  if (!o.tdf.empty()) {
+    std::string why;
+    if (!softrdma::clock::parse_tdf(o.tdf, tdf, why)) {
+      error("--tdf: " + why.substr(why.find(": ") + 2));
+      return kExitUsage;
+    }
+  } else if (const char* env = params::raw(params::kTdf)) {
+    std::string why;
+    if (!softrdma::clock::parse_tdf(env, tdf, why)) {
+      error(why);
+      return kExitUsage;
+    }
+  }
   if (o.command.empty() || o.command.front().empty()) {
     error("run: no program given (usage: softrdma run [OPTIONS] -- PROGRAM [ARGS...])");
     return kExitUsage;
@@ -210,6 +230,29 @@ int cmd_run(const RunOptions& o) {
   if (!o.pcap.empty()) ::setenv("SOFTRDMA_PCAP", o.pcap.c_str(), 1);
   if (!o.log.empty()) ::setenv("SOFTRDMA_LOG", o.log.c_str(), 1);
   if (!o.transport.empty()) ::setenv("SOFTRDMA_TRANSPORT", o.transport.c_str(), 1);
+  if (!o.tdf.empty()) ::setenv("SOFTRDMA_TDF", o.tdf.c_str(), 1);
+  if (tdf != 1) {
+    // One epoch for every process this run starts (and their children): their wall clocks
+    // then agree, and read the real date at the start.
+    if (!params::raw(params::kTdfEpoch))
+      ::setenv("SOFTRDMA_TDF_EPOCH", std::to_string(softrdma::clock::real_realtime_ns()).c_str(),
+               1);
+    const fs::path lib = *dir / "libsoftrdma_tdf.so";
+    std::error_code ec;
+    if (!fs::exists(lib, ec)) {
+      error(fmt::format("{} is missing (build the softrdma_tdf target)", lib.string()));
+      return 1;
+    }
+    prepend_env_path("LD_PRELOAD", lib.string());
+    fmt::print(stderr,
+               "softrdma: time dilation K = {}: softrdma's clocks and this program's "
+               "clock_gettime/gettimeofday/time/sleeps run {}x slower than real time. Programs "
+               "that read the TSC (perftest on x86) or time themselves without libc report "
+               "real time: multiply their durations by {} (divide their rates) for virtual "
+               "figures. Make sure the machine is not the limit: real rate needed = virtual "
+               "rate / K (docs/wide-area.md, Time dilation).\n",
+               tdf, tdf, tdf);
+  }
   prepend_env_path("LD_LIBRARY_PATH", dir->string());
   // The torch.distributed backend's package (pytorch/, built into <build>/python) when it
   // was built, so `softrdma run -- torchrun ...` finds `import softrdma_torch`.
@@ -443,7 +486,8 @@ int main(int argc, char** argv) {
       "[ARGS...]");
   run->footer(
       "Checks the options, exports SOFTRDMA_ADDR / SOFTRDMA_TRANSPORT / SOFTRDMA_NETEM /\n"
-      "SOFTRDMA_PCAP / SOFTRDMA_LOG, puts the\n"
+      "SOFTRDMA_PCAP / SOFTRDMA_LOG / SOFTRDMA_TDF (--tdf also preloads libsoftrdma_tdf.so\n"
+      "and prints on stderr which programs do not see dilated time), puts the\n"
       "directories of the drop-ins libibverbs.so.1 and librdmacm.so.1 (<dir of this\n"
       "executable>/../lib) first in LD_LIBRARY_PATH (and ../python, the torch.distributed\n"
       "backend softrdma_torch, first in PYTHONPATH when it was built) and executes PROGRAM in\n"
@@ -480,6 +524,13 @@ int main(int argc, char** argv) {
   run->add_option("--log", ro.log, "library log level (sets SOFTRDMA_LOG); default warn")
       ->type_name("LEVEL")
       ->check(CLI::IsMember(params::choices(params::kLog)));
+  run->add_option("--tdf", ro.tdf,
+                  "time dilation factor K >= 1 (sets SOFTRDMA_TDF): softrdma's clocks, and "
+                  "PROGRAM's clock_gettime, gettimeofday, time and sleeps (through the "
+                  "preloaded libsoftrdma_tdf.so), run K times slower than real time, so "
+                  "emulated links K times faster than this machine can carry keep their "
+                  "virtual rates and delays (docs/wide-area.md, Time dilation)")
+      ->type_name("K");
   run->add_flag("--no-sysfs", ro.no_sysfs,
                 "do not preload libsoftrdma_sysfs.so (the virtual /sys/class/infiniband, "
                 "/sys/class/infiniband_verbs and /dev/infiniband/uverbsN)");

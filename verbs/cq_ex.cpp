@@ -3,12 +3,14 @@
 // function pointers in struct ibv_cq_ex that the provider fills (rdma-core 44
 // <infiniband/verbs.h>, man ibv_create_cq_ex(3)). The same CQ also answers ibv_poll_cq.
 //
-// Completion timestamps: read_completion_ts is CLOCK_MONOTONIC in ns, so the "HCA clock"
+// Completion timestamps: read_completion_ts is the engine's clock in ns (base/clock.h:
+// CLOCK_MONOTONIC, divided by K under time dilation), so the "HCA clock"
 // runs at 1 GHz (ibv_query_device_ex: hca_core_clock = 1,000,000 kHz, and
 // ibv_query_rt_values_ex's raw_clock reads the same clock); read_completion_wallclock_ns is
-// CLOCK_REALTIME in ns. Both are taken when the engine queues the CQE.
+// CLOCK_REALTIME in ns (dilated alike). Both are taken when the engine queues the CQE.
 #include <time.h>
 
+#include "base/clock.h"
 #include "verbs/ops.h"
 
 using namespace softrdma;
@@ -149,13 +151,16 @@ ibv_cq_ex* ctx_create_cq_ex(ibv_context* ctx, ibv_cq_init_attr_ex* attr) {
 }
 
 /// verbs_context::query_rt_values (ibv_query_rt_values_ex): raw_clock is the clock of
-/// read_completion_ts (CLOCK_MONOTONIC). EINVAL for a NULL values, EOPNOTSUPP for mask bits
+/// read_completion_ts (clock::now_ns()). EINVAL for a NULL values, EOPNOTSUPP for mask bits
 /// other than IBV_VALUES_MASK_RAW_CLOCK.
 int ctx_query_rt_values(ibv_context*, ibv_values_ex* values) {
   if (!values) return EINVAL;
   if (values->comp_mask & ~uint32_t(IBV_VALUES_MASK_RAW_CLOCK)) return EOPNOTSUPP;
-  if (values->comp_mask & IBV_VALUES_MASK_RAW_CLOCK)
-    ::clock_gettime(CLOCK_MONOTONIC, &values->raw_clock);
+  if (values->comp_mask & IBV_VALUES_MASK_RAW_CLOCK) {
+    const uint64_t t = clock::now_ns();
+    values->raw_clock.tv_sec = static_cast<time_t>(t / 1'000'000'000);
+    values->raw_clock.tv_nsec = static_cast<long>(t % 1'000'000'000);
+  }
   return 0;
 }
 

@@ -219,7 +219,8 @@ int ctx_query_device_ex(ibv_context* ctx, const ibv_query_device_ex_input* input
   // 6.2, set by rxe; rdma-core 44's headers do not name it, librpma tests 1 << 40).
   constexpr uint64_t kDeviceAtomicWrite = 1ull << 40;
   full.device_cap_flags_ex = full.orig_attr.device_cap_flags | kDeviceAtomicWrite;
-  // Completion timestamps count ns of CLOCK_MONOTONIC (cq_ex.cpp): a 1 GHz clock, 64 bits.
+  // Completion timestamps count ns of the (dilated) engine clock (cq_ex.cpp): a 1 GHz clock, 64
+  // bits.
   full.completion_timestamp_mask = ~uint64_t{0};
   full.hca_core_clock = 1000000;  // kHz
   std::memcpy(attr, &full, std::min(attr_size, sizeof full));

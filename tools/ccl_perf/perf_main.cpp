@@ -44,6 +44,7 @@
 #include <string>
 #include <vector>
 
+#include "base/clock.h"
 #include "ccl/bootstrap.h"
 #include "ccl/ccl.h"
 #include "ccl/reduce.h"
@@ -67,7 +68,7 @@ namespace nccl_tests = softrdma::nccl_tests;
 namespace {
 
 using namespace softrdma::ccl;
-using Clock = std::chrono::steady_clock;
+using Clock = softrdma::clock::Steady;  // virtual under time dilation (base/clock.h)
 
 // Rank 0 is in the middle of a result line (an error message then starts on a new line).
 bool g_mid_line = false;

@@ -26,13 +26,14 @@
 #include <mutex>
 #include <thread>
 
+#include "base/clock.h"
 #include "kv/engine.h"
 #include "tools/kv/tool_common.h"
 
 namespace softrdma::kv {
 namespace {
 
-using Clock = std::chrono::steady_clock;
+using Clock = softrdma::clock::Steady;  // virtual under time dilation (base/clock.h)
 using namespace std::chrono_literals;
 
 constexpr uint16_t kDefaultPort = 17711;
@@ -158,7 +159,8 @@ Row run_row(Engine& e, SegmentHandle h, uint8_t* buf, uint64_t buf_size, Opcode 
   for (uint32_t t = 0; t < o.threads; ++t) ts.emplace_back(worker, t);
   {
     std::unique_lock lock(failed_mu);
-    failed_cv.wait_for(lock, std::chrono::duration<double>(o.duration), [&] { return failed; });
+    softrdma::clock::wait_for(failed_cv, lock, std::chrono::duration<double>(o.duration),
+                              [&] { return failed; });
   }
   stop = true;
   for (auto& t : ts) t.join();
@@ -216,7 +218,7 @@ int run_initiator(const Options& o, std::shared_ptr<MetadataStore> store) {
         break;
       } catch (const KvError&) {
         if (Clock::now() > until) throw;  // the target did not come up
-        std::this_thread::sleep_for(50ms);
+        softrdma::clock::sleep_for(50ms);
       }
     }
     if (e->segment_info(h).length < size)

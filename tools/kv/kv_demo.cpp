@@ -27,13 +27,14 @@
 #include <sstream>
 #include <thread>
 
+#include "base/clock.h"
 #include "kv/connector.h"
 #include "tools/kv/tool_common.h"
 
 namespace softrdma::kv {
 namespace {
 
-using Clock = std::chrono::steady_clock;
+using Clock = softrdma::clock::Steady;  // virtual under time dilation (base/clock.h)
 using namespace std::chrono_literals;
 
 constexpr uint16_t kDefaultPort = 17712;
@@ -205,8 +206,9 @@ Result prefill_request(Engine& e, const Setup& s, const Options& o, uint64_t req
         fill_block(blk, L.block_bytes(), (req << 40) ^ (uint64_t{l} << 20) ^ (part << 16) ^ i);
         table[s.table_index(l, part, s.remote_blocks[i])] = checksum(blk, L.block_bytes());
       }
-    std::this_thread::sleep_until(t0 +
-                                  std::chrono::duration<double, std::milli>(o.layer_ms * (l + 1)));
+    softrdma::clock::sleep_until(
+        t0 + std::chrono::duration_cast<std::chrono::nanoseconds>(
+                 std::chrono::duration<double, std::milli>(o.layer_ms * (l + 1))));
     if (layerwise) {
       const uint64_t row = s.table_index(l, 0, 0);
       const TransferRequest sums{Opcode::kWrite, table + row, remote_table, row * 8,
@@ -255,7 +257,7 @@ int run_prefill(const Options& o, std::shared_ptr<MetadataStore> store) {
       break;
     } catch (const KvError&) {
       if (Clock::now() > until) throw;
-      std::this_thread::sleep_for(50ms);
+      softrdma::clock::sleep_for(50ms);
     }
   }
   fmt::print(

@@ -21,8 +21,9 @@
 //     RDMA WRITE over an RC QP (ccl/verbs_credit_ring.cpp). Prints: kv,<layout>,<bytes>,
 //     <layers>,<layer_ms>,<handoff_ms> — handoff_ms = the time from the end of prefill's last
 //     layer to the decode side holding the whole cache, i.e. what the hand-off adds to the
-//     time to first token. Both processes read CLOCK_MONOTONIC of the same host, so their
-//     timestamps compare directly (two hosts would need a clock synchronisation).
+//     time to first token. Both processes read the same host's CLOCK_MONOTONIC (divided by
+//     SOFTRDMA_TDF under time dilation: base/clock.h), so their timestamps compare directly (two
+//     hosts would need a clock synchronisation).
 //
 // Errors: bad options print a message and exit 2; a failed transfer exits 1.
 #include <algorithm>
@@ -38,6 +39,7 @@
 #include <thread>
 #include <vector>
 
+#include "base/clock.h"
 #include "ccl/bootstrap.h"
 #include "ccl/ccl.h"
 
@@ -49,7 +51,7 @@ using softrdma::ccl::Config;
 using softrdma::ccl::DataType;
 using softrdma::ccl::RedOp;
 using softrdma::ccl::WanCompression;
-using Clock = std::chrono::steady_clock;
+using Clock = softrdma::clock::Steady;  // virtual under time dilation (base/clock.h)
 
 double ms_since(Clock::time_point t0, Clock::time_point t1) {
   return std::chrono::duration<double, std::milli>(t1 - t0).count();
@@ -128,7 +130,7 @@ Options parse(int argc, char** argv) {
 }
 
 void sleep_ms(double ms) {
-  std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(ms));
+  softrdma::clock::sleep_for(std::chrono::duration<double, std::milli>(ms));
 }
 
 int train(const Options& o) {
@@ -167,7 +169,7 @@ int64_t now_ns() {
       .count();
 }
 
-// Prefill (rank 0); returns when its last layer finished computing (ns of steady_clock).
+// Prefill (rank 0); returns when its last layer finished computing (ns of clock::Steady).
 // Layer by layer, a sender thread sends layer i as soon as the compute loop has finished it,
 // so transfers overlap the following layers' compute.
 int64_t prefill(Communicator& comm, const Options& o, std::vector<unsigned char>& cache,
