@@ -367,7 +367,7 @@ uint64_t probe_timeout_ns(const QueuePair& qp) {
   const uint64_t srtt = qp.req.window.srtt_ns();
   const uint64_t rto = qp.retransmit_timeout_ns();
   if (!srtt || !rto) return 0;
-  const uint64_t pto = std::max<uint64_t>(1'000'000, 2 * srtt);
+  const uint64_t pto = std::max<uint64_t>(10'000'000, 2 * srtt);
   return pto < rto ? pto : 0;
 }
 

@@ -927,7 +927,7 @@ TEST(HostilePackets, TwentyCopiesOfOneFarAheadPsnDrawOneSequenceNak) {
 // use up retry_cnt (rxe's started_retry rule) — else retry_cnt + 1 copies, or the genuine
 // NAKs a responder sends for forged far-ahead requests, failed the QP with
 // IBV_WC_RETRY_EXC_ERR. The requester resends once, then completes when ACKed. The fake
-// peer answers slowly, so the requester's tail-loss probe (the last PSN again, 2 RTT or 1 ms
+// peer answers slowly, so the requester's tail-loss probe (the last PSN again, 2 RTT or 10 ms
 // after the last transmission with no ACK) may go out too, once: it is told apart by the
 // tail_loss_probes counter.
 TEST(HostilePackets, RepeatedSequenceNaksForTheOldestPsnCostOneRetransmissionNotTheConnection) {
