@@ -13,6 +13,7 @@
 #include <random>
 
 #include "base/clock.h"
+#include "base/library_pin.h"
 #include "base/params.h"
 #include "cm/address.h"
 #include "cm/log.h"
@@ -99,10 +100,10 @@ struct Unload {
 void pin_library() {
   static std::once_flag once;
   std::call_once(once, [] {
-    Dl_info info{};
-    if (::dladdr(reinterpret_cast<void*>(&pin_library), &info) == 0 || !info.dli_fname) return;
-    if (!::dlopen(info.dli_fname, RTLD_NOW | RTLD_NOLOAD | RTLD_NODELETE))
-      log().warn("cannot pin {} in memory: {}", info.dli_fname, ::dlerror());
+    if (const std::string e =
+            base::pin_object_containing(reinterpret_cast<const void*>(&pin_library));
+        !e.empty())
+      log().warn("cannot pin this library in memory: {}", e);
   });
 }
 

@@ -1,7 +1,6 @@
 // ibv_device and ibv_context: the device list (srdma0, or one device per SOFTRDMA_ADDR list
 // entry: a multi-NIC host), opening a context on the process's engine device at that address,
 // and the device, port, GID and P_Key queries.
-#include <dlfcn.h>
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -13,6 +12,7 @@
 #include <mutex>
 #include <string>
 
+#include "base/library_pin.h"
 #include "base/params.h"
 #include "engine/log.h"
 #include "net/udp_port.h"
@@ -238,10 +238,10 @@ int ctx_query_device_ex(ibv_context* ctx, const ibv_query_device_ex_input* input
 void pin_library() {
   static std::once_flag once;
   std::call_once(once, [] {
-    Dl_info info{};
-    if (::dladdr(reinterpret_cast<void*>(&pin_library), &info) == 0 || !info.dli_fname) return;
-    if (!::dlopen(info.dli_fname, RTLD_NOW | RTLD_NOLOAD | RTLD_NODELETE))
-      engine::log().warn("cannot pin {} in memory: {}", info.dli_fname, ::dlerror());
+    if (const std::string e =
+            base::pin_object_containing(reinterpret_cast<const void*>(&pin_library));
+        !e.empty())
+      engine::log().warn("cannot pin this library in memory: {}", e);
   });
 }
 
