@@ -1,0 +1,130 @@
+#!/usr/bin/env bash
+# Runs Debian's unmodified DAPL test `dtest` (dapl2-utils; uDAPL 2.1's ofa-v2 cma provider
+# libdaplofa.so.2 — a librdmacm + libibverbs user) between two processes over softrdma's
+# librdmacm.so.1 and libibverbs.so.1, through `softrdma run`, with softrdma's default settings
+# (issue 22).
+#
+#   dapl_test.sh BUILD_DIR CASE
+#
+# CASE:
+#   two_addresses   server `dtest -s` at 127.0.98.1, client `dtest -h 127.0.98.1` at 127.0.98.2
+#   shared_address  both at ONE address, 127.0.98.3 (two processes sharing one device
+#                   address: docs/rdma-cm.md, "Several processes on one address")
+#   write_pp        at 127.0.98.4 / .5: `dtest -W -B 100 -a -b 1048576`: RDMA WRITE ping-pong
+#                   (each side polls its buffer's last byte) of 2^n - 1, 2^n and 2^n + 1 B for
+#                   every 2^n up to 1 MiB, 100 round trips each (dtest's 1000 took 30 s here,
+#                   98 s under ASan on a loaded machine: both sides spin)
+#
+# dtest's default test: connect (RDMA-CM, conn qual 45248), exchange RMRs (SENDs), 1000 RDMA
+# WRITEs of 4 MiB from each side at once, an RDMA WRITE and RDMA READs whose data each side
+# checks, 100 ping-pong SENDs of 4 MiB, disconnect. Both sides must exit 0 and print "DAPL Test
+# Complete. PASSED" (dtest exits 0 even when it prints FAILED), each its own address as the
+# IA's, and every step's line.
+#
+# How DAPL finds softrdma: each process gets its own dat.conf (DAT_OVERRIDE) with one entry,
+#   ofa-v2-softrdma u2.0 nonthreadsafe default libdaplofa.so.2 dapl.2.0 "ADDR 0" ""
+# (the cma provider's ia_params: an IPv4 address, host name or netdev name, and 0). The
+# entry must have the same name on both sides: dtest's server sends its provider name to the
+# client (over TCP port 15828), which opens that provider — with one dat.conf for both, the
+# client would open the server's address.
+#
+# dtest's server always listens on TCP port 15828 of every address (its parameter exchange),
+# so the cases take a ctest RESOURCE_LOCK and run one at a time. A missing dtest is a failure
+# (install dapl2-utils: scripts/deps.sh), never a skip.
+set -uo pipefail
+
+# shellcheck source=scripts/lib/test_lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib/test_lib.sh"
+case_test_args dapl "two_addresses shared_address write_pp" "$@"
+STEP_TIMEOUT=${DAPL_TIMEOUT:-120}
+TCP_PORT=15828 # dtest's CONN_PORT, fixed
+PROVIDER=ofa-v2-softrdma
+
+ARGS=()
+case "$CASE" in
+  two_addresses) S=127.0.98.1 C=127.0.98.2 ;;
+  shared_address) S=127.0.98.3 C=127.0.98.3 ;;
+  write_pp) S=127.0.98.4 C=127.0.98.5 ARGS=(-W -B 100 -a -b 1048576) ;;
+esac
+
+require_softrdma_built
+[[ -e "$BUILD_DIR/lib/librdmacm.so.1" ]] || fail "$BUILD_DIR/lib/librdmacm.so.1 not built"
+command -v dtest >/dev/null || fail "dtest not found: install dapl2-utils (bash scripts/deps.sh)"
+[[ -e /usr/lib/x86_64-linux-gnu/libdaplofa.so.2 ]] ||
+  fail "libdaplofa.so.2 not found: install libdapl2 (bash scripts/deps.sh)"
+tcp_listening "$TCP_PORT" && fail "TCP port $TCP_PORT (dtest's) is taken: another dtest still runs?"
+make_work_dir "softrdma-dapl-$CASE"
+SERVER_PID=""
+# shellcheck disable=SC2317  # called at exit by test_lib.sh
+on_exit() {
+  [[ -n "$SERVER_PID" ]] && kill "$SERVER_PID" 2>/dev/null
+}
+
+# dat_conf FILE ADDR: a DAT registry with the one provider entry, at ADDR.
+dat_conf() {
+  echo "$PROVIDER u2.0 nonthreadsafe default libdaplofa.so.2 dapl.2.0 \"$2 0\" \"\"" >"$1"
+}
+dat_conf "$WORK/server.conf" "$S"
+dat_conf "$WORK/client.conf" "$C"
+
+# Sanitizer builds (`softrdma run` preloads the ASan runtime): DAPL leaks a little of its own
+# (40 B in libdaplofa.so.2, dtest's asprintf'd port string), which LeakSanitizer turns into exit
+# status 134. Suppress only those: dtest runs with libdaplofa.so.2 preloaded too (after
+# libdat2.so.2, whose symbols it needs), so that libdat2's dlclose at exit leaves it mapped and
+# its frames keep their module name (an unloaded module's have none); softrdma's own leaks are
+# still reported.
+DTEST=(dtest)
+if ldd "$SOFTRDMA" | grep -q libasan; then
+  printf '%s\n' 'leak:libdat2.so' 'leak:libdaplofa.so' 'leak:__vasprintf_internal' >"$WORK/lsan.supp"
+  export LSAN_OPTIONS="${LSAN_OPTIONS:+$LSAN_OPTIONS:}suppressions=$WORK/lsan.supp:print_suppressions=0"
+  # shellcheck disable=SC2016  # the wrapper's own variables, expanded when it runs
+  printf '%s\n' '#!/usr/bin/env bash' \
+    'export LD_PRELOAD="${LD_PRELOAD:+$LD_PRELOAD:}libdat2.so.2:libdaplofa.so.2"' \
+    'exec dtest "$@"' >"$WORK/dtest.sh"
+  DTEST=(bash "$WORK/dtest.sh")
+fi
+
+# stdout and stderr apart: dtest's block-buffered stdout would be cut mid-line by the library's
+# log lines.
+SLOG="$WORK/server.log" CLOG="$WORK/client.log" SERR="$WORK/server.stderr" CERR="$WORK/client.stderr"
+T0=$(date +%s.%N)
+DAT_OVERRIDE="$WORK/server.conf" timeout -k 5 "$STEP_TIMEOUT" "$SOFTRDMA" run --addr "$S" -- \
+  "${DTEST[@]}" -P "$PROVIDER" -s "${ARGS[@]}" >"$SLOG" 2>"$SERR" &
+SERVER_PID=$!
+# The server listens on TCP 15828 once its DAPL PSP (an RDMA-CM listener) exists.
+wait_for_listener "$TCP_PORT" "$SERVER_PID" 30 "$SERR"
+rc=0
+DAT_OVERRIDE="$WORK/client.conf" timeout -k 5 "$STEP_TIMEOUT" "$SOFTRDMA" run --addr "$C" -- \
+  "${DTEST[@]}" -P "$PROVIDER" -h "$S" "${ARGS[@]}" >"$CLOG" 2>"$CERR" || rc=$?
+src=0
+wait "$SERVER_PID" || src=$?
+SERVER_PID=""
+TOOK=$(awk -v a="$T0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
+((rc == 0 && src == 0)) ||
+  { show_logs "$SLOG" "$SERR" "$CLOG" "$CERR"; fail "dtest: client $(status_text $rc), server $(status_text $src)"; }
+
+# expect LOG WHAT REGEX: LOG has a line matching REGEX (extended), or the test fails.
+expect() {
+  grep -qE "$3" "$1" || { show_logs "$1" "${1%.log}.stderr"; fail "$(basename "$1" .log): no line for $2 (/$3/)"; }
+}
+for side in server client; do
+  log="$WORK/$side.log"
+  if [[ $side == server ]]; then addr=$S; else addr=$C; fi
+  expect "$log" "its IA's address" "Local Address AF_INET - ${addr//./\\.} port"
+  expect "$log" "the connection" "CONNECTED!"
+  expect "$log" "the verdict" "DAPL Test Complete\. PASSED"
+  if [[ $CASE == write_pp ]]; then
+    for size in 1 1024 65536 1048576; do
+      expect "$log" "the $size B write ping-pong" "RDMA write PingPong: \(100 x $size\)"
+    done
+  else
+    expect "$log" "the RMR exchange" "Received RMR from remote"
+    expect "$log" "the checked RDMA WRITE" "RDMA write buffer contains: (client|server) RDMA write data"
+    expect "$log" "the checked RDMA READ" "RCV RDMA read buffer contains: (client|server) RDMA read data"
+    expect "$log" "the SEND ping-pong" "Message PingPong: \(100 x 4194304\)"
+    expect "$log" "the bidirectional RDMA WRITEs" "RDMA write \(bi-direction\).* 2000 x 4194304"
+  fi
+done
+grep -hE "PingPong|bi-direction" "$CLOG"
+echo "dtest $CASE: server $S, client $C, both PASSED in $TOOK s"
+echo "PASS [$TEST_NAME]"
