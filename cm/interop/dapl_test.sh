@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Runs Debian's unmodified DAPL test `dtest` (dapl2-utils; uDAPL 2.1's ofa-v2 cma provider
-# libdaplofa.so.2 — a librdmacm + libibverbs user) between two processes over softrdma's
-# librdmacm.so.1 and libibverbs.so.1, through `softrdma run`, with softrdma's default settings
-# (issue 22).
+# Runs Debian's unmodified DAPL tests `dtest` and `dtestsrq` (dapl2-utils; uDAPL 2.1's ofa-v2
+# cma provider libdaplofa.so.2 — a librdmacm + libibverbs user) between two processes over
+# softrdma's librdmacm.so.1 and libibverbs.so.1, through `softrdma run`, with softrdma's
+# default settings (issue 22).
 #
 #   dapl_test.sh BUILD_DIR CASE
 #
@@ -14,6 +14,11 @@
 #                   (each side polls its buffer's last byte) of 2^n - 1, 2^n and 2^n + 1 B for
 #                   every 2^n up to 1 MiB, 100 round trips each (dtest's 1000 took 30 s here,
 #                   98 s under ASan on a loaded machine: both sides spin)
+#   srq             at 127.0.98.6 / .7: `dtestsrq -c 8 -B 10 -t 5`: 8 RC connections whose
+#                   QPs receive from one SRQ per side, 5 bursts of 10 SENDs each way; after
+#                   the disconnect each side waits for every QP's IBV_EVENT_QP_LAST_WQE_REACHED
+#                   (it hung there before softrdma raised it). Both must print "DAPL RC SRQ
+#                   Test Complete." and exit 0.
 #
 # dtest's default test: connect (RDMA-CM, conn qual 45248), exchange RMRs (SENDs), 1000 RDMA
 # WRITEs of 4 MiB from each side at once, an RDMA WRITE and RDMA READs whose data each side
@@ -29,30 +34,36 @@
 # client would open the server's address.
 #
 # dtest's server always listens on TCP port 15828 of every address (its parameter exchange),
-# so the cases take a ctest RESOURCE_LOCK and run one at a time. A missing dtest is a failure
+# so the cases take a ctest RESOURCE_LOCK and run one at a time (dtestsrq has no such
+# exchange: its server is ready when softrdma's CM logs that it listens). A missing dtest is a failure
 # (install dapl2-utils: scripts/deps.sh), never a skip.
 set -uo pipefail
 
 # shellcheck source=scripts/lib/test_lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib/test_lib.sh"
-case_test_args dapl "two_addresses shared_address write_pp" "$@"
+case_test_args dapl "two_addresses shared_address write_pp srq" "$@"
 STEP_TIMEOUT=${DAPL_TIMEOUT:-120}
 TCP_PORT=15828 # dtest's CONN_PORT, fixed
 PROVIDER=ofa-v2-softrdma
 
-ARGS=()
+PROG=dtest ARGS=()
 case "$CASE" in
   two_addresses) S=127.0.98.1 C=127.0.98.2 ;;
   shared_address) S=127.0.98.3 C=127.0.98.3 ;;
   write_pp) S=127.0.98.4 C=127.0.98.5 ARGS=(-W -B 100 -a -b 1048576) ;;
+  srq) S=127.0.98.6 C=127.0.98.7 PROG=dtestsrq ARGS=(-c 8 -B 10 -t 5) ;;
 esac
+CONN_QUAL=45248 # the RDMA-CM port dtest and dtestsrq listen on
 
 require_softrdma_built
 [[ -e "$BUILD_DIR/lib/librdmacm.so.1" ]] || fail "$BUILD_DIR/lib/librdmacm.so.1 not built"
-command -v dtest >/dev/null || fail "dtest not found: install dapl2-utils (bash scripts/deps.sh)"
+command -v "$PROG" >/dev/null ||
+  fail "$PROG not found: install dapl2-utils (bash scripts/deps.sh)"
 [[ -e /usr/lib/x86_64-linux-gnu/libdaplofa.so.2 ]] ||
   fail "libdaplofa.so.2 not found: install libdapl2 (bash scripts/deps.sh)"
-tcp_listening "$TCP_PORT" && fail "TCP port $TCP_PORT (dtest's) is taken: another dtest still runs?"
+if [[ $PROG == dtest ]] && tcp_listening "$TCP_PORT"; then
+  fail "TCP port $TCP_PORT (dtest's) is taken: another dtest still runs?"
+fi
 make_work_dir "softrdma-dapl-$CASE"
 SERVER_PID=""
 # shellcheck disable=SC2317  # called at exit by test_lib.sh
@@ -73,14 +84,14 @@ dat_conf "$WORK/client.conf" "$C"
 # libdat2.so.2, whose symbols it needs), so that libdat2's dlclose at exit leaves it mapped and
 # its frames keep their module name (an unloaded module's have none); softrdma's own leaks are
 # still reported.
-DTEST=(dtest)
+DTEST=("$PROG")
 if ldd "$SOFTRDMA" | grep -q libasan; then
   printf '%s\n' 'leak:libdat2.so' 'leak:libdaplofa.so' 'leak:__vasprintf_internal' >"$WORK/lsan.supp"
   export LSAN_OPTIONS="${LSAN_OPTIONS:+$LSAN_OPTIONS:}suppressions=$WORK/lsan.supp:print_suppressions=0"
   # shellcheck disable=SC2016  # the wrapper's own variables, expanded when it runs
   printf '%s\n' '#!/usr/bin/env bash' \
     'export LD_PRELOAD="${LD_PRELOAD:+$LD_PRELOAD:}libdat2.so.2:libdaplofa.so.2"' \
-    'exec dtest "$@"' >"$WORK/dtest.sh"
+    "exec $PROG \"\$@\"" >"$WORK/dtest.sh"
   DTEST=(bash "$WORK/dtest.sh")
 fi
 
@@ -88,11 +99,15 @@ fi
 # log lines.
 SLOG="$WORK/server.log" CLOG="$WORK/client.log" SERR="$WORK/server.stderr" CERR="$WORK/client.stderr"
 T0=$(date +%s.%N)
-DAT_OVERRIDE="$WORK/server.conf" timeout -k 5 "$STEP_TIMEOUT" "$SOFTRDMA" run --addr "$S" -- \
-  "${DTEST[@]}" -P "$PROVIDER" -s "${ARGS[@]}" >"$SLOG" 2>"$SERR" &
+DAT_OVERRIDE="$WORK/server.conf" timeout -k 5 "$STEP_TIMEOUT" "$SOFTRDMA" run --log info \
+  --addr "$S" -- "${DTEST[@]}" -P "$PROVIDER" -s "${ARGS[@]}" >"$SLOG" 2>"$SERR" &
 SERVER_PID=$!
-# The server listens on TCP 15828 once its DAPL PSP (an RDMA-CM listener) exists.
-wait_for_listener "$TCP_PORT" "$SERVER_PID" 30 "$SERR"
+if [[ $PROG == dtest ]]; then
+  # The server listens on TCP 15828 once its DAPL PSP (an RDMA-CM listener) exists.
+  wait_for_listener "$TCP_PORT" "$SERVER_PID" 30 "$SERR"
+else
+  wait_for_cm_listener "$S" "$CONN_QUAL" "$SERVER_PID" 30 "$SERR"
+fi
 rc=0
 DAT_OVERRIDE="$WORK/client.conf" timeout -k 5 "$STEP_TIMEOUT" "$SOFTRDMA" run --addr "$C" -- \
   "${DTEST[@]}" -P "$PROVIDER" -h "$S" "${ARGS[@]}" >"$CLOG" 2>"$CERR" || rc=$?
@@ -101,7 +116,7 @@ wait "$SERVER_PID" || src=$?
 SERVER_PID=""
 TOOK=$(awk -v a="$T0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
 ((rc == 0 && src == 0)) ||
-  { show_logs "$SLOG" "$SERR" "$CLOG" "$CERR"; fail "dtest: client $(status_text $rc), server $(status_text $src)"; }
+  { show_logs "$SLOG" "$SERR" "$CLOG" "$CERR"; fail "$PROG: client $(status_text $rc), server $(status_text $src)"; }
 
 # expect LOG WHAT REGEX: LOG has a line matching REGEX (extended), or the test fails.
 expect() {
@@ -111,6 +126,11 @@ for side in server client; do
   log="$WORK/$side.log"
   if [[ $side == server ]]; then addr=$S; else addr=$C; fi
   expect "$log" "its IA's address" "Local Address AF_INET - ${addr//./\\.} port"
+  if [[ $CASE == srq ]]; then
+    expect "$log" "the connections" "ALL 8 CONNECTED on $side!"
+    expect "$log" "the verdict" "DAPL RC SRQ Test Complete\."
+    continue
+  fi
   expect "$log" "the connection" "CONNECTED!"
   expect "$log" "the verdict" "DAPL Test Complete\. PASSED"
   if [[ $CASE == write_pp ]]; then
@@ -126,5 +146,5 @@ for side in server client; do
   fi
 done
 grep -hE "PingPong|bi-direction" "$CLOG"
-echo "dtest $CASE: server $S, client $C, both PASSED in $TOOK s"
+echo "$PROG $CASE: server $S, client $C, both passed in $TOOK s"
 echo "PASS [$TEST_NAME]"
