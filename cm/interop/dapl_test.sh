@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs Debian's unmodified DAPL tests `dtest` and `dtestsrq` (dapl2-utils; uDAPL 2.1's ofa-v2
+# Runs Debian's unmodified DAPL tests `dtest`, `dtestsrq`, `dtestcm` and `dtestx` (dapl2-utils; uDAPL 2.1's ofa-v2
 # cma provider libdaplofa.so.2 — a librdmacm + libibverbs user) between two processes over
 # softrdma's librdmacm.so.1 and libibverbs.so.1, through `softrdma run`, with softrdma's
 # default settings (issue 22).
@@ -19,6 +19,11 @@
 #                   the disconnect each side waits for every QP's IBV_EVENT_QP_LAST_WQE_REACHED
 #                   (it hung there before softrdma raised it). Both must print "DAPL RC SRQ
 #                   Test Complete." and exit 0.
+#   cm              at 127.0.98.8 / .9: `dtestcm -c 100`: 100 RC connections set up at once and
+#                   torn down ("ALL 100 CONNECTED", "DAPL Connection Test Complete.")
+#   extensions      at 127.0.98.10 / .11: `dtestx` (client `-c`): the IB extensions over RC —
+#                   RDMA WRITE with immediate, compare-and-swap, fetch-and-add, each PASSED on
+#                   both sides
 #
 # dtest's default test: connect (RDMA-CM, conn qual 45248), exchange RMRs (SENDs), 1000 RDMA
 # WRITEs of 4 MiB from each side at once, an RDMA WRITE and RDMA READs whose data each side
@@ -33,27 +38,29 @@
 # client (over TCP port 15828), which opens that provider — with one dat.conf for both, the
 # client would open the server's address.
 #
-# dtest's server always listens on TCP port 15828 of every address (its parameter exchange),
-# so the cases take a ctest RESOURCE_LOCK and run one at a time (dtestsrq has no such
-# exchange: its server is ready when softrdma's CM logs that it listens). A missing dtest is a failure
-# (install dapl2-utils: scripts/deps.sh), never a skip.
+# dtest's, dtestcm's and dtestx's servers listen on TCP port 15828 of every address (their
+# parameter exchange), so the cases take a ctest RESOURCE_LOCK and run one at a time (dtestsrq
+# has no such exchange: its server is ready when softrdma's CM logs that it listens). A
+# missing program is a failure (install dapl2-utils: scripts/deps.sh), never a skip.
 set -uo pipefail
 
 # shellcheck source=scripts/lib/test_lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib/test_lib.sh"
-case_test_args dapl "two_addresses shared_address write_pp srq" "$@"
+case_test_args dapl "two_addresses shared_address write_pp srq cm extensions" "$@"
 STEP_TIMEOUT=${DAPL_TIMEOUT:-120}
 TCP_PORT=15828 # dtest's CONN_PORT, fixed
 PROVIDER=ofa-v2-softrdma
 
-PROG=dtest ARGS=()
+PROG=dtest ARGS=() CLIENT_ARGS=()
 case "$CASE" in
   two_addresses) S=127.0.98.1 C=127.0.98.2 ;;
   shared_address) S=127.0.98.3 C=127.0.98.3 ;;
   write_pp) S=127.0.98.4 C=127.0.98.5 ARGS=(-W -B 100 -a -b 1048576) ;;
   srq) S=127.0.98.6 C=127.0.98.7 PROG=dtestsrq ARGS=(-c 8 -B 10 -t 5) ;;
+  cm) S=127.0.98.8 C=127.0.98.9 PROG=dtestcm ARGS=(-c 100) ;;
+  extensions) S=127.0.98.10 C=127.0.98.11 PROG=dtestx CLIENT_ARGS=(-c) ;;
 esac
-CONN_QUAL=45248 # the RDMA-CM port dtest and dtestsrq listen on
+CONN_QUAL=45248 # the RDMA-CM port dtestsrq listens on
 
 require_softrdma_built
 [[ -e "$BUILD_DIR/lib/librdmacm.so.1" ]] || fail "$BUILD_DIR/lib/librdmacm.so.1 not built"
@@ -61,7 +68,7 @@ command -v "$PROG" >/dev/null ||
   fail "$PROG not found: install dapl2-utils (bash scripts/deps.sh)"
 [[ -e /usr/lib/x86_64-linux-gnu/libdaplofa.so.2 ]] ||
   fail "libdaplofa.so.2 not found: install libdapl2 (bash scripts/deps.sh)"
-if [[ $PROG == dtest ]] && tcp_listening "$TCP_PORT"; then
+if [[ $PROG != dtestsrq ]] && tcp_listening "$TCP_PORT"; then
   fail "TCP port $TCP_PORT (dtest's) is taken: another dtest still runs?"
 fi
 make_work_dir "softrdma-dapl-$CASE"
@@ -102,7 +109,7 @@ T0=$(date +%s.%N)
 DAT_OVERRIDE="$WORK/server.conf" timeout -k 5 "$STEP_TIMEOUT" "$SOFTRDMA" run --log info \
   --addr "$S" -- "${DTEST[@]}" -P "$PROVIDER" -s "${ARGS[@]}" >"$SLOG" 2>"$SERR" &
 SERVER_PID=$!
-if [[ $PROG == dtest ]]; then
+if [[ $PROG != dtestsrq ]]; then
   # The server listens on TCP 15828 once its DAPL PSP (an RDMA-CM listener) exists.
   wait_for_listener "$TCP_PORT" "$SERVER_PID" 30 "$SERR"
 else
@@ -110,7 +117,7 @@ else
 fi
 rc=0
 DAT_OVERRIDE="$WORK/client.conf" timeout -k 5 "$STEP_TIMEOUT" "$SOFTRDMA" run --addr "$C" -- \
-  "${DTEST[@]}" -P "$PROVIDER" -h "$S" "${ARGS[@]}" >"$CLOG" 2>"$CERR" || rc=$?
+  "${DTEST[@]}" -P "$PROVIDER" "${CLIENT_ARGS[@]}" -h "$S" "${ARGS[@]}" >"$CLOG" 2>"$CERR" || rc=$?
 src=0
 wait "$SERVER_PID" || src=$?
 SERVER_PID=""
@@ -125,12 +132,26 @@ expect() {
 for side in server client; do
   log="$WORK/$side.log"
   if [[ $side == server ]]; then addr=$S; else addr=$C; fi
-  expect "$log" "its IA's address" "Local Address AF_INET - ${addr//./\\.} port"
-  if [[ $CASE == srq ]]; then
-    expect "$log" "the connections" "ALL 8 CONNECTED on $side!"
-    expect "$log" "the verdict" "DAPL RC SRQ Test Complete\."
-    continue
-  fi
+  expect "$log" "its IA's address" "Local (IA )?Address (AF_INET )?- ${addr//./\\.} port"
+  case "$CASE" in
+    srq)
+      expect "$log" "the connections" "ALL 8 CONNECTED on $side!"
+      expect "$log" "the verdict" "DAPL RC SRQ Test Complete\."
+      continue
+      ;;
+    cm)
+      expect "$log" "the connections" "ALL 100 CONNECTED on ${side^}!"
+      expect "$log" "the verdict" "DAPL Connection Test Complete\."
+      continue
+      ;;
+    extensions)
+      for t in RDMA_WRITE_WITH_IMMEDIATE_DATA CMP_SWAP FETCH_ADD; do
+        expect "$log" "the $t test" "$t test - PASSED"
+      done
+      expect "$log" "the verdict" "IB extension test - immed/atomic test PASSED"
+      continue
+      ;;
+  esac
   expect "$log" "the connection" "CONNECTED!"
   expect "$log" "the verdict" "DAPL Test Complete\. PASSED"
   if [[ $CASE == write_pp ]]; then
@@ -145,6 +166,6 @@ for side in server client; do
     expect "$log" "the bidirectional RDMA WRITEs" "RDMA write \(bi-direction\).* 2000 x 4194304"
   fi
 done
-grep -hE "PingPong|bi-direction" "$CLOG"
+grep -hE "PingPong|bi-direction|Connections:" "$CLOG"
 echo "$PROG $CASE: server $S, client $C, both passed in $TOOK s"
 echo "PASS [$TEST_NAME]"
