@@ -19,8 +19,13 @@
 #                   the disconnect each side waits for every QP's IBV_EVENT_QP_LAST_WQE_REACHED
 #                   (it hung there before softrdma raised it). Both must print "DAPL RC SRQ
 #                   Test Complete." and exit 0.
-#   cm              at 127.0.98.8 / .9: `dtestcm -c 100`: 100 RC connections set up at once and
-#                   torn down ("ALL 100 CONNECTED", "DAPL Connection Test Complete.")
+#   cm              at 127.0.98.8 / .9: `dtestcm -c 100`: 100 RC connections requested at once,
+#                   then torn down ("ALL 100 CONNECTED", "DAPL Connection Test Complete.").
+#                   With QP1's old 64 receive WQEs the burst could lose MADs (4.3 s resends),
+#                   and a lost RTU made dtestcm's server fail (DAT_INVALID_HANDLE: it takes
+#                   any event for an ESTABLISHED); ctest cm.qp1_burst checks that cause alone.
+#                   (dtestcm's default 1000 connections pass too, in ~25 s: each EP's free
+#                   costs the server ~10 ms)
 #   extensions      at 127.0.98.10 / .11: `dtestx` (client `-c`): the IB extensions over RC —
 #                   RDMA WRITE with immediate, compare-and-swap, fetch-and-add, each PASSED on
 #                   both sides
