@@ -14,8 +14,6 @@
 namespace softrdma::cm {
 namespace {
 
-constexpr size_t kRecvSlots = 64;
-constexpr size_t kSendSlots = 64;
 constexpr size_t kGrhBytes = 40;
 constexpr size_t kRecvSlotBytes = kGrhBytes + kMadBytes;
 constexpr uint64_t kRecvTag = 1ull << 63;  ///< wr_id bit: a receive slot (else a send slot)
@@ -180,6 +178,12 @@ void VerbsMadTransport::send(const MadAddress& to, std::span<const uint8_t, kMad
     return;
   }
   send_busy_[slot] = true;
+}
+
+size_t VerbsMadTransport::sends_in_flight() const {
+  size_t n = 0;
+  for (bool busy : send_busy_) n += busy;
+  return n;
 }
 
 uint64_t VerbsMadTransport::now_ns() {

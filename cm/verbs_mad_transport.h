@@ -27,6 +27,15 @@ namespace softrdma::cm {
 
 class VerbsMadTransport final : public MadTransport {
  public:
+  /// Receive WQEs QP1 keeps posted: Linux's MAD layer's IB_MAD_QP_RECV_SIZE (512). UD has no
+  /// flow control — a MAD that finds no receive posted is dropped (`ud_dropped_pkts`) and
+  /// costs its sender a resend after the CM response timeout (4.3 s by default): with 64,
+  /// dtestcm's burst of 100 REQs lost 40 MADs.
+  static constexpr size_t kRecvSlots = 512;
+  /// Send WQEs (and 256-byte buffers) of QP1: Linux's IB_MAD_QP_SEND_SIZE (128). A send
+  /// with every slot still in flight after reaping is dropped and counted in send_drops().
+  static constexpr size_t kSendSlots = 128;
+
   /// Creates QP1 on `ctx`: its PD, a CQ on a completion channel, receive buffers, and moves
   /// it to RTS if the hook returned it in RESET. Returns nullptr with `error` set (a message
   /// for the user) and `err` an errno: ENOSYS when the running libibverbs is not softrdma's.
@@ -49,6 +58,8 @@ class VerbsMadTransport final : public MadTransport {
 
   /// MADs dropped here: no free send slot, or a post or address handle that failed.
   uint64_t send_drops() const { return send_drops_; }
+  /// Sends posted whose completion poll() has not reaped yet (0 … kSendSlots).
+  size_t sends_in_flight() const;
   /// Receives without a usable source address (no GRH) or with a receive error.
   uint64_t recv_drops() const { return recv_drops_; }
 

@@ -258,6 +258,7 @@ void QueuePair::apply_modify(const QpAttr& a, uint32_t mask, const ModifyPlan& p
       break;
     case QpState::kErr:
       flush_queues();
+      last_wqe_reached();
       break;
     case QpState::kRts:
       if (cur == QpState::kSqd) attr.sq_draining = false;
@@ -493,6 +494,11 @@ void QueuePair::enter_error(WcStatus status) {
   attr.state = QpState::kErr;
   flush_queues();
   if (on_error) on_error(status);
+  last_wqe_reached();
+}
+
+void QueuePair::last_wqe_reached() {
+  if (srq && on_last_wqe_reached) on_last_wqe_reached();
 }
 
 }  // namespace softrdma::engine

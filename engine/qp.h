@@ -335,6 +335,14 @@ class QueuePair {
   /// report it on), the requester's error status otherwise. ibv_modify_qp to ERR does not
   /// call it. The verbs layer turns it into an affiliated async event.
   std::function<void(WcStatus)> on_error;
+  /// Called each time a QP created with an SRQ enters ERR — by ibv_modify_qp or by the
+  /// engine (after on_error) — once its queues are flushed, the WQE it held from the SRQ
+  /// included: no WQE of the SRQ completes on this QP any more (IBTA 11.6.3.1 "Last WQE
+  /// Reached"; rxe raises it in flush_recv_queue). Under the device lock, like on_error: it
+  /// must not block or call back into the engine. The verbs layer raises
+  /// IBV_EVENT_QP_LAST_WQE_REACHED; consumers that share an SRQ (uDAPL's dtestsrq, MPI's
+  /// SRQ transports) wait for it before they destroy the QP.
+  std::function<void()> on_last_wqe_reached;
   /// Makes sure resp.wqe holds the receive WQE of the message being received: the one
   /// held already, else the oldest of the SRQ (the XRC SRQ of the packet, or the QP's) or of
   /// the receive queue. False when none is posted.
@@ -379,6 +387,8 @@ class QueuePair {
   void apply_modify(const QpAttr& a, uint32_t mask, const ModifyPlan& plan);
   Status post_send_locked(const SendWr& wr);
   void flush_queues();
+  /// A QP with an SRQ just entered ERR and was flushed: on_last_wqe_reached.
+  void last_wqe_reached();
   /// Lets resp.wqe go without a completion (and the CQ it held in use).
   void release_recv_wqe();
   /// Unreliable types: completes the WQEs the requester has sent whole (after the flush,

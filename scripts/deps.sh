@@ -17,7 +17,7 @@ PACKAGES=(
   libcli11-dev libfmt-dev libspdlog-dev nlohmann-json3-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   tshark tcpdump iproute2 procps python3
-  openmpi-bin libopenmpi-dev ucx-utils libfabric-bin qperf libgloo-dev gnuplot-nox
+  openmpi-bin libopenmpi-dev ucx-utils libfabric-bin qperf dapl2-utils libgloo-dev gnuplot-nox
   python3-torch libtorch-dev pybind11-dev python3-pytest python3-pyverbs dataset-fashion-mnist
 )
 

@@ -13,6 +13,10 @@
 // - IBV_EVENT_CQ_ERR: a CQ overran (rxe raises it from rxe_cq_post on a full queue).
 // - IBV_EVENT_SRQ_LIMIT_REACHED: fewer WQEs than an armed SRQ limit are left (srq.cpp,
 //   engine::SharedReceiveQueue::on_limit_reached; rxe get_srq_wqe); the limit disarms.
+// - IBV_EVENT_QP_LAST_WQE_REACHED: a QP created with an SRQ entered ERR (ibv_modify_qp, or
+//   the engine after its QP_FATAL) and was flushed (IBTA 11.6.3.1; rxe flush_recv_queue;
+//   engine::QueuePair::on_last_wqe_reached), once per entry into ERR. uDAPL's dtestsrq
+//   waits for it after a disconnect.
 // No IBV_EVENT_PORT_ACTIVE at open: as on rxe, port events go to contexts open when the
 // port changes state, and srdma0's port is active from the start.
 //

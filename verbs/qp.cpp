@@ -147,6 +147,12 @@ ibv_qp* create_qp(ibv_context* ctx, ibv_qp_init_attr_ex* a, uint32_t qpn) {
     e.event_type = IBV_EVENT_QP_FATAL;
     post_async_event(handle->context, e);
   };
+  q->qp->on_last_wqe_reached = [handle] {
+    ibv_async_event e{};
+    e.element.qp = handle;
+    e.event_type = IBV_EVENT_QP_LAST_WQE_REACHED;
+    post_async_event(handle->context, e);
+  };
   if (a->qp_type == IBV_QPT_XRC_RECV) track_xrc_recv_qp(a->xrcd, q->qp);
   return handle;
 }

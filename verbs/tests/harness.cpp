@@ -305,6 +305,7 @@ bool create_endpoint(Device& d, const ConnOptions& o, Endpoint& e, ibv_comp_chan
   ia.cap.max_send_sge = o.max_send_sge;
   ia.cap.max_recv_sge = o.max_recv_sge;
   ia.cap.max_inline_data = o.max_inline_data;
+  ia.srq = o.srq;
   if (o.send_ops_flags) {
     // The extended post API (ibv_wr_*): ibv_create_qp_ex with the ops the test posts.
     ibv_qp_init_attr_ex ix{};
@@ -313,6 +314,7 @@ bool create_endpoint(Device& d, const ConnOptions& o, Endpoint& e, ibv_comp_chan
     ix.qp_type = ia.qp_type;
     ix.sq_sig_all = ia.sq_sig_all;
     ix.cap = ia.cap;
+    ix.srq = ia.srq;
     ix.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
     ix.pd = d.pd;
     ix.send_ops_flags = o.send_ops_flags;
@@ -329,9 +331,11 @@ bool create_endpoint(Device& d, const ConnOptions& o, Endpoint& e, ibv_comp_chan
   e.qpn = e.qp->qp_num;
   e.psn = o.psn >= 0 ? static_cast<uint32_t>(o.psn) & 0xffffff : random_psn();
   EXPECT_GE(e.cap.max_send_wr, o.max_send_wr);
-  EXPECT_GE(e.cap.max_recv_wr, o.max_recv_wr);
   EXPECT_GE(e.cap.max_send_sge, o.max_send_sge);
-  EXPECT_GE(e.cap.max_recv_sge, o.max_recv_sge);
+  if (!o.srq) {  // with an SRQ the QP has no receive queue of its own
+    EXPECT_GE(e.cap.max_recv_wr, o.max_recv_wr);
+    EXPECT_GE(e.cap.max_recv_sge, o.max_recv_sge);
+  }
   EXPECT_GE(e.cap.max_inline_data, o.max_inline_data);
   return true;
 }

@@ -144,6 +144,8 @@ struct ConnOptions {
   /// Non-zero: QPs are created by ibv_create_qp_ex with these IBV_QP_EX_WITH_* ops, so
   /// ibv_qp_to_qp_ex gives their ibv_wr_* API.
   uint64_t send_ops_flags = 0;
+  /// Non-null: create_endpoint's QP receives from this SRQ (no receive queue of its own).
+  ibv_srq* srq = nullptr;
 };
 
 /// One RC QP with its own send and receive CQs.
