@@ -53,6 +53,8 @@
 #                         link dropped the last ACK at its sender's close, every run)
 #   libfabric   (lf, 30)  fi_pingpong -p verbs -e msg, then -e rdm (libfabric's verbs
 #                         provider, verbs;ofi_rxm), 100 iterations of 64 B .. 1 MiB each
+#   dapl        (dp, 31)  uDAPL's dtest (cma provider, one dat.conf entry per side at its
+#                         address, as cm/interop/dapl_test.sh): PASSED on both sides
 #
 # Needs root with CAP_NET_ADMIN (ip netns add): otherwise it exits 77, which ctest reports as
 # skipped (SKIP_RETURN_CODE), saying why. The namespaces are deleted at exit, also on failure
@@ -61,7 +63,7 @@
 # tshark, python3) is a failure, never a skip. On failure the logs are printed.
 set -uo pipefail
 
-CASES="perftest ud allreduce2 allreduce4 kv ucx mpi_ucx capture mtu9000 wan libfabric"
+CASES="perftest ud allreduce2 allreduce4 kv ucx mpi_ucx capture mtu9000 wan libfabric dapl"
 # shellcheck source=scripts/lib/test_lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib/test_lib.sh"
 case_test_args topo "$CASES" "$@"
@@ -93,6 +95,7 @@ case "$CASE" in
   mtu9000) TAG=mt NET=28 MTU=9000 ;;
   wan) TAG=wn NET=29 ;;
   libfabric) TAG=lf NET=30 ;;
+  dapl) TAG=dp NET=31 ;;
 esac
 PORT=$((18400 + 5 * (NET - 20))) # this case's TCP ports: PORT ... PORT+4
 NS=() ADDR=()
@@ -125,6 +128,7 @@ case "$CASE" in
   mtu9000) need ibv_devinfo ib_write_bw ibv_ud_pingpong ;;
   wan) need python3 ;;
   libfabric) need fi_pingpong ;;
+  dapl) need dtest ;;
 esac
 
 make_work_dir "softrdma-topo-$CASE"
@@ -649,6 +653,30 @@ case_libfabric() {
     echo "ok: fi_pingpong -p verbs -e $ep ($(grep -m1 -E '^1m ' "$clog" | tr -s ' '))"
     p=$((p + 1))
   done
+}
+
+# uDAPL's dtest between the namespaces (its TCP port is fixed, 15828: each namespace has its
+# own). DAT_OVERRIDE names a registry with one entry at the side's own address, under one
+# provider name on both sides (the server sends its name to the client).
+case_dapl() {
+  local slog="$WORK/dtest.server.log" clog="$WORK/dtest.client.log" f
+  echo "ofa-v2-softrdma u2.0 nonthreadsafe default libdaplofa.so.2 dapl.2.0 \"${ADDR[0]} 0\" \"\"" >"$WORK/s.conf"
+  echo "ofa-v2-softrdma u2.0 nonthreadsafe default libdaplofa.so.2 dapl.2.0 \"${ADDR[1]} 0\" \"\"" >"$WORK/c.conf"
+  # Under ASan, DAPL's own leaks at exit (dapl_test.sh explains) must not fail the run.
+  local asan=()
+  ldd "$SOFTRDMA" | grep -q libasan && asan=("ASAN_OPTIONS=${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0")
+  in_ns "${NS[0]}" "${ADDR[0]}" "$slog" DAT_OVERRIDE="$WORK/s.conf" "${asan[@]}" -- \
+    dtest -P ofa-v2-softrdma -s
+  local spid=$LAST_PID
+  wait_tcp "${NS[0]}" "$spid" 15828 "$slog"
+  in_ns "${NS[1]}" "${ADDR[1]}" "$clog" DAT_OVERRIDE="$WORK/c.conf" "${asan[@]}" -- \
+    dtest -P ofa-v2-softrdma -h "${ADDR[0]}"
+  finish_pair dtest "$spid" "$LAST_PID"
+  local ok=$((!PAIR_RC))
+  # dtest exits 0 even when it prints FAILED: the verdict line decides.
+  for f in "$slog" "$clog"; do grep -q 'DAPL Test Complete. PASSED' "$f" || ok=0; done
+  ((ok)) || { show_logs "$slog" "$clog"; fail "dtest between the namespaces"; }
+  echo "ok: dtest (uDAPL cma provider) between the namespaces: PASSED on both sides"
 }
 
 t0=$SECONDS
