@@ -3,6 +3,7 @@
 
 #include "net/netns.h"
 
+#include <algorithm>
 #include <arpa/inet.h>
 #include <dirent.h>
 #include <fcntl.h>
@@ -182,6 +183,12 @@ int AddressShare::join(uint32_t ip, const std::string& dir, const std::string& p
     const int buf = 4 << 20;
     ::setsockopt(s, SOL_SOCKET, SO_SNDBUF, &buf, sizeof buf);
     ::setsockopt(s, SOL_SOCKET, SO_RCVBUF, &buf, sizeof buf);
+    // The kernel reports twice what it grants (socket(7)); a datagram must stay below the
+    // grant. The forwarding sockets get the same buffer, so this bounds theirs too.
+    int granted = 0;
+    socklen_t granted_len = sizeof granted;
+    if (::getsockopt(s, SOL_SOCKET, SO_SNDBUF, &granted, &granted_len) == 0 && granted > 0)
+      batch_bytes_ = std::min(kBatchBytes, static_cast<size_t>(granted) / 2 - 1024);
     reg->pid[k] = static_cast<uint32_t>(::getpid());
     reg->live.fetch_or(1u << k, std::memory_order_acq_rel);
     slot_ = k;
@@ -353,7 +360,7 @@ bool AddressShare::forward(uint32_t slot, const ForwardedMeta& meta,
   if (!joined() || slot >= kShareSlots) return false;
   Batch& b = batch_[slot];
   const size_t record = kRecordHeader + padded(packet.size());
-  if (b.packets != 0 && b.bytes.size() + record > kBatchBytes) send_slot(slot);
+  if (b.packets != 0 && b.bytes.size() + record > batch_bytes_) send_slot(slot);
   const size_t at = b.bytes.size();
   b.bytes.resize(at + record);
   std::memcpy(b.bytes.data() + at, &meta, sizeof meta);

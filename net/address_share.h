@@ -158,8 +158,16 @@ class AddressShare {
   bool backlogged() const { return backlog_mask_.load(std::memory_order_relaxed) != 0; }
   /// The most bytes the backlog holds before packets are dropped.
   static constexpr size_t kMaxBacklogBytes = 16u << 20;
-  /// The most bytes of one forwarded datagram (records of several packets).
-  static constexpr size_t kBatchBytes = 60u << 10;
+  /// The most bytes of one forwarded datagram (records of several packets): 192 KiB, below
+  /// the 212,992-byte socket buffer Linux gives by default (net.core.wmem_max), which bounds
+  /// a unix datagram (EMSGSIZE above it). 60 KiB per datagram (14 packets of 4 KiB) left one
+  /// address at 32-47 % of two addresses' ib_write_bw / ib_read_bw on the same-host path, 192
+  /// KiB at 56-66 % (perftest.shared_address_default, docs/architecture.md). A host with a
+  /// smaller wmem_max gets batch_bytes() below this.
+  static constexpr size_t kBatchBytes = 192u << 10;
+  /// The most bytes of one forwarded datagram here: kBatchBytes, or less when the socket
+  /// buffer the kernel granted is smaller (known once joined).
+  size_t batch_bytes() const { return batch_bytes_; }
 
   /// The slot socket (non-blocking, CLOEXEC) for an epoll set; -1 when not joined.
   int fd() const { return fd_; }
@@ -201,6 +209,7 @@ class AddressShare {
   std::deque<Batch> backlog_[kShareSlots];  // refused (full), per slot, oldest first
   std::atomic<uint32_t> backlog_mask_{0};   // bit k: batch_[k] or backlog_[k] not empty
   size_t backlog_bytes_ = 0;
+  size_t batch_bytes_ = kBatchBytes;  // see batch_bytes()
   std::vector<uint8_t> rx_;              // receive()'s datagram
   size_t rx_at_ = 0, rx_len_ = 0;        // its next record, its end
   std::atomic<bool> rx_pending_{false};  // rx_at_ < rx_len_ (any thread reads)
