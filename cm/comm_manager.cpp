@@ -49,6 +49,14 @@ std::array<uint8_t, 8> guid_bytes(uint64_t guid) {
   return b;
 }
 
+/// How long a REQ, REP, DREQ or SIDR_REQ waits for its answer before it is sent again, ns:
+/// twice the packet life time plus the answering side's CM response timeout, both as IBTA's
+/// 4.096 µs · 2^t (IBTA vol 1 12.7.{31,33}; Linux cm_send_req's timeout_ms). The one
+/// statement of the formula.
+uint64_t answer_timeout_ns(uint8_t packet_life_time, uint8_t response_timeout) {
+  return 2 * ib_time_ns(packet_life_time) + ib_time_ns(response_timeout);
+}
+
 bool awaiting_rep(CmState s) {
   return s == CmState::kReqSent || s == CmState::kMraReqRcvd;
 }
@@ -244,14 +252,6 @@ void CommManager::destroy_id(uint32_t id) {
       send_rej(id, RejReason::kTimeout, {}, guid_bytes(config_.ca_guid));
       break;
     }
-    case CmState::kReqRcvd:
-    case CmState::kMraReqSent:
-    case CmState::kRepRcvd:
-    case CmState::kMraRepSent:
-    case CmState::kRepSent:
-    case CmState::kMraRepRcvd:
-      send_rej(id, RejReason::kConsumerDefined, {});
-      break;
     case CmState::kSidrReqRcvd: {
       SidrRep rep;
       rep.status = SidrStatus::kReject;
@@ -279,9 +279,10 @@ void CommManager::destroy_id(uint32_t id) {
       return;
     case CmState::kTimeWait:
       return;  // stays until the time-wait ends
-    case CmState::kIdle:
-    case CmState::kListen:
-    case CmState::kSidrReqSent:
+    default:
+      // Connecting with the peer's QP known: REJ "consumer defined" (Linux cm_destroy_id).
+      // Idle, listening or a SIDR_REQ sent: nobody to tell.
+      if (connecting_with_peer_known(c->state)) send_rej(id, RejReason::kConsumerDefined, {});
       break;
   }
   forget(id);
@@ -455,7 +456,7 @@ int CommManager::send_req(uint32_t id, const MadAddress& peer, Req req) {
   h.transaction_id = c->tid;
   c->state = CmState::kReqSent;
   send_with_retries(*c, h, req,
-                    2 * ib_time_ns(config_.packet_life_time) + ib_time_ns(config_.response_timeout),
+                    answer_timeout_ns(config_.packet_life_time, config_.response_timeout),
                     config_.max_retries);
   return 0;
 }
@@ -473,7 +474,7 @@ int CommManager::send_rep(uint32_t id, Rep rep) {
   h.transaction_id = c->tid;
   c->state = CmState::kRepSent;
   send_with_retries(*c, h, rep,
-                    2 * ib_time_ns(config_.packet_life_time) + ib_time_ns(c->peer_response_timeout),
+                    answer_timeout_ns(config_.packet_life_time, c->peer_response_timeout),
                     c->max_retries);
   return 0;
 }
@@ -560,8 +561,7 @@ int CommManager::send_dreq(uint32_t id, std::span<const uint8_t> private_data) {
   MadHeader h;
   h.transaction_id = new_tid(c->id);
   c->state = CmState::kDreqSent;
-  send_with_retries(*c, h, d,
-                    2 * ib_time_ns(config_.packet_life_time) + ib_time_ns(c->peer_response_timeout),
+  send_with_retries(*c, h, d, answer_timeout_ns(config_.packet_life_time, c->peer_response_timeout),
                     c->max_retries);
   return 0;
 }
@@ -591,7 +591,7 @@ int CommManager::send_sidr_req(uint32_t id, const MadAddress& peer, SidrReq req)
   h.transaction_id = c->tid;
   c->state = CmState::kSidrReqSent;
   send_with_retries(*c, h, req,
-                    2 * ib_time_ns(config_.packet_life_time) + ib_time_ns(config_.response_timeout),
+                    answer_timeout_ns(config_.packet_life_time, config_.response_timeout),
                     config_.max_retries);
   return 0;
 }

@@ -73,6 +73,22 @@ enum class CmState : uint8_t {
   kSidrReqRcvd,
 };
 const char* to_string(CmState s);
+/// A connection being set up whose peer QP is known — a REQ received or a REP sent or
+/// received (and their MRA variants) — and not yet established: RTR is possible, and giving
+/// up is a REJ "consumer defined" (Linux cm_destroy_id). The one statement of that set.
+constexpr bool connecting_with_peer_known(CmState s) {
+  switch (s) {
+    case CmState::kReqRcvd:
+    case CmState::kMraReqSent:
+    case CmState::kRepRcvd:
+    case CmState::kMraRepSent:
+    case CmState::kRepSent:
+    case CmState::kMraRepRcvd:
+      return true;
+    default:
+      return false;
+  }
+}
 
 /// What a handler is told.
 enum class CmEventType : uint8_t {

@@ -27,18 +27,7 @@ bool connection_known(const IdPriv* id) {
   if (!id->comm_id || !id->dev) return false;
   std::optional<CmState> s = id->dev->cm().state(id->comm_id);
   if (!s) return false;
-  switch (*s) {
-    case CmState::kReqRcvd:
-    case CmState::kMraReqSent:
-    case CmState::kRepRcvd:
-    case CmState::kMraRepSent:
-    case CmState::kRepSent:
-    case CmState::kMraRepRcvd:
-    case CmState::kEstablished:
-      return true;
-    default:
-      return false;
-  }
+  return connecting_with_peer_known(*s) || *s == CmState::kEstablished;
 }
 
 void destroy_cqs(rdma_cm_id* id) {
