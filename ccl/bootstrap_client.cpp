@@ -64,7 +64,7 @@ std::unique_ptr<TcpBootstrap> TcpBootstrap::connect(const std::string& host, uin
           put_u64(hello, magic);
           put_u32(hello, static_cast<uint32_t>(nranks));
           put_u32(hello, static_cast<uint32_t>(rank));
-          if (!write_all(fd, frame(kHello, hello), deadline)) {
+          if (!send_all(fd, frame(kHello, hello), deadline)) {
             ::close(fd);
             throw BootstrapError(me + ": cannot send to the bootstrap root " + root);
           }
@@ -84,14 +84,14 @@ std::unique_ptr<TcpBootstrap> TcpBootstrap::connect(const std::string& host, uin
 
 TcpBootstrap::~TcpBootstrap() {
   if (fd_ >= 0) {
-    write_all(fd_, frame(kBye, ""), Clock::now() + milliseconds(1000));
+    send_all(fd_, frame(kBye, ""), Clock::now() + milliseconds(1000));
     ::close(fd_);
   }
 }
 
 std::vector<std::string> TcpBootstrap::all_gather(const std::string& mine) {
   const std::string me = "rank " + std::to_string(rank_);
-  if (!write_all(fd_, frame(kData, mine), Clock::now() + timeout_))
+  if (!send_all(fd_, frame(kData, mine), Clock::now() + timeout_))
     throw BootstrapError(me + ": cannot send to the bootstrap root " + root_ + " (did it exit?)");
   // The root reports missing ranks after its own timeout: wait a little longer than it.
   const auto deadline = Clock::now() + timeout_ + milliseconds(5000);

@@ -128,7 +128,7 @@ class RootSession {
       Conn& c = conns_[by_rank_[r]];
       c.has_data = false;
       c.data.clear();
-      if (!write_all(c.fd, f, Clock::now() + timeout_)) {
+      if (!send_all(c.fd, f, Clock::now() + timeout_)) {
         fatal_ = prefix() + "cannot send to rank " + std::to_string(r);
         return false;
       }
@@ -284,7 +284,7 @@ class RootSession {
   }
 
   void send_to(Conn& c, uint32_t type, const std::string& payload) {
-    if (c.fd >= 0) write_all(c.fd, frame(type, payload), Clock::now() + timeout_);
+    if (c.fd >= 0) send_all(c.fd, frame(type, payload), Clock::now() + timeout_);
   }
   void drop(size_t i) {
     if (conns_[i].fd >= 0) ::close(conns_[i].fd);

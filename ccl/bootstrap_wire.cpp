@@ -17,11 +17,6 @@ std::string ms_text(milliseconds t) {
   return std::to_string(t.count()) + " ms";
 }
 
-int remaining_ms(Clock::time_point deadline) {
-  auto left = std::chrono::duration_cast<milliseconds>(deadline - Clock::now()).count();
-  return static_cast<int>(std::clamp<int64_t>(left, 0, 1000000000));
-}
-
 void put_u32(std::string& s, uint32_t v) {
   v = htonl(v);
   s.append(reinterpret_cast<const char*>(&v), 4);
@@ -44,27 +39,6 @@ std::string frame(uint32_t type, const std::string& payload) {
   put_u32(s, type);
   put_u32(s, static_cast<uint32_t>(payload.size()));
   return s + payload;
-}
-
-bool write_all(int fd, const std::string& data, Clock::time_point deadline) {
-  size_t off = 0;
-  while (off < data.size()) {
-    ssize_t n = ::send(fd, data.data() + off, data.size() - off, MSG_NOSIGNAL | MSG_DONTWAIT);
-    if (n > 0) {
-      off += static_cast<size_t>(n);
-      continue;
-    }
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-      int left = remaining_ms(deadline);
-      if (left == 0) return false;
-      pollfd p{fd, POLLOUT, 0};
-      ::poll(&p, 1, clock::to_real_timeout_ms(left));
-      continue;
-    }
-    return false;
-  }
-  return true;
 }
 
 bool FrameReader::next(uint32_t& type, std::string& payload, bool& malformed) {

@@ -14,6 +14,7 @@
 #include <string>
 
 #include "base/clock.h"
+#include "base/deadline_socket.h"
 
 namespace softrdma::ccl::bootstrap_wire {
 
@@ -25,8 +26,7 @@ inline constexpr uint32_t kMaxFrame = 64u << 20;
 
 /// "30000 ms".
 std::string ms_text(std::chrono::milliseconds t);
-/// Milliseconds until `deadline`, clamped to [0, 1e9].
-int remaining_ms(Clock::time_point deadline);
+using base::remaining_ms;  // milliseconds until a deadline (base/deadline_socket.h)
 
 void put_u32(std::string& s, uint32_t v);
 uint32_t get_u32(const char* p);
@@ -36,9 +36,7 @@ uint64_t get_u64(const char* p);
 /// One frame of `type` carrying `payload`.
 std::string frame(uint32_t type, const std::string& payload);
 
-/// Writes all of `data` to the non-blocking socket `fd` before `deadline`. Returns false
-/// on error or timeout.
-bool write_all(int fd, const std::string& data, Clock::time_point deadline);
+using base::send_all;  // all of a frame before a deadline (base/deadline_socket.h)
 
 /// Accumulates bytes from a non-blocking socket and splits frames.
 struct FrameReader {

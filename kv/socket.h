@@ -9,6 +9,7 @@
 #include <string_view>
 
 #include "base/clock.h"
+#include "base/deadline_socket.h"
 
 namespace softrdma::kv::net {
 
@@ -39,10 +40,10 @@ Fd listen_tcp(const std::string& host, uint16_t port, uint16_t& bound_port);
 /// Waits up to `timeout_ms` for a connection on `listener`; an invalid Fd on timeout.
 Fd accept_tcp(int listener, int timeout_ms);
 
-/// Writes all of `data`; false on error or past `deadline`.
-bool send_all(int fd, std::string_view data, Clock::time_point deadline);
-/// Reads exactly `n` bytes into `out`; false on error, end of stream or past `deadline`.
-bool recv_exact(int fd, size_t n, std::string& out, Clock::time_point deadline);
+// All of `data`, exactly `n` bytes: false on error, end of stream or past the deadline
+// (base/deadline_socket.h, shared with the ccl bootstrap).
+using base::recv_exact;
+using base::send_all;
 
 /// Little-endian u32 append / read (the kv wire formats are little-endian).
 void put_u32(std::string& s, uint32_t v);
