@@ -14,17 +14,20 @@
 #            within a few seconds of the real date (the epoch is the run's start). The hint
 #            about TSC-timed programs (perftest) is on stderr. Bad factors (0.5, "abc", 1e9,
 #            via --tdf or SOFTRDMA_TDF) are usage errors (exit 2) naming the variable.
-# agreement: the same KV-cache hand-off (kv-demo: Llama-3-8B, 128 tokens = 16 MiB, whole
+# agreement: the same KV-cache hand-off (kv-demo: Llama-3-8B, 32 tokens = 4 MiB, whole
 #            cache, 1 QP, 6 requests at K = 1 and 3 at K = 10) through the same emulated link
-#            (1 Gbit/s, 5 ms each way, DCQCN pacing) at K = 1 and K = 10: the fastest
+#            (100 Mbit/s, 5 ms each way, DCQCN pacing) at K = 1 and K = 10: the fastest
 #            request's virtual completion time (hence goodput) must agree within 10 %, and
-#            both must lie within [0.95, 1.25] x the link's ideal (bytes x 8 / rate + RTT).
-#            Why 10 %: the transfer is paced at the link rate (33 µs per 4 KiB packet at
-#            1 Gbit/s) and the window has grown after the first request, so what differs
+#            both must lie within [0.95, 1.25] x the link's ideal (bytes x 8 / rate + RTT =
+#            345.5 ms). Why 10 %: the transfer is paced at the link rate (330 µs per 4 KiB
+#            packet) and the window has grown after the first request, so what differs
 #            between the two runs is only the CPU time (per-packet work, a scheduler delay of
-#            a few ms on 2 shared cores) that K = 10 shrinks tenfold — a few % of a ~150 ms
-#            transfer. At K = 10 the machine carries 100 Mbit/s; at K = 1, 1 Gbit/s (both
-#            well within it).
+#            a few ms on 2 shared cores) that K = 10 shrinks tenfold — a few % of a ~345 ms
+#            transfer. The rate is chosen so that K = 1 is not limited by the machine even
+#            when the full suite runs beside it: at 1 Gbit/s (16 MiB) the K = 1 run reached
+#            only 0.70 Gbit/s (192.6 ms against 144.2 ms ideal) in a clean-clone CI run at
+#            load ~8 — the limit dilation exists to remove, but not the property this test
+#            checks. At K = 10 the machine carries 10 Mbit/s, at K = 1 100 Mbit/s.
 set -uo pipefail
 B=$(cd "${1:?usage: tdf_test.sh BUILD_DIR preload|agreement}" && pwd)
 case_=${2:?usage: tdf_test.sh BUILD_DIR preload|agreement}
@@ -133,15 +136,15 @@ fi
 [[ $case_ == agreement ]] || fail "unknown case $case_"
 # A port per K (the test may run beside others); the WAN's shared link state is per K too.
 # K = 1 runs in real time on a shared machine: a scheduler delay of a few ms (load 7 on 2
-# cores) lengthens a request by tens of ms there, so it gets 6 requests (0.3 s real each)
-# for one undisturbed one; K = 10 shrinks such delays tenfold and needs 3 (3 s each).
+# cores) lengthens a request there, so it gets 6 requests (0.35 s real each) for one
+# undisturbed one; K = 10 shrinks such delays tenfold and needs 3 (3.5 s each).
 declare -A best requests=([1]=6 [10]=3)
 for K in 1 10; do
   port=$((17860 + K))
   t0=$(now_ns)
-  SOFTRDMA_KV_QPS=1 SOFTRDMA_CC=dcqcn SOFTRDMA_WAN="delay=5ms,rate=1gbit,queue=2m,seed=$K" SOFTRDMA_KV_IB_TIMEOUT=17 \
+  SOFTRDMA_KV_QPS=1 SOFTRDMA_CC=dcqcn SOFTRDMA_WAN="delay=5ms,rate=100mbit,queue=2m,seed=$K" SOFTRDMA_KV_IB_TIMEOUT=17 \
     timeout 120 "$S" run --tdf "$K" -- "$B/bin/kv-demo" --role both \
-    --metadata "tcp://127.0.0.1:$port" --tokens 128 --layer_ms 1 --requests "${requests[$K]}" --modes whole \
+    --metadata "tcp://127.0.0.1:$port" --tokens 32 --layer_ms 1 --requests "${requests[$K]}" --modes whole \
     >"$out/demo.$K" 2>&1 || { cat "$out/demo.$K"; fail "kv-demo at K = $K failed"; }
   t1=$(now_ns)
   grep -q "blocks verified by decode: all match" "$out/demo.$K" || { cat "$out/demo.$K"; fail "data"; }
@@ -152,11 +155,11 @@ for K in 1 10; do
   echo "K = $K: fastest hand-off ${best[$K]} ms virtual ($(( (t1 - t0) / 1000000 )) ms real for the run)"
   grep -E "^ +whole" "$out/demo.$K"
 done
-bytes=$((128 * 128 * 1024))
+bytes=$((32 * 128 * 1024))
 awk -v a="${best[1]}" -v b="${best[10]}" -v n="$bytes" 'BEGIN {
-  ideal = n * 8 / 1e9 * 1000 + 10
-  printf "ideal %.1f ms; K = 1: %.2f ms (%.3f Gbit/s goodput), K = 10: %.2f ms (%.3f Gbit/s); difference %.1f %%\n",
-    ideal, a, n * 8 / a / 1e6, b, n * 8 / b / 1e6, (b - a) / a * 100
+  ideal = n * 8 / 1e8 * 1000 + 10
+  printf "ideal %.1f ms; K = 1: %.2f ms (%.1f Mbit/s goodput), K = 10: %.2f ms (%.1f Mbit/s); difference %.1f %%\n",
+    ideal, a, n * 8 / a / 1e3, b, n * 8 / b / 1e3, (b - a) / a * 100
   ok = 1
   if (b > a * 1.10 || b < a / 1.10) { print "FAIL: K = 1 and K = 10 differ by more than 10 %"; ok = 0 }
   if (a < 0.95 * ideal || a > 1.25 * ideal) { print "FAIL: K = 1 outside [0.95, 1.25] x ideal"; ok = 0 }
