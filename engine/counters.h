@@ -90,6 +90,7 @@ namespace softrdma::engine {
     "same-host peers whose doorbell was refused (gone, or in another network namespace): UDP")     \
   X(path_waits, "times a requester held back: packets to its peer waited in a same-host backlog")  \
   X(rcvd_gro_batches, "UDP GRO receives (several RoCEv2 packets in one datagram buffer)")          \
+  X(rcvd_socket_overflows, "datagrams the kernel dropped: the UDP receive buffer was full")         \
   X(share_forwarded, "packets handed to another process sharing this address (its QPN's slot)")    \
   X(share_forward_drops, "packets for another process at this address lost (gone or full)")        \
   X(share_backlogged, "... of share_forwarded that waited in the owner's backlog (socket full)")   \

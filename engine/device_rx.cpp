@@ -345,6 +345,7 @@ size_t Device::receive_locked(bool check_udp) {
   while (check_udp && total < kRxBudget) {
     const size_t n = port_.recv_batch(rx_slots_);
     if (n == 0) break;
+    counters_->rcvd_socket_overflows.store(port_.receive_overflows(), std::memory_order_relaxed);
     const uint64_t t = now_ns();
     last_udp_traffic_ns_.store(t, std::memory_order_relaxed);
     last_rx_ns_.store(t, std::memory_order_relaxed);

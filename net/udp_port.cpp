@@ -70,6 +70,10 @@ int UdpPort::bind(uint32_t ip, uint16_t port, int buffer_bytes) {
   setsockopt(fd, IPPROTO_IP, IP_MULTICAST_IF, &via, sizeof via);
   int loop = 1;
   setsockopt(fd, IPPROTO_IP, IP_MULTICAST_LOOP, &loop, sizeof loop);
+  // Each datagram carries the socket's count of datagrams dropped for a full receive buffer
+  // (socket(7) SO_RXQ_OVFL): losses nobody else counts (receive_overflows()).
+  int ovfl = 1;
+  rxq_ovfl_ = setsockopt(fd, SOL_SOCKET, SO_RXQ_OVFL, &ovfl, sizeof ovfl) == 0;
   fd_ = fd;
   ip_ = ip;
   port_ = ntohs(sa.sin_port);
@@ -118,6 +122,9 @@ int UdpPort::rebind(uint32_t ip, uint16_t port, int buffer_bytes) {
   port_ = fresh.port_;
   gso_ = fresh.gso_;
   gro_ = fresh.gro_;
+  rxq_ovfl_ = fresh.rxq_ovfl_;
+  overflow_base_ += overflows_;  // the new socket counts from 0
+  overflows_ = 0;
   return 0;
 }
 
@@ -321,7 +328,7 @@ uint8_t UdpPort::tx_tos() const {
 
 size_t UdpPort::recv_batch(std::span<RxDatagram> slots) {
   constexpr size_t kMax = 64;
-  constexpr size_t kCtl = CMSG_SPACE(sizeof(int)) * 3;
+  constexpr size_t kCtl = CMSG_SPACE(sizeof(int)) * 3 + CMSG_SPACE(sizeof(uint32_t));
   std::array<mmsghdr, kMax> msgs;
   std::array<iovec, kMax> iovs;
   std::array<sockaddr_in, kMax> addrs;
@@ -334,7 +341,7 @@ size_t UdpPort::recv_batch(std::span<RxDatagram> slots) {
     msgs[i].msg_hdr.msg_namelen = sizeof(sockaddr_in);
     msgs[i].msg_hdr.msg_iov = &iovs[i];
     msgs[i].msg_hdr.msg_iovlen = 1;
-    if (header_info_ || gro_) {
+    if (header_info_ || gro_ || rxq_ovfl_) {
       msgs[i].msg_hdr.msg_control = ctl[i].data();
       msgs[i].msg_hdr.msg_controllen = kCtl;
     }
@@ -353,8 +360,14 @@ size_t UdpPort::recv_batch(std::span<RxDatagram> slots) {
     s.dst_ip = group_;
     s.ttl = s.tos = 0;
     s.segment_size = 0;
-    if (!header_info_ && !gro_) continue;
+    if (!header_info_ && !gro_ && !rxq_ovfl_) continue;
     for (cmsghdr* c = CMSG_FIRSTHDR(&msgs[i].msg_hdr); c; c = CMSG_NXTHDR(&msgs[i].msg_hdr, c)) {
+      if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SO_RXQ_OVFL) {
+        uint32_t v;
+        std::memcpy(&v, CMSG_DATA(c), sizeof v);
+        overflows_ = v;  // the socket's running total (sk_drops)
+        continue;
+      }
       if (c->cmsg_level == SOL_UDP && c->cmsg_type == UDP_GRO) {
         int v;
         std::memcpy(&v, CMSG_DATA(c), sizeof v);

@@ -141,14 +141,22 @@ class UdpPort {
   /// Receives up to `slots.size()` datagrams without blocking. Returns the number filled
   /// (0 when none is waiting).
   size_t recv_batch(std::span<RxDatagram> slots);
+  /// Datagrams the kernel dropped on this socket since it was bound because its receive
+  /// buffer was full, as of the last datagram received (SO_RXQ_OVFL, socket(7); 0 where the
+  /// kernel does not report it). Such losses reach no other counter: the peer sees them as
+  /// NAKs or timeouts.
+  uint64_t receive_overflows() const { return overflow_base_ + overflows_; }
 
  private:
   int fd_ = -1;
   uint32_t ip_ = 0;
   uint16_t port_ = 0;
   bool header_info_ = false;
-  bool recverr_ = false;  // enable_error_queue()
-  uint8_t tos_ = 0;       // the TOS byte this socket sends (set_ecn_capable())
+  bool rxq_ovfl_ = false;       // SO_RXQ_OVFL on: overflows_ is kept
+  uint64_t overflows_ = 0;      // receive_overflows(): this socket's
+  uint64_t overflow_base_ = 0;  // and the sockets' before a rebind
+  bool recverr_ = false;        // enable_error_queue()
+  uint8_t tos_ = 0;             // the TOS byte this socket sends (set_ecn_capable())
   bool gso_ = false;
   bool gro_ = false;
   uint32_t group_ = 0;
