@@ -65,7 +65,7 @@ class TransportTest : public ::testing::Test {
     at.access_flags = kAll;
     ASSERT_EQ(q.modify(at, kAttrState | kAttrPkeyIndex | kAttrPort | kAttrAccessFlags), kOk);
     at.state = QpState::kRtr;
-    at.path_mtu = 3;  // 1024
+    at.path_mtu = path_mtu;
     at.dest_qp_num = peer.qpn();
     at.rq_psn = kSqPsn;
     at.max_dest_rd_atomic = 4;
@@ -148,6 +148,7 @@ class TransportTest : public ::testing::Test {
   }
 
   static constexpr uint32_t kAll = kLocalWrite | kRemoteWrite | kRemoteRead | kRemoteAtomic;
+  uint8_t path_mtu = 3;  ///< IBV_MTU_1024 (kMtu); a fixture may set another before SetUp
   std::unique_ptr<FakeDevice> dev;
   std::unique_ptr<ProtectionDomain> pd;
   std::unique_ptr<CompletionQueue> cq;
@@ -1289,6 +1290,131 @@ TEST_F(TailLossTest, OneProbePerStallThenTheRetransmitTimerRecovers) {
   settle();
   ASSERT_EQ(drain().size(), 1u);
   EXPECT_EQ(std::memcmp(dst.data(), src.data(), 5 * kMtu), 0);
+}
+
+// ---- Windows for long fat pipes (issue 23 item 3) --------------------------------------
+
+// The window beyond 2^16 PSNs: path MTU 256, so that 2^17 packets in flight are 32 MiB; dst
+// holds one 1 MiB region per WRITE, so that every placement is checked where it landed.
+class LongWindowTest : public TransportTest {
+ protected:
+  static constexpr uint32_t kPkt = 256;              // path MTU, bytes
+  static constexpr uint32_t kMsg = 1 << 20;          // one WRITE: all of src
+  static constexpr uint32_t kMsgPsns = kMsg / kPkt;  // 4,096
+  LongWindowTest() { path_mtu = 1; }
+  void SetUp() override {
+    TransportTest::SetUp();
+    mr_dst.reset();
+    dst.assign(size_t{40} << 20, 0);
+    mr_dst = std::make_unique<MemoryRegion>(*pd, dst.data(), dst.size(),
+                                            reinterpret_cast<uintptr_t>(dst.data()), kAll);
+  }
+  // The requester's window grown to `psns`, as acknowledged PSNs in slow start grow it.
+  void grow_window(uint32_t psns) {
+    a->req.window.on_acked(psns - a->req.window.psns());
+    ASSERT_EQ(a->req.window.psns(), psns);
+  }
+  // WRITEs `first` … `first + n - 1` of all of src, WRITE i to dst's region i + 1.
+  void post_writes(int first, int n) {
+    for (int i = first; i < first + n; ++i)
+      ASSERT_EQ(post(*a, WrOpcode::kRdmaWrite, 0, kMsg, uint64_t(i + 1) * kMsg, uint64_t(i)), kOk);
+  }
+  // Completions until the CQ is empty.
+  std::vector<Cqe> drain_all() {
+    std::vector<Cqe> all;
+    for (auto c = drain(); !c.empty(); c = drain()) all.insert(all.end(), c.begin(), c.end());
+    return all;
+  }
+  // Every WRITE `first` … `first + n - 1` completed in order, and its region holds src.
+  void expect_written(const std::vector<Cqe>& c, int first, int n) {
+    ASSERT_EQ(c.size(), size_t(n));
+    for (int i = 0; i < n; ++i) {
+      EXPECT_EQ(c[i].status, WcStatus::kSuccess);
+      EXPECT_EQ(c[i].wr_id, uint64_t(first + i)) << "completions in order";
+      EXPECT_EQ(std::memcmp(dst.data() + uint64_t(first + i + 1) * kMsg, src.data(), kMsg), 0)
+          << "WRITE " << first + i;
+    }
+  }
+  static uint32_t offset(const std::vector<uint8_t>& b) {
+    return uint32_t(wire::psn_diff(parse(b).hdr.bth.psn, kSqPsn));
+  }
+};
+
+// The responder's tracking capped at 2^12 PSNs (Transport::ooo_max_psns) under a window of
+// 2^13: with +5 lost, it grows to 2^12 PSNs (18 KiB) and no further; the 4,095 packets
+// beyond are dropped and counted, and recovered afterwards (the resend check, go-back-N
+// from where the responder stands) without a retransmit timeout.
+TEST_F(LongWindowTest, TrackingGrowsWithTheGapUpToItsCapAndPacketsBeyondAreDroppedThenRecovered) {
+  constexpr uint32_t kCap = 1u << 12;
+  tb->ooo_max = kCap;
+  start_selective_after_one_rtt(100'000);  // a 1 KiB WRITE: PSNs +0 … +3
+  ASSERT_EQ(drain().size(), 1u);
+  grow_window(2 * kCap);
+  post_writes(0, 2);  // PSNs +4 … +8,195
+  ASSERT_EQ(ta->sent.size(), 2 * kCap);
+  lose(*ta, {5});
+  deliver(*ta, *b, *tb);
+  ASSERT_TRUE(b->resp.ooo);
+  EXPECT_EQ(b->resp.ooo->span(), kCap);
+  EXPECT_EQ(b->resp.ooo->memory_bytes(), size_t{kCap} * 9 / 2);
+  EXPECT_EQ(tb->counters_.ooo_placed.load(), kCap - 1);       // +6 … +4,100
+  EXPECT_EQ(tb->counters_.ooo_beyond_span.load(), kCap - 1);  // +4,101 … +8,195
+  std::vector<Cqe> c;
+  for (int i = 0; i < 100 && c.size() < 2; ++i) {
+    settle();
+    for (const Cqe& e : drain_all()) c.push_back(e);
+    ta->advance(1'000'000);
+    tb->advance(1'000'000);
+    run_requester_timers();
+  }
+  expect_written(c, 0, 2);
+  EXPECT_EQ(ta->counters_.retransmit_timeouts.load(), 0u);
+  EXPECT_EQ(b->resp.ooo->span(), ReceivedPsns::kMinSpanPsns);
+  EXPECT_EQ(a->attr.state, QpState::kRts);
+}
+
+// The ring keeps every state of every PSN when it grows, across the PSN wrap; it refuses a
+// distance at or beyond its cap, and shrinks back when idle.
+TEST(ReceivedPsnsTest, GrowsOnDemandKeepingEveryStateAcrossThePsnWrapUpToItsCap) {
+  ReceivedPsns o(1u << 14);
+  const uint32_t e = 0xffff00;  // the expected PSN; e + 256 wraps to 0
+  const auto at = [&](uint32_t d) { return wire::psn_add(e, d); };
+  o.sync(e);
+  o.next = e;
+  EXPECT_EQ(o.span(), ReceivedPsns::kMinSpanPsns);
+  EXPECT_EQ(o.memory_bytes(), size_t{ReceivedPsns::kMinSpanPsns} * 9 / 2);
+  ASSERT_TRUE(o.reach(e, 1000));
+  EXPECT_EQ(o.span(), ReceivedPsns::kMinSpanPsns) << "within the first span";
+  o.mark_placed(at(300), true, 0x12345678);
+  o.mark_placed(at(301), false, 0x9abcdef0);
+  o.mark_placed(at(1000), false, 0x55);
+  o.mark_contested(at(1000));
+  o.mark_reported_range(at(1), at(299));
+  ASSERT_TRUE(o.reach(e, 5000));  // grows to 8,192: 1,000 and 5,000 now differ mod span
+  EXPECT_EQ(o.span(), 8192u);
+  o.mark_placed(at(5000), true, 0x77);
+  EXPECT_TRUE(o.placed(at(300)) && o.ends_message(at(300)));
+  EXPECT_EQ(o.digest(at(300)), 0x12345678u);
+  EXPECT_TRUE(o.placed(at(301)) && !o.ends_message(at(301)));
+  EXPECT_EQ(o.digest(at(301)), 0x9abcdef0u);
+  EXPECT_TRUE(o.contested(at(1000)) && !o.placed(at(1000)));
+  EXPECT_FALSE(o.reported(e));
+  EXPECT_TRUE(o.reported(at(1)) && o.reported(at(255)) && o.reported(at(256)) &&
+              o.reported(at(299)));
+  EXPECT_FALSE(o.placed(at(300 + 1024))) << "no state copied to a PSN a span further";
+  EXPECT_FALSE(o.contested(at(1000 - 1024)));
+  EXPECT_EQ(o.first_marked(at(302), at(6000)), at(5000));
+  EXPECT_FALSE(o.reach(e, 1u << 14)) << "the cap";
+  ASSERT_TRUE(o.reach(e, (1u << 14) - 1));
+  EXPECT_EQ(o.span(), 1u << 14);
+  EXPECT_EQ(o.memory_bytes(), (size_t{1} << 14) * 9 / 2);
+  EXPECT_EQ(o.digest(at(5000)), 0x77u);
+  EXPECT_TRUE(o.placed(at(301)) && o.contested(at(1000)) && o.reported(at(299)));
+  EXPECT_EQ(o.clear_range(e, at(6000)), 3u);
+  EXPECT_EQ(o.first_marked(e, at(6000)), at(6000));
+  o.shrink_when_idle();
+  EXPECT_EQ(o.span(), ReceivedPsns::kMinSpanPsns);
+  EXPECT_EQ(o.memory_bytes(), size_t{ReceivedPsns::kMinSpanPsns} * 9 / 2);
 }
 
 }  // namespace
