@@ -22,10 +22,14 @@ class CongestionWindow {
  public:
   /// The first window, PSNs (rxe's fixed 128-PSN window).
   static constexpr uint32_t kInitialPsns = 128;
-  /// The largest window, PSNs: 2^16 (256 MiB at MTU 4096), far below the 2^23 that the
-  /// 24-bit PSN space allows before "ahead" and "behind" become ambiguous (IBTA 9.7.1).
-  /// The responder's out-of-order tracking spans the same number of PSNs.
-  static constexpr uint32_t kMaxPsns = 1u << 16;
+  /// The largest window, PSNs: 2^22 (4.19 M PSNs, 16 GiB at MTU 4096). 400 Gbit/s × 100 ms
+  /// is 5 GB, 1.22 M PSNs of 4 KiB, and a loss keeps up to two measured BDPs in flight
+  /// (on_sequence_nak): 2.44 M, over 2^21. Half of the 2^23 at which the 24-bit PSNs of a
+  /// window's two ends stop telling "ahead" from "behind" (IBTA vol 1 9.7.1), so a responder
+  /// still tells a resend up to a window behind from a packet up to a window ahead. The
+  /// responder's out-of-order tracking spans as many PSNs at most
+  /// (ReceivedPsns::kMaxSpanPsns), growing only as far as a loss opens it.
+  static constexpr uint32_t kMaxPsns = 1u << 22;
 
   /// Delivery-rate samples kept (one per interval of at least a minimum RTT); the path's
   /// bandwidth is the largest of them, as BBR's windowed max filter (Cardwell et al.,

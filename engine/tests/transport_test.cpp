@@ -686,7 +686,7 @@ TEST(CongestionWindowTest, LossDoesNotShrinkTheWindowBelowTwoMeasuredBdps) {
   }
   EXPECT_NEAR(double(w.bdp_psns()), 600.0, 2.0);
   for (int i = 0; i < 20; ++i) w.on_acked(w.psns());  // slow start far beyond
-  for (int i = 0; i < 5; ++i) w.on_sequence_nak();    // halving: 2^16 → 2^11
+  for (int i = 0; i < 11; ++i) w.on_sequence_nak();   // halving: 2^22 → 2^11
   EXPECT_EQ(w.psns(), 2048u);
   w.on_sequence_nak();  // not to 1,024: two BDPs are 1,200
   EXPECT_EQ(w.psns(), 2 * w.bdp_psns());
@@ -1339,6 +1339,66 @@ class LongWindowTest : public TransportTest {
     return uint32_t(wire::psn_diff(parse(b).hdr.bth.psn, kSqPsn));
   }
 };
+
+// A window of 2^17 PSNs (twice the old ceiling) goes out whole, its PSNs across the 24-bit
+// wrap (the first is 0xfffff0), and the ACKs slide it: each acknowledged PSN lets the next
+// ones go, and all 34 WRITEs (139,264 PSNs) arrive where they belong.
+TEST_F(LongWindowTest, AWindowOf2To17PsnsGoesOutAcrossThePsnWrapAndAcksSlideIt) {
+  constexpr uint32_t kWindow = 1u << 17;
+  grow_window(kWindow);
+  post_writes(0, 34);
+  ASSERT_EQ(ta->sent.size(), kWindow) << "the whole window in flight";
+  EXPECT_EQ(parse(ta->sent.front()).hdr.bth.psn, kSqPsn);
+  EXPECT_EQ(parse(ta->sent.back()).hdr.bth.psn, wire::psn_add(kSqPsn, kWindow - 1));
+  EXPECT_LT(parse(ta->sent.back()).hdr.bth.psn, kSqPsn) << "the PSNs wrapped";
+  deliver(*ta, *b, *tb);
+  EXPECT_EQ(b->resp.epsn, wire::psn_add(kSqPsn, kWindow));
+  deliver(*tb, *a, *ta);  // the ACKs: the window slides (and grows: slow start)
+  EXPECT_EQ(a->comp.psn, wire::psn_add(kSqPsn, kWindow));
+  EXPECT_EQ(ta->sent.size(), 34 * kMsgPsns - kWindow) << "the rest, as the ACKs opened room";
+  EXPECT_GT(a->req.window.psns(), kWindow);
+  settle();
+  expect_written(drain_all(), 0, 34);
+  EXPECT_EQ(ta->counters_.retransmitted_pkts.load(), 0u);
+}
+
+// Selective recovery inside a window of 2^17 PSNs: +10 and +100,000 are lost. The responder
+// places everything else out of order — up to 131,061 PSNs beyond its expected PSN, its
+// tracking grown to 2^17 PSNs (576 KiB) — and reports just those two; only they are sent
+// again, and once the gap closes the tracking goes back to its first 1,024 PSNs.
+TEST_F(LongWindowTest, ALoss100000PsnsIntoTheWindowIsPlacedAroundAndNakedSelectively) {
+  constexpr uint32_t kWindow = 1u << 17;
+  ta->selective = tb->selective = true;
+  grow_window(kWindow);
+  post_writes(0, 33);
+  ASSERT_EQ(ta->sent.size(), kWindow);
+  lose(*ta, {10, 100000});
+  deliver(*ta, *b, *tb);
+  std::vector<std::pair<uint32_t, uint32_t>> naks;
+  for (const auto& bytes : tb->sent) {
+    wire::Packet p = parse(bytes);
+    if (p.hdr.aeth.syndrome == wire::aeth_nak(wire::NakCode::kSelectiveRetransmit))
+      naks.emplace_back(uint32_t(wire::psn_diff(p.hdr.bth.psn, kSqPsn)),
+                        uint32_t(wire::psn_diff(p.hdr.aeth.msn, kSqPsn)));
+  }
+  const std::vector<std::pair<uint32_t, uint32_t>> want{{10, 10}, {100000, 100000}};
+  EXPECT_EQ(naks, want);
+  EXPECT_EQ(tb->counters_.ooo_placed.load(), kWindow - 12);
+  EXPECT_EQ(tb->counters_.ooo_beyond_span.load(), 0u);
+  ASSERT_TRUE(b->resp.ooo);
+  EXPECT_EQ(b->resp.ooo->span(), 1u << 17) << "grown to the distance seen, 131,061 PSNs";
+  EXPECT_EQ(b->resp.ooo->memory_bytes(), (size_t{1} << 17) * 9 / 2);
+  EXPECT_EQ(b->resp.epsn, wire::psn_add(kSqPsn, 10));
+  deliver(*tb, *a, *ta);
+  std::vector<uint32_t> resent;
+  for (const auto& bytes : ta->sent)
+    if (offset(bytes) < kWindow) resent.push_back(offset(bytes));
+  EXPECT_EQ(resent, (std::vector<uint32_t>{10, 100000})) << "only the two lost PSNs again";
+  settle();
+  expect_written(drain_all(), 0, 33);
+  EXPECT_EQ(ta->counters_.retransmitted_pkts.load(), 2u);
+  EXPECT_EQ(b->resp.ooo->span(), ReceivedPsns::kMinSpanPsns) << "idle: back to the first span";
+}
 
 // The responder's tracking capped at 2^12 PSNs (Transport::ooo_max_psns) under a window of
 // 2^13: with +5 lost, it grows to 2^12 PSNs (18 KiB) and no further; the 4,095 packets
