@@ -1477,5 +1477,85 @@ TEST(ReceivedPsnsTest, GrowsOnDemandKeepingEveryStateAcrossThePsnWrapUpToItsCap)
   EXPECT_EQ(o.memory_bytes(), size_t{ReceivedPsns::kMinSpanPsns} * 9 / 2);
 }
 
+// Slow start on a long path: the ACK train of the first full flight (ACKs spaced by the
+// bottleneck) sets the window to one measured BDP at once; 10 Gbit/s × 50 ms at MTU 4096 is
+// 15,259 PSNs, reached in the first round trip instead of the seventh.
+TEST(CongestionWindowTest, OnALongPathTheFirstAckTrainSetsTheWindowToTheMeasuredBdp) {
+  constexpr double kPsnsPerNs = 10e9 / 8 / 4096 / 1e9;  // 10 Gbit/s of 4 KiB packets
+  constexpr uint64_t kRtt = 50'000'000;
+  constexpr double kBdp = kPsnsPerNs * kRtt;  // 15,259
+  const auto round = [&](CongestionWindow& w, uint64_t rtt) {
+    uint64_t now = 1'000'000'000;
+    w.on_rtt_sample(rtt);
+    for (int i = 0; i < 4; ++i) {  // 128 PSNs, an ACK per 32, spaced by the bottleneck
+      w.on_delivered(32, now);
+      w.on_acked(32);
+      now += uint64_t(32 / kPsnsPerNs);
+    }
+  };
+  CongestionWindow w;
+  round(w, kRtt);
+  EXPECT_GE(w.psns(), uint32_t(kBdp) - 1);
+  EXPECT_LE(w.psns(), uint32_t(kBdp) + 64) << "one BDP, then slow start's own growth";
+  EXPECT_EQ(w.threshold(), CongestionWindow::kMaxPsns) << "still in slow start";
+
+  CongestionWindow shorter;  // a data-centre or same-host round trip: plain slow start
+  round(shorter, 200'000);
+  EXPECT_EQ(shorter.psns(), 2 * CongestionWindow::kInitialPsns);
+
+  CongestionWindow bunched;  // ACKs that arrive together say nothing of the path's rate
+  bunched.on_rtt_sample(kRtt);
+  for (int i = 0; i < 4; ++i) {
+    bunched.on_delivered(32, 1'000'000'000);
+    bunched.on_acked(32);
+  }
+  EXPECT_EQ(bunched.psns(), 2 * CongestionWindow::kInitialPsns);
+
+  CongestionWindow lossy;  // a loss ends the trains: the window halves and stays halved
+  lossy.on_rtt_sample(kRtt);
+  lossy.on_delivered(32, 1'000'000'000);
+  lossy.on_sequence_nak();
+  for (int i = 1; i < 4; ++i) lossy.on_delivered(32, 1'000'000'000 + i * uint64_t(32 / kPsnsPerNs));
+  EXPECT_EQ(lossy.psns(), CongestionWindow::kInitialPsns / 2);
+}
+
+// The same through the transport units: a requester that measured a 50 ms round trip sends
+// its first full window (129 PSNs of 1 KiB); their ACKs (one per 32 PSNs) come back spaced
+// by a 1 Gbit/s bottleneck (8.192 µs per PSN), and by the end of that train the window is the
+// measured BDP, 6,103 PSNs — what slow start would reach after six more round trips.
+TEST_F(TransportTest, OnALongPathTheFirstFullFlightsAckTrainOpensTheWindowToTheBdp) {
+  constexpr uint64_t kRtt = 50'000'000, kPerPsn = 8'192;
+  constexpr uint32_t kBdp = kRtt / kPerPsn;  // 6,103
+  ASSERT_EQ(post(*a, WrOpcode::kRdmaWrite, 0, kMtu, 0, 1), kOk);
+  ta->advance(kRtt);
+  settle();
+  ASSERT_EQ(drain().size(), 1u);
+  ASSERT_EQ(a->req.window.min_rtt_ns(), kRtt);
+  for (int i = 0; i < 16; ++i)
+    ASSERT_EQ(post(*a, WrOpcode::kRdmaWrite, 0, 1 << 20, 0, uint64_t(i + 2)), kOk);
+  const size_t flight = ta->sent.size();
+  ASSERT_EQ(flight, CongestionWindow::kInitialPsns + 1);
+  ta->advance(kRtt);
+  deliver(*ta, *b, *tb);
+  std::deque<std::vector<uint8_t>> acks = std::move(tb->sent);
+  tb->sent.clear();
+  ASSERT_GE(acks.size(), 4u);  // coalesced: one per AckReq (every 32 PSNs) and the last
+  uint32_t acked = wire::psn_add(kSqPsn, 0);  // the warm-up's PSN
+  for (auto& ack : acks) {                    // each as long after the one before as its PSNs took
+    const uint32_t psn = parse(ack).hdr.bth.psn;
+    ta->advance(uint64_t(wire::psn_diff(psn, acked)) * kPerPsn);
+    acked = psn;
+    tb->sent.push_back(std::move(ack));
+    deliver(*tb, *a, *ta);
+  }
+  EXPECT_GE(a->req.window.psns(), kBdp - 1);
+  EXPECT_LE(a->req.window.psns(), kBdp + flight);
+  EXPECT_GE(ta->sent.size(), kBdp - flight) << "the next round trip carries about a BDP";
+  settle();
+  size_t done = 0;
+  for (auto c = drain(); !c.empty(); c = drain()) done += c.size();
+  EXPECT_EQ(done, 16u);
+}
+
 }  // namespace
 }  // namespace softrdma::engine
