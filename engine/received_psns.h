@@ -39,10 +39,10 @@ struct WritePlacement {
 /// (reach()): kMinSpanPsns at first, doubled until it covers the farthest packet kept, never
 /// beyond max_span() (kMaxSpanPsns = the requester's largest window, 2^22, unless the
 /// transport sets less); it goes back to kMinSpanPsns when nothing is beyond the expected
-/// PSN (shrink_when_idle()). Memory: 4.5 bytes per PSN of span (memory_bytes()) — 4.5 KiB
-/// at first, 288 KiB at 2^16 PSNs, 18 MiB at 2^22 — plus at most kMaxWrites WRITE records;
-/// a QP pays for the distance its losses opened, not for the largest window.
-/// Every operation is O(1) or O(log messages) — no scan over the window per packet;
+/// PSN and the span has not been needed for a second (shrink_when_idle()). Memory: 4.5 bytes per
+/// PSN of span (memory_bytes()) — 4.5 KiB at first, 288 KiB at 2^16 PSNs, 18 MiB at 2^22 — plus at
+/// most kMaxWrites WRITE records; a QP pays for the distance its losses opened, not for the largest
+/// window. Every operation is O(1) or O(log messages) — no scan over the window per packet;
 /// first_marked() scans words of 64 PSNs, bounded by the gap it reports; ranges are marked
 /// and cleared a word at a time; growing copies the set bits, O(span / 64 + set bits),
 /// amortised over the doubling.
@@ -76,17 +76,24 @@ class ReceivedPsns {
   }
   /// Makes the ring cover the PSN `distance` beyond the expected PSN `epsn` (after sync(epsn)
   /// and before any state is set there), keeping every state: doubles the span until it
-  /// does. False when `distance` ≥ max_span(): that PSN cannot be kept.
-  bool reach(uint32_t epsn, uint32_t distance) {
+  /// does. False when `distance` ≥ max_span(): that PSN cannot be kept. `now_ns`: when (a
+  /// distance over half the span keeps it from shrinking for kKeepSpanNs).
+  bool reach(uint32_t epsn, uint32_t distance, uint64_t now_ns) {
     if (distance >= max_span_) return false;
+    if (distance >= span_ / 2) wide_ns_ = now_ns;
     if (distance < span_) return true;
     resize(epsn, std::bit_ceil(distance + 1));
     return true;
   }
+  /// A span over kMinSpanPsns is kept this long after a packet last needed over half of it,
+  /// ns: a responder whose losses recur keeps its ring, and forged packets far ahead, each
+  /// followed by the genuine stream, cost no 18 MiB allocation apiece (~2.6 ms measured).
+  static constexpr uint64_t kKeepSpanNs = 1'000'000'000;
   /// Nothing beyond the expected PSN (next == epsn, every state clear): the ring goes back
-  /// to kMinSpanPsns, so a QP holds its largest span only while a loss keeps it open.
-  void shrink_when_idle() {
-    if (span_ > kMinSpanPsns) allocate(kMinSpanPsns);
+  /// to kMinSpanPsns once its span has not been needed for kKeepSpanNs, so a QP holds a
+  /// large span only while its losses keep opening one.
+  void shrink_when_idle(uint64_t now_ns) {
+    if (span_ > kMinSpanPsns && now_ns - wide_ns_ >= kKeepSpanNs) allocate(kMinSpanPsns);
   }
 
   /// Placed out of order (its data is in memory; its in-order effects are pending).
@@ -265,8 +272,9 @@ class ReceivedPsns {
   }
 
   uint32_t max_span_;
-  uint32_t span_ = 0;                                           // PSNs, a power of two
-  uint32_t mask_ = 0;                                           // span_ - 1
+  uint64_t wide_ns_ = 0;  // when a packet last needed over half the span, ns
+  uint32_t span_ = 0;     // PSNs, a power of two
+  uint32_t mask_ = 0;     // span_ - 1
   std::vector<uint64_t> placed_, ends_, reported_, contested_;  // span_ / 64 words each
   std::vector<uint32_t> digest_;                                // per PSN mod span_
   std::map<uint64_t, WritePlacement> writes_;

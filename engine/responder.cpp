@@ -572,7 +572,8 @@ void on_out_of_order(QueuePair& qp, const wire::Packet& pkt, Transport& t) {
   // reported with the gap before the next packet it can keep.
   const uint32_t span_left = o.max_span() - std::min(ahead, o.max_span());
   const uint32_t covers = std::min(request_psns(qp, pkt), std::max<uint32_t>(span_left, 1));
-  if (!o.reach(qp.resp.epsn, ahead + covers - 1)) {
+  if (psn_diff(o.next, qp.resp.epsn) == 0) o.shrink_when_idle(t.now_ns());
+  if (!o.reach(qp.resp.epsn, ahead + covers - 1, t.now_ns())) {
     bump(t.counters().out_of_seq_request);
     bump(t.counters().ooo_beyond_span);
     return;
@@ -650,8 +651,8 @@ void advance_over_placed(QueuePair& qp, Transport& t) {
   }
   o.drop_writes_before(epsn);
   if (psn_diff(o.next, epsn) <= 0) {
-    o.next = epsn;  // nothing beyond: idle, the ring back to its first span
-    o.shrink_when_idle();
+    o.next = epsn;  // nothing beyond: idle, the ring back to its first span in time
+    o.shrink_when_idle(t.now_ns());
     return;
   }
   if (!o.reported(epsn)) {

@@ -1335,6 +1335,17 @@ class LongWindowTest : public TransportTest {
           << "WRITE " << first + i;
     }
   }
+  // A second later (ReceivedPsns::kKeepSpanNs) WRITE `id` arrives in order: the idle
+  // responder's tracking goes back to its first span, 4.5 KiB.
+  void idle_for_a_second(int id) {
+    ASSERT_TRUE(b->resp.ooo);
+    tb->advance(ReceivedPsns::kKeepSpanNs);
+    ASSERT_EQ(post(*a, WrOpcode::kRdmaWrite, 0, kPkt, uint64_t(id + 1) * kMsg, uint64_t(id)), kOk);
+    settle();
+    ASSERT_EQ(drain_all().size(), 1u);
+    EXPECT_EQ(b->resp.ooo->span(), ReceivedPsns::kMinSpanPsns);
+    EXPECT_EQ(b->resp.ooo->memory_bytes(), size_t{ReceivedPsns::kMinSpanPsns} * 9 / 2);
+  }
   static uint32_t offset(const std::vector<uint8_t>& b) {
     return uint32_t(wire::psn_diff(parse(b).hdr.bth.psn, kSqPsn));
   }
@@ -1365,7 +1376,7 @@ TEST_F(LongWindowTest, AWindowOf2To17PsnsGoesOutAcrossThePsnWrapAndAcksSlideIt) 
 // Selective recovery inside a window of 2^17 PSNs: +10 and +100,000 are lost. The responder
 // places everything else out of order — up to 131,061 PSNs beyond its expected PSN, its
 // tracking grown to 2^17 PSNs (576 KiB) — and reports just those two; only they are sent
-// again, and once the gap closes the tracking goes back to its first 1,024 PSNs.
+// again; a second after the gap closed the tracking goes back to its first 1,024 PSNs.
 TEST_F(LongWindowTest, ALoss100000PsnsIntoTheWindowIsPlacedAroundAndNakedSelectively) {
   constexpr uint32_t kWindow = 1u << 17;
   ta->selective = tb->selective = true;
@@ -1397,7 +1408,10 @@ TEST_F(LongWindowTest, ALoss100000PsnsIntoTheWindowIsPlacedAroundAndNakedSelecti
   settle();
   expect_written(drain_all(), 0, 33);
   EXPECT_EQ(ta->counters_.retransmitted_pkts.load(), 2u);
-  EXPECT_EQ(b->resp.ooo->span(), ReceivedPsns::kMinSpanPsns) << "idle: back to the first span";
+  // The ACK of +0 … +9 let 20 more PSNs go before the NAKs halved the window: +131,091 is
+  // 131,081 beyond +10, so the ring doubled once more; it is kept a while (losses recur).
+  EXPECT_EQ(b->resp.ooo->span(), 1u << 18);
+  idle_for_a_second(33);
 }
 
 // The responder's tracking capped at 2^12 PSNs (Transport::ooo_max_psns) under a window of
@@ -1429,13 +1443,14 @@ TEST_F(LongWindowTest, TrackingGrowsWithTheGapUpToItsCapAndPacketsBeyondAreDropp
   }
   expect_written(c, 0, 2);
   EXPECT_EQ(ta->counters_.retransmit_timeouts.load(), 0u);
-  EXPECT_EQ(b->resp.ooo->span(), ReceivedPsns::kMinSpanPsns);
   EXPECT_EQ(a->attr.state, QpState::kRts);
+  idle_for_a_second(2);
 }
 
 // The ring keeps every state of every PSN when it grows, across the PSN wrap; it refuses a
 // distance at or beyond its cap, and shrinks back when idle.
 TEST(ReceivedPsnsTest, GrowsOnDemandKeepingEveryStateAcrossThePsnWrapUpToItsCap) {
+  constexpr uint64_t kT = 5'000'000'000;  // ns
   ReceivedPsns o(1u << 14);
   const uint32_t e = 0xffff00;  // the expected PSN; e + 256 wraps to 0
   const auto at = [&](uint32_t d) { return wire::psn_add(e, d); };
@@ -1443,14 +1458,14 @@ TEST(ReceivedPsnsTest, GrowsOnDemandKeepingEveryStateAcrossThePsnWrapUpToItsCap)
   o.next = e;
   EXPECT_EQ(o.span(), ReceivedPsns::kMinSpanPsns);
   EXPECT_EQ(o.memory_bytes(), size_t{ReceivedPsns::kMinSpanPsns} * 9 / 2);
-  ASSERT_TRUE(o.reach(e, 1000));
+  ASSERT_TRUE(o.reach(e, 1000, kT));
   EXPECT_EQ(o.span(), ReceivedPsns::kMinSpanPsns) << "within the first span";
   o.mark_placed(at(300), true, 0x12345678);
   o.mark_placed(at(301), false, 0x9abcdef0);
   o.mark_placed(at(1000), false, 0x55);
   o.mark_contested(at(1000));
   o.mark_reported_range(at(1), at(299));
-  ASSERT_TRUE(o.reach(e, 5000));  // grows to 8,192: 1,000 and 5,000 now differ mod span
+  ASSERT_TRUE(o.reach(e, 5000, kT));  // grows to 8,192: 1,000 and 5,000 now differ mod span
   EXPECT_EQ(o.span(), 8192u);
   o.mark_placed(at(5000), true, 0x77);
   EXPECT_TRUE(o.placed(at(300)) && o.ends_message(at(300)));
@@ -1464,15 +1479,17 @@ TEST(ReceivedPsnsTest, GrowsOnDemandKeepingEveryStateAcrossThePsnWrapUpToItsCap)
   EXPECT_FALSE(o.placed(at(300 + 1024))) << "no state copied to a PSN a span further";
   EXPECT_FALSE(o.contested(at(1000 - 1024)));
   EXPECT_EQ(o.first_marked(at(302), at(6000)), at(5000));
-  EXPECT_FALSE(o.reach(e, 1u << 14)) << "the cap";
-  ASSERT_TRUE(o.reach(e, (1u << 14) - 1));
+  EXPECT_FALSE(o.reach(e, 1u << 14, kT)) << "the cap";
+  ASSERT_TRUE(o.reach(e, (1u << 14) - 1, kT));
   EXPECT_EQ(o.span(), 1u << 14);
   EXPECT_EQ(o.memory_bytes(), (size_t{1} << 14) * 9 / 2);
   EXPECT_EQ(o.digest(at(5000)), 0x77u);
   EXPECT_TRUE(o.placed(at(301)) && o.contested(at(1000)) && o.reported(at(299)));
   EXPECT_EQ(o.clear_range(e, at(6000)), 3u);
   EXPECT_EQ(o.first_marked(e, at(6000)), at(6000));
-  o.shrink_when_idle();
+  o.shrink_when_idle(kT + ReceivedPsns::kKeepSpanNs - 1);
+  EXPECT_EQ(o.span(), 1u << 14) << "kept while recently needed";
+  o.shrink_when_idle(kT + ReceivedPsns::kKeepSpanNs);
   EXPECT_EQ(o.span(), ReceivedPsns::kMinSpanPsns);
   EXPECT_EQ(o.memory_bytes(), size_t{ReceivedPsns::kMinSpanPsns} * 9 / 2);
 }
