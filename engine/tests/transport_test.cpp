@@ -1494,31 +1494,45 @@ TEST(ReceivedPsnsTest, GrowsOnDemandKeepingEveryStateAcrossThePsnWrapUpToItsCap)
   EXPECT_EQ(o.memory_bytes(), size_t{ReceivedPsns::kMinSpanPsns} * 9 / 2);
 }
 
-// Slow start on a long path: the ACK train of the first full flight (ACKs spaced by the
-// bottleneck) sets the window to one measured BDP at once; 10 Gbit/s × 50 ms at MTU 4096 is
-// 15,259 PSNs, reached in the first round trip instead of the seventh.
-TEST(CongestionWindowTest, OnALongPathTheFirstAckTrainSetsTheWindowToTheMeasuredBdp) {
+// Slow start on a long path: each round's ACK train (ACKs spaced by the bottleneck) lets the
+// window quadruple instead of double until it holds one measured BDP; 10 Gbit/s × 50 ms at
+// MTU 4096 is 15,259 PSNs, reached in the fourth round trip instead of the seventh. A short
+// path, ACKs that arrive bunched, and a loss keep plain slow start.
+TEST(CongestionWindowTest, OnALongPathAckTrainsQuadrupleTheWindowUpToTheMeasuredBdp) {
   constexpr double kPsnsPerNs = 10e9 / 8 / 4096 / 1e9;  // 10 Gbit/s of 4 KiB packets
   constexpr uint64_t kRtt = 50'000'000;
-  constexpr double kBdp = kPsnsPerNs * kRtt;  // 15,259
-  const auto round = [&](CongestionWindow& w, uint64_t rtt) {
+  constexpr uint32_t kBdp = uint32_t(kPsnsPerNs * kRtt);  // 15,258
+  // Round trips until the window holds `target` PSNs: each round the window leaves as a
+  // burst and its ACKs (one per 32 PSNs) come back spaced by the bottleneck.
+  const auto rounds_to = [&](CongestionWindow& w, uint64_t rtt, uint32_t target) {
     uint64_t now = 1'000'000'000;
+    int rounds = 0;
     w.on_rtt_sample(rtt);
-    for (int i = 0; i < 4; ++i) {  // 128 PSNs, an ACK per 32, spaced by the bottleneck
-      w.on_delivered(32, now);
-      w.on_acked(32);
-      now += uint64_t(32 / kPsnsPerNs);
+    while (w.psns() < target && rounds < 30) {
+      const uint32_t flight = w.psns();
+      uint64_t t = now;
+      for (uint32_t acked = 0; acked < flight; acked += 32) {
+        const uint32_t n = std::min<uint32_t>(32, flight - acked);
+        w.on_delivered(n, t);
+        w.on_acked(n);
+        t += uint64_t(n / kPsnsPerNs);
+      }
+      now += rtt;
+      ++rounds;
     }
+    return rounds;
   };
   CongestionWindow w;
-  round(w, kRtt);
-  EXPECT_GE(w.psns(), uint32_t(kBdp) - 1);
-  EXPECT_LE(w.psns(), uint32_t(kBdp) + 64) << "one BDP, then slow start's own growth";
+  const int first = rounds_to(w, kRtt, CongestionWindow::kInitialPsns + 1);
+  EXPECT_EQ(first, 1);
+  EXPECT_GE(w.psns(), 4 * CongestionWindow::kInitialPsns) << "×4 by the train";
+  EXPECT_LT(w.psns(), 5 * CongestionWindow::kInitialPsns) << "+ what was ACKed after it";
+  EXPECT_EQ(first + rounds_to(w, kRtt, kBdp), 4) << "plain doubling: 7 round trips";
   EXPECT_EQ(w.threshold(), CongestionWindow::kMaxPsns) << "still in slow start";
+  EXPECT_LE(w.psns(), 2 * kBdp);
 
   CongestionWindow shorter;  // a data-centre or same-host round trip: plain slow start
-  round(shorter, 200'000);
-  EXPECT_EQ(shorter.psns(), 2 * CongestionWindow::kInitialPsns);
+  EXPECT_EQ(rounds_to(shorter, 200'000, kBdp), 7);
 
   CongestionWindow bunched;  // ACKs that arrive together say nothing of the path's rate
   bunched.on_rtt_sample(kRtt);
@@ -1537,10 +1551,10 @@ TEST(CongestionWindowTest, OnALongPathTheFirstAckTrainSetsTheWindowToTheMeasured
 }
 
 // The same through the transport units: a requester that measured a 50 ms round trip sends
-// its first full window (129 PSNs of 1 KiB); their ACKs (one per 32 PSNs) come back spaced
-// by a 1 Gbit/s bottleneck (8.192 µs per PSN), and by the end of that train the window is the
-// measured BDP, 6,103 PSNs — what slow start would reach after six more round trips.
-TEST_F(TransportTest, OnALongPathTheFirstFullFlightsAckTrainOpensTheWindowToTheBdp) {
+// 16 MiB in 1 KiB packets through a 1 Gbit/s bottleneck (8.192 µs per PSN; the ACKs, one
+// per 32 PSNs, come back so spaced). Its window holds the BDP, 6,103 PSNs, after the third
+// round trip (129 → 581 → ~2,600 → 6,103+) where plain doubling needs six.
+TEST_F(TransportTest, OnALongPathAckTrainsOpenTheWindowToTheBdpInThreeRoundTrips) {
   constexpr uint64_t kRtt = 50'000'000, kPerPsn = 8'192;
   constexpr uint32_t kBdp = kRtt / kPerPsn;  // 6,103
   ASSERT_EQ(post(*a, WrOpcode::kRdmaWrite, 0, kMtu, 0, 1), kOk);
@@ -1550,24 +1564,28 @@ TEST_F(TransportTest, OnALongPathTheFirstFullFlightsAckTrainOpensTheWindowToTheB
   ASSERT_EQ(a->req.window.min_rtt_ns(), kRtt);
   for (int i = 0; i < 16; ++i)
     ASSERT_EQ(post(*a, WrOpcode::kRdmaWrite, 0, 1 << 20, 0, uint64_t(i + 2)), kOk);
-  const size_t flight = ta->sent.size();
-  ASSERT_EQ(flight, CongestionWindow::kInitialPsns + 1);
-  ta->advance(kRtt);
-  deliver(*ta, *b, *tb);
-  std::deque<std::vector<uint8_t>> acks = std::move(tb->sent);
-  tb->sent.clear();
-  ASSERT_GE(acks.size(), 4u);  // coalesced: one per AckReq (every 32 PSNs) and the last
-  uint32_t acked = wire::psn_add(kSqPsn, 0);  // the warm-up's PSN
-  for (auto& ack : acks) {                    // each as long after the one before as its PSNs took
-    const uint32_t psn = parse(ack).hdr.bth.psn;
-    ta->advance(uint64_t(wire::psn_diff(psn, acked)) * kPerPsn);
-    acked = psn;
-    tb->sent.push_back(std::move(ack));
-    deliver(*tb, *a, *ta);
+  ASSERT_EQ(ta->sent.size(), CongestionWindow::kInitialPsns + 1);
+  uint32_t acked = kSqPsn;  // the warm-up's PSN
+  std::vector<uint32_t> windows;
+  while (a->req.window.psns() < kBdp && windows.size() < 10) {
+    ta->advance(kRtt);  // a round trip: the flight reaches the responder, the ACKs return
+    deliver(*ta, *b, *tb);
+    std::deque<std::vector<uint8_t>> acks = std::move(tb->sent);
+    tb->sent.clear();
+    for (auto& ack : acks) {  // each as long after the one before as its PSNs took
+      const uint32_t psn = parse(ack).hdr.bth.psn;
+      ta->advance(uint64_t(wire::psn_diff(psn, acked)) * kPerPsn);
+      acked = psn;
+      tb->sent.push_back(std::move(ack));
+      deliver(*tb, *a, *ta);
+    }
+    windows.push_back(a->req.window.psns());
   }
-  EXPECT_GE(a->req.window.psns(), kBdp - 1);
-  EXPECT_LE(a->req.window.psns(), kBdp + flight);
-  EXPECT_GE(ta->sent.size(), kBdp - flight) << "the next round trip carries about a BDP";
+  EXPECT_EQ(windows.size(), 3u) << "plain doubling: 129 → 258 → … → 8,256 in six";
+  ASSERT_FALSE(windows.empty());
+  EXPECT_GE(windows[0], 4 * (CongestionWindow::kInitialPsns + 1)) << "×4 by the train";
+  EXPECT_LT(windows[0], 5 * (CongestionWindow::kInitialPsns + 1)) << "+ what was ACKed after it";
+  EXPECT_LE(windows.back(), 2 * kBdp);
   settle();
   size_t done = 0;
   for (auto c = drain(); !c.empty(); c = drain()) done += c.size();
