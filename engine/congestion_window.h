@@ -58,10 +58,10 @@ class CongestionWindow {
   /// Time the train must spread over after its first ACK before its rate counts, ns.
   static constexpr uint64_t kTrainMinNs = 20'000;
   /// A train raises the window to at most this many times what it was when the train began:
-  /// without a pacer the requester releases the raise as one burst, and bursts of a whole
-  /// BDP overflowed receive socket buffers on this machine (the UDP path's kernel drops,
-  /// which no counter sees; WanBulkWrite under load). Slow start doubles per round trip;
-  /// the train's estimate lets it quadruple, up to one measured BDP.
+  /// without a pacer the requester releases the raise as one burst (an unbounded raise sent
+  /// a whole 16 MiB transfer at once and drew drops no counter saw — most likely the
+  /// receive socket buffer — in WanBulkWrite under load). Slow start doubles per round
+  /// trip; the train's estimate lets it quadruple, up to one measured BDP.
   static constexpr uint32_t kTrainGain = 4;
 
   /// Delivery-rate samples kept (one per interval of at least a minimum RTT); the path's
