@@ -38,6 +38,8 @@ namespace softrdma::engine {
   X(ooo_contested, "second copies of a PSN placed out of order that differ: both dropped, resent") \
   X(ooo_unplaced,                                                                                  \
     "PSNs placed out of order then forgotten: an unmarked packet arrived behind them")             \
+  X(ooo_beyond_span,                                                                               \
+    "out-of-order requests beyond the responder's largest tracking span: dropped, reported later") \
   X(selective_nak_clipped,                                                                         \
     "selective NAKs naming PSNs never sent: cut to what was sent, or dropped")                     \
   X(retry_exceeded_err, "QPs failed with IBV_WC_RETRY_EXC_ERR")                                    \

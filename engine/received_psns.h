@@ -6,6 +6,7 @@
 #pragma once
 
 #include <algorithm>
+#include <bit>
 #include <cstdint>
 #include <map>
 #include <vector>
@@ -31,25 +32,75 @@ struct WritePlacement {
   uint32_t npsn = 1;        ///< PSNs of the message
 };
 
-/// PSN states over a span of kSpanPsns beyond the expected PSN, as ring bitmaps indexed by
-/// PSN mod kSpanPsns (which divides 2^24, so the ring stays consistent across the PSN
-/// wrap). Every operation is O(1) or O(log messages) — no scan over the window per packet;
-/// first_marked() scans words of 64 PSNs, bounded by the gap it reports.
+/// PSN states beyond the expected PSN, as ring bitmaps (placed, ends-a-message, reported,
+/// contested: 1 bit each) and a digest (4 bytes) per PSN, indexed by PSN mod span(). The
+/// span is a power of two (so it divides 2^24 and the ring stays consistent across the PSN
+/// wrap) that grows on demand with the distance actually seen beyond the expected PSN
+/// (reach()): kMinSpanPsns at first, doubled until it covers the farthest packet kept, never
+/// beyond max_span() (kMaxSpanPsns = the requester's largest window, 2^22, unless the
+/// transport sets less); it goes back to kMinSpanPsns when nothing is beyond the expected
+/// PSN and the span has not been needed for a second (shrink_when_idle()). Memory: 4.5 bytes per
+/// PSN of span (memory_bytes()) — 4.5 KiB at first, 288 KiB at 2^16 PSNs, 18 MiB at 2^22 — plus at
+/// most kMaxWrites WRITE records; a QP pays for the distance its losses opened, not for the largest
+/// window. Every operation is O(1) or O(log messages) — no scan over the window per packet;
+/// first_marked() scans words of 64 PSNs, bounded by the gap it reports; ranges are marked
+/// and cleared a word at a time; growing copies the set bits, O(span / 64 + set bits),
+/// amortised over the doubling.
 class ReceivedPsns {
  public:
-  /// PSNs tracked beyond the expected one: the requester's largest window.
-  static constexpr uint32_t kSpanPsns = CongestionWindow::kMaxPsns;
-  /// WRITE messages remembered at most (more are not placed out of order).
+  /// The first span, PSNs (4.5 KiB of ring).
+  static constexpr uint32_t kMinSpanPsns = 1u << 10;
+  /// The largest span, PSNs: the requester's largest window (CongestionWindow::kMaxPsns).
+  static constexpr uint32_t kMaxSpanPsns = CongestionWindow::kMaxPsns;
+  /// Ring bytes per PSN of span: four bitmaps (4 bits) and a 32-bit digest.
+  static constexpr double kBytesPerPsn = 4.0 / 8 + 4;
+  /// WRITE messages remembered at most (more are not placed out of order): with a window
+  /// of 2^22 PSNs, messages of at least 512 PSNs (2 MiB at MTU 4096) keep it all placeable.
   static constexpr size_t kMaxWrites = 8192;
 
-  ReceivedPsns()
-      : placed_(kWords), ends_(kWords), reported_(kWords), contested_(kWords), digest_(kSpanPsns) {}
+  /// `max_span`: the largest span, PSNs (rounded down to a power of two within
+  /// kMinSpanPsns … kMaxSpanPsns).
+  explicit ReceivedPsns(uint32_t max_span = kMaxSpanPsns)
+      : max_span_(std::bit_floor(std::clamp(max_span, kMinSpanPsns, kMaxSpanPsns))) {
+    allocate(kMinSpanPsns);
+  }
+
+  /// PSNs the ring covers now, from the expected PSN on.
+  uint32_t span() const { return span_; }
+  /// PSNs the ring may grow to cover.
+  uint32_t max_span() const { return max_span_; }
+  /// Bytes the ring holds now (span() × kBytesPerPsn; the WRITE records apart).
+  size_t memory_bytes() const {
+    return (placed_.size() + ends_.size() + reported_.size() + contested_.size()) * 8 +
+           digest_.size() * 4;
+  }
+  /// Makes the ring cover the PSN `distance` beyond the expected PSN `epsn` (after sync(epsn)
+  /// and before any state is set there), keeping every state: doubles the span until it
+  /// does. False when `distance` ≥ max_span(): that PSN cannot be kept. `now_ns`: when (a
+  /// distance over half the span keeps it from shrinking for kKeepSpanNs).
+  bool reach(uint32_t epsn, uint32_t distance, uint64_t now_ns) {
+    if (distance >= max_span_) return false;
+    if (distance >= span_ / 2) wide_ns_ = now_ns;
+    if (distance < span_) return true;
+    resize(epsn, std::bit_ceil(distance + 1));
+    return true;
+  }
+  /// A span over kMinSpanPsns is kept this long after a packet last needed over half of it,
+  /// ns: a responder whose losses recur keeps its ring, and forged packets far ahead, each
+  /// followed by the genuine stream, cost no 18 MiB allocation apiece (~2.6 ms measured).
+  static constexpr uint64_t kKeepSpanNs = 1'000'000'000;
+  /// Nothing beyond the expected PSN (next == epsn, every state clear): the ring goes back
+  /// to kMinSpanPsns once its span has not been needed for kKeepSpanNs, so a QP holds a
+  /// large span only while its losses keep opening one.
+  void shrink_when_idle(uint64_t now_ns) {
+    if (span_ > kMinSpanPsns && now_ns - wide_ns_ >= kKeepSpanNs) allocate(kMinSpanPsns);
+  }
 
   /// Placed out of order (its data is in memory; its in-order effects are pending).
   bool placed(uint32_t psn) const { return get(placed_, psn); }
   /// Fingerprint of the copy placed at `psn` (valid while placed(psn)): wire::crc32 of its
   /// opcode, RETH and payload (responder.cpp fingerprint()).
-  uint32_t digest(uint32_t psn) const { return digest_[psn % kSpanPsns]; }
+  uint32_t digest(uint32_t psn) const { return digest_[psn & mask_]; }
   /// Two different copies of this PSN arrived out of order — at least one forged: it is
   /// accepted in order only (its placement is forgotten, its data will be written again).
   bool contested(uint32_t psn) const { return get(contested_, psn); }
@@ -62,7 +113,7 @@ class ReceivedPsns {
     set(placed_, psn, true);
     set(ends_, psn, ends);
     set(reported_, psn, false);
-    digest_[psn % kSpanPsns] = digest;
+    digest_[psn & mask_] = digest;
   }
   /// Forgets the placement of `psn` (its memory stays as written) and makes it in-order
   /// only; the WRITE message it began, if any, is forgotten too.
@@ -78,6 +129,10 @@ class ReceivedPsns {
     set(ends_, psn, false);
   }
   void mark_reported(uint32_t psn, bool on) { set(reported_, psn, on); }
+  /// Marks the PSNs [first, last] reported (at most span() of them), a word at a time.
+  void mark_reported_range(uint32_t first, uint32_t last) {
+    for_words(first, wire::psn_add(last, 1), [&](uint32_t w, uint64_t m) { reported_[w] |= m; });
+  }
   /// Forgets every state of `psn` (consumed in order, or behind the expected PSN).
   void clear(uint32_t psn) {
     set(placed_, psn, false);
@@ -85,20 +140,15 @@ class ReceivedPsns {
     set(reported_, psn, false);
     set(contested_, psn, false);
   }
-  /// Forgets every state of the PSNs in [from, to) (at most kSpanPsns of them) and the WRITE
+  /// Forgets every state of the PSNs in [from, to) (at most span() of them) and the WRITE
   /// messages that begin there (after sync()). Returns how many of them were placed.
   /// O(words + messages).
   uint32_t clear_range(uint32_t from, uint32_t to) {
     uint32_t placed = 0;
-    uint32_t p = from;
-    while (wire::psn_diff(to, p) > 0) {
-      const uint32_t i = p % kSpanPsns;
-      const uint32_t n = std::min<uint32_t>(64 - i % 64, uint32_t(wire::psn_diff(to, p)));
-      const uint64_t mask = (n == 64 ? ~uint64_t{0} : ((uint64_t{1} << n) - 1)) << (i % 64);
-      placed += static_cast<uint32_t>(__builtin_popcountll(placed_[i / 64] & mask));
-      for (auto* v : {&placed_, &ends_, &reported_, &contested_}) (*v)[i / 64] &= ~mask;
-      p = wire::psn_add(p, n);
-    }
+    for_words(from, to, [&](uint32_t w, uint64_t m) {
+      placed += static_cast<uint32_t>(__builtin_popcountll(placed_[w] & m));
+      for (auto* v : {&placed_, &ends_, &reported_, &contested_}) (*v)[w] &= ~m;
+    });
     const uint64_t lo = unwrap(from), hi = unwrap(to);
     writes_.erase(writes_.lower_bound(lo), writes_.lower_bound(hi));
     return placed;
@@ -107,7 +157,7 @@ class ReceivedPsns {
   uint32_t first_marked(uint32_t from, uint32_t to) const {
     uint32_t p = from;
     while (wire::psn_diff(to, p) > 0) {
-      const uint32_t i = p % kSpanPsns;
+      const uint32_t i = p & mask_;
       const uint64_t word = (placed_[i / 64] | reported_[i / 64]) >> (i % 64);
       if (word) {
         const uint32_t q = wire::psn_add(p, static_cast<uint32_t>(__builtin_ctzll(word)));
@@ -156,23 +206,77 @@ class ReceivedPsns {
   }
 
  private:
-  static constexpr uint32_t kWords = kSpanPsns / 64;
-  static_assert((wire::kPsnMask + 1) % kSpanPsns == 0, "the ring must divide the PSN space");
-  static bool get(const std::vector<uint64_t>& v, uint32_t psn) {
-    const uint32_t i = psn % kSpanPsns;
+  static_assert(std::has_single_bit(kMaxSpanPsns) && (wire::kPsnMask + 1) % kMaxSpanPsns == 0,
+                "the ring must divide the PSN space");
+  static_assert(kMaxSpanPsns <= (wire::kPsnMask + 1) / 4,
+                "below 2^23: ahead and behind stay distinct (IBTA 9.7.1)");
+  bool get(const std::vector<uint64_t>& v, uint32_t psn) const {
+    const uint32_t i = psn & mask_;
     return (v[i / 64] >> (i % 64)) & 1;
   }
-  static void set(std::vector<uint64_t>& v, uint32_t psn, bool on) {
-    const uint32_t i = psn % kSpanPsns;
+  void set(std::vector<uint64_t>& v, uint32_t psn, bool on) const {
+    const uint32_t i = psn & mask_;
     const uint64_t bit = uint64_t{1} << (i % 64);
     v[i / 64] = on ? (v[i / 64] | bit) : (v[i / 64] & ~bit);
+  }
+  // Calls f(word, mask) for the ring words that hold the PSNs [from, to), in order.
+  template <typename F>
+  void for_words(uint32_t from, uint32_t to, F&& f) const {
+    uint32_t p = from;
+    while (wire::psn_diff(to, p) > 0) {
+      const uint32_t i = p & mask_;
+      const uint32_t n = std::min<uint32_t>(64 - i % 64, uint32_t(wire::psn_diff(to, p)));
+      f(i / 64, (n == 64 ? ~uint64_t{0} : ((uint64_t{1} << n) - 1)) << (i % 64));
+      p = wire::psn_add(p, n);
+    }
+  }
+  // A fresh ring of `span` PSNs, every state clear.
+  void allocate(uint32_t span) {
+    span_ = span;
+    mask_ = span - 1;
+    for (auto* v : {&placed_, &ends_, &reported_, &contested_}) v->assign(span / 64, 0);
+    digest_.assign(span, 0);
+    digest_.shrink_to_fit();
+    for (auto* v : {&placed_, &ends_, &reported_, &contested_}) v->shrink_to_fit();
+  }
+  // Moves every state to a ring of `span` PSNs (larger): the PSN at old index i is the one
+  // in [epsn, epsn + old span) that maps there.
+  void resize(uint32_t epsn, uint32_t span) {
+    ReceivedPsns to(max_span_);
+    to.allocate(span);
+    const auto move = [&](const std::vector<uint64_t>& from, std::vector<uint64_t>& into,
+                          bool digests) {
+      for (uint32_t w = 0; w < from.size(); ++w) {
+        for (uint64_t bits = from[w]; bits; bits &= bits - 1) {
+          const uint32_t i = w * 64 + static_cast<uint32_t>(__builtin_ctzll(bits));
+          const uint32_t psn = wire::psn_add(epsn, (i - epsn) & mask_);
+          to.set(into, psn, true);
+          if (digests) to.digest_[psn & to.mask_] = digest_[i];
+        }
+      }
+    };
+    move(placed_, to.placed_, true);
+    move(ends_, to.ends_, false);
+    move(reported_, to.reported_, false);
+    move(contested_, to.contested_, false);
+    span_ = to.span_;
+    mask_ = to.mask_;
+    placed_ = std::move(to.placed_);
+    ends_ = std::move(to.ends_);
+    reported_ = std::move(to.reported_);
+    contested_ = std::move(to.contested_);
+    digest_ = std::move(to.digest_);
   }
   uint64_t unwrap(uint32_t psn) const {
     return anchor64_ + static_cast<int64_t>(wire::psn_diff(psn, anchor_));
   }
 
-  std::vector<uint64_t> placed_, ends_, reported_, contested_;
-  std::vector<uint32_t> digest_;  // per PSN mod kSpanPsns (256 KiB)
+  uint32_t max_span_;
+  uint64_t wide_ns_ = 0;  // when a packet last needed over half the span, ns
+  uint32_t span_ = 0;     // PSNs, a power of two
+  uint32_t mask_ = 0;     // span_ - 1
+  std::vector<uint64_t> placed_, ends_, reported_, contested_;  // span_ / 64 words each
+  std::vector<uint32_t> digest_;                                // per PSN mod span_
   std::map<uint64_t, WritePlacement> writes_;
   uint32_t anchor_ = 0;
   uint64_t anchor64_ = uint64_t{1} << 40;  // far from 0: unwrapped PSNs never go negative

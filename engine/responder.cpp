@@ -449,11 +449,7 @@ void send_selective_nak(QueuePair& qp, Transport& t, uint32_t first, uint32_t la
   h.aeth.msn = last;  // the range's last PSN (see NakCode::kSelectiveRetransmit)
   t.transmit(h, qp.remote_ip, {}, 0);
   bump(t.counters().selective_nak_sent);
-  ReceivedPsns& o = *qp.resp.ooo;
-  for (uint32_t p = first;; p = psn_add(p, 1)) {
-    o.mark_reported(p, true);
-    if (p == last) break;
-  }
+  qp.resp.ooo->mark_reported_range(first, last);
   log().debug("qp {:#x}: selective NAK {:#x}…{:#x} (expected {:#x})", qp.qpn(), first, last,
               qp.resp.epsn);
 }
@@ -563,17 +559,25 @@ void forget_from(QueuePair& qp, Transport& t, ReceivedPsns& o, uint32_t psn) {
 //    only be a resend whose predecessor was lost again, or forged — it waits for its turn.
 void on_out_of_order(QueuePair& qp, const wire::Packet& pkt, Transport& t) {
   const uint32_t psn = pkt.hdr.bth.psn;
-  if (psn_diff(psn, qp.resp.epsn) >= int32_t(ReceivedPsns::kSpanPsns)) {
-    bump(t.counters().out_of_seq_request);  // beyond any window a requester may have
-    return;
-  }
+  const uint32_t ahead = uint32_t(psn_diff(psn, qp.resp.epsn));  // > 0 here
   if (!qp.resp.ooo) {
-    qp.resp.ooo = std::make_unique<ReceivedPsns>();
+    qp.resp.ooo = std::make_unique<ReceivedPsns>(t.ooo_max_psns());
     qp.resp.ooo->next = qp.resp.epsn;
   }
   ReceivedPsns& o = *qp.resp.ooo;
   o.sync(qp.resp.epsn);
   if (psn_diff(o.next, qp.resp.epsn) < 0) o.next = qp.resp.epsn;
+  // The ring grows to cover the packet (its PSNs, for a READ: next moves past them), up to
+  // its largest span; beyond that the packet is dropped as a go-back-N responder would, and
+  // reported with the gap before the next packet it can keep.
+  const uint32_t span_left = o.max_span() - std::min(ahead, o.max_span());
+  const uint32_t covers = std::min(request_psns(qp, pkt), std::max<uint32_t>(span_left, 1));
+  if (psn_diff(o.next, qp.resp.epsn) == 0) o.shrink_when_idle(t.now_ns());
+  if (!o.reach(qp.resp.epsn, ahead + covers - 1, t.now_ns())) {
+    bump(t.counters().out_of_seq_request);
+    bump(t.counters().ooo_beyond_span);
+    return;
+  }
   if (o.placed(psn)) {
     if (o.digest(psn) == fingerprint(pkt)) {
       bump(t.counters().duplicate_request);
@@ -604,7 +608,7 @@ void on_out_of_order(QueuePair& qp, const wire::Packet& pkt, Transport& t) {
   // is a resend, again once the expected PSN reaches it (advance_over_placed).
   if (psn_diff(psn, o.next) >= 0) {
     send_selective_nak(qp, t, o.next, psn);
-    o.next = psn_add(psn, request_psns(qp, pkt));
+    o.next = psn_add(psn, covers);
   } else {
     o.mark_reported(psn, false);
   }
@@ -647,7 +651,8 @@ void advance_over_placed(QueuePair& qp, Transport& t) {
   }
   o.drop_writes_before(epsn);
   if (psn_diff(o.next, epsn) <= 0) {
-    o.next = epsn;  // nothing beyond: idle
+    o.next = epsn;  // nothing beyond: idle, the ring back to its first span in time
+    o.shrink_when_idle(t.now_ns());
     return;
   }
   if (!o.reported(epsn)) {

@@ -9,6 +9,7 @@
 #include <span>
 #include <string>
 
+#include "engine/congestion_window.h"
 #include "engine/counters.h"
 #include "engine/dcqcn.h"
 #include "wire/roce.h"
@@ -123,6 +124,11 @@ class Transport {
     (void)who;
     return PeerLiveness::kUnknown;
   }
+  /// How far beyond its expected PSN a responder keeps out-of-order packets at most, PSNs
+  /// (ReceivedPsns::max_span(); its ring holds 4.5 bytes per PSN of the span it grows to, so
+  /// this bounds a QP's tracking memory: 18 MiB at 2^22). The default: the requester's
+  /// largest window, CongestionWindow::kMaxPsns.
+  virtual uint32_t ooo_max_psns() const { return CongestionWindow::kMaxPsns; }
   /// Whether requesters towards `dst_ip` (host order) pace their packets with DCQCN
   /// (SOFTRDMA_CC); if so `out` gets the reaction point's parameters (the line rate: the
   /// rate of the emulated link towards `dst_ip`, when there is one). The default is off.

@@ -102,6 +102,7 @@ class FakeTransport : public Transport {
   uint64_t now_ns() override { return now_; }
   void timer_armed(QueuePair&, uint64_t) override {}
   bool selective_retransmit() const override { return selective; }
+  uint32_t ooo_max_psns() const override { return ooo_max; }
   bool congestion_control(uint32_t, DcqcnParams& out) const override {
     out = dcqcn_params;
     return dcqcn;
@@ -118,6 +119,8 @@ class FakeTransport : public Transport {
   Counters counters_;
   bool selective = false;  ///< SOFTRDMA_SELECTIVE_RETX of this side
   bool dcqcn = false;      ///< SOFTRDMA_CC=dcqcn on this side
+  /// The responder's largest out-of-order span, PSNs (Transport::ooo_max_psns).
+  uint32_t ooo_max = CongestionWindow::kMaxPsns;
   DcqcnParams dcqcn_params;
 
  private:

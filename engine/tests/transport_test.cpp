@@ -65,7 +65,7 @@ class TransportTest : public ::testing::Test {
     at.access_flags = kAll;
     ASSERT_EQ(q.modify(at, kAttrState | kAttrPkeyIndex | kAttrPort | kAttrAccessFlags), kOk);
     at.state = QpState::kRtr;
-    at.path_mtu = 3;  // 1024
+    at.path_mtu = path_mtu;
     at.dest_qp_num = peer.qpn();
     at.rq_psn = kSqPsn;
     at.max_dest_rd_atomic = 4;
@@ -148,6 +148,7 @@ class TransportTest : public ::testing::Test {
   }
 
   static constexpr uint32_t kAll = kLocalWrite | kRemoteWrite | kRemoteRead | kRemoteAtomic;
+  uint8_t path_mtu = 3;  ///< IBV_MTU_1024 (kMtu); a fixture may set another before SetUp
   std::unique_ptr<FakeDevice> dev;
   std::unique_ptr<ProtectionDomain> pd;
   std::unique_ptr<CompletionQueue> cq;
@@ -685,7 +686,7 @@ TEST(CongestionWindowTest, LossDoesNotShrinkTheWindowBelowTwoMeasuredBdps) {
   }
   EXPECT_NEAR(double(w.bdp_psns()), 600.0, 2.0);
   for (int i = 0; i < 20; ++i) w.on_acked(w.psns());  // slow start far beyond
-  for (int i = 0; i < 5; ++i) w.on_sequence_nak();    // halving: 2^16 → 2^11
+  for (int i = 0; i < 11; ++i) w.on_sequence_nak();   // halving: 2^22 → 2^11
   EXPECT_EQ(w.psns(), 2048u);
   w.on_sequence_nak();  // not to 1,024: two BDPs are 1,200
   EXPECT_EQ(w.psns(), 2 * w.bdp_psns());
@@ -1289,6 +1290,306 @@ TEST_F(TailLossTest, OneProbePerStallThenTheRetransmitTimerRecovers) {
   settle();
   ASSERT_EQ(drain().size(), 1u);
   EXPECT_EQ(std::memcmp(dst.data(), src.data(), 5 * kMtu), 0);
+}
+
+// ---- Windows for long fat pipes (issue 23 item 3) --------------------------------------
+
+// The window beyond 2^16 PSNs: path MTU 256, so that 2^17 packets in flight are 32 MiB; dst
+// holds one 1 MiB region per WRITE, so that every placement is checked where it landed.
+class LongWindowTest : public TransportTest {
+ protected:
+  static constexpr uint32_t kPkt = 256;              // path MTU, bytes
+  static constexpr uint32_t kMsg = 1 << 20;          // one WRITE: all of src
+  static constexpr uint32_t kMsgPsns = kMsg / kPkt;  // 4,096
+  LongWindowTest() { path_mtu = 1; }
+  void SetUp() override {
+    TransportTest::SetUp();
+    mr_dst.reset();
+    dst.assign(size_t{40} << 20, 0);
+    mr_dst = std::make_unique<MemoryRegion>(*pd, dst.data(), dst.size(),
+                                            reinterpret_cast<uintptr_t>(dst.data()), kAll);
+  }
+  // The requester's window grown to `psns`, as acknowledged PSNs in slow start grow it.
+  void grow_window(uint32_t psns) {
+    a->req.window.on_acked(psns - a->req.window.psns());
+    ASSERT_EQ(a->req.window.psns(), psns);
+  }
+  // WRITEs `first` … `first + n - 1` of all of src, WRITE i to dst's region i + 1.
+  void post_writes(int first, int n) {
+    for (int i = first; i < first + n; ++i)
+      ASSERT_EQ(post(*a, WrOpcode::kRdmaWrite, 0, kMsg, uint64_t(i + 1) * kMsg, uint64_t(i)), kOk);
+  }
+  // Completions until the CQ is empty.
+  std::vector<Cqe> drain_all() {
+    std::vector<Cqe> all;
+    for (auto c = drain(); !c.empty(); c = drain()) all.insert(all.end(), c.begin(), c.end());
+    return all;
+  }
+  // Every WRITE `first` … `first + n - 1` completed in order, and its region holds src.
+  void expect_written(const std::vector<Cqe>& c, int first, int n) {
+    ASSERT_EQ(c.size(), size_t(n));
+    for (int i = 0; i < n; ++i) {
+      EXPECT_EQ(c[i].status, WcStatus::kSuccess);
+      EXPECT_EQ(c[i].wr_id, uint64_t(first + i)) << "completions in order";
+      EXPECT_EQ(std::memcmp(dst.data() + uint64_t(first + i + 1) * kMsg, src.data(), kMsg), 0)
+          << "WRITE " << first + i;
+    }
+  }
+  // A second later (ReceivedPsns::kKeepSpanNs) WRITE `id` arrives in order: the idle
+  // responder's tracking goes back to its first span, 4.5 KiB.
+  void idle_for_a_second(int id) {
+    ASSERT_TRUE(b->resp.ooo);
+    tb->advance(ReceivedPsns::kKeepSpanNs);
+    ASSERT_EQ(post(*a, WrOpcode::kRdmaWrite, 0, kPkt, uint64_t(id + 1) * kMsg, uint64_t(id)), kOk);
+    settle();
+    ASSERT_EQ(drain_all().size(), 1u);
+    EXPECT_EQ(b->resp.ooo->span(), ReceivedPsns::kMinSpanPsns);
+    EXPECT_EQ(b->resp.ooo->memory_bytes(), size_t{ReceivedPsns::kMinSpanPsns} * 9 / 2);
+  }
+  static uint32_t offset(const std::vector<uint8_t>& b) {
+    return uint32_t(wire::psn_diff(parse(b).hdr.bth.psn, kSqPsn));
+  }
+};
+
+// A window of 2^17 PSNs (twice the old ceiling) goes out whole, its PSNs across the 24-bit
+// wrap (the first is 0xfffff0), and the ACKs slide it: each acknowledged PSN lets the next
+// ones go, and all 34 WRITEs (139,264 PSNs) arrive where they belong.
+TEST_F(LongWindowTest, AWindowOf2To17PsnsGoesOutAcrossThePsnWrapAndAcksSlideIt) {
+  constexpr uint32_t kWindow = 1u << 17;
+  grow_window(kWindow);
+  post_writes(0, 34);
+  ASSERT_EQ(ta->sent.size(), kWindow) << "the whole window in flight";
+  EXPECT_EQ(parse(ta->sent.front()).hdr.bth.psn, kSqPsn);
+  EXPECT_EQ(parse(ta->sent.back()).hdr.bth.psn, wire::psn_add(kSqPsn, kWindow - 1));
+  EXPECT_LT(parse(ta->sent.back()).hdr.bth.psn, kSqPsn) << "the PSNs wrapped";
+  deliver(*ta, *b, *tb);
+  EXPECT_EQ(b->resp.epsn, wire::psn_add(kSqPsn, kWindow));
+  deliver(*tb, *a, *ta);  // the ACKs: the window slides (and grows: slow start)
+  EXPECT_EQ(a->comp.psn, wire::psn_add(kSqPsn, kWindow));
+  EXPECT_EQ(ta->sent.size(), 34 * kMsgPsns - kWindow) << "the rest, as the ACKs opened room";
+  EXPECT_GT(a->req.window.psns(), kWindow);
+  settle();
+  expect_written(drain_all(), 0, 34);
+  EXPECT_EQ(ta->counters_.retransmitted_pkts.load(), 0u);
+}
+
+// Selective recovery inside a window of 2^17 PSNs: +10 and +100,000 are lost. The responder
+// places everything else out of order — up to 131,061 PSNs beyond its expected PSN, its
+// tracking grown to 2^17 PSNs (576 KiB) — and reports just those two; only they are sent
+// again; a second after the gap closed the tracking goes back to its first 1,024 PSNs.
+TEST_F(LongWindowTest, ALoss100000PsnsIntoTheWindowIsPlacedAroundAndNakedSelectively) {
+  constexpr uint32_t kWindow = 1u << 17;
+  ta->selective = tb->selective = true;
+  grow_window(kWindow);
+  post_writes(0, 33);
+  ASSERT_EQ(ta->sent.size(), kWindow);
+  lose(*ta, {10, 100000});
+  deliver(*ta, *b, *tb);
+  std::vector<std::pair<uint32_t, uint32_t>> naks;
+  for (const auto& bytes : tb->sent) {
+    wire::Packet p = parse(bytes);
+    if (p.hdr.aeth.syndrome == wire::aeth_nak(wire::NakCode::kSelectiveRetransmit))
+      naks.emplace_back(uint32_t(wire::psn_diff(p.hdr.bth.psn, kSqPsn)),
+                        uint32_t(wire::psn_diff(p.hdr.aeth.msn, kSqPsn)));
+  }
+  const std::vector<std::pair<uint32_t, uint32_t>> want{{10, 10}, {100000, 100000}};
+  EXPECT_EQ(naks, want);
+  EXPECT_EQ(tb->counters_.ooo_placed.load(), kWindow - 12);
+  EXPECT_EQ(tb->counters_.ooo_beyond_span.load(), 0u);
+  ASSERT_TRUE(b->resp.ooo);
+  EXPECT_EQ(b->resp.ooo->span(), 1u << 17) << "grown to the distance seen, 131,061 PSNs";
+  EXPECT_EQ(b->resp.ooo->memory_bytes(), (size_t{1} << 17) * 9 / 2);
+  EXPECT_EQ(b->resp.epsn, wire::psn_add(kSqPsn, 10));
+  deliver(*tb, *a, *ta);
+  std::vector<uint32_t> resent;
+  for (const auto& bytes : ta->sent)
+    if (offset(bytes) < kWindow) resent.push_back(offset(bytes));
+  EXPECT_EQ(resent, (std::vector<uint32_t>{10, 100000})) << "only the two lost PSNs again";
+  settle();
+  expect_written(drain_all(), 0, 33);
+  EXPECT_EQ(ta->counters_.retransmitted_pkts.load(), 2u);
+  // The ACK of +0 … +9 let 20 more PSNs go before the NAKs halved the window: +131,091 is
+  // 131,081 beyond +10, so the ring doubled once more; it is kept a while (losses recur).
+  EXPECT_EQ(b->resp.ooo->span(), 1u << 18);
+  idle_for_a_second(33);
+}
+
+// The responder's tracking capped at 2^12 PSNs (Transport::ooo_max_psns) under a window of
+// 2^13: with +5 lost, it grows to 2^12 PSNs (18 KiB) and no further; the 4,095 packets
+// beyond are dropped and counted, and recovered afterwards (the resend check, go-back-N
+// from where the responder stands) without a retransmit timeout.
+TEST_F(LongWindowTest, TrackingGrowsWithTheGapUpToItsCapAndPacketsBeyondAreDroppedThenRecovered) {
+  constexpr uint32_t kCap = 1u << 12;
+  tb->ooo_max = kCap;
+  start_selective_after_one_rtt(100'000);  // a 1 KiB WRITE: PSNs +0 … +3
+  ASSERT_EQ(drain().size(), 1u);
+  grow_window(2 * kCap);
+  post_writes(0, 2);  // PSNs +4 … +8,195
+  ASSERT_EQ(ta->sent.size(), 2 * kCap);
+  lose(*ta, {5});
+  deliver(*ta, *b, *tb);
+  ASSERT_TRUE(b->resp.ooo);
+  EXPECT_EQ(b->resp.ooo->span(), kCap);
+  EXPECT_EQ(b->resp.ooo->memory_bytes(), size_t{kCap} * 9 / 2);
+  EXPECT_EQ(tb->counters_.ooo_placed.load(), kCap - 1);       // +6 … +4,100
+  EXPECT_EQ(tb->counters_.ooo_beyond_span.load(), kCap - 1);  // +4,101 … +8,195
+  std::vector<Cqe> c;
+  for (int i = 0; i < 100 && c.size() < 2; ++i) {
+    settle();
+    for (const Cqe& e : drain_all()) c.push_back(e);
+    ta->advance(1'000'000);
+    tb->advance(1'000'000);
+    run_requester_timers();
+  }
+  expect_written(c, 0, 2);
+  EXPECT_EQ(ta->counters_.retransmit_timeouts.load(), 0u);
+  EXPECT_EQ(a->attr.state, QpState::kRts);
+  idle_for_a_second(2);
+}
+
+// The ring keeps every state of every PSN when it grows, across the PSN wrap; it refuses a
+// distance at or beyond its cap, and shrinks back when idle.
+TEST(ReceivedPsnsTest, GrowsOnDemandKeepingEveryStateAcrossThePsnWrapUpToItsCap) {
+  constexpr uint64_t kT = 5'000'000'000;  // ns
+  ReceivedPsns o(1u << 14);
+  const uint32_t e = 0xffff00;  // the expected PSN; e + 256 wraps to 0
+  const auto at = [&](uint32_t d) { return wire::psn_add(e, d); };
+  o.sync(e);
+  o.next = e;
+  EXPECT_EQ(o.span(), ReceivedPsns::kMinSpanPsns);
+  EXPECT_EQ(o.memory_bytes(), size_t{ReceivedPsns::kMinSpanPsns} * 9 / 2);
+  ASSERT_TRUE(o.reach(e, 1000, kT));
+  EXPECT_EQ(o.span(), ReceivedPsns::kMinSpanPsns) << "within the first span";
+  o.mark_placed(at(300), true, 0x12345678);
+  o.mark_placed(at(301), false, 0x9abcdef0);
+  o.mark_placed(at(1000), false, 0x55);
+  o.mark_contested(at(1000));
+  o.mark_reported_range(at(1), at(299));
+  ASSERT_TRUE(o.reach(e, 5000, kT));  // grows to 8,192: 1,000 and 5,000 now differ mod span
+  EXPECT_EQ(o.span(), 8192u);
+  o.mark_placed(at(5000), true, 0x77);
+  EXPECT_TRUE(o.placed(at(300)) && o.ends_message(at(300)));
+  EXPECT_EQ(o.digest(at(300)), 0x12345678u);
+  EXPECT_TRUE(o.placed(at(301)) && !o.ends_message(at(301)));
+  EXPECT_EQ(o.digest(at(301)), 0x9abcdef0u);
+  EXPECT_TRUE(o.contested(at(1000)) && !o.placed(at(1000)));
+  EXPECT_FALSE(o.reported(e));
+  EXPECT_TRUE(o.reported(at(1)) && o.reported(at(255)) && o.reported(at(256)) &&
+              o.reported(at(299)));
+  EXPECT_FALSE(o.placed(at(300 + 1024))) << "no state copied to a PSN a span further";
+  EXPECT_FALSE(o.contested(at(1000 - 1024)));
+  EXPECT_EQ(o.first_marked(at(302), at(6000)), at(5000));
+  EXPECT_FALSE(o.reach(e, 1u << 14, kT)) << "the cap";
+  ASSERT_TRUE(o.reach(e, (1u << 14) - 1, kT));
+  EXPECT_EQ(o.span(), 1u << 14);
+  EXPECT_EQ(o.memory_bytes(), (size_t{1} << 14) * 9 / 2);
+  EXPECT_EQ(o.digest(at(5000)), 0x77u);
+  EXPECT_TRUE(o.placed(at(301)) && o.contested(at(1000)) && o.reported(at(299)));
+  EXPECT_EQ(o.clear_range(e, at(6000)), 3u);
+  EXPECT_EQ(o.first_marked(e, at(6000)), at(6000));
+  o.shrink_when_idle(kT + ReceivedPsns::kKeepSpanNs - 1);
+  EXPECT_EQ(o.span(), 1u << 14) << "kept while recently needed";
+  o.shrink_when_idle(kT + ReceivedPsns::kKeepSpanNs);
+  EXPECT_EQ(o.span(), ReceivedPsns::kMinSpanPsns);
+  EXPECT_EQ(o.memory_bytes(), size_t{ReceivedPsns::kMinSpanPsns} * 9 / 2);
+}
+
+// Slow start on a long path: each round's ACK train (ACKs spaced by the bottleneck) lets the
+// window quadruple instead of double until it holds one measured BDP; 10 Gbit/s × 50 ms at
+// MTU 4096 is 15,259 PSNs, reached in the fourth round trip instead of the seventh. A short
+// path, ACKs that arrive bunched, and a loss keep plain slow start.
+TEST(CongestionWindowTest, OnALongPathAckTrainsQuadrupleTheWindowUpToTheMeasuredBdp) {
+  constexpr double kPsnsPerNs = 10e9 / 8 / 4096 / 1e9;  // 10 Gbit/s of 4 KiB packets
+  constexpr uint64_t kRtt = 50'000'000;
+  constexpr uint32_t kBdp = uint32_t(kPsnsPerNs * kRtt);  // 15,258
+  // Round trips until the window holds `target` PSNs: each round the window leaves as a
+  // burst and its ACKs (one per 32 PSNs) come back spaced by the bottleneck.
+  const auto rounds_to = [&](CongestionWindow& w, uint64_t rtt, uint32_t target) {
+    uint64_t now = 1'000'000'000;
+    int rounds = 0;
+    w.on_rtt_sample(rtt);
+    while (w.psns() < target && rounds < 30) {
+      const uint32_t flight = w.psns();
+      uint64_t t = now;
+      for (uint32_t acked = 0; acked < flight; acked += 32) {
+        const uint32_t n = std::min<uint32_t>(32, flight - acked);
+        w.on_delivered(n, t);
+        w.on_acked(n);
+        t += uint64_t(n / kPsnsPerNs);
+      }
+      now += rtt;
+      ++rounds;
+    }
+    return rounds;
+  };
+  CongestionWindow w;
+  const int first = rounds_to(w, kRtt, CongestionWindow::kInitialPsns + 1);
+  EXPECT_EQ(first, 1);
+  EXPECT_GE(w.psns(), 4 * CongestionWindow::kInitialPsns) << "×4 by the train";
+  EXPECT_LT(w.psns(), 5 * CongestionWindow::kInitialPsns) << "+ what was ACKed after it";
+  EXPECT_EQ(first + rounds_to(w, kRtt, kBdp), 4) << "plain doubling: 7 round trips";
+  EXPECT_EQ(w.threshold(), CongestionWindow::kMaxPsns) << "still in slow start";
+  EXPECT_LE(w.psns(), 2 * kBdp);
+
+  CongestionWindow shorter;  // a data-centre or same-host round trip: plain slow start
+  EXPECT_EQ(rounds_to(shorter, 200'000, kBdp), 7);
+
+  CongestionWindow bunched;  // ACKs that arrive together say nothing of the path's rate
+  bunched.on_rtt_sample(kRtt);
+  for (int i = 0; i < 4; ++i) {
+    bunched.on_delivered(32, 1'000'000'000);
+    bunched.on_acked(32);
+  }
+  EXPECT_EQ(bunched.psns(), 2 * CongestionWindow::kInitialPsns);
+
+  CongestionWindow lossy;  // a loss ends the trains: the window halves and stays halved
+  lossy.on_rtt_sample(kRtt);
+  lossy.on_delivered(32, 1'000'000'000);
+  lossy.on_sequence_nak();
+  for (int i = 1; i < 4; ++i) lossy.on_delivered(32, 1'000'000'000 + i * uint64_t(32 / kPsnsPerNs));
+  EXPECT_EQ(lossy.psns(), CongestionWindow::kInitialPsns / 2);
+}
+
+// The same through the transport units: a requester that measured a 50 ms round trip sends
+// 16 MiB in 1 KiB packets through a 1 Gbit/s bottleneck (8.192 µs per PSN; the ACKs, one
+// per 32 PSNs, come back so spaced). Its window holds the BDP, 6,103 PSNs, after the third
+// round trip (129 → 581 → ~2,600 → 6,103+) where plain doubling needs six.
+TEST_F(TransportTest, OnALongPathAckTrainsOpenTheWindowToTheBdpInThreeRoundTrips) {
+  constexpr uint64_t kRtt = 50'000'000, kPerPsn = 8'192;
+  constexpr uint32_t kBdp = kRtt / kPerPsn;  // 6,103
+  ASSERT_EQ(post(*a, WrOpcode::kRdmaWrite, 0, kMtu, 0, 1), kOk);
+  ta->advance(kRtt);
+  settle();
+  ASSERT_EQ(drain().size(), 1u);
+  ASSERT_EQ(a->req.window.min_rtt_ns(), kRtt);
+  for (int i = 0; i < 16; ++i)
+    ASSERT_EQ(post(*a, WrOpcode::kRdmaWrite, 0, 1 << 20, 0, uint64_t(i + 2)), kOk);
+  ASSERT_EQ(ta->sent.size(), CongestionWindow::kInitialPsns + 1);
+  uint32_t acked = kSqPsn;  // the warm-up's PSN
+  std::vector<uint32_t> windows;
+  while (a->req.window.psns() < kBdp && windows.size() < 10) {
+    ta->advance(kRtt);  // a round trip: the flight reaches the responder, the ACKs return
+    deliver(*ta, *b, *tb);
+    std::deque<std::vector<uint8_t>> acks = std::move(tb->sent);
+    tb->sent.clear();
+    for (auto& ack : acks) {  // each as long after the one before as its PSNs took
+      const uint32_t psn = parse(ack).hdr.bth.psn;
+      ta->advance(uint64_t(wire::psn_diff(psn, acked)) * kPerPsn);
+      acked = psn;
+      tb->sent.push_back(std::move(ack));
+      deliver(*tb, *a, *ta);
+    }
+    windows.push_back(a->req.window.psns());
+  }
+  EXPECT_EQ(windows.size(), 3u) << "plain doubling: 129 → 258 → … → 8,256 in six";
+  ASSERT_FALSE(windows.empty());
+  EXPECT_GE(windows[0], 4 * (CongestionWindow::kInitialPsns + 1)) << "×4 by the train";
+  EXPECT_LT(windows[0], 5 * (CongestionWindow::kInitialPsns + 1)) << "+ what was ACKed after it";
+  EXPECT_LE(windows.back(), 2 * kBdp);
+  settle();
+  size_t done = 0;
+  for (auto c = drain(); !c.empty(); c = drain()) done += c.size();
+  EXPECT_EQ(done, 16u);
 }
 
 }  // namespace
