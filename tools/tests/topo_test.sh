@@ -548,11 +548,26 @@ case_capture() {
   wait_for_log_line 'listening on' "$tpid" "$LISTEN_WAIT" "$tlog" "tcpdump listens on ${NS[0]}v"
   pair write_bw "$PORT" "$(row 65536)" "$(row 65536)" \
     ib_write_bw -d srdma0 -x 0 -p "$PORT" -s 65536 -n 50
-  sleep 0.5 # the last ACKs
+  # The last ACKs, then until tcpdump has written what its filter took: on a loaded host it
+  # lags, and SIGINT stops it with packets still queued ("received by filter" above
+  # "captured": one run lost its last 93 frames, a whole message's First among them). The
+  # file must stop growing for 0.5 s (at most 20 s).
+  local size=-1 stable=0 i
+  for ((i = 0; i < 200 && stable < 5; i++)); do
+    sleep 0.1
+    local now
+    now=$(stat -c %s "$pcap" 2>/dev/null || echo 0)
+    if ((now == size)); then stable=$((stable + 1)); else stable=0 size=$now; fi
+  done
   kill -INT "$tpid"
   wait "$tpid"
   cat "$tlog"
   grep -qE '^0 packets dropped by kernel' "$tlog" || { show_logs "$tlog"; fail "tcpdump dropped packets"; }
+  local captured filtered
+  captured=$(awk '/packets captured/ { print $1 }' "$tlog")
+  filtered=$(awk '/packets received by filter/ { print $1 }' "$tlog")
+  ((captured == filtered)) ||
+    { show_logs "$tlog"; fail "tcpdump stopped with $((filtered - captured)) packets not yet written"; }
   # tshark: every frame is RoCEv2 (no other protocol on the port) with the expected opcodes.
   local total roce
   total=$(tshark -r "$pcap" 2>/dev/null | wc -l)
