@@ -3,6 +3,7 @@
 #include <dlfcn.h>
 #include <errno.h>
 #include <pthread.h>
+#include <sched.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -89,9 +90,33 @@ Dilation from_environment() {
   return make_dilation(k, epoch);
 }
 
+// The process's dilation, read from the environment at the first clock read. Not a
+// function-local static: reading the environment allocates, and under `softrdma run --tdf`
+// with AddressSanitizer the allocator itself reads the clock (clock_gettime, interposed by
+// libsoftrdma_tdf.so) while it holds its lock — the static's guard then saw a recursive
+// initialisation, threw, allocated the exception and deadlocked (tdf.preload hung under
+// ASan). Now the thread reading the environment gets real time (K = 1) if it re-enters, and
+// other threads wait the few microseconds the read takes.
+Dilation g_dilation;
+Dilation g_identity;                   // K = 1: what a re-entered read sees
+std::atomic<int> g_dilation_state{0};  // 0: not read, 1: being read, 2: ready
+std::atomic<pthread_t> g_dilation_reader{};
+
 Dilation& dilation() {
-  static Dilation d = from_environment();
-  return d;
+  if (g_dilation_state.load(std::memory_order_acquire) == 2) [[likely]]
+    return g_dilation;
+  int expected = 0;
+  if (g_dilation_state.compare_exchange_strong(expected, 1, std::memory_order_acq_rel)) {
+    g_dilation_reader.store(::pthread_self(), std::memory_order_relaxed);
+    g_dilation = from_environment();
+    g_dilation_state.store(2, std::memory_order_release);
+    return g_dilation;
+  }
+  if (expected == 1 &&
+      ::pthread_equal(g_dilation_reader.load(std::memory_order_relaxed), ::pthread_self()))
+    return g_identity;  // re-entered while reading: real time meanwhile
+  while (g_dilation_state.load(std::memory_order_acquire) != 2) ::sched_yield();
+  return g_dilation;
 }
 
 // FakeClock: the fake real monotonic time, and whether one is in force.
