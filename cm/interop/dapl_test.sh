@@ -96,9 +96,7 @@ dat_conf "$WORK/client.conf" "$C"
 # into exit status 1 or 134. The DAPL processes run without leak checks, as the ucx.* tests'
 # Open MPI/UCX do; softrdma's libraries are leak-checked by their own tests.
 DTEST=("$PROG")
-if ldd "$SOFTRDMA" | grep -q libasan; then
-  export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0"
-fi
+no_leak_checks_under_asan
 
 # stdout and stderr apart: dtest's block-buffered stdout would be cut mid-line by the library's
 # log lines.

@@ -40,9 +40,7 @@ make_work_dir softrdma-qperf
 # the device state hanging off it), which turns into exit status 1. qperf runs without leak
 # checks, as the dapl.* and ucx.* tests' programs do; softrdma's libraries are leak-checked
 # by their own tests.
-if ldd "$SOFTRDMA" | grep -q libasan; then
-  export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0"
-fi
+no_leak_checks_under_asan
 SERVER_PID=""
 # shellcheck disable=SC2317  # called at exit by test_lib.sh
 on_exit() {

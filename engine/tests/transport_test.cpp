@@ -712,6 +712,20 @@ void lose(FakeTransport& t, std::initializer_list<uint32_t> lost) {
   t.sent = std::move(kept);
 }
 
+// The selective NAKs `t` has sent, as ranges of PSNs counted from 0xfffff0 (the tests' first
+// PSN): the NAK's PSN and the last missing PSN (carried in the AETH's MSN field).
+std::vector<std::pair<uint32_t, uint32_t>> selective_naks(const FakeTransport& t) {
+  constexpr uint32_t kFirstPsn = 0xfffff0;
+  std::vector<std::pair<uint32_t, uint32_t>> naks;
+  for (const auto& bytes : t.sent) {
+    wire::Packet p = parse(bytes);
+    if (p.hdr.aeth.syndrome == wire::aeth_nak(wire::NakCode::kSelectiveRetransmit))
+      naks.emplace_back(uint32_t(wire::psn_diff(p.hdr.bth.psn, kFirstPsn)),
+                        uint32_t(wire::psn_diff(p.hdr.aeth.msn, kFirstPsn)));
+  }
+  return naks;
+}
+
 TEST_F(TransportTest, SelectiveNakNamesOnlyTheLostPsnsAndOnlyThoseAreSentAgain) {
   ta->selective = tb->selective = true;
   ASSERT_EQ(post(*a, WrOpcode::kRdmaWrite, 0, 12 * kMtu, 0, 1), kOk);
@@ -721,13 +735,7 @@ TEST_F(TransportTest, SelectiveNakNamesOnlyTheLostPsnsAndOnlyThoseAreSentAgain) 
   deliver(*ta, *b, *tb);
   // Each gap reported once; the second WRITE's middle and last cannot be placed without
   // its RETH, so each of them is reported as it arrives, with the gap before it.
-  std::vector<std::pair<uint32_t, uint32_t>> naks;
-  for (const auto& bytes : tb->sent) {
-    wire::Packet p = parse(bytes);
-    if (p.hdr.aeth.syndrome == wire::aeth_nak(wire::NakCode::kSelectiveRetransmit))
-      naks.emplace_back(uint32_t(wire::psn_diff(p.hdr.bth.psn, kSqPsn)),
-                        uint32_t(wire::psn_diff(p.hdr.aeth.msn, kSqPsn)));
-  }
+  const std::vector<std::pair<uint32_t, uint32_t>> naks = selective_naks(*tb);
   const std::vector<std::pair<uint32_t, uint32_t>> want{{2, 3}, {7, 7}, {12, 13}, {14, 14}};
   EXPECT_EQ(naks, want);
   EXPECT_EQ(tb->counters_.ooo_placed.load(), 7u);  // 4…6, 8…11
@@ -1385,13 +1393,7 @@ TEST_F(LongWindowTest, ALoss100000PsnsIntoTheWindowIsPlacedAroundAndNakedSelecti
   ASSERT_EQ(ta->sent.size(), kWindow);
   lose(*ta, {10, 100000});
   deliver(*ta, *b, *tb);
-  std::vector<std::pair<uint32_t, uint32_t>> naks;
-  for (const auto& bytes : tb->sent) {
-    wire::Packet p = parse(bytes);
-    if (p.hdr.aeth.syndrome == wire::aeth_nak(wire::NakCode::kSelectiveRetransmit))
-      naks.emplace_back(uint32_t(wire::psn_diff(p.hdr.bth.psn, kSqPsn)),
-                        uint32_t(wire::psn_diff(p.hdr.aeth.msn, kSqPsn)));
-  }
+  const std::vector<std::pair<uint32_t, uint32_t>> naks = selective_naks(*tb);
   const std::vector<std::pair<uint32_t, uint32_t>> want{{10, 10}, {100000, 100000}};
   EXPECT_EQ(naks, want);
   EXPECT_EQ(tb->counters_.ooo_placed.load(), kWindow - 12);

@@ -29,6 +29,11 @@
 #                                  wildcard); fail, showing LOG, if it exits first or after SECONDS
 #   status_text RC                 "status RC", plus "(timed out after ${STEP_TIMEOUT}s)" for
 #                                  timeout's 124 / 137
+#   no_leak_checks_under_asan      when softrdma is a sanitizer build (its `run` preloads the
+#                                  ASan runtime into the programs it starts): the third-party
+#                                  programs of this script run without LeakSanitizer (their own
+#                                  leaks at exit would fail them); memory errors are still
+#                                  checked, softrdma's libraries are leak-checked by their tests
 #   suppress_perftest_leaks        (after make_work_dir) LeakSanitizer suppressions for
 #                                  perftest's own leaks, in LSAN_OPTIONS (see below)
 #   kill_and_wait_exit VICTIM PID SECONDS LOG WHAT
@@ -179,6 +184,12 @@ kill_and_wait_exit() {
 # reports and turns into a nonzero exit status. Suppress only leaks whose allocation stack
 # passes through a perftest binary or glibc's vasprintf (whose caller the unwinder loses;
 # softrdma does not use it); leaks from softrdma's own threads are still reported.
+no_leak_checks_under_asan() {
+  if ldd "$SOFTRDMA" | grep -q libasan; then
+    export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0"
+  fi
+}
+
 suppress_perftest_leaks() {
   printf '%s\n' 'leak:/usr/bin/ib_' 'leak:__vasprintf_internal' >"$WORK/lsan.supp"
   export LSAN_OPTIONS="${LSAN_OPTIONS:+$LSAN_OPTIONS:}suppressions=$WORK/lsan.supp:print_suppressions=0"

@@ -678,13 +678,12 @@ case_dapl() {
   echo "ofa-v2-softrdma u2.0 nonthreadsafe default libdaplofa.so.2 dapl.2.0 \"${ADDR[0]} 0\" \"\"" >"$WORK/s.conf"
   echo "ofa-v2-softrdma u2.0 nonthreadsafe default libdaplofa.so.2 dapl.2.0 \"${ADDR[1]} 0\" \"\"" >"$WORK/c.conf"
   # Under ASan, DAPL's own leaks at exit (dapl_test.sh explains) must not fail the run.
-  local asan=()
-  ldd "$SOFTRDMA" | grep -q libasan && asan=("ASAN_OPTIONS=${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0")
-  in_ns "${NS[0]}" "${ADDR[0]}" "$slog" DAT_OVERRIDE="$WORK/s.conf" "${asan[@]}" -- \
+  no_leak_checks_under_asan
+  in_ns "${NS[0]}" "${ADDR[0]}" "$slog" DAT_OVERRIDE="$WORK/s.conf" -- \
     dtest -P ofa-v2-softrdma -s
   local spid=$LAST_PID
   wait_tcp "${NS[0]}" "$spid" 15828 "$slog"
-  in_ns "${NS[1]}" "${ADDR[1]}" "$clog" DAT_OVERRIDE="$WORK/c.conf" "${asan[@]}" -- \
+  in_ns "${NS[1]}" "${ADDR[1]}" "$clog" DAT_OVERRIDE="$WORK/c.conf" -- \
     dtest -P ofa-v2-softrdma -h "${ADDR[0]}"
   finish_pair dtest "$spid" "$LAST_PID"
   local ok=$((!PAIR_RC))
