@@ -142,12 +142,13 @@ run_devinfo() {
   echo "PASS [pingpong.$CASE]"
 }
 
+# TCP ports 18101-18107 (each test's own: ctest runs them beside ucx_test.sh's 18600-18607).
 case "$CASE" in
-  default) run_pingpong 127.0.0.101 127.0.0.102 18601 4096 1000 ;;
-  large) run_pingpong 127.0.0.103 127.0.0.104 18602 1048576 1000 -s 1048576 -n 1000 ;;
-  events) run_pingpong 127.0.0.105 127.0.0.106 18603 4096 1000 -e ;;
+  default) run_pingpong 127.0.0.101 127.0.0.102 18101 4096 1000 ;;
+  large) run_pingpong 127.0.0.103 127.0.0.104 18102 1048576 1000 -s 1048576 -n 1000 ;;
+  events) run_pingpong 127.0.0.105 127.0.0.106 18103 4096 1000 -e ;;
   devinfo) run_devinfo ;;
-  # The other QP types: their own addresses (127.0.61.x) and TCP ports (1810x).
+  # The other QP types: their own addresses (127.0.61.x) and TCP ports 18104-18107.
   # ibv_ud_pingpong counts each datagram's bytes once (size × iterations).
   ud) PROG=ibv_ud_pingpong DIRECTIONS=1 run_pingpong 127.0.61.101 127.0.61.102 18104 2048 1000 ;;
   uc) PROG=ibv_uc_pingpong run_pingpong 127.0.61.103 127.0.61.104 18105 4096 1000 ;;
