@@ -66,7 +66,12 @@ void note_progress(QueuePair& qp, Transport& t, uint32_t old_psn) {
   if (tail_lost) {
     bump(t.counters().partial_ack_rewinds);
     qp.comp.recovery_psn = kNoPsn;
-    qp.req.window.on_timeout();
+    // On a long path a window restarted from one PSN takes many round trips to refill
+    // (seconds at 50 ms): halve as for a congestion loss instead (floor 1.5 BDPs).
+    if (qp.req.window.min_rtt_ns() >= CongestionWindow::kTrainMinRttNs)
+      qp.req.window.on_sequence_nak(now, qp.req.window.psns());
+    else
+      qp.req.window.on_timeout();
     retry_from(qp, qp.comp.psn, "partial ACK of a resend-again: the packets after it were lost");
     return;
   }
@@ -180,9 +185,14 @@ void on_selective_nak(QueuePair& qp, const wire::Packet& pkt, Transport& t) {
   if (qp.comp.recovery_psn == kNoPsn || psn_diff(r.first, qp.comp.recovery_psn) >= 0) {
     // Paced by DCQCN, a loss is only a loss: the rate answers congestion (CNPs come before
     // the queue overflows), the window keeps what is in flight — IRN's split of loss
-    // recovery from congestion control (Mittal et al. 2018, 3.3). Otherwise TCP's halving.
-    if (!qp.req.cc_on) qp.req.window.on_sequence_nak();
-    qp.comp.recovery_psn = qp.req.max_psn;
+    // recovery from congestion control (Mittal et al. 2018, 3.3). Otherwise TCP's halving,
+    // unless the window takes it for a random loss (CongestionWindow::on_sequence_nak):
+    // then no recovery episode starts, so the next loss is judged again.
+    const uint32_t lost = uint32_t(psn_diff(r.last, r.first)) + 1;
+    if (qp.req.cc_on || qp.req.window.on_sequence_nak(t.now_ns(), lost))
+      qp.comp.recovery_psn = qp.req.max_psn;
+    else
+      bump(t.counters().random_losses);
   }
   log().debug("qp {:#x}: selective NAK {:#x}…{:#x} (comp.psn {:#x} req.psn {:#x} cwnd {})",
               qp.qpn(), r.first, r.last, qp.comp.psn, qp.req.psn, qp.req.window.psns());
@@ -235,7 +245,7 @@ void on_ack(QueuePair& qp, const wire::Packet& pkt, Transport& t) {
             if (!retry_budget(qp, t)) return;
             qp.comp.nak_retry_started = true;
           }
-          qp.req.window.on_sequence_nak();
+          if (!qp.req.window.on_sequence_nak(t.now_ns())) bump(t.counters().random_losses);
           retry_from(qp, psn, "sequence NAK");
           return;
         case wire::NakCode::kRemoteAccessError:

@@ -44,7 +44,7 @@ class CongestionWindow {
   /// what fills a long path).
   static constexpr uint32_t kInitialPsns = 128;
   /// The largest window, PSNs: 2^22 (4.19 M PSNs, 16 GiB at MTU 4096). 400 Gbit/s × 100 ms
-  /// is 5 GB, 1.22 M PSNs of 4 KiB, and a loss keeps up to two measured BDPs in flight
+  /// is 5 GB, 1.22 M PSNs of 4 KiB, and a loss keeps up to 1.5 measured BDPs in flight
   /// (on_sequence_nak): 2.44 M, over 2^21. Half of the 2^23 at which the 24-bit PSNs of a
   /// window's two ends stop telling "ahead" from "behind" (IBTA vol 1 9.7.1), so a responder
   /// still tells a resend up to a window behind from a packet up to a window ahead. The
@@ -68,6 +68,14 @@ class CongestionWindow {
   /// bandwidth is the largest of them, as BBR's windowed max filter (Cardwell et al.,
   /// ACM Queue 2016), so it forgets a rate the path no longer carries.
   static constexpr size_t kRateSamples = 8;
+  /// A round trip longer than the smallest by more than 1/kQueueDelayFraction of it shows a
+  /// standing queue (12.5 ms at 50 ms: a quarter of a one-BDP bottleneck queue, well above
+  /// the emulator's and a loaded host's jitter of a few ms).
+  static constexpr uint64_t kQueueDelayFraction = 4;
+  /// PSNs lost within one smallest RTT beyond 1/kRandomLossFraction of the window are
+  /// congestion even without a measured queue (1.6 %: a 1 % random loss stays below it; a
+  /// queue overflowing under slow start drops up to half a window).
+  static constexpr uint32_t kRandomLossFraction = 64;
 
   /// PSNs that may be outstanding now.
   uint32_t psns() const { return psns_; }
@@ -92,6 +100,16 @@ class CongestionWindow {
   void on_rtt_sample(uint64_t rtt_ns) {
     if (rtt_ns && (!min_rtt_ns_ || rtt_ns < min_rtt_ns_)) min_rtt_ns_ = rtt_ns;
     if (rtt_ns) srtt_ns_ = srtt_ns_ ? (7 * srtt_ns_ + rtt_ns) / 8 : rtt_ns;
+    if (rtt_ns) last_rtt_ns_ = rtt_ns;
+  }
+  /// Whether the path shows a standing queue: on a long path (smallest RTT ≥
+  /// kTrainMinRttNs), the latest round trip exceeds the smallest by more than
+  /// min_rtt / kQueueDelayFraction. A loss without one is taken for random loss, not
+  /// congestion (on_sequence_nak). Short paths always answer true (their losses are
+  /// overflows: a same-host ring, a socket buffer).
+  bool queue_building() const {
+    if (min_rtt_ns_ < kTrainMinRttNs || !last_rtt_ns_) return true;
+    return last_rtt_ns_ > min_rtt_ns_ + min_rtt_ns_ / kQueueDelayFraction;
   }
   /// A congestion signal that is not a loss (a RoCEv2 CNP): leave slow start, keep the
   /// window (the DCQCN pacer does the slowing down).
@@ -115,6 +133,12 @@ class CongestionWindow {
   void on_acked(uint32_t n) {
     if (psns_ < ssthresh_) {
       psns_ = std::min({kMaxPsns, ssthresh_, psns_ + n});
+      // Slow start ends at 1.5 BDPs as the latest ACK train measured them (HyStart's exit
+      // at the train's estimate, Ha & Rhee 2011; one BDP fills the path, half of one more
+      // covers the estimate's error and the ACK clock's slack): beyond, the growth only
+      // fills the bottleneck's queue, and where a random loss is not taken for congestion
+      // (on_sequence_nak), nothing else would end it before the queue overflows.
+      if (train_bdp_ >= 1 && psns_ >= 1.5 * train_bdp_) ssthresh_ = psns_;
       return;
     }
     acked_ += n;  // congestion avoidance: +1 per window of acknowledged PSNs
@@ -123,20 +147,40 @@ class CongestionWindow {
       psns_ = std::min(kMaxPsns, psns_ + 1);
     }
   }
-  /// A loss the responder reported (a sequence NAK, or the first selective NAK of a
-  /// recovery episode): halve, but not below twice the measured bandwidth-delay product —
-  /// a random loss on a long link says nothing about congestion, and halving at each one
-  /// caps AIMD at MSS/RTT · 1.22/√p (Mathis et al. 1997: 8 MB/s at 20 ms RTT, 0.1 % loss,
-  /// whatever the link's rate). In flight stays bounded by about two BDPs (IRN's BDP-FC
-  /// bounds it by one, given the link rate; here the rate is measured). Continues in
-  /// congestion avoidance from there.
-  void on_sequence_nak() {
+  /// A loss the responder reported: `lost` PSNs missing (a selective NAK's range; 1 for a
+  /// sequence NAK) at `now_ns`. A random loss on a long link says nothing about congestion,
+  /// and halving at each one caps AIMD at MSS/RTT · 1.22/√p (Mathis et al. 1997: 8 MB/s at
+  /// 20 ms RTT, 0.1 % loss, whatever the link's rate). So:
+  /// - on a long path whose round trip shows no standing queue (queue_building() false),
+  ///   a loss is taken for random as long as the PSNs lost within one smallest RTT stay
+  ///   within 1/kRandomLossFraction of the window: the window, the threshold and slow
+  ///   start's ACK trains are kept (a delay-based discrimination of loss, as TCP Veno's,
+  ///   Fu & Liew 2003; BBR ignores loss likewise, Cardwell et al. 2016). A queue that
+  ///   overflows drops a burst — far more than that share — or shows in the round trip
+  ///   first, so congestion losses still shrink the window;
+  /// - otherwise halve, but not below 1.5 measured bandwidth-delay products: one fills the
+  ///   path, and a bottleneck queue of one BDP keeps half of one free for resends (at two,
+  ///   it stood full and dropped every burst of resends). In flight stays bounded by about
+  ///   1.5 BDPs (IRN's BDP-FC bounds it by one, given the link rate;
+  ///   here the rate is measured). Continues in congestion avoidance from there.
+  /// Returns whether the loss counted as congestion (the caller then starts a recovery
+  /// episode, within which further losses do not shrink the window again).
+  bool on_sequence_nak(uint64_t now_ns = 0, uint32_t lost = 1) {
+    if (!queue_building()) {
+      if (!loss_round_ns_ || now_ns - loss_round_ns_ >= min_rtt_ns_) {
+        loss_round_ns_ = now_ns;
+        lost_in_round_ = 0;
+      }
+      lost_in_round_ += lost;
+      if (lost_in_round_ <= std::max<uint64_t>(2, psns_ / kRandomLossFraction)) return false;
+    }
     train_done_ = true;
-    const uint32_t floor = 2 * bdp_psns();
+    const uint32_t floor = bdp_psns() + bdp_psns() / 2;
     const uint32_t next = psns_ > floor ? std::max(psns_ / 2, floor) : psns_;
     ssthresh_ = std::max<uint32_t>(2, next);
     psns_ = std::max<uint32_t>(1, next);
     acked_ = 0;
+    return true;
   }
   /// A request was dropped locally: the same-host ring towards the peer was full with
   /// `in_flight` PSNs outstanding (the ring, not the path, is the bottleneck: no BDP floor).
@@ -185,6 +229,7 @@ class CongestionWindow {
         std::min<uint64_t>({ssthresh_, kMaxPsns, kTrainGain * uint64_t{train_base_}});
     const uint32_t to = static_cast<uint32_t>(std::min<double>(double(cap), bdp));
     psns_ = std::max(psns_, to);
+    train_bdp_ = std::min<double>(kMaxPsns, bdp);  // the latest (longest-spread) estimate
   }
 
   uint32_t psns_ = kInitialPsns;
@@ -192,12 +237,16 @@ class CongestionWindow {
   uint32_t acked_ = 0;  // PSNs acknowledged since the last additive increase
   uint64_t min_rtt_ns_ = 0;
   uint64_t srtt_ns_ = 0;
+  uint64_t last_rtt_ns_ = 0;         // the latest round-trip sample, ns
+  uint64_t loss_round_ns_ = 0;       // when the current loss-counting round began, ns
+  uint64_t lost_in_round_ = 0;       // PSNs reported lost in it (losses taken for random)
   uint64_t interval_start_ns_ = 0;   // current delivery-rate interval
   uint64_t delivered_ = 0;           // PSNs acknowledged in it
   double rates_[kRateSamples] = {};  // PSNs per ns, recent intervals
   size_t next_rate_ = 0;
   uint64_t train_start_ns_ = 0;  // the current ACK train's first ACK, ns (0: none yet)
   uint64_t train_psns_ = 0;      // PSNs acknowledged after it in the train
+  double train_bdp_ = 0;         // the BDP the latest ACK train measured, PSNs
   uint32_t train_base_ = 0;      // the window when the train began, PSNs
   bool train_done_ = false;
 };

@@ -79,6 +79,7 @@ namespace softrdma::engine {
   X(resend_again_pkts, "lost resends sent again ~1.5 RTT after the resend (selective)")            \
   X(tail_loss_probes, "tail-loss probes: the last PSN sent again ~2 RTT after the last ACK")       \
   X(partial_ack_rewinds, "go-back-N after an ACK stopped at a resent PSN (the rest was lost)")     \
+  X(random_losses, "losses on a long path with no standing queue: the window kept")                \
   X(resp_access_faults, "requests NAKed: their target memory was unmapped since registration")     \
   X(local_access_faults, "local buffers found unmapped: WQE in error or packet not sent")          \
   X(send_err, "sendmsg failures")                                                                  \
@@ -92,7 +93,7 @@ namespace softrdma::engine {
     "same-host peers whose doorbell was refused (gone, or in another network namespace): UDP")     \
   X(path_waits, "times a requester held back: packets to its peer waited in a same-host backlog")  \
   X(rcvd_gro_batches, "UDP GRO receives (several RoCEv2 packets in one datagram buffer)")          \
-  X(rcvd_socket_overflows, "datagrams the kernel dropped: the UDP receive buffer was full")         \
+  X(rcvd_socket_overflows, "datagrams the kernel dropped: the UDP receive buffer was full")        \
   X(share_forwarded, "packets handed to another process sharing this address (its QPN's slot)")    \
   X(share_forward_drops, "packets for another process at this address lost (gone or full)")        \
   X(share_backlogged, "... of share_forwarded that waited in the owner's backlog (socket full)")   \

@@ -671,9 +671,11 @@ TEST_F(TransportTest, ModifyRejectsInvalidTransitionsAndAttributes) {
   EXPECT_EQ(q.query().state, QpState::kRtr);
 }
 
-// A loss halves the window only down to twice the measured bandwidth-delay product: random
-// loss on a long link must not cap the window at Mathis's MSS/RTT · 1.22/√p.
-TEST(CongestionWindowTest, LossDoesNotShrinkTheWindowBelowTwoMeasuredBdps) {
+// A loss on a long path whose round trip shows no queue is random: the window is kept (up to
+// 1/64 of the window lost per smallest RTT). With a queue, or beyond that share, it halves —
+// only down to 1.5 measured bandwidth-delay products: random loss on a long link must not cap
+// the window at Mathis's MSS/RTT · 1.22/√p.
+TEST(CongestionWindowTest, RandomLossKeepsTheWindowCongestionHalvesItToOneAndAHalfBdps) {
   CongestionWindow w;
   EXPECT_EQ(w.bdp_psns(), 0u);
   w.on_rtt_sample(30'000'000);
@@ -686,15 +688,35 @@ TEST(CongestionWindowTest, LossDoesNotShrinkTheWindowBelowTwoMeasuredBdps) {
   }
   EXPECT_NEAR(double(w.bdp_psns()), 600.0, 2.0);
   for (int i = 0; i < 20; ++i) w.on_acked(w.psns());  // slow start far beyond
-  for (int i = 0; i < 11; ++i) w.on_sequence_nak();   // halving: 2^22 → 2^11
+  ASSERT_EQ(w.psns(), CongestionWindow::kMaxPsns);
+  // The latest round trip is the smallest: no queue, so isolated losses are random.
+  EXPECT_FALSE(w.queue_building());
+  EXPECT_FALSE(w.on_sequence_nak(now, 1));
+  EXPECT_FALSE(w.on_sequence_nak(now + 1'000'000, 100));
+  EXPECT_EQ(w.psns(), CongestionWindow::kMaxPsns);
+  EXPECT_EQ(w.threshold(), CongestionWindow::kMaxPsns) << "random loss: still in slow start";
+  // A burst of more than 1/64 of the window within one smallest RTT is congestion.
+  EXPECT_TRUE(w.on_sequence_nak(now + 2'000'000, CongestionWindow::kMaxPsns / 64));
+  EXPECT_EQ(w.psns(), CongestionWindow::kMaxPsns / 2);
+  // A round trip 25 % over the smallest shows a queue: every loss is congestion now.
+  w.on_rtt_sample(25'000'001);
+  EXPECT_TRUE(w.queue_building());
+  for (int i = 0; i < 10; ++i) EXPECT_TRUE(w.on_sequence_nak(now, 1));  // 2^21 → 2^11
   EXPECT_EQ(w.psns(), 2048u);
-  w.on_sequence_nak();  // not to 1,024: two BDPs are 1,200
-  EXPECT_EQ(w.psns(), 2 * w.bdp_psns());
-  w.on_sequence_nak();
-  w.on_sequence_nak();
-  EXPECT_EQ(w.psns(), 2 * w.bdp_psns()) << "random losses keep two BDPs in flight";
+  w.on_sequence_nak(now, 1);  // not to 1,024: 1.5 BDPs are 900
+  EXPECT_EQ(w.psns(), 1024u);
+  w.on_sequence_nak(now, 1);
+  EXPECT_EQ(w.psns(), w.bdp_psns() + w.bdp_psns() / 2);
+  w.on_sequence_nak(now, 1);
+  EXPECT_EQ(w.psns(), w.bdp_psns() + w.bdp_psns() / 2) << "1.5 BDPs stay in flight";
   w.on_timeout();
   EXPECT_EQ(w.psns(), 1u);  // a timeout still starts over
+  // A short path (smallest RTT under 1 ms) always takes a loss for congestion.
+  CongestionWindow near;
+  near.on_rtt_sample(100'000);
+  EXPECT_TRUE(near.queue_building());
+  EXPECT_TRUE(near.on_sequence_nak(1, 1));
+  EXPECT_EQ(near.psns(), CongestionWindow::kInitialPsns / 2);
 }
 
 // ---- Selective retransmission (IRN-style; docs/wide-area.md) ---------------------------
@@ -1506,8 +1528,8 @@ TEST(CongestionWindowTest, OnALongPathAckTrainsQuadrupleTheWindowUpToTheMeasured
   constexpr uint32_t kBdp = uint32_t(kPsnsPerNs * kRtt);  // 15,258
   // Round trips until the window holds `target` PSNs: each round the window leaves as a
   // burst and its ACKs (one per 32 PSNs) come back spaced by the bottleneck.
+  uint64_t now = 1'000'000'000;  // one clock for every call: it never goes back
   const auto rounds_to = [&](CongestionWindow& w, uint64_t rtt, uint32_t target) {
-    uint64_t now = 1'000'000'000;
     int rounds = 0;
     w.on_rtt_sample(rtt);
     while (w.psns() < target && rounds < 30) {
@@ -1530,8 +1552,13 @@ TEST(CongestionWindowTest, OnALongPathAckTrainsQuadrupleTheWindowUpToTheMeasured
   EXPECT_GE(w.psns(), 4 * CongestionWindow::kInitialPsns) << "×4 by the train";
   EXPECT_LT(w.psns(), 5 * CongestionWindow::kInitialPsns) << "+ what was ACKed after it";
   EXPECT_EQ(first + rounds_to(w, kRtt, kBdp), 4) << "plain doubling: 7 round trips";
-  EXPECT_EQ(w.threshold(), CongestionWindow::kMaxPsns) << "still in slow start";
   EXPECT_LE(w.psns(), 2 * kBdp);
+  // Slow start ends at 1.5 BDPs as the trains measured them (HyStart's exit), with no loss;
+  // then one PSN per window (30 rounds at most here).
+  rounds_to(w, kRtt, 3 * kBdp);
+  EXPECT_GE(w.threshold(), kBdp * 3 / 2 - 1) << "slow start ended early";
+  EXPECT_LE(w.threshold(), kBdp * 8 / 5) << "slow start ended late";
+  EXPECT_LE(w.psns(), w.threshold() + 30);
 
   CongestionWindow shorter;  // a data-centre or same-host round trip: plain slow start
   EXPECT_EQ(rounds_to(shorter, 200'000, kBdp), 7);
@@ -1544,10 +1571,11 @@ TEST(CongestionWindowTest, OnALongPathAckTrainsQuadrupleTheWindowUpToTheMeasured
   }
   EXPECT_EQ(bunched.psns(), 2 * CongestionWindow::kInitialPsns);
 
-  CongestionWindow lossy;  // a loss ends the trains: the window halves and stays halved
+  CongestionWindow lossy;  // a congestion loss ends the trains: the window halves, stays halved
   lossy.on_rtt_sample(kRtt);
+  lossy.on_rtt_sample(2 * kRtt);  // a queue: the loss is congestion
   lossy.on_delivered(32, 1'000'000'000);
-  lossy.on_sequence_nak();
+  lossy.on_sequence_nak(1'000'000'000);
   for (int i = 1; i < 4; ++i) lossy.on_delivered(32, 1'000'000'000 + i * uint64_t(32 / kPsnsPerNs));
   EXPECT_EQ(lossy.psns(), CongestionWindow::kInitialPsns / 2);
 }
