@@ -14,7 +14,7 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "net/address_share.h"
+#include "base/locked_file.h"
 #include "net/netns.h"
 
 namespace softrdma::cm {
@@ -125,7 +125,7 @@ int SharedPorts::open(uint32_t ip, const std::string& dir) {
   if (map_) return EINVAL;
   const std::string path = table_path(ip, dir);
   // Unlinked by the last process of the address while we waited: opened again.
-  const int fd = net::open_locked_file(path);
+  const int fd = base::open_locked_file(path);
   if (fd < 0) return -fd;
   struct stat st {};
   int err = 0;
