@@ -49,11 +49,11 @@ std::string gid_text(const uint8_t* g, uint8_t link_layer, uint16_t lid) {
 // A QP set: a count, then per QP its device's GID (16 bytes), LID, link layer, MTU, the
 // device index, QPN, PSN and responder resources (u32 each, network order).
 void put_set(std::string& s, const QpSetInfo& set) {
-  net::put_u32(s, static_cast<uint32_t>(set.qps.size()));
+  tcp::put_u32(s, static_cast<uint32_t>(set.qps.size()));
   for (const detail::QpInfo& q : set.qps) {
     s.append(reinterpret_cast<const char*>(q.gid), 16);
     for (uint32_t v : {q.lid, q.link_layer, q.mtu, q.dev, q.qpn, q.psn, q.rd_atomic})
-      net::put_u32(s, v);
+      tcp::put_u32(s, v);
   }
 }
 
@@ -61,7 +61,7 @@ void put_set(std::string& s, const QpSetInfo& set) {
 QpSetInfo get_set(std::string_view s, size_t& at) {
   constexpr size_t kPerQp = 16 + 7 * 4;
   if (s.size() < at + 4) throw std::out_of_range("short QP set");
-  const uint32_t n = net::get_u32(s, at);
+  const uint32_t n = tcp::get_u32(s, at);
   at += 4;
   if (n == 0 || n > 16) throw std::out_of_range("QP count out of range");
   if (s.size() < at + n * kPerQp) throw std::out_of_range("short QP set");
@@ -69,13 +69,13 @@ QpSetInfo get_set(std::string_view s, size_t& at) {
   for (uint32_t i = 0; i < n; ++i, at += kPerQp) {
     detail::QpInfo q;
     std::memcpy(q.gid, s.data() + at, 16);
-    q.lid = net::get_u32(s, at + 16);
-    q.link_layer = net::get_u32(s, at + 20);
-    q.mtu = net::get_u32(s, at + 24);
-    q.dev = net::get_u32(s, at + 28);
-    q.qpn = net::get_u32(s, at + 32);
-    q.psn = net::get_u32(s, at + 36);
-    q.rd_atomic = net::get_u32(s, at + 40);
+    q.lid = tcp::get_u32(s, at + 16);
+    q.link_layer = tcp::get_u32(s, at + 20);
+    q.mtu = tcp::get_u32(s, at + 24);
+    q.dev = tcp::get_u32(s, at + 28);
+    q.qpn = tcp::get_u32(s, at + 32);
+    q.psn = tcp::get_u32(s, at + 36);
+    q.rd_atomic = tcp::get_u32(s, at + 40);
     if (q.dev >= 64) throw std::out_of_range("device index out of range");
     if (q.rd_atomic < 1 || q.rd_atomic > 255)
       throw std::out_of_range("responder resources out of range");
@@ -85,7 +85,7 @@ QpSetInfo get_set(std::string_view s, size_t& at) {
 }
 
 std::string get_bytes(std::string_view s, size_t& at) {
-  const uint32_t n = net::get_u32(s, at);
+  const uint32_t n = tcp::get_u32(s, at);
   if (s.size() < at + 4 + n) throw std::out_of_range("short string");
   std::string out(s.substr(at + 4, n));
   at += 4 + n;
@@ -93,18 +93,18 @@ std::string get_bytes(std::string_view s, size_t& at) {
 }
 
 // One length-prefixed frame.
-bool send_frame(int fd, const std::string& body, net::Clock::time_point deadline) {
+bool send_frame(int fd, const std::string& body, tcp::Clock::time_point deadline) {
   std::string f;
-  net::put_bytes(f, body);
-  return net::send_all(fd, f, deadline);
+  tcp::put_bytes(f, body);
+  return tcp::send_all(fd, f, deadline);
 }
 
-bool recv_frame(int fd, std::string& body, net::Clock::time_point deadline) {
+bool recv_frame(int fd, std::string& body, tcp::Clock::time_point deadline) {
   std::string len;
-  if (!net::recv_exact(fd, 4, len, deadline)) return false;
-  const uint32_t n = net::get_u32(len, 0);
+  if (!tcp::recv_exact(fd, 4, len, deadline)) return false;
+  const uint32_t n = tcp::get_u32(len, 0);
   if (n > 65536) return false;
-  return net::recv_exact(fd, n, body, deadline);
+  return tcp::recv_exact(fd, n, body, deadline);
 }
 
 // Closes what `d` holds (any part of it may be missing).
@@ -223,7 +223,7 @@ void Engine::Impl::close_device() {
   // Shutting the listening socket down wakes the listener's poll at once.
   if (listener) ::shutdown(listener.get(), SHUT_RDWR);
   if (listener_thread.joinable()) listener_thread.join();
-  listener = net::Fd();
+  listener = tcp::Fd();
   for (auto& q : qps)
     if (q->qp) ibv_destroy_qp(q->qp);
   qps.clear();
@@ -419,25 +419,25 @@ void Engine::Impl::start_listener() {
     in_addr a{};
     listen_host = inet_pton(AF_INET, device_addr.c_str(), &a) == 1 ? device_addr : "127.0.0.1";
   }
-  listener = net::listen_tcp(listen_host, 0, listen_port);
+  listener = tcp::listen_tcp(listen_host, 0, listen_port);
   listener_thread = std::thread([this] {
     while (!stop) {
-      net::Fd fd = net::accept_tcp(listener.get(), 100);
+      tcp::Fd fd = tcp::accept_tcp(listener.get(), 100);
       if (fd) serve_handshake(std::move(fd));
     }
   });
 }
 
-void Engine::Impl::serve_handshake(net::Fd fd) {
-  const auto deadline = net::Clock::now() + opt.connect_timeout;
+void Engine::Impl::serve_handshake(tcp::Fd fd) {
+  const auto deadline = tcp::Clock::now() + opt.connect_timeout;
   std::string req;
   if (!recv_frame(fd.get(), req, deadline)) return;
   std::string reply;
-  net::put_u32(reply, kReplyMagic);
+  tcp::put_u32(reply, kReplyMagic);
   detail::DueCallbacks due;
   try {
     size_t at = 8;
-    if (req.size() < 8 || net::get_u32(req, 0) != kRequestMagic || net::get_u32(req, 4) != kVersion)
+    if (req.size() < 8 || tcp::get_u32(req, 0) != kRequestMagic || tcp::get_u32(req, 4) != kVersion)
       throw std::out_of_range("not a kv handshake of version " + std::to_string(kVersion));
     const std::string from = get_bytes(req, at);
     const QpSetInfo remote = get_set(req, at);
@@ -445,8 +445,8 @@ void Engine::Impl::serve_handshake(net::Fd fd) {
     Peer& p = peer_entry(from);
     if (p.state == PeerState::kConnecting && name < from) {
       // Both sides are connecting: the engine with the smaller name initiates.
-      net::put_u32(reply, kBusy);
-      net::put_bytes(reply, {});
+      tcp::put_u32(reply, kBusy);
+      tcp::put_bytes(reply, {});
     } else {
       std::vector<Qp*> set = create_qps(p, static_cast<uint32_t>(remote.qps.size()));
       const std::vector<uint32_t> mine = psns;
@@ -456,14 +456,14 @@ void Engine::Impl::serve_handshake(net::Fd fd) {
         for (Qp* q : set) destroy_qp(q);
         throw;
       }
-      net::put_u32(reply, kOk);
-      net::put_bytes(reply, {});
+      tcp::put_u32(reply, kOk);
+      tcp::put_bytes(reply, {});
       put_set(reply, local_info(set));
     }
   } catch (const std::exception& e) {
     reply.resize(4);
-    net::put_u32(reply, kRefused);
-    net::put_bytes(reply, e.what());
+    tcp::put_u32(reply, kRefused);
+    tcp::put_bytes(reply, e.what());
   }
   send_frame(fd.get(), reply, deadline);
   for (auto& [cb, args] : due) cb(args.first, args.second);
@@ -492,9 +492,9 @@ Peer& Engine::Impl::ensure_connected(std::unique_lock<std::mutex>& lk, const std
   }
   const std::vector<uint32_t> mine = psns;
   std::string req;
-  net::put_u32(req, kRequestMagic);
-  net::put_u32(req, kVersion);
-  net::put_bytes(req, name);
+  tcp::put_u32(req, kRequestMagic);
+  tcp::put_u32(req, kVersion);
+  tcp::put_bytes(req, name);
   put_set(req, local_info(set));
   lk.unlock();
 
@@ -509,16 +509,16 @@ Peer& Engine::Impl::ensure_connected(std::unique_lock<std::mutex>& lk, const std
       fetched = detail::parse_record(*text);
       record = &*fetched;
     }
-    const auto deadline = net::Clock::now() + opt.connect_timeout;
-    net::Fd fd = net::connect_tcp(record->host, record->port, deadline, false);
+    const auto deadline = tcp::Clock::now() + opt.connect_timeout;
+    tcp::Fd fd = tcp::connect_tcp(record->host, record->port, deadline, false);
     if (!send_frame(fd.get(), req, deadline) || !recv_frame(fd.get(), reply, deadline))
       throw std::runtime_error("the handshake with " + record->host + ":" +
                                std::to_string(record->port) + " (pid " +
                                std::to_string(record->pid) + ") got no answer");
     size_t at = 8;
-    if (reply.size() < 8 || net::get_u32(reply, 0) != kReplyMagic)
+    if (reply.size() < 8 || tcp::get_u32(reply, 0) != kReplyMagic)
       throw std::runtime_error("malformed handshake reply");
-    status = net::get_u32(reply, 4);
+    status = tcp::get_u32(reply, 4);
     const std::string text = get_bytes(reply, at);
     if (status == kRefused) throw std::runtime_error("refused the handshake: " + text);
     if (status == kOk) remote = get_set(reply, at);
