@@ -161,14 +161,14 @@ void Engine::Impl::open_devices() {
           if (first_error.empty()) first_error = e.what();
           continue;
         }
-        devs.push_back(d);
+        context.devs.push_back(d);
       }
-      if (devs.empty() && !first_error.empty()) throw KvError(first_error, "");
-      if (devs.empty()) fail_local("no verbs device");
+      if (context.devs.empty() && !first_error.empty()) throw KvError(first_error, "");
+      if (context.devs.empty()) fail_local("no verbs device");
     } else {
       for (ibv_device* c : chosen) {
-        devs.emplace_back();
-        open_one(devs.back(), c);
+        context.devs.emplace_back();
+        open_one(context.devs.back(), c);
       }
     }
   } catch (...) {
@@ -176,10 +176,10 @@ void Engine::Impl::open_devices() {
     throw;  // close_device() releases what devs holds
   }
   ibv_free_device_list(list);
-  device_addr = devs[0].addr;
-  for (const detail::Device& d : devs) device_names.push_back(d.name);
-  wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-  if (wake_fd < 0) fail_local("eventfd: " + errno_text(errno));
+  context.device_addr = context.devs[0].addr;
+  for (const detail::Device& d : context.devs) context.device_names.push_back(d.name);
+  worker.wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (worker.wake_fd < 0) fail_local("eventfd: " + errno_text(errno));
 }
 
 void Engine::Impl::open_one(detail::Device& d, ibv_device* dev) {
@@ -193,7 +193,7 @@ void Engine::Impl::open_one(detail::Device& d, ibv_device* dev) {
   d.link_layer = pa.link_layer;
   d.active_mtu = pa.active_mtu;
   d.lid = pa.lid;
-  if (pa.max_msg_sz) max_msg = std::min<uint64_t>(max_msg, pa.max_msg_sz);
+  if (pa.max_msg_sz) context.max_msg = std::min<uint64_t>(context.max_msg, pa.max_msg_sz);
   if (int e = ibv_query_gid(d.ctx, opt.port, opt.gid_index, &d.gid))
     fail("ibv_query_gid(index " + std::to_string(opt.gid_index) + "): " + errno_text(e));
   d.addr = gid_text(d.gid.raw, d.link_layer, d.lid);
@@ -215,15 +215,15 @@ void Engine::Impl::open_one(detail::Device& d, ibv_device* dev) {
 
 void Engine::Impl::close_device() {
   stop = true;
-  if (wake_fd >= 0) {
+  if (worker.wake_fd >= 0) {
     const uint64_t one = 1;
-    [[maybe_unused]] ssize_t n = write(wake_fd, &one, sizeof one);
+    [[maybe_unused]] ssize_t n = write(worker.wake_fd, &one, sizeof one);
   }
-  if (progress_thread.joinable()) progress_thread.join();
+  if (worker.thread.joinable()) worker.thread.join();
   // Shutting the listening socket down wakes the listener's poll at once.
-  if (listener) ::shutdown(listener.get(), SHUT_RDWR);
-  if (listener_thread.joinable()) listener_thread.join();
-  listener = tcp::Fd();
+  if (handshake.listener) ::shutdown(handshake.listener.get(), SHUT_RDWR);
+  if (handshake.thread.joinable()) handshake.thread.join();
+  handshake.listener = tcp::Fd();
   for (auto& q : qps)
     if (q->qp) ibv_destroy_qp(q->qp);
   qps.clear();
@@ -237,10 +237,10 @@ void Engine::Impl::close_device() {
     for (ibv_mr* mr : r->mrs) ibv_dereg_mr(mr);
   regions.clear();
   regions_by_name.clear();
-  for (detail::Device& d : devs) release(d);
-  devs.clear();
-  if (wake_fd >= 0) close(wake_fd);
-  wake_fd = -1;
+  for (detail::Device& d : context.devs) release(d);
+  context.devs.clear();
+  if (worker.wake_fd >= 0) close(worker.wake_fd);
+  worker.wake_fd = -1;
 }
 
 // ---- QPs ----------------------------------------------------------------------------------
@@ -262,8 +262,8 @@ void Engine::Impl::register_notify_buffers(Peer& p) {
   p.recv_buf.assign(size_t{detail::kNotifySlots} * detail::kSlotBytes, 0);
   p.send_buf.assign(size_t{detail::kNotifySlots} * detail::kSlotBytes, 0);
   // Notifications travel on QP 0, which is always on device 0.
-  p.recv_mr = ibv_reg_mr(devs[0].pd, p.recv_buf.data(), p.recv_buf.size(), local_write);
-  p.send_mr = ibv_reg_mr(devs[0].pd, p.send_buf.data(), p.send_buf.size(), local_write);
+  p.recv_mr = ibv_reg_mr(context.devs[0].pd, p.recv_buf.data(), p.recv_buf.size(), local_write);
+  p.send_mr = ibv_reg_mr(context.devs[0].pd, p.send_buf.data(), p.send_buf.size(), local_write);
   if (!p.recv_mr || !p.send_mr)
     fail_local("ibv_reg_mr(notification buffers): " + errno_text(errno));
   for (uint32_t s = 0; s < detail::kNotifySlots; ++s)
@@ -273,9 +273,9 @@ void Engine::Impl::register_notify_buffers(Peer& p) {
 std::vector<Qp*> Engine::Impl::create_qps(Peer& p, uint32_t n) {
   const uint32_t send_wr = opt.max_wr + detail::kNotifySlots + 8;
   const int per_qp = static_cast<int>(send_wr + detail::kNotifySlots);
-  const auto nd = static_cast<uint32_t>(devs.size());
+  const auto nd = static_cast<uint32_t>(context.devs.size());
   for (uint32_t k = 0; k < nd && k < n; ++k) {
-    const detail::Device& d = devs[k];
+    const detail::Device& d = context.devs[k];
     const int on_dev = static_cast<int>((n - k + nd - 1) / nd);  // QPs k, k + nd, …
     if (d.cq_reserved + per_qp * on_dev > d.cq_capacity)
       throw KvError("kv engine '" + name + "': too many connections for the CQ of " + d.name +
@@ -285,7 +285,7 @@ std::vector<Qp*> Engine::Impl::create_qps(Peer& p, uint32_t n) {
   std::random_device rd;
   std::vector<Qp*> set;
   for (uint32_t i = 0; i < n; ++i) {
-    detail::Device& d = devs[i % nd];
+    detail::Device& d = context.devs[i % nd];
     ibv_qp_init_attr ia{};
     ia.send_cq = d.cq;
     ia.recv_cq = d.cq;
@@ -328,7 +328,7 @@ std::vector<Qp*> Engine::Impl::create_qps(Peer& p, uint32_t n) {
 QpSetInfo Engine::Impl::local_info(const std::vector<Qp*>& set) const {
   QpSetInfo info;
   for (size_t k = 0; k < set.size(); ++k) {
-    const detail::Device& d = devs[set[k]->dev];
+    const detail::Device& d = context.devs[set[k]->dev];
     detail::QpInfo q;
     std::memcpy(q.gid, d.gid.raw, 16);
     q.lid = d.lid;
@@ -345,9 +345,9 @@ QpSetInfo Engine::Impl::local_info(const std::vector<Qp*>& set) const {
 
 void Engine::Impl::destroy_qp(Qp* q) {
   qp_by_num.erase(qp_key(q->dev, q->qp->qp_num));
-  data_busy.fetch_sub(q->data_outstanding, std::memory_order_relaxed);  // none once reaped
+  worker.data_busy.fetch_sub(q->data_outstanding, std::memory_order_relaxed);  // none once reaped
   ibv_destroy_qp(q->qp);
-  devs[q->dev].cq_reserved -= static_cast<int>(opt.max_wr + 2 * detail::kNotifySlots + 8);
+  context.devs[q->dev].cq_reserved -= static_cast<int>(opt.max_wr + 2 * detail::kNotifySlots + 8);
   auto it = std::find_if(qps.begin(), qps.end(), [q](const auto& u) { return u.get() == q; });
   if (it != qps.end()) qps.erase(it);
 }
@@ -359,7 +359,7 @@ void Engine::Impl::install_qps(Peer& p, const std::vector<Qp*>& set, const QpSet
                       std::to_string(remote.qps.size()) + " QPs for " + std::to_string(set.size()),
                   p.name);
   for (size_t i = 0; i < set.size(); ++i) {
-    const detail::Device& d = devs[set[i]->dev];
+    const detail::Device& d = context.devs[set[i]->dev];
     const detail::QpInfo& r = remote.qps[i];
     ibv_qp_attr a{};
     a.qp_state = IBV_QPS_RTR;
@@ -414,15 +414,16 @@ void Engine::Impl::install_qps(Peer& p, const std::vector<Qp*>& set, const QpSet
 // ---- handshake ----------------------------------------------------------------------------
 
 void Engine::Impl::start_listener() {
-  listen_host = opt.host;
-  if (listen_host.empty()) {
+  handshake.host = opt.host;
+  if (handshake.host.empty()) {
     in_addr a{};
-    listen_host = inet_pton(AF_INET, device_addr.c_str(), &a) == 1 ? device_addr : "127.0.0.1";
+    handshake.host = inet_pton(AF_INET, context.device_addr.c_str(), &a) == 1 ? context.device_addr
+                                                                              : "127.0.0.1";
   }
-  listener = tcp::listen_tcp(listen_host, 0, listen_port);
-  listener_thread = std::thread([this] {
+  handshake.listener = tcp::listen_tcp(handshake.host, 0, handshake.port);
+  handshake.thread = std::thread([this] {
     while (!stop) {
-      tcp::Fd fd = tcp::accept_tcp(listener.get(), 100);
+      tcp::Fd fd = tcp::accept_tcp(handshake.listener.get(), 100);
       if (fd) serve_handshake(std::move(fd));
     }
   });

@@ -121,9 +121,9 @@ std::string Engine::Impl::record_text() const {
   std::ostringstream s;
   s << kRecordMagic << "\n";
   s << "pid " << getpid() << "\n";
-  s << "handshake " << listen_host << " " << listen_port << "\n";
+  s << "handshake " << handshake.host << " " << handshake.port << "\n";
   s << "devices";
-  for (const detail::Device& d : devs) s << " " << d.addr;
+  for (const detail::Device& d : context.devs) s << " " << d.addr;
   s << "\n";
   for (const auto& [n, r] : regions_by_name) {
     s << "segment " << n << " " << std::hex << r->seg.addr << std::dec << " " << r->seg.length
@@ -240,11 +240,11 @@ const EngineOptions& Engine::options() const {
 }
 
 const std::string& Engine::device_address() const {
-  return impl_->device_addr;
+  return impl_->context.device_addr;
 }
 
 const std::vector<std::string>& Engine::devices() const {
-  return impl_->device_names;
+  return impl_->context.device_names;
 }
 
 // ---- memory -------------------------------------------------------------------------------
@@ -284,7 +284,7 @@ Segment Engine::register_memory(void* addr, size_t length, std::string_view loca
     // On every device, or on none: a failure deregisters the ones done and names the device.
     const int access = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
     std::vector<ibv_mr*> mrs;
-    for (const detail::Device& d : I.devs) {
+    for (const detail::Device& d : I.context.devs) {
       ibv_mr* mr = ibv_reg_mr(d.pd, addr, length, access);
       if (!mr) {
         const int e = errno;
@@ -402,8 +402,8 @@ std::vector<PeerQp> Engine::peer_qps(std::string_view peer) const {
     ibv_qp_init_attr init{};
     if (ibv_query_qp(q->qp, &a, IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_MAX_QP_RD_ATOMIC, &init))
       continue;
-    out.push_back(PeerQp{impl_->devs[q->dev].name, q->qp->qp_num, a.dest_qp_num, 128u << a.path_mtu,
-                         a.max_rd_atomic});
+    out.push_back(PeerQp{impl_->context.devs[q->dev].name, q->qp->qp_num, a.dest_qp_num,
+                         128u << a.path_mtu, a.max_rd_atomic});
   }
   return out;
 }

@@ -157,6 +157,33 @@ struct Device {
   uint8_t max_rd_atomic = 1, max_dest_rd_atomic = 1;
 };
 
+/// The devices an engine opened (Mooncake's RdmaContext): opened and closed by
+/// connection.cpp, read by every part.
+struct Context {
+  std::vector<Device> devs;     ///< at least one once open_devices() returned
+  uint64_t max_msg = 1u << 30;  ///< the smallest of the devices' largest messages, bytes
+  std::string device_addr;      ///< devs[0]'s address
+  std::vector<std::string> device_names;
+};
+
+/// The TCP listener peers connect to for the QP handshake (connection.cpp): its address, as
+/// published in the record, and the thread that serves it.
+struct HandshakeListener {
+  std::string host;
+  uint16_t port = 0;
+  tcp::Fd listener;
+  std::thread thread;
+};
+
+/// The progress thread (progress.cpp; Mooncake's worker pool, of one thread).
+struct ProgressWorker {
+  int wake_fd = -1;  ///< eventfd: wakes the thread (Impl::stop)
+  std::thread thread;
+  /// Data slices posted and not yet completed, over every QP (written under `mu`, read
+  /// without it by the progress loop to decide whether to keep polling).
+  std::atomic<uint64_t> data_busy{0};
+};
+
 /// A peer's published record (parse_record / Impl::record_text).
 struct PeerRecord {
   uint32_t pid = 0;
@@ -185,25 +212,10 @@ struct Engine::Impl {
   EngineOptions opt;
   std::shared_ptr<MetadataStore> store;
 
-  // ---- devices (connection.cpp) ----
-  std::vector<detail::Device> devs;  ///< at least one once open_devices() returned
-  uint64_t max_msg = 1u << 30;       ///< the smallest of the devices' largest messages
-  std::string device_addr;           ///< devs[0]'s address
-  std::vector<std::string> device_names;
-
-  // ---- handshake listener ----
-  std::string listen_host;
-  uint16_t listen_port = 0;
-  tcp::Fd listener;
-  std::thread listener_thread;
-
-  // ---- progress ----
-  int wake_fd = -1;  ///< eventfd: wakes the progress thread (stop)
-  std::thread progress_thread;
-  std::atomic<bool> stop{false};
-  /// Data slices posted and not yet completed, over every QP (written under `mu`, read
-  /// without it by the progress loop to decide whether to keep polling).
-  std::atomic<uint64_t> data_busy{0};
+  detail::Context context;              ///< the devices (connection.cpp)
+  detail::HandshakeListener handshake;  ///< where peers connect (connection.cpp)
+  detail::ProgressWorker worker;        ///< the progress thread (progress.cpp)
+  std::atomic<bool> stop{false};        ///< the engine is closing: the threads return
 
   // ---- tables (guarded by mu) ----
   mutable std::mutex mu;

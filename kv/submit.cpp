@@ -107,7 +107,7 @@ std::vector<detail::Qp*> Engine::Impl::enqueue_slices(
     Peer& p = *peers.find(c.seg.peer)->second;
     const TransferRequest& r = *c.req;
     for (uint64_t off = 0; off < r.length;) {
-      const uint64_t len = next_slice_length(r.length - off, opt.slice_bytes, max_msg);
+      const uint64_t len = next_slice_length(r.length - off, opt.slice_bytes, context.max_msg);
       Slice& s = b.slices.emplace_back();
       s.batch = &b;
       s.region = c.region;
