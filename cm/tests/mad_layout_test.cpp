@@ -16,9 +16,13 @@
 #include <vector>
 
 #include "cm/mad.h"
+#include "cm/tests/mad_samples.h"
 
 namespace softrdma::cm {
 namespace {
+
+using testing_samples::pattern;
+using testing_samples::sample_req;
 
 /// (byte, bit, width) of a field, keyed by the table's field name.
 using Place = std::tuple<unsigned, unsigned, unsigned>;
@@ -291,13 +295,6 @@ std::string hex(const std::array<uint8_t, N>& a) {
   return s;
 }
 
-template <size_t N>
-std::array<uint8_t, N> pattern(uint8_t seed) {
-  std::array<uint8_t, N> a;
-  for (size_t i = 0; i < N; ++i) a[i] = uint8_t(seed + i * 13);
-  return a;
-}
-
 /// One message and what Wireshark must show for it: (field, value) with integers as tshark
 /// prints them in hex or decimal, byte strings as lower-case hex.
 struct Check {
@@ -315,37 +312,19 @@ std::vector<Check> checks() {
   MadHeader h;
   h.transaction_id = 0x0102030405060708ull;
   {
-    Req r;
-    r.local_comm_id = 0x11223344;
-    r.service_id = 0x1122334455667788ull;  // not an IP CM service: Wireshark shows the bytes
-    r.local_ca_guid = 0x0200'7f00'fffe'3f01ull;
-    r.local_qkey = 0x80010000;
-    r.local_qpn = 0xabcdef;
-    r.responder_resources = 16;
-    r.local_eecn = 0x123456;
-    r.initiator_depth = 8;
-    r.remote_eecn = 0x654321;
-    r.remote_cm_response_timeout = 20;
+    // Every field non-zero and not its default, and a service ID that is no IP CM one (so
+    // Wireshark shows the private data as bytes).
+    Req r = sample_req();
+    r.service_id = 0x1122334455667788ull;
     r.transport = ReqTransport::kUc;
-    r.flow_control = true;
-    r.starting_psn = 0xfedcba;
-    r.local_cm_response_timeout = 19;
     r.retry_count = 5;
     r.pkey = 0x8001;
-    r.path_mtu = 5;
     r.rdc_exists = true;
-    r.rnr_retry_count = 6;
     r.max_cm_retries = 14;
-    r.srq = true;
     r.extended_transport = 1;
     r.primary.local_lid = 0x1234;
     r.primary.remote_lid = 0x4321;
-    r.primary.traffic_class = 0x68;
-    r.primary.hop_limit = 64;
-    r.primary.sl = 3;
     r.primary.subnet_local = true;
-    r.primary.local_ack_timeout = 17;
-    r.private_data = pattern<kReqPrivateBytes>(3);
     // Not compared: Wireshark 4.0 reads the primary flow label (table 106: byte 88, 20 bits)
     // and packet rate (byte 91, bits 2–7) with other masks (0xabcde shows as 0xabc).
     out.push_back({"infiniband.cm.req",
