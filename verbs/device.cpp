@@ -12,10 +12,10 @@
 #include <mutex>
 #include <string>
 
+#include "base/ipv4_text.h"
 #include "base/library_pin.h"
 #include "base/params.h"
 #include "engine/log.h"
-#include "net/udp_port.h"
 #include "verbs/device_identity.h"
 #include "verbs/ops.h"
 #include "verbs/softrdma_private.h"
@@ -284,7 +284,7 @@ std::shared_ptr<engine::Device> open_engine_device(uint32_t ip, int& err) {
   if (!dev) {
     engine::log().error(
         "cannot open {}: {} ({})", kDeviceName, std::strerror(err),
-        cfg.ip ? net::ipv4_to_string(cfg.ip) : std::string("no free address in 127.0.0.2-254"));
+        cfg.ip ? base::ipv4_text(cfg.ip) : std::string("no free address in 127.0.0.2-254"));
     return nullptr;
   }
   pin_library();
