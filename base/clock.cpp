@@ -91,12 +91,11 @@ Dilation from_environment() {
 }
 
 // The process's dilation, read from the environment at the first clock read. Not a
-// function-local static: reading the environment allocates, and under `softrdma run --tdf`
-// with AddressSanitizer the allocator itself reads the clock (clock_gettime, interposed by
-// libsoftrdma_tdf.so) while it holds its lock — the static's guard then saw a recursive
-// initialisation, threw, allocated the exception and deadlocked (tdf.preload hung under
-// ASan). Now the thread reading the environment gets real time (K = 1) if it re-enters, and
-// other threads wait the few microseconds the read takes.
+// function-local static: reading the environment allocates, and an allocator may read the
+// clock itself (AddressSanitizer's calls clock_gettime, interposed by libsoftrdma_tdf.so,
+// under its lock), so the read can re-enter, which a static's guard treats as a recursive
+// initialisation (docs/wide-area.md, "Time dilation"). The thread reading the environment gets
+// real time (K = 1) if it re-enters, and other threads wait the few microseconds the read takes.
 Dilation g_dilation;
 Dilation g_identity;                   // K = 1: what a re-entered read sees
 std::atomic<int> g_dilation_state{0};  // 0: not read, 1: being read, 2: ready

@@ -22,9 +22,8 @@ namespace softrdma::cm {
 
 // Never destroyed: an application thread may still wait on g_cv when the process exits (in
 // rdma_get_cm_event on a destroyed channel, which blocks for good, as a read of the kernel's
-// closed ucma fd does), and glibc's pthread_cond_destroy waits for its waiters — exit() then
-// hung in the static destructors (rping after "rdma_bind_addr: Address already in use",
-// 1 run in 6).
+// closed ucma fd does), and glibc's pthread_cond_destroy waits for its waiters, so a static
+// destructor would keep exit() from returning (docs/rdma-cm.md, "Design").
 std::mutex& g_mu = *new std::mutex;
 std::condition_variable& g_cv = *new std::condition_variable;
 
@@ -92,11 +91,10 @@ struct Unload {
 } g_unload;
 
 /// Keeps this library mapped for the rest of the process once a device (and so a CM thread)
-/// was opened, as -z nodelete would: Open MPI's MPI_Finalize dlcloses libfabric, and with it
-/// this library, while libfabric still holds an rdma_cm_id — and a thread (a CM thread, or
-/// one of the application's in a librdmacm call) may be inside it, to return into unmapped
-/// code seconds later (issue 22 item 3: SIGSEGV after MPI_Finalize). Unload's teardown then
-/// runs at process exit.
+/// was opened, as -z nodelete would: a program may dlclose it (Open MPI's MPI_Finalize
+/// dlcloses libfabric, and with it this library) while an rdma_cm_id is still held and a
+/// thread (a CM thread, or one of the application's in a librdmacm call) is inside it
+/// (docs/rdma-cm.md, "Unloading"). Unload's teardown then runs at process exit.
 void pin_library() {
   static std::once_flag once;
   std::call_once(once, [] {

@@ -57,6 +57,14 @@ uint64_t answer_timeout_ns(uint8_t packet_life_time, uint8_t response_timeout) {
   return 2 * ib_time_ns(packet_life_time) + ib_time_ns(response_timeout);
 }
 
+/// The header of a CM message with transaction ID `tid` (the rest is every CM MAD's:
+/// IBTA 16.7.1, ComMgtSend).
+MadHeader with_tid(uint64_t tid) {
+  MadHeader h;
+  h.transaction_id = tid;
+  return h;
+}
+
 bool awaiting_rep(CmState s) {
   return s == CmState::kReqSent || s == CmState::kMraReqRcvd;
 }
@@ -264,10 +272,8 @@ void CommManager::destroy_id(uint32_t id) {
       d.local_comm_id = c->id;
       d.remote_comm_id = c->remote_id;
       d.remote_qpn = c->remote_qpn;
-      MadHeader h;
-      h.transaction_id = new_tid(c->id);
       c->state = CmState::kDreqSent;
-      send_once(*c, h, d);
+      send_once(*c, new_tid(c->id), d);
       enter_timewait(*c);
       return;
     }
@@ -295,15 +301,16 @@ void CommManager::transmit(const MadAddress& to, const std::array<uint8_t, kMadB
   transport_.send(to, mad);
 }
 
-void CommManager::send_once(Conn& c, const MadHeader& h, const CmMessage& m) {
-  c.last = encode(h, m);
+void CommManager::send_once(Conn& c, uint64_t tid, const CmMessage& m) {
+  c.last = encode(with_tid(tid), m);
   c.has_last = true;
   transmit(c.peer, c.last);
 }
 
-void CommManager::send_with_retries(Conn& c, const MadHeader& h, const CmMessage& m,
-                                    uint64_t timeout_ns, unsigned retries) {
-  send_once(c, h, m);
+void CommManager::send_with_retries(Conn& c, uint64_t tid, const CmMessage& m,
+                                    uint8_t response_timeout, unsigned retries) {
+  const uint64_t timeout_ns = answer_timeout_ns(config_.packet_life_time, response_timeout);
+  send_once(c, tid, m);
   c.timeout_ns = timeout_ns;
   c.retries_left = retries;
   arm(c, transport_.now_ns() + timeout_ns);
@@ -338,24 +345,20 @@ void CommManager::emit(uint32_t id, CmEventType type, const Mad* mad, uint64_t s
 
 void CommManager::issue_rej(const MadAddress& to, const MadHeader& req_header,
                             uint32_t remote_comm_id, MessageRef message, RejReason reason) {
-  MadHeader h;
-  h.transaction_id = req_header.transaction_id;
   Rej rej;
   rej.local_comm_id = 0;
   rej.remote_comm_id = remote_comm_id;
   rej.message = message;
   rej.reason = uint16_t(reason);
   ++counters_.rej_sent;
-  transmit(to, encode(h, rej));
+  transmit(to, encode(with_tid(req_header.transaction_id), rej));
 }
 
 void CommManager::issue_drep(const MadAddress& to, const MadHeader& dreq_header, const Dreq& dreq) {
-  MadHeader h;
-  h.transaction_id = dreq_header.transaction_id;
   Drep drep;
   drep.local_comm_id = dreq.remote_comm_id;
   drep.remote_comm_id = dreq.local_comm_id;
-  transmit(to, encode(h, drep));
+  transmit(to, encode(with_tid(dreq_header.transaction_id), drep));
 }
 
 bool CommManager::listened_elsewhere(uint64_t service_id) {
@@ -396,13 +399,11 @@ void CommManager::refuse_unmatched(const Mad& mad, const MadAddress& from) {
     return;
   }
   const SidrReq& q = std::get<SidrReq>(mad.message);
-  MadHeader h;
-  h.transaction_id = mad.header.transaction_id;
   SidrRep rep;
   rep.request_id = q.request_id;
   rep.service_id = q.service_id;
   rep.status = SidrStatus::kUnsupported;
-  transmit(from, encode(h, rep));
+  transmit(from, encode(with_tid(mad.header.transaction_id), rep));
 }
 
 // ---- the API ----------------------------------------------------------------------------
@@ -452,12 +453,8 @@ int CommManager::send_req(uint32_t id, const MadAddress& peer, Req req) {
   req.remote_cm_response_timeout = config_.response_timeout;
   req.local_cm_response_timeout = config_.response_timeout;
   req.max_cm_retries = config_.max_retries;
-  MadHeader h;
-  h.transaction_id = c->tid;
   c->state = CmState::kReqSent;
-  send_with_retries(*c, h, req,
-                    answer_timeout_ns(config_.packet_life_time, config_.response_timeout),
-                    config_.max_retries);
+  send_with_retries(*c, c->tid, req, config_.response_timeout, config_.max_retries);
   return 0;
 }
 
@@ -470,12 +467,8 @@ int CommManager::send_rep(uint32_t id, Rep rep) {
   rep.local_ca_guid = config_.ca_guid;
   rep.target_ack_delay = config_.ca_ack_delay;
   c->local_qpn = rep.local_qpn;
-  MadHeader h;
-  h.transaction_id = c->tid;
   c->state = CmState::kRepSent;
-  send_with_retries(*c, h, rep,
-                    answer_timeout_ns(config_.packet_life_time, c->peer_response_timeout),
-                    c->max_retries);
+  send_with_retries(*c, c->tid, rep, c->peer_response_timeout, c->max_retries);
   return 0;
 }
 
@@ -487,11 +480,9 @@ int CommManager::send_rtu(uint32_t id, std::span<const uint8_t> private_data) {
   rtu.local_comm_id = c->id;
   rtu.remote_comm_id = c->remote_id;
   rtu.private_data = to_array<kRtuPrivateBytes>(private_data);
-  MadHeader h;
-  h.transaction_id = c->tid;
   c->state = CmState::kEstablished;
   disarm(*c);
-  send_once(*c, h, rtu);
+  send_once(*c, c->tid, rtu);
   return 0;
 }
 
@@ -528,11 +519,9 @@ int CommManager::send_rej(uint32_t id, RejReason reason, std::span<const uint8_t
   rej.reject_info_length = uint8_t(std::min<size_t>(ari.size(), kRejAriBytes));
   rej.ari = to_array<kRejAriBytes>(ari);
   rej.private_data = to_array<kRejPrivateBytes>(private_data);
-  MadHeader h;
-  h.transaction_id = c->tid;
   disarm(*c);
   ++counters_.rej_sent;
-  send_once(*c, h, rej);
+  send_once(*c, c->tid, rej);
   c->state = CmState::kIdle;
   return 0;
 }
@@ -558,11 +547,8 @@ int CommManager::send_dreq(uint32_t id, std::span<const uint8_t> private_data) {
   d.remote_comm_id = c->remote_id;
   d.remote_qpn = c->remote_qpn;
   d.private_data = to_array<kDreqPrivateBytes>(private_data);
-  MadHeader h;
-  h.transaction_id = new_tid(c->id);
   c->state = CmState::kDreqSent;
-  send_with_retries(*c, h, d, answer_timeout_ns(config_.packet_life_time, c->peer_response_timeout),
-                    c->max_retries);
+  send_with_retries(*c, new_tid(c->id), d, c->peer_response_timeout, c->max_retries);
   return 0;
 }
 
@@ -573,9 +559,7 @@ int CommManager::send_drep(uint32_t id, std::span<const uint8_t> private_data) {
   d.local_comm_id = c->id;
   d.remote_comm_id = c->remote_id;
   d.private_data = to_array<kDrepPrivateBytes>(private_data);
-  MadHeader h;
-  h.transaction_id = c->tid;
-  send_once(*c, h, d);
+  send_once(*c, c->tid, d);
   enter_timewait(*c);
   return 0;
 }
@@ -587,12 +571,8 @@ int CommManager::send_sidr_req(uint32_t id, const MadAddress& peer, SidrReq req)
   c->service_id = req.service_id;
   c->tid = new_tid(c->id);
   req.request_id = c->id;
-  MadHeader h;
-  h.transaction_id = c->tid;
   c->state = CmState::kSidrReqSent;
-  send_with_retries(*c, h, req,
-                    answer_timeout_ns(config_.packet_life_time, config_.response_timeout),
-                    config_.max_retries);
+  send_with_retries(*c, c->tid, req, config_.response_timeout, config_.max_retries);
   return 0;
 }
 
@@ -601,9 +581,7 @@ int CommManager::send_sidr_rep(uint32_t id, SidrRep rep) {
   if (!c || c->state != CmState::kSidrReqRcvd) return EINVAL;
   rep.request_id = c->remote_id;
   rep.service_id = c->service_id;
-  MadHeader h;
-  h.transaction_id = c->tid;
-  send_once(*c, h, rep);
+  send_once(*c, c->tid, rep);
   c->state = CmState::kIdle;
   // The ID stays matched to (peer, request ID) until destroyed, so a resent SIDR_REQ gets
   // this SIDR_REP again (handle(SidrReq) below).
@@ -659,10 +637,8 @@ void CommManager::handle(const Mad& mad, const Req& m, const MadAddress& from) {
         mra.remote_comm_id = c->remote_id;
         mra.message = MessageRef::kReq;
         mra.service_timeout = config_.response_timeout;
-        MadHeader h;
-        h.transaction_id = c->tid;
         c->state = CmState::kMraReqSent;
-        transmit(c->peer, encode(h, mra));
+        transmit(c->peer, encode(with_tid(c->tid), mra));
         break;
       }
       case CmState::kRepSent:
@@ -815,9 +791,7 @@ void CommManager::handle(const Mad& mad, const Dreq& m, const MadAddress& from) 
       Drep d;
       d.local_comm_id = c->id;
       d.remote_comm_id = c->remote_id;
-      MadHeader h;
-      h.transaction_id = mad.header.transaction_id;
-      transmit(c->peer, encode(h, d));
+      transmit(c->peer, encode(with_tid(mad.header.transaction_id), d));
       return;
     }
     case CmState::kDreqRcvd:

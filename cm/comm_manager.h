@@ -237,11 +237,14 @@ class CommManager {
   uint32_t new_comm_id();
   uint64_t new_tid(uint32_t comm_id) const;
   void transmit(const MadAddress& to, const std::array<uint8_t, kMadBytes>& mad);
-  /// Sends `mad` for `c` and keeps it for resends every `timeout_ns`, `retries` times.
-  void send_with_retries(Conn& c, const MadHeader& h, const CmMessage& m, uint64_t timeout_ns,
+  /// Sends `m` for `c` with transaction ID `tid` and keeps it for resends, `retries` times,
+  /// each after answer_timeout_ns(packet life time, `response_timeout`) (IBTA vol 1
+  /// 12.7.{31,33}: twice the packet life time plus 4.096 µs · 2^response_timeout).
+  void send_with_retries(Conn& c, uint64_t tid, const CmMessage& m, uint8_t response_timeout,
                          unsigned retries);
-  /// Sends `m` once for `c` (kept as the last message, for duplicates).
-  void send_once(Conn& c, const MadHeader& h, const CmMessage& m);
+  /// Sends `m` once for `c` with transaction ID `tid` (kept as the last message, for
+  /// duplicates).
+  void send_once(Conn& c, uint64_t tid, const CmMessage& m);
   void arm(Conn& c, uint64_t deadline);
   void disarm(Conn& c);
   void enter_timewait(Conn& c);

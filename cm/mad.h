@@ -19,7 +19,9 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <variant>
+#include <vector>
 
 namespace softrdma::cm {
 
@@ -276,6 +278,29 @@ struct DecodeResult {
   MadError error = MadError::kTooShort;  ///< meaningful when !mad
 };
 DecodeResult decode(std::span<const uint8_t> bytes);
+
+/// Where one field of a CM message lies, as IBTA vol. 1 ch. 12's tables (and Linux's
+/// include/rdma/ibta_vol1_c12.h) state it: `byte` counts from the end of the 24-byte MAD
+/// header (from the start of the MAD for the header's own fields, 13.4.2), `bit` counts from
+/// the most significant bit of that byte, `width` is in bits; the field is big-endian and may
+/// span bytes. A value wider than one field is split over several: the field with `shift` s
+/// holds the member's bits s … s+width−1 (the ECE vendor ID of REP and SIDR_REP).
+struct FieldLayout {
+  std::string_view name;  ///< the member's name ("primary.flow_label", "vendor_id_h", …)
+  uint16_t byte = 0;
+  uint8_t bit = 0;
+  uint16_t width = 0;
+  uint8_t shift = 0;
+};
+
+/// The field table encode() and decode() use for the message with attribute ID `id`, in the
+/// spec's order; empty for an attribute not handled here (LAP, APR, ClassPortInfo).
+/// Throws std::logic_error if a byte array's stated width is not its member's size.
+std::vector<FieldLayout> field_layout(AttrId id);
+/// The common MAD header's field table (IBTA 13.4.2; offsets from the start of the MAD).
+std::vector<FieldLayout> mad_header_layout();
+/// The RDMA IP CM Service private data header's field table (annex A11.6, table 3).
+std::vector<FieldLayout> ip_cm_header_layout();
 
 /// The IBTA service ID of an RDMA IP CM service (IBTA annex A11.2.1, Linux
 /// cma_get_service_id): 0x0000000001PPPPPP, i.e. (port space << 16) | port.

@@ -14,7 +14,8 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "net/address_share.h"
+#include "base/ipv4_text.h"
+#include "base/locked_file.h"
 #include "net/netns.h"
 
 namespace softrdma::cm {
@@ -22,11 +23,6 @@ namespace softrdma::cm {
 namespace {
 constexpr uint32_t kMagic = 0x53435032;  // "SCP2"
 constexpr uint32_t kEntries = 1024;
-
-std::string dotted(uint32_t ip) {
-  return std::to_string(ip >> 24) + "." + std::to_string((ip >> 16) & 0xff) + "." +
-         std::to_string((ip >> 8) & 0xff) + "." + std::to_string(ip & 0xff);
-}
 
 /// The start time of process `pid` (/proc/<pid>/stat field 22, clock ticks since boot), 0
 /// when it does not exist: with the pid it names one process, even once pids wrap
@@ -102,7 +98,7 @@ std::vector<std::string> SharedPorts::remove_stale(const std::string& dir) {
 }
 
 std::string SharedPorts::table_path(uint32_t ip, const std::string& dir) {
-  return dir + "/softrdma-cmports-" + net::netns_scope(net::current_netns()) + dotted(ip);
+  return dir + "/softrdma-cmports-" + net::netns_scope(net::current_netns()) + base::ipv4_text(ip);
 }
 
 SharedPorts::~SharedPorts() {
@@ -125,7 +121,7 @@ int SharedPorts::open(uint32_t ip, const std::string& dir) {
   if (map_) return EINVAL;
   const std::string path = table_path(ip, dir);
   // Unlinked by the last process of the address while we waited: opened again.
-  const int fd = net::open_locked_file(path);
+  const int fd = base::open_locked_file(path);
   if (fd < 0) return -fd;
   struct stat st {};
   int err = 0;

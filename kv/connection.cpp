@@ -49,11 +49,11 @@ std::string gid_text(const uint8_t* g, uint8_t link_layer, uint16_t lid) {
 // A QP set: a count, then per QP its device's GID (16 bytes), LID, link layer, MTU, the
 // device index, QPN, PSN and responder resources (u32 each, network order).
 void put_set(std::string& s, const QpSetInfo& set) {
-  net::put_u32(s, static_cast<uint32_t>(set.qps.size()));
+  tcp::put_u32(s, static_cast<uint32_t>(set.qps.size()));
   for (const detail::QpInfo& q : set.qps) {
     s.append(reinterpret_cast<const char*>(q.gid), 16);
     for (uint32_t v : {q.lid, q.link_layer, q.mtu, q.dev, q.qpn, q.psn, q.rd_atomic})
-      net::put_u32(s, v);
+      tcp::put_u32(s, v);
   }
 }
 
@@ -61,7 +61,7 @@ void put_set(std::string& s, const QpSetInfo& set) {
 QpSetInfo get_set(std::string_view s, size_t& at) {
   constexpr size_t kPerQp = 16 + 7 * 4;
   if (s.size() < at + 4) throw std::out_of_range("short QP set");
-  const uint32_t n = net::get_u32(s, at);
+  const uint32_t n = tcp::get_u32(s, at);
   at += 4;
   if (n == 0 || n > 16) throw std::out_of_range("QP count out of range");
   if (s.size() < at + n * kPerQp) throw std::out_of_range("short QP set");
@@ -69,13 +69,13 @@ QpSetInfo get_set(std::string_view s, size_t& at) {
   for (uint32_t i = 0; i < n; ++i, at += kPerQp) {
     detail::QpInfo q;
     std::memcpy(q.gid, s.data() + at, 16);
-    q.lid = net::get_u32(s, at + 16);
-    q.link_layer = net::get_u32(s, at + 20);
-    q.mtu = net::get_u32(s, at + 24);
-    q.dev = net::get_u32(s, at + 28);
-    q.qpn = net::get_u32(s, at + 32);
-    q.psn = net::get_u32(s, at + 36);
-    q.rd_atomic = net::get_u32(s, at + 40);
+    q.lid = tcp::get_u32(s, at + 16);
+    q.link_layer = tcp::get_u32(s, at + 20);
+    q.mtu = tcp::get_u32(s, at + 24);
+    q.dev = tcp::get_u32(s, at + 28);
+    q.qpn = tcp::get_u32(s, at + 32);
+    q.psn = tcp::get_u32(s, at + 36);
+    q.rd_atomic = tcp::get_u32(s, at + 40);
     if (q.dev >= 64) throw std::out_of_range("device index out of range");
     if (q.rd_atomic < 1 || q.rd_atomic > 255)
       throw std::out_of_range("responder resources out of range");
@@ -85,7 +85,7 @@ QpSetInfo get_set(std::string_view s, size_t& at) {
 }
 
 std::string get_bytes(std::string_view s, size_t& at) {
-  const uint32_t n = net::get_u32(s, at);
+  const uint32_t n = tcp::get_u32(s, at);
   if (s.size() < at + 4 + n) throw std::out_of_range("short string");
   std::string out(s.substr(at + 4, n));
   at += 4 + n;
@@ -93,18 +93,18 @@ std::string get_bytes(std::string_view s, size_t& at) {
 }
 
 // One length-prefixed frame.
-bool send_frame(int fd, const std::string& body, net::Clock::time_point deadline) {
+bool send_frame(int fd, const std::string& body, tcp::Clock::time_point deadline) {
   std::string f;
-  net::put_bytes(f, body);
-  return net::send_all(fd, f, deadline);
+  tcp::put_bytes(f, body);
+  return tcp::send_all(fd, f, deadline);
 }
 
-bool recv_frame(int fd, std::string& body, net::Clock::time_point deadline) {
+bool recv_frame(int fd, std::string& body, tcp::Clock::time_point deadline) {
   std::string len;
-  if (!net::recv_exact(fd, 4, len, deadline)) return false;
-  const uint32_t n = net::get_u32(len, 0);
+  if (!tcp::recv_exact(fd, 4, len, deadline)) return false;
+  const uint32_t n = tcp::get_u32(len, 0);
   if (n > 65536) return false;
-  return net::recv_exact(fd, n, body, deadline);
+  return tcp::recv_exact(fd, n, body, deadline);
 }
 
 // Closes what `d` holds (any part of it may be missing).
@@ -161,14 +161,14 @@ void Engine::Impl::open_devices() {
           if (first_error.empty()) first_error = e.what();
           continue;
         }
-        devs.push_back(d);
+        context.devs.push_back(d);
       }
-      if (devs.empty() && !first_error.empty()) throw KvError(first_error, "");
-      if (devs.empty()) fail_local("no verbs device");
+      if (context.devs.empty() && !first_error.empty()) throw KvError(first_error, "");
+      if (context.devs.empty()) fail_local("no verbs device");
     } else {
       for (ibv_device* c : chosen) {
-        devs.emplace_back();
-        open_one(devs.back(), c);
+        context.devs.emplace_back();
+        open_one(context.devs.back(), c);
       }
     }
   } catch (...) {
@@ -176,10 +176,10 @@ void Engine::Impl::open_devices() {
     throw;  // close_device() releases what devs holds
   }
   ibv_free_device_list(list);
-  device_addr = devs[0].addr;
-  for (const detail::Device& d : devs) device_names.push_back(d.name);
-  wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-  if (wake_fd < 0) fail_local("eventfd: " + errno_text(errno));
+  context.device_addr = context.devs[0].addr;
+  for (const detail::Device& d : context.devs) context.device_names.push_back(d.name);
+  worker.wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (worker.wake_fd < 0) fail_local("eventfd: " + errno_text(errno));
 }
 
 void Engine::Impl::open_one(detail::Device& d, ibv_device* dev) {
@@ -193,7 +193,7 @@ void Engine::Impl::open_one(detail::Device& d, ibv_device* dev) {
   d.link_layer = pa.link_layer;
   d.active_mtu = pa.active_mtu;
   d.lid = pa.lid;
-  if (pa.max_msg_sz) max_msg = std::min<uint64_t>(max_msg, pa.max_msg_sz);
+  if (pa.max_msg_sz) context.max_msg = std::min<uint64_t>(context.max_msg, pa.max_msg_sz);
   if (int e = ibv_query_gid(d.ctx, opt.port, opt.gid_index, &d.gid))
     fail("ibv_query_gid(index " + std::to_string(opt.gid_index) + "): " + errno_text(e));
   d.addr = gid_text(d.gid.raw, d.link_layer, d.lid);
@@ -215,15 +215,15 @@ void Engine::Impl::open_one(detail::Device& d, ibv_device* dev) {
 
 void Engine::Impl::close_device() {
   stop = true;
-  if (wake_fd >= 0) {
+  if (worker.wake_fd >= 0) {
     const uint64_t one = 1;
-    [[maybe_unused]] ssize_t n = write(wake_fd, &one, sizeof one);
+    [[maybe_unused]] ssize_t n = write(worker.wake_fd, &one, sizeof one);
   }
-  if (progress_thread.joinable()) progress_thread.join();
+  if (worker.thread.joinable()) worker.thread.join();
   // Shutting the listening socket down wakes the listener's poll at once.
-  if (listener) ::shutdown(listener.get(), SHUT_RDWR);
-  if (listener_thread.joinable()) listener_thread.join();
-  listener = net::Fd();
+  if (handshake.listener) ::shutdown(handshake.listener.get(), SHUT_RDWR);
+  if (handshake.thread.joinable()) handshake.thread.join();
+  handshake.listener = tcp::Fd();
   for (auto& q : qps)
     if (q->qp) ibv_destroy_qp(q->qp);
   qps.clear();
@@ -237,10 +237,10 @@ void Engine::Impl::close_device() {
     for (ibv_mr* mr : r->mrs) ibv_dereg_mr(mr);
   regions.clear();
   regions_by_name.clear();
-  for (detail::Device& d : devs) release(d);
-  devs.clear();
-  if (wake_fd >= 0) close(wake_fd);
-  wake_fd = -1;
+  for (detail::Device& d : context.devs) release(d);
+  context.devs.clear();
+  if (worker.wake_fd >= 0) close(worker.wake_fd);
+  worker.wake_fd = -1;
 }
 
 // ---- QPs ----------------------------------------------------------------------------------
@@ -262,8 +262,8 @@ void Engine::Impl::register_notify_buffers(Peer& p) {
   p.recv_buf.assign(size_t{detail::kNotifySlots} * detail::kSlotBytes, 0);
   p.send_buf.assign(size_t{detail::kNotifySlots} * detail::kSlotBytes, 0);
   // Notifications travel on QP 0, which is always on device 0.
-  p.recv_mr = ibv_reg_mr(devs[0].pd, p.recv_buf.data(), p.recv_buf.size(), local_write);
-  p.send_mr = ibv_reg_mr(devs[0].pd, p.send_buf.data(), p.send_buf.size(), local_write);
+  p.recv_mr = ibv_reg_mr(context.devs[0].pd, p.recv_buf.data(), p.recv_buf.size(), local_write);
+  p.send_mr = ibv_reg_mr(context.devs[0].pd, p.send_buf.data(), p.send_buf.size(), local_write);
   if (!p.recv_mr || !p.send_mr)
     fail_local("ibv_reg_mr(notification buffers): " + errno_text(errno));
   for (uint32_t s = 0; s < detail::kNotifySlots; ++s)
@@ -273,9 +273,9 @@ void Engine::Impl::register_notify_buffers(Peer& p) {
 std::vector<Qp*> Engine::Impl::create_qps(Peer& p, uint32_t n) {
   const uint32_t send_wr = opt.max_wr + detail::kNotifySlots + 8;
   const int per_qp = static_cast<int>(send_wr + detail::kNotifySlots);
-  const auto nd = static_cast<uint32_t>(devs.size());
+  const auto nd = static_cast<uint32_t>(context.devs.size());
   for (uint32_t k = 0; k < nd && k < n; ++k) {
-    const detail::Device& d = devs[k];
+    const detail::Device& d = context.devs[k];
     const int on_dev = static_cast<int>((n - k + nd - 1) / nd);  // QPs k, k + nd, …
     if (d.cq_reserved + per_qp * on_dev > d.cq_capacity)
       throw KvError("kv engine '" + name + "': too many connections for the CQ of " + d.name +
@@ -285,7 +285,7 @@ std::vector<Qp*> Engine::Impl::create_qps(Peer& p, uint32_t n) {
   std::random_device rd;
   std::vector<Qp*> set;
   for (uint32_t i = 0; i < n; ++i) {
-    detail::Device& d = devs[i % nd];
+    detail::Device& d = context.devs[i % nd];
     ibv_qp_init_attr ia{};
     ia.send_cq = d.cq;
     ia.recv_cq = d.cq;
@@ -328,7 +328,7 @@ std::vector<Qp*> Engine::Impl::create_qps(Peer& p, uint32_t n) {
 QpSetInfo Engine::Impl::local_info(const std::vector<Qp*>& set) const {
   QpSetInfo info;
   for (size_t k = 0; k < set.size(); ++k) {
-    const detail::Device& d = devs[set[k]->dev];
+    const detail::Device& d = context.devs[set[k]->dev];
     detail::QpInfo q;
     std::memcpy(q.gid, d.gid.raw, 16);
     q.lid = d.lid;
@@ -345,9 +345,9 @@ QpSetInfo Engine::Impl::local_info(const std::vector<Qp*>& set) const {
 
 void Engine::Impl::destroy_qp(Qp* q) {
   qp_by_num.erase(qp_key(q->dev, q->qp->qp_num));
-  data_busy.fetch_sub(q->data_outstanding, std::memory_order_relaxed);  // none once reaped
+  worker.data_busy.fetch_sub(q->data_outstanding, std::memory_order_relaxed);  // none once reaped
   ibv_destroy_qp(q->qp);
-  devs[q->dev].cq_reserved -= static_cast<int>(opt.max_wr + 2 * detail::kNotifySlots + 8);
+  context.devs[q->dev].cq_reserved -= static_cast<int>(opt.max_wr + 2 * detail::kNotifySlots + 8);
   auto it = std::find_if(qps.begin(), qps.end(), [q](const auto& u) { return u.get() == q; });
   if (it != qps.end()) qps.erase(it);
 }
@@ -359,7 +359,7 @@ void Engine::Impl::install_qps(Peer& p, const std::vector<Qp*>& set, const QpSet
                       std::to_string(remote.qps.size()) + " QPs for " + std::to_string(set.size()),
                   p.name);
   for (size_t i = 0; i < set.size(); ++i) {
-    const detail::Device& d = devs[set[i]->dev];
+    const detail::Device& d = context.devs[set[i]->dev];
     const detail::QpInfo& r = remote.qps[i];
     ibv_qp_attr a{};
     a.qp_state = IBV_QPS_RTR;
@@ -414,30 +414,31 @@ void Engine::Impl::install_qps(Peer& p, const std::vector<Qp*>& set, const QpSet
 // ---- handshake ----------------------------------------------------------------------------
 
 void Engine::Impl::start_listener() {
-  listen_host = opt.host;
-  if (listen_host.empty()) {
+  handshake.host = opt.host;
+  if (handshake.host.empty()) {
     in_addr a{};
-    listen_host = inet_pton(AF_INET, device_addr.c_str(), &a) == 1 ? device_addr : "127.0.0.1";
+    handshake.host = inet_pton(AF_INET, context.device_addr.c_str(), &a) == 1 ? context.device_addr
+                                                                              : "127.0.0.1";
   }
-  listener = net::listen_tcp(listen_host, 0, listen_port);
-  listener_thread = std::thread([this] {
+  handshake.listener = tcp::listen_tcp(handshake.host, 0, handshake.port);
+  handshake.thread = std::thread([this] {
     while (!stop) {
-      net::Fd fd = net::accept_tcp(listener.get(), 100);
+      tcp::Fd fd = tcp::accept_tcp(handshake.listener.get(), 100);
       if (fd) serve_handshake(std::move(fd));
     }
   });
 }
 
-void Engine::Impl::serve_handshake(net::Fd fd) {
-  const auto deadline = net::Clock::now() + opt.connect_timeout;
+void Engine::Impl::serve_handshake(tcp::Fd fd) {
+  const auto deadline = tcp::Clock::now() + opt.connect_timeout;
   std::string req;
   if (!recv_frame(fd.get(), req, deadline)) return;
   std::string reply;
-  net::put_u32(reply, kReplyMagic);
+  tcp::put_u32(reply, kReplyMagic);
   detail::DueCallbacks due;
   try {
     size_t at = 8;
-    if (req.size() < 8 || net::get_u32(req, 0) != kRequestMagic || net::get_u32(req, 4) != kVersion)
+    if (req.size() < 8 || tcp::get_u32(req, 0) != kRequestMagic || tcp::get_u32(req, 4) != kVersion)
       throw std::out_of_range("not a kv handshake of version " + std::to_string(kVersion));
     const std::string from = get_bytes(req, at);
     const QpSetInfo remote = get_set(req, at);
@@ -445,8 +446,8 @@ void Engine::Impl::serve_handshake(net::Fd fd) {
     Peer& p = peer_entry(from);
     if (p.state == PeerState::kConnecting && name < from) {
       // Both sides are connecting: the engine with the smaller name initiates.
-      net::put_u32(reply, kBusy);
-      net::put_bytes(reply, {});
+      tcp::put_u32(reply, kBusy);
+      tcp::put_bytes(reply, {});
     } else {
       std::vector<Qp*> set = create_qps(p, static_cast<uint32_t>(remote.qps.size()));
       const std::vector<uint32_t> mine = psns;
@@ -456,14 +457,14 @@ void Engine::Impl::serve_handshake(net::Fd fd) {
         for (Qp* q : set) destroy_qp(q);
         throw;
       }
-      net::put_u32(reply, kOk);
-      net::put_bytes(reply, {});
+      tcp::put_u32(reply, kOk);
+      tcp::put_bytes(reply, {});
       put_set(reply, local_info(set));
     }
   } catch (const std::exception& e) {
     reply.resize(4);
-    net::put_u32(reply, kRefused);
-    net::put_bytes(reply, e.what());
+    tcp::put_u32(reply, kRefused);
+    tcp::put_bytes(reply, e.what());
   }
   send_frame(fd.get(), reply, deadline);
   for (auto& [cb, args] : due) cb(args.first, args.second);
@@ -492,9 +493,9 @@ Peer& Engine::Impl::ensure_connected(std::unique_lock<std::mutex>& lk, const std
   }
   const std::vector<uint32_t> mine = psns;
   std::string req;
-  net::put_u32(req, kRequestMagic);
-  net::put_u32(req, kVersion);
-  net::put_bytes(req, name);
+  tcp::put_u32(req, kRequestMagic);
+  tcp::put_u32(req, kVersion);
+  tcp::put_bytes(req, name);
   put_set(req, local_info(set));
   lk.unlock();
 
@@ -509,16 +510,16 @@ Peer& Engine::Impl::ensure_connected(std::unique_lock<std::mutex>& lk, const std
       fetched = detail::parse_record(*text);
       record = &*fetched;
     }
-    const auto deadline = net::Clock::now() + opt.connect_timeout;
-    net::Fd fd = net::connect_tcp(record->host, record->port, deadline, false);
+    const auto deadline = tcp::Clock::now() + opt.connect_timeout;
+    tcp::Fd fd = tcp::connect_tcp(record->host, record->port, deadline, false);
     if (!send_frame(fd.get(), req, deadline) || !recv_frame(fd.get(), reply, deadline))
       throw std::runtime_error("the handshake with " + record->host + ":" +
                                std::to_string(record->port) + " (pid " +
                                std::to_string(record->pid) + ") got no answer");
     size_t at = 8;
-    if (reply.size() < 8 || net::get_u32(reply, 0) != kReplyMagic)
+    if (reply.size() < 8 || tcp::get_u32(reply, 0) != kReplyMagic)
       throw std::runtime_error("malformed handshake reply");
-    status = net::get_u32(reply, 4);
+    status = tcp::get_u32(reply, 4);
     const std::string text = get_bytes(reply, at);
     if (status == kRefused) throw std::runtime_error("refused the handshake: " + text);
     if (status == kOk) remote = get_set(reply, at);

@@ -1,6 +1,7 @@
 // kv::Engine's API (engine.h): options, the published record, memory registration, segment
-// handles, batches (validation and slicing) and notifications. The device, QPs and
-// handshake are in connection.cpp; the progress thread in progress.cpp.
+// handles and peer probes. Batches and their submission are in submit.cpp (slice lengths in
+// slicing.h), notifications in notifications.cpp, the devices, QPs and handshake in
+// connection.cpp, the progress thread in progress.cpp.
 #include <unistd.h>
 
 #include <algorithm>
@@ -22,7 +23,6 @@ using detail::Batch;
 using detail::Peer;
 using detail::PeerRecord;
 using detail::Region;
-using detail::Slice;
 
 namespace {
 
@@ -121,9 +121,9 @@ std::string Engine::Impl::record_text() const {
   std::ostringstream s;
   s << kRecordMagic << "\n";
   s << "pid " << getpid() << "\n";
-  s << "handshake " << listen_host << " " << listen_port << "\n";
+  s << "handshake " << handshake.host << " " << handshake.port << "\n";
   s << "devices";
-  for (const detail::Device& d : devs) s << " " << d.addr;
+  for (const detail::Device& d : context.devs) s << " " << d.addr;
   s << "\n";
   for (const auto& [n, r] : regions_by_name) {
     s << "segment " << n << " " << std::hex << r->seg.addr << std::dec << " " << r->seg.length
@@ -240,11 +240,11 @@ const EngineOptions& Engine::options() const {
 }
 
 const std::string& Engine::device_address() const {
-  return impl_->device_addr;
+  return impl_->context.device_addr;
 }
 
 const std::vector<std::string>& Engine::devices() const {
-  return impl_->device_names;
+  return impl_->context.device_names;
 }
 
 // ---- memory -------------------------------------------------------------------------------
@@ -284,7 +284,7 @@ Segment Engine::register_memory(void* addr, size_t length, std::string_view loca
     // On every device, or on none: a failure deregisters the ones done and names the device.
     const int access = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
     std::vector<ibv_mr*> mrs;
-    for (const detail::Device& d : I.devs) {
+    for (const detail::Device& d : I.context.devs) {
       ibv_mr* mr = ibv_reg_mr(d.pd, addr, length, access);
       if (!mr) {
         const int e = errno;
@@ -402,235 +402,10 @@ std::vector<PeerQp> Engine::peer_qps(std::string_view peer) const {
     ibv_qp_init_attr init{};
     if (ibv_query_qp(q->qp, &a, IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_MAX_QP_RD_ATOMIC, &init))
       continue;
-    out.push_back(PeerQp{impl_->devs[q->dev].name, q->qp->qp_num, a.dest_qp_num, 128u << a.path_mtu,
-                         a.max_rd_atomic});
+    out.push_back(PeerQp{impl_->context.devs[q->dev].name, q->qp->qp_num, a.dest_qp_num,
+                         128u << a.path_mtu, a.max_rd_atomic});
   }
   return out;
-}
-
-// ---- batches ------------------------------------------------------------------------------
-
-BatchId Engine::allocate_batch(size_t capacity) {
-  if (capacity == 0)
-    throw std::invalid_argument("kv::Engine::allocate_batch ('" + impl_->name +
-                                "'): capacity must be at least 1");
-  std::lock_guard lk(impl_->mu);
-  auto b = std::make_unique<Batch>();
-  b->id = impl_->next_batch++;
-  b->capacity = capacity;
-  const BatchId id = b->id;
-  impl_->batches[id] = std::move(b);
-  return id;
-}
-
-void Engine::submit_transfer(BatchId batch, std::span<const TransferRequest> requests,
-                             std::string_view notify) {
-  Impl& I = *impl_;
-  const std::string who =
-      "kv::Engine::submit_transfer ('" + I.name + "', batch " + std::to_string(batch) + ")";
-  if (notify.size() > Engine::kMaxNotifyBytes)
-    throw std::invalid_argument(who + ": a notification carries at most " +
-                                std::to_string(Engine::kMaxNotifyBytes) + " bytes");
-  std::unique_lock lk(I.mu);
-  auto bit = I.batches.find(batch);
-  if (bit == I.batches.end()) throw std::invalid_argument(who + ": unknown batch");
-  Batch& b = *bit->second;
-  if (b.transfers + requests.size() > b.capacity)
-    throw std::invalid_argument(who + ": " + std::to_string(b.transfers + requests.size()) +
-                                " transfers exceed the batch's capacity of " +
-                                std::to_string(b.capacity));
-  if (!b.notify.empty() && b.slices_left > 0)
-    throw std::invalid_argument(who + ": the batch's notification is still pending");
-
-  // Validate everything before anything is posted.
-  struct Checked {
-    const TransferRequest* req;
-    Region* region;
-    Impl::OpenSegment seg;
-  };
-  std::vector<Checked> checked;
-  std::vector<std::string> peer_names;
-  for (size_t i = 0; i < requests.size(); ++i) {
-    const TransferRequest& r = requests[i];
-    const std::string at = who + ": transfer " + std::to_string(i);
-    auto sit = I.open_segments.find(r.target);
-    if (sit == I.open_segments.end())
-      throw std::invalid_argument(at + ": unknown segment handle " + std::to_string(r.target));
-    const Impl::OpenSegment& seg = sit->second;
-    if (r.length == 0) throw std::invalid_argument(at + ": zero length");
-    if (r.offset > seg.seg.length || r.length > seg.seg.length - r.offset)
-      throw std::invalid_argument(at + ": [" + std::to_string(r.offset) + ", +" +
-                                  std::to_string(r.length) + ") is outside segment '" +
-                                  seg.seg.name + "' of peer '" + seg.peer + "' (" +
-                                  std::to_string(seg.seg.length) + " bytes)");
-    if (r.opcode != Opcode::kRead && r.opcode != Opcode::kWrite)
-      throw std::invalid_argument(at + ": opcode is neither READ nor WRITE");
-    const uint64_t a = reinterpret_cast<uint64_t>(r.local);
-    auto rit = I.regions.upper_bound(a);
-    Region* region = nullptr;
-    if (rit != I.regions.begin()) {
-      Region* cand = std::prev(rit)->second.get();
-      if (a >= cand->seg.addr && r.length <= cand->seg.addr + cand->seg.length - a) region = cand;
-    }
-    if (!region)
-      throw std::invalid_argument(at + ": local memory [" + std::to_string(a) + ", +" +
-                                  std::to_string(r.length) +
-                                  ") is not inside one registered segment (register_memory)");
-    checked.push_back({&r, region, seg});
-    if (std::find(peer_names.begin(), peer_names.end(), seg.peer) == peer_names.end())
-      peer_names.push_back(seg.peer);
-  }
-  if (!notify.empty() && peer_names.size() > 1)
-    throw std::invalid_argument(who + ": a batch with a notification must target one peer");
-  if (!notify.empty() && peer_names.empty())
-    throw std::invalid_argument(who + ": a notification needs at least one transfer (use notify)");
-
-  // Connect (may release mu for the handshake); a batch freed meanwhile is refused.
-  for (const std::string& p : peer_names) I.ensure_connected(lk, p, nullptr);
-  for (const std::string& p : peer_names) {
-    const Peer& peer = *I.peers.find(p)->second;
-    if (peer.state != detail::PeerState::kConnected)
-      throw KvError(who + ": peer " + peer.desc + ": " + peer.broken_reason, p);
-  }
-  // The peer's QPs must land on devices its segment record has keys for (a peer that came
-  // back with fewer devices than its record announced).
-  for (const Checked& c : checked)
-    for (const detail::Qp* q : I.peers.find(c.seg.peer)->second->qps)
-      if (q->remote_dev >= c.seg.rkeys.size())
-        throw KvError(who + ": segment '" + c.seg.seg.name + "' of peer '" + c.seg.peer +
-                          "' has no key for its device " + std::to_string(q->remote_dev) +
-                          " (open the segment again)",
-                      c.seg.peer);
-  if (I.batches.find(batch) == I.batches.end())
-    throw std::invalid_argument(who + ": batch freed meanwhile");
-
-  // Slice: every slice_bytes, a tail of at most a quarter slice joined to the previous slice
-  // (Mooncake's slicing), capped by the port's largest message.
-  const uint64_t slice = std::min<uint64_t>(I.opt.slice_bytes, I.max_msg);
-  std::vector<detail::Qp*> touched;
-  for (const Checked& c : checked) {
-    Peer& p = *I.peers.find(c.seg.peer)->second;
-    const TransferRequest& r = *c.req;
-    uint64_t off = 0;
-    while (off < r.length) {
-      uint64_t len = std::min(slice, r.length - off);
-      const uint64_t rest = r.length - off - len;
-      if (rest > 0 && rest <= slice / 4 && len + rest <= I.max_msg) len += rest;
-      Slice& s = b.slices.emplace_back();
-      s.batch = &b;
-      s.region = c.region;
-      s.qp = p.qps[p.stripe++ % p.qps.size()];  // QP i is on local device i % devices
-      s.local = reinterpret_cast<uint64_t>(r.local) + off;
-      s.remote = c.seg.seg.addr + r.offset + off;
-      s.lkey = c.region->mrs[s.qp->dev]->lkey;
-      s.rkey = c.seg.rkeys[s.qp->remote_dev];
-      s.length = static_cast<uint32_t>(len);
-      s.opcode = r.opcode;
-      s.qp->queue.push_back(&s);
-      ++c.region->inflight;
-      ++b.slices_left;
-      if (std::find(touched.begin(), touched.end(), s.qp) == touched.end()) touched.push_back(s.qp);
-      off += len;
-    }
-    ++b.transfers;
-    b.bytes_total += r.length;
-  }
-  b.notify = std::string(notify);
-  b.notify_peer = notify.empty() ? std::string() : peer_names.front();
-  detail::DueCallbacks due;
-  for (detail::Qp* q : touched) I.pump(*q, due);
-  lk.unlock();
-  for (auto& [cb, args] : due) cb(args.first, args.second);
-}
-
-BatchStatus Engine::get_status(BatchId batch) const {
-  std::lock_guard lk(impl_->mu);
-  auto it = impl_->batches.find(batch);
-  if (it == impl_->batches.end())
-    throw std::invalid_argument("kv::Engine::get_status ('" + impl_->name + "'): unknown batch " +
-                                std::to_string(batch));
-  return impl_->status_of(*it->second);
-}
-
-void Engine::on_complete(BatchId batch, BatchCallback callback) {
-  std::unique_lock lk(impl_->mu);
-  auto it = impl_->batches.find(batch);
-  if (it == impl_->batches.end())
-    throw std::invalid_argument("kv::Engine::on_complete ('" + impl_->name + "'): unknown batch " +
-                                std::to_string(batch));
-  const BatchStatus s = impl_->status_of(*it->second);
-  if (s.state != BatchState::kPending) {
-    lk.unlock();
-    callback(batch, s);
-    return;
-  }
-  it->second->callback = std::move(callback);
-}
-
-BatchStatus Engine::wait(BatchId batch, std::chrono::milliseconds timeout) {
-  std::unique_lock lk(impl_->mu);
-  const auto until = Clock::now() + timeout;
-  for (;;) {
-    auto it = impl_->batches.find(batch);
-    if (it == impl_->batches.end())
-      throw std::invalid_argument("kv::Engine::wait ('" + impl_->name + "'): unknown batch " +
-                                  std::to_string(batch));
-    BatchStatus s = impl_->status_of(*it->second);
-    if (s.state != BatchState::kPending || it->second->transfers == 0) return s;
-    if (clock::wait_until(impl_->cv, lk, until) == std::cv_status::timeout)
-      return impl_->status_of(*impl_->batches.at(batch));
-  }
-}
-
-void Engine::free_batch(BatchId batch) {
-  std::lock_guard lk(impl_->mu);
-  auto it = impl_->batches.find(batch);
-  if (it == impl_->batches.end())
-    throw std::invalid_argument("kv::Engine::free_batch ('" + impl_->name + "'): unknown batch " +
-                                std::to_string(batch));
-  if (it->second->slices_left > 0)
-    throw std::invalid_argument("kv::Engine::free_batch ('" + impl_->name + "'): batch " +
-                                std::to_string(batch) + " still has " +
-                                std::to_string(it->second->slices_left) + " slice(s) in flight");
-  impl_->batches.erase(it);
-}
-
-// ---- notifications ------------------------------------------------------------------------
-
-void Engine::notify(std::string_view peer, std::string_view message) {
-  Impl& I = *impl_;
-  if (message.size() > kMaxNotifyBytes)
-    throw std::invalid_argument("kv::Engine::notify ('" + I.name + "'): at most " +
-                                std::to_string(kMaxNotifyBytes) + " bytes, got " +
-                                std::to_string(message.size()));
-  std::unique_lock lk(I.mu);
-  Peer& p = I.ensure_connected(lk, std::string(peer), nullptr);
-  p.pending_notify.emplace_back(message);
-  detail::DueCallbacks due;
-  I.post_notify(p, due);
-  const bool broken = p.state == detail::PeerState::kBroken;
-  const std::string error =
-      "kv engine '" + I.name + "': notify to peer " + p.desc + ": " + p.broken_reason;
-  lk.unlock();
-  for (auto& [cb, args] : due) cb(args.first, args.second);
-  if (broken) throw KvError(error, std::string(peer));
-}
-
-std::vector<Notification> Engine::get_notifications() {
-  std::lock_guard lk(impl_->mu);
-  std::vector<Notification> out(std::make_move_iterator(impl_->inbox.begin()),
-                                std::make_move_iterator(impl_->inbox.end()));
-  impl_->inbox.clear();
-  return out;
-}
-
-std::optional<Notification> Engine::wait_notification(std::chrono::milliseconds timeout) {
-  std::unique_lock lk(impl_->mu);
-  if (!clock::wait_for(impl_->cv, lk, timeout, [&] { return !impl_->inbox.empty(); }))
-    return std::nullopt;
-  Notification n = std::move(impl_->inbox.front());
-  impl_->inbox.pop_front();
-  return n;
 }
 
 void Engine::check_peer(std::string_view peer) {

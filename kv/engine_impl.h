@@ -1,6 +1,8 @@
-// kv::Engine's inside, shared by engine.cpp (the API: segments, batches, notifications,
-// the metadata record), connection.cpp (device, QPs, the handshake) and progress.cpp (the
-// progress thread: posting slices, completions, failures).
+// kv::Engine's inside, shared by the files that each do one job: engine.cpp (the API:
+// options, segments, the metadata record, peer probes), connection.cpp (devices, QPs, the
+// handshake), submit.cpp (batches: checking, slicing with slicing.h, queueing),
+// notifications.cpp (messages to peers and the inbox) and progress.cpp (the progress thread:
+// posting slices, completions, failures).
 //
 // Locking: one mutex `mu` guards every table below. The progress thread takes it per batch
 // of completions; the API takes it per call; neither holds it across network I/O (the
@@ -16,6 +18,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <string>
 #include <thread>
 #include <unordered_map>
@@ -154,6 +157,33 @@ struct Device {
   uint8_t max_rd_atomic = 1, max_dest_rd_atomic = 1;
 };
 
+/// The devices an engine opened (Mooncake's RdmaContext): opened and closed by
+/// connection.cpp, read by every part.
+struct Context {
+  std::vector<Device> devs;     ///< at least one once open_devices() returned
+  uint64_t max_msg = 1u << 30;  ///< the smallest of the devices' largest messages, bytes
+  std::string device_addr;      ///< devs[0]'s address
+  std::vector<std::string> device_names;
+};
+
+/// The TCP listener peers connect to for the QP handshake (connection.cpp): its address, as
+/// published in the record, and the thread that serves it.
+struct HandshakeListener {
+  std::string host;
+  uint16_t port = 0;
+  tcp::Fd listener;
+  std::thread thread;
+};
+
+/// The progress thread (progress.cpp; Mooncake's worker pool, of one thread).
+struct ProgressWorker {
+  int wake_fd = -1;  ///< eventfd: wakes the thread (Impl::stop)
+  std::thread thread;
+  /// Data slices posted and not yet completed, over every QP (written under `mu`, read
+  /// without it by the progress loop to decide whether to keep polling).
+  std::atomic<uint64_t> data_busy{0};
+};
+
 /// A peer's published record (parse_record / Impl::record_text).
 struct PeerRecord {
   uint32_t pid = 0;
@@ -182,25 +212,10 @@ struct Engine::Impl {
   EngineOptions opt;
   std::shared_ptr<MetadataStore> store;
 
-  // ---- devices (connection.cpp) ----
-  std::vector<detail::Device> devs;  ///< at least one once open_devices() returned
-  uint64_t max_msg = 1u << 30;       ///< the smallest of the devices' largest messages
-  std::string device_addr;           ///< devs[0]'s address
-  std::vector<std::string> device_names;
-
-  // ---- handshake listener ----
-  std::string listen_host;
-  uint16_t listen_port = 0;
-  net::Fd listener;
-  std::thread listener_thread;
-
-  // ---- progress ----
-  int wake_fd = -1;  ///< eventfd: wakes the progress thread (stop)
-  std::thread progress_thread;
-  std::atomic<bool> stop{false};
-  /// Data slices posted and not yet completed, over every QP (written under `mu`, read
-  /// without it by the progress loop to decide whether to keep polling).
-  std::atomic<uint64_t> data_busy{0};
+  detail::Context context;              ///< the devices (connection.cpp)
+  detail::HandshakeListener handshake;  ///< where peers connect (connection.cpp)
+  detail::ProgressWorker worker;        ///< the progress thread (progress.cpp)
+  std::atomic<bool> stop{false};        ///< the engine is closing: the threads return
 
   // ---- tables (guarded by mu) ----
   mutable std::mutex mu;
@@ -217,6 +232,12 @@ struct Engine::Impl {
     std::vector<uint32_t> rkeys;  ///< one per device of the peer
   };
   std::map<SegmentHandle, OpenSegment> open_segments;
+  /// One transfer of a submit_transfer, checked: its local region and target segment.
+  struct CheckedTransfer {
+    const TransferRequest* req;
+    Region* region;
+    OpenSegment seg;
+  };
   SegmentHandle next_handle = 1;
   std::map<BatchId, std::unique_ptr<Batch>> batches;
   BatchId next_batch = 1;
@@ -228,6 +249,26 @@ struct Engine::Impl {
   void publish();                   // without mu
   [[noreturn]] void fail_local(const std::string& what) const;
 
+  // ---- submit.cpp: submit_transfer's steps (mu held) ----
+  /// The batch `batch`, checked to take `transfers` more and `notify`; throws
+  /// std::invalid_argument prefixed with `who`.
+  Batch& batch_for_submit(BatchId batch, size_t transfers, std::string_view notify,
+                          const std::string& who);
+  /// Checks every request (segment handle, range, opcode, local registration) before any is
+  /// posted, and lists the target peers in `peer_names`; throws std::invalid_argument.
+  std::vector<CheckedTransfer> check_transfers(std::span<const TransferRequest> requests,
+                                               std::string_view notify, const std::string& who,
+                                               std::vector<std::string>& peer_names) const;
+  /// Connects every target peer (mu released during handshakes) and checks that their QPs'
+  /// devices have keys in the segments and that `batch` still exists; throws KvError or
+  /// std::invalid_argument.
+  void connect_targets(std::unique_lock<std::mutex>& lk, BatchId batch,
+                       const std::vector<CheckedTransfer>& checked,
+                       const std::vector<std::string>& peer_names, const std::string& who);
+  /// Cuts the transfers into slices (next_slice_length), striped over each peer's QPs, and
+  /// queues them; returns the QPs that got slices (to pump).
+  std::vector<Qp*> enqueue_slices(Batch& b, const std::vector<CheckedTransfer>& checked);
+
   // ---- connection.cpp ----
   /// Opens every device of opt (EngineOptions::device_list, empty: all active ones); throws
   /// KvError naming a device that is missing or fails, with nothing left open by it.
@@ -236,7 +277,7 @@ struct Engine::Impl {
   void close_device();
   static uint64_t qp_key(uint32_t dev, uint32_t qpn) { return (uint64_t{dev} << 32) | qpn; }
   void start_listener();
-  void serve_handshake(net::Fd fd);
+  void serve_handshake(tcp::Fd fd);
   /// Connects to `peer` if not connected (the handshake, mu released meanwhile) and returns
   /// it; `lk` holds mu on entry and exit. Throws KvError naming the peer.
   Peer& ensure_connected(std::unique_lock<std::mutex>& lk, const std::string& peer,

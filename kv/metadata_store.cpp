@@ -107,17 +107,17 @@ constexpr auto kIoTimeout = std::chrono::seconds(10);
 // One request: op, key, value (see TcpMetadataServer's comment for the layout).
 std::string request(char op, std::string_view key, std::string_view value) {
   std::string s(1, op);
-  net::put_bytes(s, key);
-  net::put_bytes(s, value);
+  tcp::put_bytes(s, key);
+  tcp::put_bytes(s, value);
   return s;
 }
 
-bool read_blob(int fd, std::string& out, net::Clock::time_point deadline) {
+bool read_blob(int fd, std::string& out, tcp::Clock::time_point deadline) {
   std::string len;
-  if (!net::recv_exact(fd, 4, len, deadline)) return false;
-  const uint32_t n = net::get_u32(len, 0);
+  if (!tcp::recv_exact(fd, 4, len, deadline)) return false;
+  const uint32_t n = tcp::get_u32(len, 0);
   if (n > kMaxValue) return false;
-  return net::recv_exact(fd, n, out, deadline);
+  return tcp::recv_exact(fd, n, out, deadline);
 }
 
 }  // namespace
@@ -125,7 +125,7 @@ bool read_blob(int fd, std::string& out, net::Clock::time_point deadline) {
 struct TcpMetadataServer::Impl {
   std::string host;
   uint16_t port = 0;
-  net::Fd listener;
+  tcp::Fd listener;
   std::atomic<bool> stop{false};
   std::mutex mu;
   std::map<std::string, std::string, std::less<>> data;
@@ -135,15 +135,15 @@ struct TcpMetadataServer::Impl {
 
   // Serves one client until it closes or the server stops. Idle clients are polled once a
   // 200 ms so the destructor is seen.
-  void serve(net::Fd fd) {
+  void serve(tcp::Fd fd) {
     while (!stop) {
       std::string op;
-      const auto deadline = net::Clock::now() + std::chrono::milliseconds(200);
-      if (!net::recv_exact(fd.get(), 1, op, deadline)) {
-        if (net::Clock::now() >= deadline && !stop) continue;  // idle: keep the connection
+      const auto deadline = tcp::Clock::now() + std::chrono::milliseconds(200);
+      if (!tcp::recv_exact(fd.get(), 1, op, deadline)) {
+        if (tcp::Clock::now() >= deadline && !stop) continue;  // idle: keep the connection
         return;
       }
-      const auto io = net::Clock::now() + kIoTimeout;
+      const auto io = tcp::Clock::now() + kIoTimeout;
       std::string key, value;
       if (!read_blob(fd.get(), key, io) || !read_blob(fd.get(), value, io)) return;
       std::string reply;
@@ -152,20 +152,20 @@ struct TcpMetadataServer::Impl {
         if (op[0] == 'P') {
           data[key] = value;
           reply = std::string(1, '\0');
-          net::put_bytes(reply, {});
+          tcp::put_bytes(reply, {});
         } else if (op[0] == 'G') {
           auto it = data.find(key);
           reply = std::string(1, it == data.end() ? '\1' : '\0');
-          net::put_bytes(reply, it == data.end() ? std::string_view() : it->second);
+          tcp::put_bytes(reply, it == data.end() ? std::string_view() : it->second);
         } else if (op[0] == 'R') {
           data.erase(key);
           reply = std::string(1, '\0');
-          net::put_bytes(reply, {});
+          tcp::put_bytes(reply, {});
         } else {
           return;  // not a client of this protocol
         }
       }
-      if (!net::send_all(fd.get(), reply, io)) return;
+      if (!tcp::send_all(fd.get(), reply, io)) return;
     }
   }
 };
@@ -173,11 +173,11 @@ struct TcpMetadataServer::Impl {
 TcpMetadataServer::TcpMetadataServer(const std::string& host, uint16_t port)
     : impl_(std::make_unique<Impl>()) {
   impl_->host = host;
-  impl_->listener = net::listen_tcp(host, port, impl_->port);
+  impl_->listener = tcp::listen_tcp(host, port, impl_->port);
   Impl* s = impl_.get();
   impl_->acceptor = std::thread([s] {
     while (!s->stop) {
-      net::Fd fd = net::accept_tcp(s->listener.get(), 100);
+      tcp::Fd fd = tcp::accept_tcp(s->listener.get(), 100);
       if (!fd) continue;
       std::lock_guard lk(s->clients_mu);
       s->clients.emplace_back([s, f = std::move(fd)]() mutable { s->serve(std::move(f)); });
@@ -205,7 +205,7 @@ struct TcpMetadataStore::Impl {
   std::string host;
   uint16_t port;
   std::mutex mu;
-  net::Fd fd;
+  tcp::Fd fd;
 
   std::string where() const { return "tcp://" + host + ":" + std::to_string(port); }
 
@@ -214,13 +214,13 @@ struct TcpMetadataStore::Impl {
     std::lock_guard lk(mu);
     const std::string req = request(op, key, value);
     for (int attempt = 0; attempt < 2; ++attempt) {
-      const auto deadline = net::Clock::now() + kIoTimeout;
-      if (!fd) fd = net::connect_tcp(host, port, deadline, false);
+      const auto deadline = tcp::Clock::now() + kIoTimeout;
+      if (!fd) fd = tcp::connect_tcp(host, port, deadline, false);
       std::string status, body;
-      if (net::send_all(fd.get(), req, deadline) &&
-          net::recv_exact(fd.get(), 1, status, deadline) && read_blob(fd.get(), body, deadline))
+      if (tcp::send_all(fd.get(), req, deadline) &&
+          tcp::recv_exact(fd.get(), 1, status, deadline) && read_blob(fd.get(), body, deadline))
         return {status[0], body};
-      fd = net::Fd();
+      fd = tcp::Fd();
     }
     throw std::runtime_error("metadata store " + where() + " does not answer");
   }
@@ -231,8 +231,8 @@ TcpMetadataStore::TcpMetadataStore(std::string host, uint16_t port, int timeout_
   impl_->host = std::move(host);
   impl_->port = port;
   try {
-    impl_->fd = net::connect_tcp(impl_->host, port,
-                                 net::Clock::now() + std::chrono::milliseconds(timeout_ms), true);
+    impl_->fd = tcp::connect_tcp(impl_->host, port,
+                                 tcp::Clock::now() + std::chrono::milliseconds(timeout_ms), true);
   } catch (const std::exception& e) {
     throw std::runtime_error("metadata store " + impl_->where() + ": " + e.what());
   }

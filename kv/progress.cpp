@@ -41,7 +41,7 @@ std::string status_text(ibv_wc_status s) {
 }  // namespace
 
 void Engine::Impl::start_progress() {
-  progress_thread = std::thread([this] {
+  worker.thread = std::thread([this] {
     pthread_setname_np(pthread_self(), "kv-progress");  // for top -H, perf and the tests
     progress_loop();
   });
@@ -50,7 +50,7 @@ void Engine::Impl::start_progress() {
 void Engine::Impl::progress_loop() {
   ibv_wc wc[32];
   auto last = Clock::now();
-  const auto nd = static_cast<uint32_t>(devs.size());
+  const auto nd = static_cast<uint32_t>(context.devs.size());
   auto drain = [&](uint32_t dev, int n) {
     DueCallbacks due;
     {
@@ -65,7 +65,7 @@ void Engine::Impl::progress_loop() {
   auto poll_all = [&] {
     bool any = false;
     for (uint32_t d = 0; d < nd; ++d) {
-      const int n = ibv_poll_cq(devs[d].cq, 32, wc);
+      const int n = ibv_poll_cq(context.devs[d].cq, 32, wc);
       if (n > 0) {
         drain(d, n);
         any = true;
@@ -76,20 +76,21 @@ void Engine::Impl::progress_loop() {
   std::vector<pollfd> fds(nd + 1);
   while (!stop) {
     if (poll_all()) continue;
-    if (opt.poll_while_busy && data_busy.load(std::memory_order_relaxed) > 0) continue;
+    if (opt.poll_while_busy && worker.data_busy.load(std::memory_order_relaxed) > 0) continue;
     if (Clock::now() - last < opt.spin) continue;
     // Sleep: arm, poll once more (a completion between the poll and the arming raises no
     // event), then wait for a channel or the stop eventfd.
-    for (uint32_t d = 0; d < nd; ++d) ibv_req_notify_cq(devs[d].cq, 0);
+    for (uint32_t d = 0; d < nd; ++d) ibv_req_notify_cq(context.devs[d].cq, 0);
     if (poll_all()) continue;
-    for (uint32_t d = 0; d < nd; ++d) fds[d] = {devs[d].channel->fd, POLLIN, 0};
-    fds[nd] = {wake_fd, POLLIN, 0};
+    for (uint32_t d = 0; d < nd; ++d) fds[d] = {context.devs[d].channel->fd, POLLIN, 0};
+    fds[nd] = {worker.wake_fd, POLLIN, 0};
     ::poll(fds.data(), nd + 1, clock::to_real_timeout_ms(100));
     for (uint32_t d = 0; d < nd; ++d) {
       if (!(fds[d].revents & POLLIN)) continue;
       ibv_cq* ev_cq = nullptr;
       void* ev_ctx = nullptr;
-      while (ibv_get_cq_event(devs[d].channel, &ev_cq, &ev_ctx) == 0) ibv_ack_cq_events(ev_cq, 1);
+      while (ibv_get_cq_event(context.devs[d].channel, &ev_cq, &ev_ctx) == 0)
+        ibv_ack_cq_events(ev_cq, 1);
       last = Clock::now();
     }
   }
@@ -116,7 +117,7 @@ void Engine::Impl::handle_completions(uint32_t dev, const ibv_wc* wc, int n, Due
         Slice& s = *reinterpret_cast<Slice*>(w.wr_id & ~detail::kKindMask);
         --q.outstanding;
         --q.data_outstanding;
-        data_busy.fetch_sub(1, std::memory_order_relaxed);
+        worker.data_busy.fetch_sub(1, std::memory_order_relaxed);
         if (ok) {
           slice_done(s, true, {}, {}, due);
         } else {
@@ -188,7 +189,7 @@ void Engine::Impl::pump(Qp& q, DueCallbacks& due) {
     q.queue.erase(q.queue.begin(), q.queue.begin() + static_cast<ptrdiff_t>(posted));
     q.outstanding += static_cast<uint32_t>(posted);
     q.data_outstanding += static_cast<uint32_t>(posted);
-    data_busy.fetch_add(posted, std::memory_order_relaxed);
+    worker.data_busy.fetch_add(posted, std::memory_order_relaxed);
     if (e) {
       fail_peer(*q.peer,
                 "kv engine '" + name + "': ibv_post_send to peer " + q.peer->desc + ": " +

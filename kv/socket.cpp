@@ -14,7 +14,7 @@
 #include <stdexcept>
 #include <thread>
 
-namespace softrdma::kv::net {
+namespace softrdma::kv::tcp {
 
 namespace {
 
@@ -129,4 +129,4 @@ void put_bytes(std::string& s, std::string_view b) {
   s.append(b);
 }
 
-}  // namespace softrdma::kv::net
+}  // namespace softrdma::kv::tcp

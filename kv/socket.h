@@ -1,4 +1,5 @@
-// Blocking TCP helpers with deadlines, for the metadata store and the QP handshake.
+// Blocking TCP helpers with deadlines, for the metadata store and the QP handshake (namespace
+// kv::tcp: not the net/ layer, which kv does not use).
 // (ccl/bootstrap_wire.h has its own for the ccl bootstrap: both are small, and a shared
 // base/ socket library is the place to merge them once a third user appears.)
 #pragma once
@@ -11,7 +12,7 @@
 #include "base/clock.h"
 #include "base/deadline_socket.h"
 
-namespace softrdma::kv::net {
+namespace softrdma::kv::tcp {
 
 using Clock = clock::Steady;  // virtual under time dilation (base/clock.h)
 
@@ -53,4 +54,4 @@ uint64_t get_u64(std::string_view s, size_t at);
 /// u32 length followed by the bytes.
 void put_bytes(std::string& s, std::string_view b);
 
-}  // namespace softrdma::kv::net
+}  // namespace softrdma::kv::tcp

@@ -158,14 +158,9 @@ int ibv_destroy_cq(ibv_cq* cq) {
   while (cq->comp_events_completed != c->events_reported.load())
     pthread_cond_wait(&cq->cond, &cq->mutex);
   pthread_mutex_unlock(&cq->mutex);
-  async_target_destroyed(cq);
-  wait_async_acks(&cq->mutex, &cq->cond, &cq->async_events_completed, c->async_reported);
+  stop_async_events(cq, &cq->async_events_completed, c->async_reported);
   if (cq->channel) --cq->channel->refcnt;
-  pthread_mutex_destroy(&cq->mutex);
-  pthread_cond_destroy(&cq->cond);
-  ibv_pd* parent = c->parent_domain;
-  delete c;  // the ring's buffer goes back to the parent domain's free first
-  if (parent) to_pd(parent)->handle_users--;
+  delete_handle(c, cq);
   return 0;
 }
 

@@ -12,10 +12,10 @@
 #include <mutex>
 #include <string>
 
+#include "base/ipv4_text.h"
 #include "base/library_pin.h"
 #include "base/params.h"
 #include "engine/log.h"
-#include "net/udp_port.h"
 #include "verbs/device_identity.h"
 #include "verbs/ops.h"
 #include "verbs/softrdma_private.h"
@@ -229,10 +229,9 @@ int ctx_query_device_ex(ibv_context* ctx, const ibv_query_device_ex_input* input
 
 /// Keeps this library mapped for the rest of the process once it has started a device: each
 /// device has a progress thread (and the fault guard a SIGSEGV handler) running this
-/// library's code, and a program may dlclose it with a context still open — Open MPI's
-/// MPI_Finalize unloads libfabric, and with it librdmacm.so.1 and libibverbs.so.1, after
-/// libfabric left an rdma_cm_id (and so its device) open: the thread then ran on in unmapped
-/// code and the process died of SIGSEGV seconds later (issue 22 item 3). rdma-core's
+/// library's code, and a program may dlclose it with a context still open (Open MPI's
+/// MPI_Finalize unloads libfabric, and with it librdmacm.so.1 and libibverbs.so.1, while
+/// libfabric holds an rdma_cm_id and so its device; docs/rdma-cm.md, "Unloading"). rdma-core's
 /// libibverbs has no threads of its own; its providers' are the kernel's. RTLD_NODELETE on
 /// the loaded library: dlclose then leaves it in place (as -z nodelete would from the start).
 void pin_library() {
@@ -285,7 +284,7 @@ std::shared_ptr<engine::Device> open_engine_device(uint32_t ip, int& err) {
   if (!dev) {
     engine::log().error(
         "cannot open {}: {} ({})", kDeviceName, std::strerror(err),
-        cfg.ip ? net::ipv4_to_string(cfg.ip) : std::string("no free address in 127.0.0.2-254"));
+        cfg.ip ? base::ipv4_text(cfg.ip) : std::string("no free address in 127.0.0.2-254"));
     return nullptr;
   }
   pin_library();

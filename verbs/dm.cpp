@@ -57,7 +57,7 @@ ibv_dm* ctx_alloc_dm(ibv_context* ctx, ibv_alloc_dm_attr* attr) {
   if (!mem) return fail<ibv_dm>(err(st));
   Dm* d =
       new_dm_handle(ctx, std::move(mem), g_next_dm_handle.fetch_add(1, std::memory_order_relaxed));
-  publish_dm(ctx, d);
+  publish(ctx, d);
   return &d->ibv;
 }
 
@@ -67,7 +67,7 @@ int ctx_free_dm(ibv_dm* dm) {
   if (!dm) return EINVAL;
   Dm* d = to_dm(dm);
   if (d->dm->mr_count() > 0) return EBUSY;
-  unpublish_dm(d);
+  unpublish(d);
   delete d;
   return 0;
 }
@@ -111,7 +111,7 @@ ibv_dm* ibv_import_dm(ibv_context* ctx, uint32_t dm_handle) {
 void ibv_unimport_dm(ibv_dm* dm) {
   if (!dm) return;
   Dm* d = to_dm(dm);
-  keep_dm(d);
+  keep_if_last(d);
   delete d;
 }
 

@@ -21,6 +21,7 @@
 
 #include <map>
 #include <mutex>
+#include <type_traits>
 #include <utility>
 
 #include "verbs/ops.h"
@@ -112,53 +113,72 @@ int open_command_file(ibv_device* device, const std::shared_ptr<engine::Device>&
   return fd;
 }
 
-void publish_pd(ibv_context* ctx, Pd* p) {
+namespace {
+
+// Each handle kind's listing in a command file, and the engine object its handle holds.
+Listing<engine::ProtectionDomain>& listing(CommandFile& f, const Pd*) {
+  return f.pds;
+}
+Listing<engine::MemoryRegion>& listing(CommandFile& f, const Mr*) {
+  return f.mrs;
+}
+Listing<engine::DeviceMemory>& listing(CommandFile& f, const Dm*) {
+  return f.dms;
+}
+const std::shared_ptr<engine::ProtectionDomain>& object(const Pd* p) {
+  return p->pd;
+}
+const std::shared_ptr<engine::MemoryRegion>& object(const Mr* m) {
+  return m->mr;
+}
+const std::shared_ptr<engine::DeviceMemory>& object(const Dm* d) {
+  return d->dm;
+}
+
+/// fn(file, listing of W's kind) under the lock of ctx's command file.
+template <class W, class F>
+auto with_listing(ibv_context* ctx, F&& fn) {
   CommandFile* f = file_of(ctx);
   std::lock_guard lk(f->mu);
-  p->ibv.handle = f->next_pd_handle++;
-  f->pds.add(p->ibv.handle, p->pd);
+  return fn(*f, listing(*f, static_cast<const W*>(nullptr)));
 }
 
-void unpublish_pd(Pd* p) {
-  CommandFile* f = file_of(p->ibv.context);
-  std::lock_guard lk(f->mu);
-  f->pds.remove(p->ibv.handle);
+}  // namespace
+
+template <class W>
+void publish(ibv_context* ctx, W* w) {
+  with_listing<W>(ctx, [&](CommandFile& f, auto& l) {
+    if constexpr (std::is_same_v<W, Pd>) w->ibv.handle = f.next_pd_handle++;
+    l.add(w->ibv.handle, object(w));
+  });
 }
 
-void publish_mr(ibv_context* ctx, Mr* m) {
-  CommandFile* f = file_of(ctx);
-  std::lock_guard lk(f->mu);
-  f->mrs.add(m->ibv.handle, m->mr);
+template <class W>
+void unpublish(W* w) {
+  with_listing<W>(w->ibv.context, [&](CommandFile&, auto& l) { l.remove(w->ibv.handle); });
 }
 
-void unpublish_mr(Mr* m) {
-  CommandFile* f = file_of(m->ibv.context);
-  std::lock_guard lk(f->mu);
-  f->mrs.remove(m->ibv.handle);
+template <class W>
+void keep_if_last(W* w) {
+  with_listing<W>(w->ibv.context,
+                  [&](CommandFile&, auto& l) { l.keep_if_last(w->ibv.handle, object(w)); });
 }
 
-void publish_dm(ibv_context* ctx, Dm* d) {
-  CommandFile* f = file_of(ctx);
-  std::lock_guard lk(f->mu);
-  f->dms.add(d->ibv.handle, d->dm);
+template <class W>
+auto find_published(ibv_context* ctx, uint32_t handle) {
+  return with_listing<W>(ctx, [&](CommandFile&, auto& l) { return l.find(handle); });
 }
 
-void unpublish_dm(Dm* d) {
-  CommandFile* f = file_of(d->ibv.context);
-  std::lock_guard lk(f->mu);
-  f->dms.remove(d->ibv.handle);
-}
+template void publish(ibv_context*, Pd*);
+template void publish(ibv_context*, Mr*);
+template void publish(ibv_context*, Dm*);
+template void unpublish(Pd*);
+template void unpublish(Mr*);
+template void unpublish(Dm*);
+template void keep_if_last(Dm*);
 
 std::shared_ptr<engine::DeviceMemory> find_dm(ibv_context* ctx, uint32_t handle) {
-  CommandFile* f = file_of(ctx);
-  std::lock_guard lk(f->mu);
-  return f->dms.find(handle);
-}
-
-void keep_dm(Dm* d) {
-  CommandFile* f = file_of(d->ibv.context);
-  std::lock_guard lk(f->mu);
-  f->dms.keep_if_last(d->ibv.handle, d->dm);
+  return find_published<Dm>(ctx, handle);
 }
 
 }  // namespace softrdma::verbs
@@ -190,12 +210,7 @@ ibv_context* ibv_import_device(int cmd_fd) {
 /// handle lookup), ENOMEM.
 ibv_pd* ibv_import_pd(ibv_context* ctx, uint32_t pd_handle) {
   if (!ctx) return fail<ibv_pd>(EINVAL);
-  CommandFile* f = file_of(ctx);
-  std::shared_ptr<engine::ProtectionDomain> epd;
-  {
-    std::lock_guard lk(f->mu);
-    epd = f->pds.find(pd_handle);
-  }
+  std::shared_ptr<engine::ProtectionDomain> epd = find_published<Pd>(ctx, pd_handle);
   if (!epd) return fail<ibv_pd>(ENOENT);
   auto* p = new Pd{};
   p->pd = std::move(epd);
@@ -209,11 +224,7 @@ ibv_pd* ibv_import_pd(ibv_context* ctx, uint32_t pd_handle) {
 void ibv_unimport_pd(ibv_pd* pd) {
   if (!pd || to_pd(pd)->parent) return;
   Pd* p = to_pd(pd);
-  {
-    CommandFile* f = file_of(pd->context);
-    std::lock_guard lk(f->mu);
-    f->pds.keep_if_last(pd->handle, p->pd);
-  }
+  keep_if_last(p);
   delete p;
 }
 
@@ -222,12 +233,7 @@ void ibv_unimport_pd(ibv_pd* pd) {
 /// errno EINVAL (no PD, or an MR of another PD), ENOENT when the file lists no such MR.
 ibv_mr* ibv_import_mr(ibv_pd* pd, uint32_t mr_handle) {
   if (!pd) return fail<ibv_mr>(EINVAL);
-  CommandFile* f = file_of(pd->context);
-  std::shared_ptr<engine::MemoryRegion> emr;
-  {
-    std::lock_guard lk(f->mu);
-    emr = f->mrs.find(mr_handle);
-  }
+  std::shared_ptr<engine::MemoryRegion> emr = find_published<Mr>(pd->context, mr_handle);
   if (!emr) return fail<ibv_mr>(ENOENT);
   if (&emr->pd() != to_pd(pd)->pd.get()) return fail<ibv_mr>(EINVAL);
   auto* m = new Mr{};
@@ -247,11 +253,7 @@ ibv_mr* ibv_import_mr(ibv_pd* pd, uint32_t mr_handle) {
 void ibv_unimport_mr(ibv_mr* mr) {
   if (!mr) return;
   Mr* m = to_mr(mr);
-  {
-    CommandFile* f = file_of(mr->context);
-    std::lock_guard lk(f->mu);
-    f->mrs.keep_if_last(mr->handle, m->mr);
-  }
+  keep_if_last(m);
   delete m;
 }
 

@@ -136,19 +136,20 @@ int queue_memory(ibv_pd* pd, uint32_t depth, size_t slot_bytes, uint64_t resourc
 /// -1 with errno set on failure.
 int open_command_file(ibv_device* device, const std::shared_ptr<engine::Device>& dev,
                       std::shared_ptr<CommandFile>& file);
-/// Gives `p` (a new PD of `ctx`) a handle and lists it; ibv_dealloc_pd unlists it.
-void publish_pd(ibv_context* ctx, Pd* p);
-void unpublish_pd(Pd* p);
-/// Lists `m` (a new MR of `ctx`) under its handle (its key); ibv_dereg_mr unlists it.
-void publish_mr(ibv_context* ctx, Mr* m);
-void unpublish_mr(Mr* m);
-/// Lists `d` (a new DM of `ctx`) under its handle; ibv_free_dm unlists it.
-void publish_dm(ibv_context* ctx, Dm* d);
-void unpublish_dm(Dm* d);
+/// Lists `w` (a new Pd, Mr or Dm of `ctx`) in ctx's command file under its handle: a PD is
+/// given its handle here, an MR's is its key, a DM's was given at allocation.
+/// ibv_dealloc_pd / ibv_dereg_mr / ibv_free_dm unlist it (unpublish).
+template <class W>
+void publish(ibv_context* ctx, W* w);
+/// Unlists `w`'s object (Pd, Mr or Dm): it can no longer be imported.
+template <class W>
+void unpublish(W* w);
+/// The handle `w` (Pd, Mr or Dm) is being unimported: its command file keeps the object when
+/// `w` was its last handle (ibv_unimport_pd/mr/dm).
+template <class W>
+void keep_if_last(W* w);
 /// The DM ctx's command file lists under `handle`, or null (ibv_import_dm).
 std::shared_ptr<engine::DeviceMemory> find_dm(ibv_context* ctx, uint32_t handle);
-/// Keeps the DM of `d` in its command file when `d` is its last handle (ibv_unimport_dm).
-void keep_dm(Dm* d);
 
 // device.cpp: a new ibv_context on `dev` listed as `device`, on command file `file` with
 // descriptor `cmd_fd` (ibv_import_device), or on a new one when `file` is null. NULL with
@@ -178,5 +179,28 @@ void post_async_event(ibv_context* ctx, const ibv_async_event& event);
 /// no event handed to the application names a freed object.
 void wait_async_acks(pthread_mutex_t* mu, pthread_cond_t* cond, const uint32_t* completed,
                      const std::atomic<unsigned>& reported);
+
+/// The first step of ibv_destroy_qp / _srq / _cq once the object may go: the handle `h` (an
+/// ibv_qp, ibv_srq or ibv_cq, with its libibverbs mutex and cond) stops being an async event
+/// target, then waits until the `*completed` acks reach `reported` (wait_async_acks).
+template <class Handle>
+void stop_async_events(Handle* h, const uint32_t* completed,
+                       const std::atomic<unsigned>& reported) {
+  async_target_destroyed(h);
+  wait_async_acks(&h->mutex, &h->cond, completed, reported);
+}
+
+/// The last step of ibv_destroy_qp / _srq / _cq: destroys the mutex and cond of `h` (the
+/// wrapper's ibv_qp, ibv_srq or ibv_cq), deletes the wrapper `w` (its queue buffers go back to its
+/// parent domain's free first) and then drops its use of the parent domain, if any (ibv_dealloc_pd
+/// of a parent domain is EBUSY until then).
+template <class Wrapper, class Handle>
+void delete_handle(Wrapper* w, Handle* h) {
+  pthread_mutex_destroy(&h->mutex);
+  pthread_cond_destroy(&h->cond);
+  ibv_pd* parent = w->parent_domain;
+  delete w;
+  if (parent) to_pd(parent)->handle_users--;
+}
 
 }  // namespace softrdma::verbs

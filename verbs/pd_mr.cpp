@@ -88,7 +88,7 @@ ibv_mr* new_mr_handle(ibv_pd* pd, void* addr, size_t length,
   m->ibv.handle = m->mr->key();
   m->ibv.lkey = m->mr->key();
   m->ibv.rkey = m->mr->key();
-  publish_mr(pd->context, m);  // importable by its handle (ibv_import_mr)
+  publish(pd->context, m);  // importable by its handle (ibv_import_mr)
   return &m->ibv;
 }
 
@@ -105,7 +105,7 @@ ibv_pd* ibv_alloc_pd(ibv_context* ctx) {
   }
   p->pd = std::make_shared<engine::ProtectionDomain>(*to_ctx(ctx)->dev);
   p->ibv.context = ctx;
-  publish_pd(ctx, p);  // sets ibv.handle
+  publish(ctx, p);  // sets ibv.handle
   return &p->ibv;
 }
 
@@ -116,7 +116,7 @@ int ibv_dealloc_pd(ibv_pd* pd) {
   Pd* p = to_pd(pd);
   if (p->parent) return dealloc_parent_domain(p);
   if (p->pd->users.load() > 0) return EBUSY;
-  unpublish_pd(p);
+  unpublish(p);
   delete p;
   return 0;
 }
@@ -208,7 +208,7 @@ int ibv_rereg_mr(ibv_mr* mr, int flags, ibv_pd* pd, void* addr, size_t length, i
 int ibv_dereg_mr(ibv_mr* mr) {
   if (!mr) return EINVAL;
   if (to_mr(mr)->mr->windows_bound()) return EINVAL;
-  unpublish_mr(to_mr(mr));
+  unpublish(to_mr(mr));
   delete to_mr(mr);
   return 0;
 }

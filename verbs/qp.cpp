@@ -381,13 +381,8 @@ int ibv_destroy_qp(ibv_qp* qp) {
   // As the kernel (ib_destroy_qp_user: the QP's usecnt counts its multicast attachments).
   if (q->mcast_attached.load(std::memory_order_relaxed) != 0) return EBUSY;
   // As libibverbs: every async event returned for this QP must be acked first.
-  async_target_destroyed(qp);
-  wait_async_acks(&qp->mutex, &qp->cond, &qp->events_completed, q->async_reported);
-  pthread_mutex_destroy(&qp->mutex);
-  pthread_cond_destroy(&qp->cond);
-  ibv_pd* parent = q->parent_domain;
-  delete q;  // the queues' buffers go back to the parent domain's free first
-  if (parent) to_pd(parent)->handle_users--;
+  stop_async_events(qp, &qp->events_completed, q->async_reported);
+  delete_handle(q, qp);
   return 0;
 }
 

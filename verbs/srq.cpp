@@ -120,13 +120,8 @@ int ibv_destroy_srq(ibv_srq* srq) {
   if (!srq) return EINVAL;
   Srq* s = to_srq(srq);
   if (s->srq->users.load() > 0) return EBUSY;
-  async_target_destroyed(srq);
-  wait_async_acks(&srq->mutex, &srq->cond, &srq->events_completed, s->async_reported);
-  pthread_mutex_destroy(&srq->mutex);
-  pthread_cond_destroy(&srq->cond);
-  ibv_pd* parent = s->parent_domain;
-  delete s;  // the queue's buffer goes back to the parent domain's free first
-  if (parent) to_pd(parent)->handle_users--;
+  stop_async_events(srq, &srq->events_completed, s->async_reported);
+  delete_handle(s, srq);
   return 0;
 }
 

@@ -3,7 +3,7 @@
 #
 #   source "$(dirname "${BASH_SOURCE[0]}")/<up to the root>/scripts/lib/test_lib.sh"
 #
-# Used by tools/tests/cli_test.sh, tools/tests/pingpong_test.sh,
+# Used by tools/tests/cli_test.sh, tools/tests/pingpong_test.sh, tools/tests/tdf_test.sh,
 # tools/ccl_perf/tests/ccl_perf_test.sh, verbs/interop/perftest_test.sh and scripts/demo.sh.
 #
 #   case_test_args PREFIX "CASES" "$@"

@@ -34,15 +34,12 @@ case_=${2:?usage: tdf_test.sh BUILD_DIR preload|agreement}
 S="$B/bin/softrdma"
 out=$(mktemp -d /tmp/softrdma-tdf-test.XXXXXX)
 trap 'rm -rf "$out"' EXIT
+# shellcheck source=scripts/lib/test_lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib/test_lib.sh"
 fail() { echo "FAIL: $*"; exit 1; }
-# Sanitizer builds (`softrdma run` preloads the ASan runtime into the programs it starts):
-# python3, bash and the other unmodified programs here leave their own allocations at exit,
-# which LeakSanitizer turns into a failing exit status. They run without leak checks, as the
-# pyverbs, ucx and dapl tests' programs do; softrdma's libraries are leak-checked by their own
-# tests.
-if ldd "$S" | grep -q libasan; then
-  export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0"
-fi
+# python3, bash and the other unmodified programs here leave their own allocations at exit.
+SOFTRDMA=$S
+no_leak_checks_under_asan
 now_ns() { date +%s%N; }
 
 if [[ $case_ == preload ]]; then

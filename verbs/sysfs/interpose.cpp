@@ -49,6 +49,7 @@
 #include <string>
 #include <vector>
 
+#include "base/ipv4_text.h"
 #include "base/params.h"
 #include "verbs/device_identity.h"
 #include "verbs/sysfs/tree.h"
@@ -66,11 +67,6 @@ namespace {
 
 /// Set while the tree is built: getifaddrs then answers with the real interfaces only.
 thread_local bool t_real_ifaddrs = false;
-
-std::string dotted(uint32_t ip) {
-  return std::to_string(ip >> 24) + "." + std::to_string((ip >> 16) & 255) + "." +
-         std::to_string((ip >> 8) & 255) + "." + std::to_string(ip & 255);
-}
 
 bool parse_dotted(const char* s, uint32_t& ip) {
   unsigned a, b, c, d;
@@ -122,7 +118,7 @@ std::vector<uint32_t> device_ips() {
 std::string tree_name(const std::vector<sysfs::DeviceView>& views) {
   std::string key;
   for (const sysfs::DeviceView& v : views)
-    key += (key.empty() ? "" : "+") + dotted(v.ip) + "-" + v.ifname;
+    key += (key.empty() ? "" : "+") + softrdma::base::ipv4_text(v.ip) + "-" + v.ifname;
   if (key.size() <= 200) return "v2-" + key;
   uint64_t h = 1469598103934665603ull;  // FNV-1a, 64 bits
   for (unsigned char c : key) h = (h ^ c) * 1099511628211ull;

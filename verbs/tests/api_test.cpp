@@ -15,6 +15,7 @@
 #include <cstring>
 #include <vector>
 
+#include "base/ipv4_text.h"
 #include "verbs/tests/harness.h"
 
 namespace softrdma::verbs_test {
@@ -195,11 +196,6 @@ int bind_free_127_0_2(uint32_t* ip) {
   return -1;
 }
 
-std::string dotted(uint32_t ip) {
-  return std::to_string(ip >> 24) + "." + std::to_string((ip >> 16) & 255) + "." +
-         std::to_string((ip >> 8) & 255) + "." + std::to_string(ip & 255);
-}
-
 // Sets an environment variable for one scope.
 struct ScopedEnv {
   ScopedEnv(const char* k, const std::string& v) : key(k) { setenv(k, v.c_str(), 1); }
@@ -212,14 +208,15 @@ TEST(Discovery, AddressFromEnvironment) {
   uint32_t ip = 0;
   const int holder = bind_free_127_0_2(&ip);
   ASSERT_GE(holder, 0);
-  ScopedEnv env("SOFTRDMA_ADDR", dotted(ip));
+  ScopedEnv env("SOFTRDMA_ADDR", base::ipv4_text(ip));
   {
     int n = 0;
     ibv_device** list = ibv_get_device_list(&n);
     ibv_context* ctx = nullptr;
     for (int i = 0; list && i < n; ++i)
       if (strcmp(ibv_get_device_name(list[i]), kDeviceName) == 0) ctx = ibv_open_device(list[i]);
-    EXPECT_EQ(nullptr, ctx) << "opened " << dotted(ip) << " although its port 4791 is taken";
+    EXPECT_EQ(nullptr, ctx) << "opened " << base::ipv4_text(ip)
+                            << " although its port 4791 is taken";
     if (ctx) ibv_close_device(ctx);
     if (list) ibv_free_device_list(list);
   }
@@ -811,7 +808,8 @@ TEST_F(Api, CompletionChannelSignalsArmedCq) {
 TEST_F(Api, ASignalInterruptsBlockingEventReadsWithEintr) {
   ChannelPair p;
   ASSERT_NO_FATAL_FAILURE(p.open(d));
-  struct sigaction sa{}, old{};
+  struct sigaction sa {
+  }, old{};
   sa.sa_handler = [](int) {};
   sigemptyset(&sa.sa_mask);
   sa.sa_flags = 0;  // no SA_RESTART
