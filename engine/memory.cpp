@@ -1,6 +1,11 @@
 #include "engine/memory.h"
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <mutex>
+
+#include "net/fault_guard.h"
 
 namespace softrdma::engine {
 
@@ -73,6 +78,14 @@ void MemoryRegion::rereg(uint32_t flags, ProtectionDomain* pd, void* host, uint6
     pd_->users++;
   }
   if (flags & kChangeAccess) access_ = access;
+}
+
+void prefetch_range(uint8_t* p, size_t n, bool fault_in) {
+  static const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const uintptr_t start = reinterpret_cast<uintptr_t>(p) & ~(page - 1);
+  const uintptr_t end = reinterpret_cast<uintptr_t>(p) + n;
+  ::madvise(reinterpret_cast<void*>(start), end - start, MADV_WILLNEED);
+  if (fault_in) net::guarded_touch(p, n);
 }
 
 }  // namespace softrdma::engine

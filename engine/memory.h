@@ -3,6 +3,7 @@
 #pragma once
 
 #include <atomic>
+#include <cstddef>
 #include <cstdint>
 
 #include "engine/device_memory.h"
@@ -100,5 +101,12 @@ class MemoryRegion {
   uint32_t key_;
   DeviceMemory* dm_ = nullptr;
 };
+
+/// Asks the kernel to read the host memory [p, p+n) ahead (madvise MADV_WILLNEED over its
+/// pages) and, when `fault_in`, touches one byte of each page through net's fault guard, so
+/// that the pages are present when the engine copies (ibv_advise_mr's PREFETCH and
+/// PREFETCH_WRITE; a write prefetch writes nothing). A page unmapped since registration is
+/// skipped: its access fails later, at the copy. No errors.
+void prefetch_range(uint8_t* p, size_t n, bool fault_in);
 
 }  // namespace softrdma::engine

@@ -1,9 +1,10 @@
 // The per-address slot registry and forwarding sockets: see address_share.h.
 #include "net/address_share.h"
 
+#include "base/ipv4_text.h"
+
 #include "net/netns.h"
 
-#include <algorithm>
 #include <arpa/inet.h>
 #include <dirent.h>
 #include <fcntl.h>
@@ -15,6 +16,7 @@
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
+#include <algorithm>
 
 #include <cerrno>
 #include <cstring>
@@ -35,10 +37,7 @@ constexpr size_t kFileBytes = 4096;
 static_assert(sizeof(Registry) <= kFileBytes);
 static_assert(std::atomic<uint32_t>::is_always_lock_free);
 
-std::string dotted(uint32_t ip) {
-  return std::to_string(ip >> 24) + "." + std::to_string((ip >> 16) & 0xff) + "." +
-         std::to_string((ip >> 8) & 0xff) + "." + std::to_string(ip & 0xff);
-}
+using base::ipv4_text;
 
 /// The abstract address of `name` (no leading NUL in `name`) and its length.
 socklen_t abstract_addr(const std::string& name, sockaddr_un& a) {
@@ -69,33 +68,13 @@ std::vector<uint32_t> addresses_in_file_names(const std::string& dir, const std:
   return ips;
 }
 
-int open_locked_file(const std::string& path) {
-  for (int tries = 0;; ++tries) {
-    const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
-    if (fd < 0) return -errno;
-    if (::flock(fd, LOCK_EX) != 0) {
-      const int e = errno;
-      ::close(fd);
-      return -e;
-    }
-    struct stat opened {
-    }, named{};
-    if (tries < 16 && ::fstat(fd, &opened) == 0 &&
-        (::stat(path.c_str(), &named) != 0 || named.st_ino != opened.st_ino)) {
-      ::close(fd);  // unlinked meanwhile by the address's last process
-      continue;
-    }
-    return fd;
-  }
-}
-
 std::vector<std::string> share_remove_stale(const std::string& dir, const std::string& prefix) {
   std::vector<std::string> removed;
   const std::string lead = prefix + "share-" + netns_scope(current_netns());
   for (uint32_t ip : addresses_in_file_names(dir, lead)) {
     // Joining reclaims the slots of dead processes; leaving, when no live one is left,
     // removes the file (both under its flock).
-    const std::string path = dir + "/" + lead + dotted(ip);
+    const std::string path = dir + "/" + lead + ipv4_text(ip);
     AddressShare s;
     if (s.join(ip, dir, prefix) != 0) continue;
     s.leave();
@@ -106,7 +85,7 @@ std::vector<std::string> share_remove_stale(const std::string& dir, const std::s
 }
 
 std::string share_registry_path(uint32_t ip, const std::string& dir, const std::string& prefix) {
-  return dir + "/" + prefix + "share-" + netns_scope(current_netns()) + dotted(ip);
+  return dir + "/" + prefix + "share-" + netns_scope(current_netns()) + ipv4_text(ip);
 }
 
 uint32_t share_slot_pid(uint32_t ip, uint32_t slot, const std::string& dir,
@@ -152,8 +131,8 @@ int AddressShare::join(uint32_t ip, const std::string& dir, const std::string& p
     std::memset(static_cast<void*>(reg), 0, sizeof *reg);
     reg->magic = kMagic;
   }
-  name_prefix_ = prefix + "slot-" + dotted(ip) + "-";
-  fwd_prefix_ = prefix + "fwd-" + dotted(ip) + "-";
+  name_prefix_ = prefix + "slot-" + ipv4_text(ip) + "-";
+  fwd_prefix_ = prefix + "fwd-" + ipv4_text(ip) + "-";
   // Slots of processes that died without leave() (killed) are free again: their bits too.
   for (uint32_t k = 0; k < kShareSlots; ++k)
     if (reg->pid[k] != 0 && pid_dead(reg->pid[k])) {

@@ -26,6 +26,8 @@
 // meet only through the atomic bitmap in the mapping and the flock.
 #pragma once
 
+#include "base/locked_file.h"
+
 #include <sys/uio.h>
 
 #include <atomic>
@@ -66,11 +68,8 @@ struct ShareStats {
 /// The addresses a.b.c.d of the files "<dir>/<lead><a.b.c.d>" (host order), in directory
 /// order: the per-address files of /dev/shm (mailboxes, share registries, port tables).
 std::vector<uint32_t> addresses_in_file_names(const std::string& dir, const std::string& lead);
-/// Opens (creating, mode 0600) the per-address file `path` and takes its flock (LOCK_EX).
-/// A file the last process of its address unlinked while this one waited for the lock is
-/// let go and the path opened again (bounded). Returns the descriptor (locked; the caller
-/// unlocks or closes it) or -errno.
-int open_locked_file(const std::string& path);
+/// The per-address files are opened and locked with base::open_locked_file.
+using base::open_locked_file;
 
 /// The registry file of `ip` (host order) in the calling thread's network namespace:
 /// "<dir>/<prefix>share-<scope><a.b.c.d>" (scope "ns<inode>-", or "" without /proc;
@@ -209,7 +208,7 @@ class AddressShare {
   std::deque<Batch> backlog_[kShareSlots];  // refused (full), per slot, oldest first
   std::atomic<uint32_t> backlog_mask_{0};   // bit k: batch_[k] or backlog_[k] not empty
   size_t backlog_bytes_ = 0;
-  size_t batch_bytes_ = kBatchBytes;  // see batch_bytes()
+  size_t batch_bytes_ = kBatchBytes;     // see batch_bytes()
   std::vector<uint8_t> rx_;              // receive()'s datagram
   size_t rx_at_ = 0, rx_len_ = 0;        // its next record, its end
   std::atomic<bool> rx_pending_{false};  // rx_at_ < rx_len_ (any thread reads)

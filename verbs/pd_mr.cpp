@@ -4,7 +4,6 @@
 
 #include <mutex>
 
-#include "net/fault_guard.h"
 #include "verbs/ops.h"
 
 // verbs.h wraps these exported names in inline helpers; we define the real symbols.
@@ -26,16 +25,6 @@ bool range_is_mapped(const void* addr, size_t length) {
   const uintptr_t start = reinterpret_cast<uintptr_t>(addr) & ~(page - 1);
   const uintptr_t end = reinterpret_cast<uintptr_t>(addr) + length;
   return ::msync(reinterpret_cast<void*>(start), end - start, MS_ASYNC) == 0;
-}
-
-/// Asks the kernel to read [p, p+n) ahead and, when `fault_in`, touches one byte of each
-/// page through the fault guard so that the pages are present when the engine copies.
-void prefetch(uint8_t* p, size_t n, bool fault_in) {
-  static const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
-  const uintptr_t start = reinterpret_cast<uintptr_t>(p) & ~(page - 1);
-  const uintptr_t end = reinterpret_cast<uintptr_t>(p) + n;
-  ::madvise(reinterpret_cast<void*>(start), end - start, MADV_WILLNEED);
-  if (fault_in) net::guarded_touch(p, n);
 }
 
 }  // namespace
@@ -68,7 +57,8 @@ int ctx_advise_mr(ibv_pd* pd, ibv_advise_mr_advice advice, uint32_t flags, ibv_s
       host = mr->translate(s.addr, s.length);
       if (!host) return EINVAL;
     }
-    if (s.length) prefetch(host, s.length, advice != IBV_ADVISE_MR_ADVICE_PREFETCH_NO_FAULT);
+    if (s.length)
+      engine::prefetch_range(host, s.length, advice != IBV_ADVISE_MR_ADVICE_PREFETCH_NO_FAULT);
   }
   return 0;
 }
