@@ -8,9 +8,13 @@
 #   kv_kill_test.sh BUILD_DIR CASE      CASE: 4k | 64k | 1m | demo_decode | demo_prefill
 #
 # demo_decode / demo_prefill: kv-demo's decode (or prefill) process is killed while the two
-# run requests of 8 K tokens back to back; the survivor must exit non-zero within 2 s naming
-# its peer (before: prefill waited 120 s for decode's verification, decode 60-120 s for
-# prefill's next message). Metadata port 17798 / 17799.
+# run requests of 2 K tokens (a 256 MiB cache) back to back; the survivor must exit non-zero
+# within 2 s naming its peer (before: prefill waited 120 s for decode's verification, decode
+# 60-120 s for prefill's next message). The survivor meets the dead peer at its next WRITE or
+# message, so the bound holds the rest of a request's own work (prefill fills and "computes"
+# the cache before writing it) plus the first retransmit timeout (67 ms): with 8 K tokens
+# (1 GiB) that work alone took 1.8 s on a loaded machine and the test failed at 2.29 s with
+# no hang (the error came 57 ms after the survivor's first WRITE). Metadata port 17798 / 17799.
 #
 # Case k uses the TCP metadata port 17795+k and the device addresses 127.0.93.(2k+1) (target)
 # and 127.0.93.(2k+2) (initiator), so the cases run in parallel.
@@ -40,11 +44,11 @@ on_exit() {
 if [[ $CASE == demo_* ]]; then
   # The decode process serves the store; both take the first free 127.0.0.x.
   M="tcp://127.0.0.1:$PORT"
-  "$BUILD_DIR/bin/kv-demo" --role decode --serve-metadata --metadata "$M" --tokens 8192 \
+  "$BUILD_DIR/bin/kv-demo" --role decode --serve-metadata --metadata "$M" --tokens 2048 \
     --requests 1000 >"$WORK/decode.log" 2>&1 &
   TARGET_PID=$!
   wait_for_listener "$PORT" "$TARGET_PID" 30 "$WORK/decode.log"
-  "$BUILD_DIR/bin/kv-demo" --role prefill --metadata "$M" --tokens 8192 --requests 1000 \
+  "$BUILD_DIR/bin/kv-demo" --role prefill --metadata "$M" --tokens 2048 --requests 1000 \
     >"$WORK/prefill.log" 2>&1 &
   INIT_PID=$!
   # Running: prefill printed a request's row (it flushes its stdout per row).
