@@ -15,10 +15,12 @@ namespace {
 using wire::psn_add;
 using wire::psn_diff;
 
-// Go-back-N from `psn`.
-void retry_from(QueuePair& qp, uint32_t psn, const char* why) {
+// Go-back-N from `psn` (`why`: a string literal, logged); the recovery state becomes `state`
+// (go-back-N, or the RNR wait before it).
+void retry_from(QueuePair& qp, uint32_t psn, const char* why, Recovery state = Recovery::kGoBackN) {
   log().debug("qp {:#x}: go back to psn {:#x} ({}; comp.psn {:#x} req.psn {:#x} cwnd {})", qp.qpn(),
               psn, why, qp.comp.psn, qp.req.psn, qp.req.window.psns());
+  requester::enter_recovery(qp, state, why);
   requester::rewind(qp, psn);
 }
 
@@ -37,6 +39,12 @@ void note_progress(QueuePair& qp, Transport& t, uint32_t old_psn) {
   qp.comp.last_progress_ns = now;
   qp.comp.stalled_since_ns = 0;
   qp.comp.probe_sent = false;
+  const Recovery rec = qp.req.recovery;
+  if (rec == Recovery::kProbe)
+    requester::enter_recovery(qp, Recovery::kNone, "ACK progress after the tail-loss probe");
+  else if ((rec == Recovery::kGoBackN || rec == Recovery::kSelective) &&
+           psn_diff(qp.comp.psn, qp.req.recovery_end) >= 0)
+    requester::enter_recovery(qp, Recovery::kNone, "everything sent before the loss acknowledged");
   if (!qp.comp.probe_ns && psn_diff(qp.req.psn, qp.comp.psn) > 0) {
     // Still outstanding and nothing sent since: watch the tail from here.
     if (const uint64_t pto = probe_timeout_ns(qp)) {
@@ -181,7 +189,7 @@ void on_selective_nak(QueuePair& qp, const wire::Packet& pkt, Transport& t) {
   }
   if (psn_diff(r.last, qp.comp.psn) < 0) return;  // all acknowledged since
   if (psn_diff(r.first, qp.comp.psn) < 0) r.first = qp.comp.psn;
-  if (qp.req.rnr_wait) return;  // the RNR retry goes back to comp.psn and sends it all
+  if (qp.req.rnr_wait()) return;  // the RNR retry goes back to comp.psn and sends it all
   if (qp.comp.recovery_psn == kNoPsn || psn_diff(r.first, qp.comp.recovery_psn) >= 0) {
     // Paced by DCQCN, a loss is only a loss: the rate answers congestion (CNPs come before
     // the queue overflows), the window keeps what is in flight — IRN's split of loss
@@ -196,6 +204,8 @@ void on_selective_nak(QueuePair& qp, const wire::Packet& pkt, Transport& t) {
   }
   log().debug("qp {:#x}: selective NAK {:#x}…{:#x} (comp.psn {:#x} req.psn {:#x} cwnd {})",
               qp.qpn(), r.first, r.last, qp.comp.psn, qp.req.psn, qp.req.window.psns());
+  if (qp.req.recovery == Recovery::kNone || qp.req.recovery == Recovery::kProbe)
+    requester::enter_recovery(qp, Recovery::kSelective, "selective NAK");
   qp.req.retx.push_back(r);
 }
 
@@ -220,8 +230,7 @@ void on_ack(QueuePair& qp, const wire::Packet& pkt, Transport& t) {
         return;
       }
       if (qp.attr.rnr_retry != 7) --qp.comp.rnr_retry_left;  // 7 means retry forever
-      retry_from(qp, psn, "RNR NAK");
-      qp.req.rnr_wait = true;
+      retry_from(qp, psn, "RNR NAK", Recovery::kRnrWait);
       qp.comp.rnr_ns = t.now_ns() + uint64_t{wire::rnr_timer_usec(syn & 0x1f)} * 1000;
       t.timer_armed(qp, qp.comp.rnr_ns);
       return;
@@ -233,7 +242,7 @@ void on_ack(QueuePair& qp, const wire::Packet& pkt, Transport& t) {
       switch (static_cast<wire::NakCode>(syn & 0x1f)) {
         case wire::NakCode::kPsnSequenceError:
           bump(t.counters().rcvd_seq_err);
-          if (qp.req.rnr_wait) return;  // the RNR retry goes back to this PSN anyway
+          if (qp.req.rnr_wait()) return;  // the RNR retry goes back to this PSN anyway
           if (!progressed) {
             // Once a NAK has started a go-back-N, more NAKs for the same PSN before any
             // progress start no other (rxe: "if we've started a retry, don't start another
@@ -419,7 +428,7 @@ void check_resends(QueuePair& qp, Transport& t, uint64_t now) {
                 [&](const CompleterState::Resent& r) { return psn_diff(r.psn, qp.comp.psn) < 0; });
   const bool outstanding =
       psn_diff(qp.req.psn, qp.comp.psn) > 0 && !qp.sq.empty() && qp.sq.front().started;
-  if (!check || !outstanding || qp.req.rnr_wait || !qp.comp.peer_selective) return;
+  if (!check || !outstanding || qp.req.rnr_wait() || !qp.comp.peer_selective) return;
   // A READ or atomic at the head is left to its own recovery (a response out of order goes
   // back to it; the retransmit timer): resending its request draws a duplicate READ's whole
   // chunk of responses each time (measured: retry_cnt exhausted under periodic loss).
@@ -454,7 +463,7 @@ void check_tail(QueuePair& qp, Transport& t, uint64_t now) {
   const uint64_t pto = probe_timeout_ns(qp);
   const bool outstanding =
       psn_diff(qp.req.psn, qp.comp.psn) > 0 && !qp.sq.empty() && qp.sq.front().started;
-  if (!pto || !outstanding || qp.req.rnr_wait || qp.comp.probe_sent ||
+  if (!pto || !outstanding || qp.req.rnr_wait() || qp.comp.probe_sent ||
       qp.attr.state != QpState::kRts)
     return;
   if (now < qp.comp.last_progress_ns + pto) {
@@ -472,7 +481,7 @@ void check_tail(QueuePair& qp, Transport& t, uint64_t now) {
 void on_timer(QueuePair& qp, Transport& t, uint64_t now) {
   if (qp.comp.rnr_ns && now >= qp.comp.rnr_ns) {
     qp.comp.rnr_ns = 0;
-    qp.req.rnr_wait = false;
+    requester::enter_recovery(qp, Recovery::kGoBackN, "RNR timer expired");
     requester::run(qp, t);
   }
   if (qp.comp.resend_check_ns && now >= qp.comp.resend_check_ns) check_resends(qp, t, now);
@@ -484,7 +493,7 @@ void on_timer(QueuePair& qp, Transport& t, uint64_t now) {
   if (!qp.comp.timer_ns || now < qp.comp.timer_ns) return;
   const bool outstanding =
       psn_diff(qp.req.max_psn, qp.comp.psn) > 0 && !qp.sq.empty() && qp.sq.front().started;
-  if (!outstanding || qp.req.rnr_wait) {
+  if (!outstanding || qp.req.rnr_wait()) {
     qp.comp.timer_ns = 0;
     return;
   }

@@ -154,13 +154,8 @@ void Device::recover_ring_full() {
         qp = q;
     if (qp == nullptr || qp->attr.state != QpState::kRts) continue;
     if (std::find(rewound.begin(), rewound.end(), qp) != rewound.end()) continue;
-    // Still outstanding and not already sent again (a later rewind or ACK moved past it)?
-    if (wire::psn_diff(d.psn, qp->comp.psn) < 0 || wire::psn_diff(d.psn, qp->req.psn) >= 0)
-      continue;
-    const int32_t in_flight = wire::psn_diff(qp->req.psn, qp->comp.psn);
-    qp->req.window.on_local_drop(static_cast<uint32_t>(std::max(in_flight, 1)));
+    if (!requester::on_local_drop(*qp, d.psn)) continue;  // acknowledged or sent again since
     bump(counters_->shm_ring_full_resends);
-    requester::rewind(*qp, d.psn);
     rewound.push_back(qp);
   }
   // Sent again now (the ring may have room by then; if not, the next flush tries again with

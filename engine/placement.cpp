@@ -70,8 +70,8 @@ Outcome send(QueuePair& qp, const wire::Packet& pkt, Transport& t) {
       // completes (IBTA 10.6.7.2.2); only a bound type 2 window can be (rxe_invalidate_rkey).
       MemoryWindow* mw = t.find_mw(pkt.hdr.ieth_rkey);
       if (!mw || mw->invalidate() != kOk) {
-        log().debug("qp {:#x}: SEND with invalidate names R_Key {:#x}, which cannot be",
-                    qp.qpn(), pkt.hdr.ieth_rkey);
+        log().debug("qp {:#x}: SEND with invalidate names R_Key {:#x}, which cannot be", qp.qpn(),
+                    pkt.hdr.ieth_rkey);
         return Outcome::kInvalidate;
       }
       flags |= kWcWithInv;

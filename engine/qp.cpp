@@ -482,7 +482,8 @@ void QueuePair::flush_queues() {
   }
   comp.timer_ns = comp.rnr_ns = 0;
   comp.rd_atomic_inflight.clear();
-  req.rnr_wait = false;
+  req.recovery = Recovery::kNone;
+  req.recovery_end = kNoPsn;
   resp.in_send = resp.in_write = false;
   resp.ack_pending = false;
   resp.pending.clear();

@@ -26,6 +26,7 @@
 #include "engine/qp_type.h"
 #include "engine/queue_memory.h"
 #include "engine/received_psns.h"
+#include "engine/recovery.h"
 #include "engine/transport.h"
 #include "engine/types.h"
 #include "engine/wr_table.h"
@@ -68,7 +69,14 @@ struct RequesterState {
   uint32_t psn = 0;      ///< next PSN to send
   uint32_t max_psn = 0;  ///< one past the highest PSN ever sent (for late ACKs)
   uint32_t noack_pkts = 0;
-  bool rnr_wait = false;  ///< paused until the completer's RNR deadline
+  /// Where loss recovery stands (requester::enter_recovery changes it, logging each
+  /// transition at debug with its cause; the explicit form of rxe_comp.c's named states).
+  Recovery recovery = Recovery::kNone;
+  /// The recovery ends when everything sent before it began is acknowledged: one past the
+  /// highest PSN sent then (req.max_psn; kNoPsn with Recovery::kNone).
+  uint32_t recovery_end = kNoPsn;
+  /// Paused until the completer's RNR deadline.
+  bool rnr_wait() const { return recovery == Recovery::kRnrWait; }
   /// Congestion window (the completer reports ACKs, NAKs and timeouts to it).
   CongestionWindow window;
   /// PSN ranges selective NAKs named, oldest first: sent again before any new PSN, without
@@ -404,6 +412,16 @@ class QueuePair {
 /// Requester: turns WQEs into request packets within the PSN window and the
 /// READ/ATOMIC credit (max_rd_atomic).
 namespace requester {
+/// Moves the QP's recovery state to `to` (engine/recovery.h), logging the transition at
+/// debug with `cause` (a string literal); entering go-back-N, selective or probe sets where
+/// it ends (req.max_psn). No effect on packets: the caller does what the state names.
+void enter_recovery(QueuePair& qp, Recovery to, const char* cause);
+/// A request the device dropped on a full same-host ring (Transport::on_local_drop's
+/// caller): when `psn` is still outstanding and not already sent again, the window shrinks
+/// to half of what was in flight (CongestionWindow::on_local_drop), the requester goes back
+/// to `psn` (go-back-N) and returns true; otherwise false, nothing changed. The requester,
+/// not the device, edits its PSNs.
+bool on_local_drop(QueuePair& qp, uint32_t psn);
 /// Sends as many request packets as window, credits, fences and state allow.
 void run(QueuePair& qp, Transport& t);
 /// Positions the requester at `psn` (go-back-N): the WQE holding it and the byte offset
@@ -451,10 +469,11 @@ void on_cnp(QueuePair& qp, Transport& t);
 uint64_t resend_check_ns(const QueuePair& qp);
 /// The tail-loss probe timeout, ns: 2 × the smoothed round trip, at least 10 ms (Linux's
 /// TLP floor: a loaded host delays ACKs by milliseconds without any loss, and a spurious
-/// probe is a duplicate packet), and only when that is below the retransmit timeout; 0 (no probe) before any round trip is measured or with the retransmit timer off.
-/// A message's last packets lost (no later packet reveals the gap, so no NAK comes) then
-/// cost about one probe timeout plus a round trip, not the retransmit timeout (537 ms at
-/// the CM's default ACK timeout of 17). RACK-TLP's PTO (RFC 8985 7.2).
+/// probe is a duplicate packet), and only when that is below the retransmit timeout; 0 (no probe)
+/// before any round trip is measured or with the retransmit timer off. A message's last packets
+/// lost (no later packet reveals the gap, so no NAK comes) then cost about one probe timeout plus a
+/// round trip, not the retransmit timeout (537 ms at the CM's default ACK timeout of 17).
+/// RACK-TLP's PTO (RFC 8985 7.2).
 uint64_t probe_timeout_ns(const QueuePair& qp);
 }  // namespace completer
 

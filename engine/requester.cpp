@@ -324,7 +324,7 @@ void run_unreliable(QueuePair& qp, Transport& t) {
 
 void run(QueuePair& qp, Transport& t) {
   if (qp.attr.state != QpState::kRts && qp.attr.state != QpState::kSqd) return;
-  if (qp.req.rnr_wait) return;
+  if (qp.req.rnr_wait()) return;
   const QpTypeInfo& type = qp.type_info();
   if (!type.reliable) return run_unreliable(qp, t);
   if (!qp.req.cc_checked) {
@@ -449,6 +449,29 @@ void run(QueuePair& qp, Transport& t) {
   }
 }
 
+void enter_recovery(QueuePair& qp, Recovery to, const char* cause) {
+  const Recovery from = qp.req.recovery;
+  if (to == Recovery::kNone)
+    qp.req.recovery_end = kNoPsn;
+  else if (to != Recovery::kRnrWait)
+    qp.req.recovery_end = qp.req.max_psn;  // ends once all sent so far is acknowledged
+  if (from == to) return;
+  qp.req.recovery = to;
+  log().debug("qp {:#x}: recovery {} -> {} ({}; comp.psn {:#x} req.psn {:#x} cwnd {})", qp.qpn(),
+              recovery_name(from), recovery_name(to), cause, qp.comp.psn, qp.req.psn,
+              qp.req.window.psns());
+}
+
+bool on_local_drop(QueuePair& qp, uint32_t psn) {
+  // Still outstanding and not already sent again (a later rewind or ACK moved past it)?
+  if (wire::psn_diff(psn, qp.comp.psn) < 0 || wire::psn_diff(psn, qp.req.psn) >= 0) return false;
+  const int32_t in_flight = wire::psn_diff(qp.req.psn, qp.comp.psn);
+  qp.req.window.on_local_drop(static_cast<uint32_t>(std::max(in_flight, 1)));
+  enter_recovery(qp, Recovery::kGoBackN, "request dropped on a full same-host ring");
+  rewind(qp, psn);
+  return true;
+}
+
 void rewind(QueuePair& qp, uint32_t psn) {
   uint64_t idx = find_wqe(qp, psn);
   uint64_t offset = 0;
@@ -545,13 +568,17 @@ bool probe(QueuePair& qp, Transport& t) {
   if (qp.wqe(idx).info().read_or_atomic) {
     log().debug("qp {:#x}: tail-loss probe: back to psn {:#x} (a READ or atomic at the tail)",
                 qp.qpn(), qp.comp.psn);
+    enter_recovery(qp, Recovery::kGoBackN, "tail-loss probe with a READ or atomic at the tail");
     rewind(qp, qp.comp.psn);
     run(qp, t);
     return true;
   }
   log().debug("qp {:#x}: tail-loss probe: psn {:#x} again (oldest unacknowledged {:#x})", qp.qpn(),
               last, qp.comp.psn);
-  return emit_again(qp, t, last, /*ack_req=*/true) != 0;
+  if (emit_again(qp, t, last, /*ack_req=*/true) == 0) return false;
+  if (qp.req.recovery == Recovery::kNone)
+    enter_recovery(qp, Recovery::kProbe, "no ACK for the probe timeout");
+  return true;
 }
 
 }  // namespace softrdma::engine::requester

@@ -292,16 +292,20 @@ TEST_F(TransportTest, RnrNakBacksOffThenSucceedsWhenReceivePosted) {
   deliver(*ta, *b, *tb);
   ASSERT_EQ(tb->sent.size(), 1u);
   EXPECT_EQ(wire::aeth_kind(parse(tb->sent[0]).hdr.aeth.syndrome), wire::AckKind::kRnrNak);
+  EXPECT_EQ(a->req.recovery, Recovery::kNone);
   deliver(*tb, *a, *ta);
   EXPECT_TRUE(ta->sent.empty());  // waiting out the RNR timer
+  EXPECT_EQ(a->req.recovery, Recovery::kRnrWait);
   post_recv(*b, 64);
   ta->advance(uint64_t{wire::rnr_timer_usec(1)} * 1000 + 1);
   run_requester_timers();
   ASSERT_EQ(ta->sent.size(), 1u);
+  EXPECT_EQ(a->req.recovery, Recovery::kGoBackN) << "the RNR retry resends from the NAKed PSN";
   settle();
   auto c = drain();
   ASSERT_EQ(c.size(), 2u);
   EXPECT_EQ(c[1].status, WcStatus::kSuccess);
+  EXPECT_EQ(a->req.recovery, Recovery::kNone) << "acknowledged: recovery over";
 }
 
 TEST_F(TransportTest, RnrRetryExhaustedFails) {
@@ -762,6 +766,8 @@ TEST_F(TransportTest, SelectiveNakNamesOnlyTheLostPsnsAndOnlyThoseAreSentAgain) 
   EXPECT_EQ(naks, want);
   EXPECT_EQ(tb->counters_.ooo_placed.load(), 7u);  // 4…6, 8…11
   deliver(*tb, *a, *ta);
+  EXPECT_EQ(a->req.recovery, Recovery::kSelective);
+  EXPECT_EQ(a->req.recovery_end, wire::psn_add(kSqPsn, 15)) << "ends when all 15 PSNs are ACKed";
   std::vector<uint32_t> resent;
   for (const auto& bytes : ta->sent)
     resent.push_back(uint32_t(wire::psn_diff(parse(bytes).hdr.bth.psn, kSqPsn)));
@@ -775,6 +781,7 @@ TEST_F(TransportTest, SelectiveNakNamesOnlyTheLostPsnsAndOnlyThoseAreSentAgain) 
   EXPECT_EQ(c[0].wr_id, 1u);  // completions in order
   EXPECT_EQ(c[1].wr_id, 2u);
   EXPECT_EQ(std::memcmp(dst.data(), src.data(), 15 * kMtu), 0);
+  EXPECT_EQ(a->req.recovery, Recovery::kNone);
   EXPECT_EQ(ta->counters_.retransmitted_pkts.load(), 6u);
   EXPECT_EQ(b->resp.epsn, wire::psn_add(kSqPsn, 15));
   EXPECT_FALSE(b->resp.in_write);
