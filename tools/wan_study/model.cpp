@@ -22,6 +22,15 @@ double effective_bytes_per_ms(const Link& l) {
   return r;
 }
 
+/// The rate one step of a collective moves `step_bytes` at over the WAN, bytes per ms: the
+/// link rate, or cap / RTT when the step's bytes exceed what the layer above keeps in
+/// flight (a step that fits the cap leaves as one flight: its time is bytes/rate + α).
+double step_bytes_per_ms(const Link& l, double step_bytes) {
+  if (l.inflight_cap_bytes > 0 && step_bytes > l.inflight_cap_bytes)
+    return effective_bytes_per_ms(l);
+  return bytes_per_ms(l.rate_gbps);
+}
+
 void check_link(const Link& l) {
   if (!(l.rate_gbps > 0) || !(l.rtt_ms >= 0) || !(l.loss >= 0 && l.loss < 1) || l.mtu == 0)
     throw std::invalid_argument("wan_model: link needs rate > 0, RTT ≥ 0, 0 ≤ loss < 1, MTU > 0");
@@ -53,7 +62,7 @@ std::vector<Route> study_routes() {
 }
 
 double window_gain(double rtt_ms) {
-  return rtt_ms >= 1.0 ? 4.0 : 2.0;
+  return rtt_ms >= 1.0 ? 5.0 : 2.0;
 }
 
 double loss_recovery_ms(double bytes, const Link& l) {
@@ -237,7 +246,7 @@ double ring_allreduce_ms(double bytes, const TrainSetup& s) {
   if (s.sites <= 1) return intra_allreduce_ms(bytes, s);
   check_link(s.wan);
   const double alpha = s.wan.rtt_ms / 2 + s.alpha_ms;
-  return 2.0 * (n - 1) * alpha + 2.0 * (n - 1) / n * bytes / effective_bytes_per_ms(s.wan);
+  return 2.0 * (n - 1) * alpha + 2.0 * (n - 1) / n * bytes / step_bytes_per_ms(s.wan, bytes / n);
 }
 
 double intra_allreduce_ms(double bytes, const TrainSetup& s) {
@@ -253,7 +262,8 @@ double hier_allreduce_ms(double bytes, double wan_bytes, const TrainSetup& s) {
   if (S > 1) {
     check_link(s.wan);
     const double alpha = s.wan.rtt_ms / 2 + s.alpha_ms;
-    wan = 2.0 * (S - 1) * alpha + 2.0 * (S - 1) / S * wan_bytes / effective_bytes_per_ms(s.wan);
+    wan = 2.0 * (S - 1) * alpha +
+          2.0 * (S - 1) / S * wan_bytes / step_bytes_per_ms(s.wan, wan_bytes / S);
   }
   return 2 * chain + wan;
 }

@@ -34,28 +34,26 @@ TEST(WanModelTest, NoRoundTripMeansNoRamp) {
   EXPECT_EQ(t.ramp_rounds, 0);
 }
 
-TEST(WanModelTest, LongPathRampQuadruplesToTheBdpInFourRounds) {
-  // 100e6 B over 10 Gbit/s × 50 ms; BDP 62.5e6 B; W0 = 128 × 4096 = 524,288; g = 4:
-  //   round 1: 524,288 sent, t = 50, W = 2,097,152
-  //   round 2: 2,621,440 sent, t = 100, W = 8,388,608
-  //   round 3: 11,010,048 sent, t = 150, W = 33,554,432
-  //   round 4: 44,564,480 sent, t = 200, W = min(62.5e6, 134,217,728) = BDP
-  //   rest 55,435,520 B / 1.25e6 B/ms = 44.348416 ms; + RTT/2 = 25
-  // total = 269.348416 ms; ideal 80 + 25 = 105; ramp 164.348416. (docs/wide-area.md:
-  // "10 Gbit/s × 50 ms ... in 4 round trips".)
+TEST(WanModelTest, LongPathRampGrowsFivefoldToTheBdpInThreeRounds) {
+  // 100e6 B over 10 Gbit/s × 50 ms; BDP 62.5e6 B; W0 = 128 × 4096 = 524,288; g = 5:
+  //   round 1: 524,288 sent, t = 50, W = 2,621,440
+  //   round 2: 3,145,728 sent, t = 100, W = 13,107,200
+  //   round 3: 16,252,928 sent, t = 150, W = min(62.5e6, 65,536,000) = BDP
+  //   rest 83,747,072 B / 1.25e6 B/ms = 66.9976576 ms; + RTT/2 = 25
+  // total = 241.9976576 ms; ideal 80 + 25 = 105; ramp 136.9976576.
   Link l;
   l.rate_gbps = 10;
   l.rtt_ms = 50;
   const Transfer t = bulk_transfer(100e6, l);
-  EXPECT_EQ(t.ramp_rounds, 4);
-  EXPECT_NEAR(t.total_ms, 269.348416, 1e-6);
+  EXPECT_EQ(t.ramp_rounds, 3);
+  EXPECT_NEAR(t.total_ms, 241.9976576, 1e-6);
   EXPECT_NEAR(t.ideal_ms, 105, 1e-9);
-  EXPECT_NEAR(t.ramp_ms, 164.348416, 1e-6);
+  EXPECT_NEAR(t.ramp_ms, 136.9976576, 1e-6);
 }
 
 TEST(WanModelTest, AMessageThatEndsInsideTheRampPaysOnlyItsRounds) {
   // 1e6 B over 10 Gbit/s × 50 ms: round 1 sends 524,288 (t = 50), the last 475,712 B fit
-  // the next window: 475,712 / 1.25e6 = 0.3805696 ms, + 25 → 75.3805696 ms.
+  // the next window (2,621,440): 475,712 / 1.25e6 = 0.3805696 ms, + 25 → 75.3805696 ms.
   Link l;
   l.rate_gbps = 10;
   l.rtt_ms = 50;
@@ -74,12 +72,12 @@ TEST(WanModelTest, ShortPathsDoubleInsteadOfQuadrupling) {
   EXPECT_EQ(t.ramp_rounds, 4);
   EXPECT_NEAR(t.total_ms, 2.4208544, 1e-9);
   EXPECT_DOUBLE_EQ(window_gain(0.5), 2);
-  EXPECT_DOUBLE_EQ(window_gain(1.0), 4);
+  EXPECT_DOUBLE_EQ(window_gain(1.0), 5);
 }
 
 TEST(WanModelTest, AnInflightCapLimitsTheRateToCapOverRtt) {
   // 10 MiB over 10 Gbit/s × 10 ms with 2 MiB in flight at most (ccl's 4 × 512 KiB):
-  //   round 1: 524,288 sent, t = 10, W = min(2,097,152, 4 × 524,288) = cap;
+  //   round 1: 524,288 sent, t = 10, W = min(2,097,152, 5 × 524,288) = cap;
   //   rest 9,961,472 B at 2,097,152 B / 10 ms = 209,715.2 B/ms → 47.5 ms; + 5 → 62.5 ms.
   Link l;
   l.rate_gbps = 10;
@@ -177,6 +175,20 @@ TEST(WanModelTest, FlatRingIsThakurAlphaBetaWithTheWideAreaHop) {
   s.wan.rate_gbps = 1;
   s.wan.rtt_ms = 10;
   EXPECT_NEAR(ring_allreduce_ms(4194304, s), 80.391648, 1e-6);
+}
+
+TEST(WanModelTest, AStepBeyondTheInflightCapRunsAtCapOverRtt) {
+  // 2 sites × 2 ranks, 10 Gbit/s × 10 ms, 2 MiB in flight per peer at most (ccl's default).
+  // 4 MiB: a step is 1 MiB ≤ cap → link rate: 30.06 + 1.5 · 4,194,304 / 1.25e6 = 35.0931648.
+  // 16 MiB: a step is 4 MiB > cap → 2,097,152 / 10 = 209,715.2 B/ms:
+  //   30.06 + 1.5 · 16,777,216 / 209,715.2 = 30.06 + 120 = 150.06 ms.
+  TrainSetup s;
+  s.ranks_per_site = 2;
+  s.wan.rate_gbps = 10;
+  s.wan.rtt_ms = 10;
+  s.wan.inflight_cap_bytes = 2097152;
+  EXPECT_NEAR(ring_allreduce_ms(4194304, s), 35.0931648, 1e-6);
+  EXPECT_NEAR(ring_allreduce_ms(16777216, s), 150.06, 1e-6);
 }
 
 TEST(WanModelTest, HierarchicalIsChainWideAreaRingChain) {
