@@ -95,6 +95,7 @@ Transfer bulk_transfer(double bytes, const Link& l, double start_window_bytes) {
   const double stream = effective_bytes_per_ms(l);
   t.ideal_ms = bytes / rate + rtt / 2;
   double w = start_window_bytes > 0 ? start_window_bytes
+             : l.warm               ? cap
                                     : static_cast<double>(l.initial_window_psns) * l.mtu;
   const double g = window_gain(rtt);
   double time = 0, sent = 0;
@@ -188,7 +189,8 @@ Handoff kv_handoff(double bytes, int layers, double layer_ms, Layout layout, con
   const double one = bytes / layers;
   const double link_bound = layer_ms + all.total_ms - h.prefill_ms;
   const double w0 = static_cast<double>(link.initial_window_psns) * link.mtu;
-  const double grown = w0 + (window_gain(link.rtt_ms) - 1) * (bytes - one);
+  // A warm QP is at one BDP already (0: bulk_transfer's default for it).
+  const double grown = link.warm ? 0 : w0 + (window_gain(link.rtt_ms) - 1) * (bytes - one);
   const double compute_bound = bulk_transfer(one, link, grown).total_ms;
   h.added_ms = std::max(link_bound, compute_bound);
   return h;
@@ -246,7 +248,8 @@ double ring_allreduce_ms(double bytes, const TrainSetup& s) {
   if (s.sites <= 1) return intra_allreduce_ms(bytes, s);
   check_link(s.wan);
   const double alpha = s.wan.rtt_ms / 2 + s.alpha_ms;
-  return 2.0 * (n - 1) * alpha + 2.0 * (n - 1) / n * bytes / step_bytes_per_ms(s.wan, bytes / n);
+  return (s.rendezvous ? s.wan.rtt_ms / 2 : 0) + 2.0 * (n - 1) * alpha +
+         2.0 * (n - 1) / n * bytes / step_bytes_per_ms(s.wan, bytes / n);
 }
 
 double intra_allreduce_ms(double bytes, const TrainSetup& s) {
@@ -262,7 +265,7 @@ double hier_allreduce_ms(double bytes, double wan_bytes, const TrainSetup& s) {
   if (S > 1) {
     check_link(s.wan);
     const double alpha = s.wan.rtt_ms / 2 + s.alpha_ms;
-    wan = 2.0 * (S - 1) * alpha +
+    wan = (s.rendezvous ? s.wan.rtt_ms / 2 : 0) + 2.0 * (S - 1) * alpha +
           2.0 * (S - 1) / S * wan_bytes / step_bytes_per_ms(s.wan, wan_bytes / S);
   }
   return 2 * chain + wan;

@@ -45,6 +45,10 @@ struct Link {
   /// which caps a collective's rate at 2 MiB / RTT on a long link; a single rendezvous
   /// Send/Recv (the KV hand-off) has no such cap.
   double inflight_cap_bytes = 0;
+  /// The QP carried traffic before (a prefill→decode connection reused request after
+  /// request): the window is already at one BDP (the engine keeps it across idle periods,
+  /// engine/congestion_window.h has no idle restart), so no ramp. false: a fresh QP.
+  bool warm = false;
 };
 
 /// Serialisation time of `bytes` at `rate_gbps`: bytes × 8 / rate, ms.
@@ -97,7 +101,7 @@ struct Transfer {
 };
 
 /// Time to move `bytes` in one message over `link` starting from a window of
-/// `start_window_bytes` (≤ 0: link.initial_window_psns × mtu), ms.
+/// `start_window_bytes` (≤ 0: link.initial_window_psns × mtu; link.warm: one BDP), ms.
 ///
 /// Round model of slow start (Cardwell, Savage & Anderson, "Modeling TCP Latency",
 /// INFOCOM 2000, §3 — each slow-start round sends one window and costs one RTT): while
@@ -269,6 +273,10 @@ struct TrainSetup {
   double outer_bytes_per_param = 4;  ///< DiLoCo: bytes per element on the wide-area hop
   int fragments = 4;                 ///< Streaming DiLoCo: F fragments
   int overlap_steps = 5;             ///< Streaming DiLoCo: τ inner steps a sync may overlap
+  /// Each WAN AllReduce starts with a rendezvous: the receiver's first advert crosses the WAN
+  /// before the first RDMA WRITE may leave (ccl's Send/Recv, verbs_control.h), + RTT/2 per
+  /// AllReduce. false: receive buffers known in advance (NCCL's pre-registered rings).
+  bool rendezvous = false;
 };
 
 /// Compute per step, ms: setup.compute_ms when > 0, else 6·params·tokens_per_gpu_step /

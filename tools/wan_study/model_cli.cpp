@@ -37,6 +37,7 @@ const char* layout_name(Layout l) {
 /// The link options every subcommand shares.
 struct LinkOptions {
   double rate = 10, rtt = 10, loss_pct = 0, cap = 0;
+  bool warm = false;
   std::string recovery = "selective";
   uint32_t mtu = 4096;
   void add(CLI::App* app) {
@@ -46,6 +47,7 @@ struct LinkOptions {
     app->add_option("--recovery", recovery, "gbn|selective");
     app->add_option("--mtu", mtu, "payload bytes per packet");
     app->add_option("--inflight-cap", cap, "bytes in flight per peer at most (0: none)");
+    app->add_flag("--warm", warm, "the QP's window is at one BDP already (no ramp)");
   }
   Link link() const {
     Link l;
@@ -55,6 +57,7 @@ struct LinkOptions {
     l.recovery = parse_recovery(recovery);
     l.mtu = mtu;
     l.inflight_cap_bytes = cap;
+    l.warm = warm;
     return l;
   }
 };
@@ -65,36 +68,46 @@ const double kRates[] = {1, 10, 100, 400};
 const int kBits[] = {16, 8, 4};
 
 /// kv_max_context.csv: the largest context whose hand-off fits 200 ms of added TTFT, per
-/// model × KV precision × layout × rate × route, lossless and selective; plus a lossy slice
-/// (0.1 % and 1 %, go-back-N and selective) for bf16.
+/// model × KV precision × layout × rate × route, lossless and selective, over a warm QP
+/// (window at one BDP: a prefill→decode connection in use) and, for bf16, a fresh one
+/// (cold: the window ramps); plus a lossy slice (0.1 % and 1 %, go-back-N and selective,
+/// bf16, layer-wise, warm). fits_at_max_tokens: whether 128 K tokens fit too (streaming can
+/// hide a long prefill's cache where a shorter one does not fit: the attention FLOPs grow
+/// with the square of the context, the cache linearly).
 void max_context_table(const std::string& dir, const Gpu& gpu) {
   auto out = fmt::output_file(dir + "/kv_max_context.csv");
   out.print(
-      "model,kv_bits,layout,rate_gbps,route,rtt_ms,loss_pct,recovery,max_context_tokens,"
-      "kv_bytes_at_max,added_ms_at_max,prefill_ms_at_max\n");
-  auto row = [&](const ModelShape& m, int bits, Layout lay, double rate, const Route& r,
+      "model,kv_bits,layout,window,rate_gbps,route,rtt_ms,loss_pct,recovery,max_context_tokens,"
+      "kv_bytes_at_max,added_ms_at_max,prefill_ms_at_max,fits_at_131072\n");
+  auto row = [&](const ModelShape& m, int bits, Layout lay, bool warm, double rate, const Route& r,
                  double loss, Recovery rec) {
     Link l;
     l.rate_gbps = rate;
     l.rtt_ms = r.rtt_ms;
     l.loss = loss;
     l.recovery = rec;
+    l.warm = warm;
     const double t = max_context_tokens(m, bits, lay, l, gpu);
     const Handoff h = t > 0 ? kv_handoff(m, t, bits, lay, l, gpu) : Handoff{};
-    out.print("{},{},{},{},{},{:.2f},{},{},{},{:.0f},{:.1f},{:.1f}\n", m.name, bits,
-              layout_name(lay), rate, r.name, r.rtt_ms, loss * 100, recovery_name(rec), t, h.bytes,
-              h.added_ms, h.prefill_ms);
+    const bool fits_max = kv_handoff(m, 131072, bits, lay, l, gpu).added_ms <= 200;
+    out.print("{},{},{},{},{},{},{:.2f},{},{},{},{:.0f},{:.1f},{:.1f},{}\n", m.name, bits,
+              layout_name(lay), warm ? "warm" : "cold", rate, r.name, r.rtt_ms, loss * 100,
+              recovery_name(rec), t, h.bytes, h.added_ms, h.prefill_ms, fits_max ? 1 : 0);
   };
   for (const auto& m : study_models())
     for (int bits : kBits)
       for (Layout lay : {Layout::kWhole, Layout::kLayer})
-        for (double rate : kRates)
-          for (const auto& r : study_routes()) row(m, bits, lay, rate, r, 0, Recovery::kSelective);
+        for (bool warm : {true, false}) {
+          if (!warm && bits != 16) continue;
+          for (double rate : kRates)
+            for (const auto& r : study_routes())
+              row(m, bits, lay, warm, rate, r, 0, Recovery::kSelective);
+        }
   for (const auto& m : study_models())
     for (double loss : {0.001, 0.01})
       for (Recovery rec : {Recovery::kGoBackN, Recovery::kSelective})
         for (double rate : kRates)
-          for (const auto& r : study_routes()) row(m, 16, Layout::kLayer, rate, r, loss, rec);
+          for (const auto& r : study_routes()) row(m, 16, Layout::kLayer, true, rate, r, loss, rec);
 }
 
 /// kv_production.csv: prefill time, cache size and the KV production rate (Gbit/s) per
@@ -111,35 +124,39 @@ void production_table(const std::string& dir, const Gpu& gpu) {
       }
 }
 
-/// kv_handoff.csv: added TTFT per model × context × layout × rate × route (bf16, lossless)
-/// and, for Llama-3-8B at 16 K tokens, per loss × recovery.
+/// kv_handoff.csv: added TTFT per model × context × layout × rate × route (bf16, lossless,
+/// warm and cold QP) and, for Llama-3-8B at 16 K tokens, per loss × recovery (warm).
 void handoff_table(const std::string& dir, const Gpu& gpu) {
   auto out = fmt::output_file(dir + "/kv_handoff.csv");
   out.print(
-      "model,tokens,kv_bits,layout,rate_gbps,route,rtt_ms,loss_pct,recovery,kv_bytes,"
+      "model,tokens,kv_bits,layout,window,rate_gbps,route,rtt_ms,loss_pct,recovery,kv_bytes,"
       "prefill_ms,added_ms,ideal_ms\n");
-  auto row = [&](const ModelShape& m, double t, Layout lay, double rate, const Route& r,
+  auto row = [&](const ModelShape& m, double t, Layout lay, bool warm, double rate, const Route& r,
                  double loss, Recovery rec) {
     Link l;
     l.rate_gbps = rate;
     l.rtt_ms = r.rtt_ms;
     l.loss = loss;
     l.recovery = rec;
+    l.warm = warm;
     const Handoff h = kv_handoff(m, t, 16, lay, l, gpu);
-    out.print("{},{:.0f},16,{},{},{},{:.2f},{},{},{:.0f},{:.1f},{:.1f},{:.1f}\n", m.name, t,
-              layout_name(lay), rate, r.name, r.rtt_ms, loss * 100, recovery_name(rec), h.bytes,
-              h.prefill_ms, h.added_ms, h.ideal_ms);
+    out.print("{},{:.0f},16,{},{},{},{},{:.2f},{},{},{:.0f},{:.1f},{:.1f},{:.1f}\n", m.name, t,
+              layout_name(lay), warm ? "warm" : "cold", rate, r.name, r.rtt_ms, loss * 100,
+              recovery_name(rec), h.bytes, h.prefill_ms, h.added_ms, h.ideal_ms);
   };
   for (const auto& m : study_models())
     for (double t = 1024; t <= 131072; t *= 2)
       for (Layout lay : {Layout::kWhole, Layout::kLayer})
-        for (double rate : kRates)
-          for (const auto& r : study_routes()) row(m, t, lay, rate, r, 0, Recovery::kSelective);
+        for (bool warm : {true, false})
+          for (double rate : kRates)
+            for (const auto& r : study_routes())
+              row(m, t, lay, warm, rate, r, 0, Recovery::kSelective);
   const ModelShape m = find_model("llama3-8b");
   for (double loss : {0.0001, 0.001, 0.01})
     for (Recovery rec : {Recovery::kGoBackN, Recovery::kSelective})
       for (double rate : kRates)
-        for (const auto& r : study_routes()) row(m, 16384, Layout::kLayer, rate, r, loss, rec);
+        for (const auto& r : study_routes())
+          row(m, 16384, Layout::kLayer, true, rate, r, loss, rec);
 }
 
 /// One training mode of the tables: the mode and its H.
@@ -313,6 +330,7 @@ int model_main(int argc, char** argv) {
   tr->add_option("--outer-bytes", s.outer_bytes_per_param, "DiLoCo bytes per parameter on the WAN");
   tr->add_option("--fragments", s.fragments, "Streaming DiLoCo F")->check(CLI::PositiveNumber);
   tr->add_option("--overlap-steps", s.overlap_steps, "Streaming DiLoCo τ");
+  tr->add_flag("--rendezvous", s.rendezvous, "+ RTT/2 per AllReduce: ccl's first advert");
 
   CLI::App* tb = app.add_subcommand("tables", "write every table of the study (CSV)");
   std::string dir = "docs/wan_study";

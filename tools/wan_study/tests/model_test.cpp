@@ -51,6 +51,18 @@ TEST(WanModelTest, LongPathRampGrowsFivefoldToTheBdpInThreeRounds) {
   EXPECT_NEAR(t.ramp_ms, 136.9976576, 1e-6);
 }
 
+TEST(WanModelTest, AWarmQpHasNoRamp) {
+  // The same 100e6 B over 10 Gbit/s × 50 ms on a QP whose window is at the BDP already:
+  // 100e6 / 1.25e6 = 80 ms + 25 = 105 ms, the ideal.
+  Link l;
+  l.rate_gbps = 10;
+  l.rtt_ms = 50;
+  l.warm = true;
+  const Transfer t = bulk_transfer(100e6, l);
+  EXPECT_EQ(t.ramp_rounds, 0);
+  EXPECT_NEAR(t.total_ms, 105, 1e-9);
+}
+
 TEST(WanModelTest, AMessageThatEndsInsideTheRampPaysOnlyItsRounds) {
   // 1e6 B over 10 Gbit/s × 50 ms: round 1 sends 524,288 (t = 50), the last 475,712 B fit
   // the next window (2,621,440): 475,712 / 1.25e6 = 0.3805696 ms, + 25 → 75.3805696 ms.
@@ -175,6 +187,9 @@ TEST(WanModelTest, FlatRingIsThakurAlphaBetaWithTheWideAreaHop) {
   s.wan.rate_gbps = 1;
   s.wan.rtt_ms = 10;
   EXPECT_NEAR(ring_allreduce_ms(4194304, s), 80.391648, 1e-6);
+  // ccl's rendezvous: the first advert crosses first, + RTT/2 = 5 → 85.391648 ms.
+  s.rendezvous = true;
+  EXPECT_NEAR(ring_allreduce_ms(4194304, s), 85.391648, 1e-6);
 }
 
 TEST(WanModelTest, AStepBeyondTheInflightCapRunsAtCapOverRtt) {
