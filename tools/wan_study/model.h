@@ -277,6 +277,11 @@ struct TrainSetup {
   /// before the first RDMA WRITE may leave (ccl's Send/Recv, verbs_control.h), + RTT/2 per
   /// AllReduce. false: receive buffers known in advance (NCCL's pre-registered rings).
   bool rendezvous = false;
+  /// The per-step AllReduce overlaps the backward pass (2/3 of the compute): only what
+  /// exceeds it is exposed (PyTorch DDP's gradient buckets, Li et al., VLDB 2020). Applies to
+  /// every step's synchronisation (ring, hier*, DiLoCo's inner one), not to DiLoCo's blocking
+  /// outer sync. false: compute, then the AllReduce (wan_study train's sleep + AllReduce).
+  bool overlap_backward = false;
 };
 
 /// Compute per step, ms: setup.compute_ms when > 0, else 6·params·tokens_per_gpu_step /
@@ -311,7 +316,8 @@ struct Step {
 };
 
 /// A step of `mode`, ms.
-///   ring/hier/hier-bf16/hier-int8: compute + the AllReduce of the gradient, every step.
+///   ring/hier/hier-bf16/hier-int8: compute + the AllReduce of the gradient, every step
+///     (with overlap_backward only what exceeds 2/3 of the compute).
 ///   DiLoCo (Douillard et al., arXiv 2311.08455, 2023): each inner step AllReduces inside
 ///     the site; every H = outer_every steps the sites AllReduce the pseudo-gradient
 ///     (outer_bytes_per_param per parameter) hierarchically, blocking: + outer / H.

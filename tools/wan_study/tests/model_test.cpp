@@ -247,6 +247,20 @@ TEST(WanModelTest, DilocoAndStreamingDiloco) {
   EXPECT_NEAR(train_step(TrainMode::kStreamingDiloco, s).comm_ms, 17.64, 1e-9);
 }
 
+TEST(WanModelTest, OverlapWithTheBackwardPassHidesUpToTwoThirdsOfCompute) {
+  // The DiLoCo case above with DDP overlap: inner 17.64 ms < 2/3 · 100 → hidden; the outer
+  // 360.16 / 100 = 3.6016 stays: utilisation 100 / 103.6016 = 0.965236.
+  TrainSetup s;
+  s.params = 1e9;
+  s.compute_ms = 100;
+  s.wan.rate_gbps = 100;
+  s.wan.rtt_ms = 20;
+  s.overlap_backward = true;
+  EXPECT_NEAR(train_step(TrainMode::kDiloco, s).comm_ms, 3.6016, 1e-9);
+  // Hierarchical every step: 360.16 − 66.667 = 293.493 ms exposed.
+  EXPECT_NEAR(train_step(TrainMode::kHier, s).comm_ms, 360.16 - 200.0 / 3, 1e-9);
+}
+
 TEST(WanModelTest, PublishedBandwidthReductions) {
   // DiLoCo: fp32 every 500 steps against fp32 every step → 500×. INTELLECT-1: int8
   // (1 B of 4) every 100 steps → 4 × 100 = 400×.
