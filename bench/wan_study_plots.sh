@@ -40,7 +40,7 @@ plot_modes() {
 }
 heat() {
   echo "set title '$1'; plot '$tmp/h_$1.dat' using 1:2:3 with image notitle, \
-    '' using 1:2:(\$3 > 0 ? sprintf('%dK%s', \$3, \$4 ? '' : '') : '0') with labels notitle"
+    '' using 1:2:(sprintf('%d%s', \$3, \$4 > 0.5 ? '+' : '')) with labels notitle"
 }
 gnuplot <<GP
 set terminal pngcairo size 1200,520 font 'sans,10'
