@@ -25,6 +25,9 @@
 //     SOFTRDMA_TDF under time dilation: base/clock.h), so their timestamps compare directly (two
 //     hosts would need a clock synchronisation).
 //
+//   wan_study model kv|train|tables ...
+//     the performance model's predictions, no device needed (model_cli.h, model.h).
+//
 // Errors: bad options print a message and exit 2; a failed transfer exits 1.
 #include <algorithm>
 #include <atomic>
@@ -42,6 +45,7 @@
 #include "base/clock.h"
 #include "ccl/bootstrap.h"
 #include "ccl/ccl.h"
+#include "tools/wan_study/model_cli.h"
 
 namespace {
 
@@ -78,6 +82,7 @@ struct Options {
                "[--steps N] [--compute-ms C] [--sync-every H]\n"
                "       wan_study kv --layout whole|layer [--layers L] [--bytes-per-token T] "
                "[--tokens K] [--layer-ms C]\n"
+               "       wan_study model kv|train|tables ... (the performance model; --help)\n"
                "Run one process per rank with the torchrun variables (RANK, WORLD_SIZE, "
                "MASTER_ADDR, MASTER_PORT); bench/wan_study.sh does it.\n",
                why.c_str());
@@ -256,6 +261,8 @@ int kv(const Options& o) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (argc >= 2 && std::strcmp(argv[1], "model") == 0)
+    return softrdma::wan_model::model_main(argc - 1, argv + 1);
   const Options o = parse(argc, argv);
   try {
     return o.command == "train" ? train(o) : kv(o);
