@@ -290,7 +290,7 @@ class Device final : public Transport, public ObjectRegistry {
   /// knows the loss at once (a NIC would have back-pressured): each QP concerned goes back
   /// to its first dropped PSN with its window at half of what was in flight, and sends again
   /// now — instead of waiting for the responder's NAK, or for the retransmit
-  /// timeout when the drops were the tail of a burst (kv-bench saw 67 ms stalls).
+  /// timeout when the drops were the tail of a burst.
   void recover_ring_full();
   /// Writes the same-host backlogs into their rings as room appears, and runs again the
   /// requesters that held back for them (wait_for_path) once their peer's backlog is empty.
@@ -475,7 +475,7 @@ class Device final : public Transport, public ObjectRegistry {
   /// QPs with an armed timer, earliest first. An entry is live only while it equals the
   /// QP's timer_queued_ns; stale entries (timer moved later, QP gone) are skipped when
   /// popped. A timer round costs O(log n) per due QP and nothing for the others, so the
-  /// cost of progress does not grow with the number of QPs (issue 7: 16,000 QP pairs).
+  /// cost of progress does not grow with the number of QPs (bench/qp_scale: 16,000 QP pairs).
   struct TimerEntry {
     uint64_t deadline_ns;
     uint32_t qpn;

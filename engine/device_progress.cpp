@@ -117,10 +117,10 @@ void Device::try_progress() {
     shm_.note_polling(now);
     // note_polling() makes senders skip the doorbell for a while. If the progress thread
     // went to sleep until its next timer (it saw nobody polling), nobody would read the
-    // rings when this poller stops within that while: a record written then waited for the
-    // retransmit timer (kv-bench, 16 KiB WRITEs: 64–100 ms stalls, 0.2 GB/s instead of
-    // 2–4). Wake it once, so it watches this poller's window again. Under mu_, as its
-    // note_sleeping() is: one of the two sides always sees the other.
+    // rings when this poller stops within that while: a record written then would wait for
+    // the retransmit timer (docs/performance.md, the doorbell). Wake it once, so it watches
+    // this poller's window again. Under mu_, as its note_sleeping() is: one of the two sides
+    // always sees the other.
     if (thread_asleep_.load(std::memory_order_relaxed) && thread_asleep_.exchange(false)) wake();
   }
   // An empty poll of the rings is a few memory loads; an empty recvmmsg is a system call.
@@ -156,10 +156,9 @@ void Device::progress_thread() {
   // kPollerActiveNs; meanwhile this thread sleeps until the earliest timer or the end of
   // that window, whichever comes first (epoll_pwait2: µs precision), so a process that
   // stops polling — e.g. the target of ib_write_lat, which spins on memory — gets its
-  // socket watched again within ~kPollerActiveNs. 50 µs, not the 200 µs first used:
-  // ib_write_lat (whose target polls its CQ for its own send, then spins on memory) waited
-  // the whole window for every WRITE; waking every 50 µs while an app polls costs a few
-  // percent of a core, as the thread takes no lock then.
+  // socket watched again within ~kPollerActiveNs: such a process waits up to that window
+  // for each message it receives, so the window is short (50 µs); waking that often while
+  // an app polls costs a few percent of a core, as the thread takes no lock then.
   // On a crowded machine (more runnable threads than CPUs) a poller's last poll goes stale
   // because it is descheduled, not because it stopped, so the window is kCrowdedPollerNs:
   // taking the socket back then only adds a thread that competes for the cores and the lock

@@ -2,7 +2,9 @@
 // by column, as Linux keeps them in qp_state_table (drivers/infiniband/core/verbs.c).
 #include "engine/qp_type.h"
 
-#include "engine/qp.h"
+#include "engine/responder.h"
+#include "engine/uc.h"
+#include "engine/ud.h"
 
 namespace softrdma::engine {
 

@@ -525,11 +525,10 @@ uint32_t emit_again(QueuePair& qp, Transport& t, uint32_t psn, bool ack_req) {
       // AckReq at the end of each resent range (and on the resend check's resend of the
       // oldest PSN): the requester is waiting for its acknowledgement, and a responder that
       // already has it (its ACK was lost) re-acknowledges a duplicate only when asked (IBTA
-      // 9.7.5.1.3). Without it, resends of a middle packet drew no answer and only the
-      // retransmit timeout's go-back could — under a periodic loss of every 7th packet that
-      // one packet was the dropped one every cycle, until retry_cnt ran out
-      // (verbs_loss_tests InjectedLoss/Every7, ~1 in 8 runs). One per range is enough: the
-      // ACK is cumulative.
+      // 9.7.5.1.3). Without it, resends of a middle packet draw no answer and only the
+      // retransmit timeout's go-back can — and a periodic loss can drop that one packet
+      // every cycle until retry_cnt runs out (docs/performance.md). One per range is
+      // enough: the ACK is cumulative.
       pay = emit_data_packet(qp, w, t, iov, psn, off, ack_req);
       break;
     }

@@ -1,4 +1,4 @@
-// Several processes on one softrdma address (issue 11): the per-address slot registry and the
+// Several processes on one softrdma address: the per-address slot registry and the
 // forwarding sockets between the processes that share the address.
 //
 // A kernel RDMA device is shared by every process of the host; a softrdma device is an IPv4 address
@@ -18,8 +18,9 @@
 // a socket of its own for k, "\0<prefix>fwd-<a.b.c.d>-<owner>-<k>", and slot k's socket is
 // connected to it (follow_owner()): Linux queues at most net.unix.max_dgram_qlen (10 by
 // default) datagrams on a unix datagram socket from senders it is not connected to, so a burst
-// of READ responses or ACKs forwarded to an unconnected socket overflowed it and was lost
-// (issue 22 item 5); from the socket it is connected to, only that sender's send buffer bounds
+// of READ responses or ACKs forwarded to an unconnected socket would overflow it and be lost
+// (docs/architecture.md, "Queue limit"); from the socket it is connected to, only that sender's
+// send buffer bounds
 // what may wait — one per slot, so a slow or stopped process holds up only its own packets.
 //
 // Threading: one AddressShare is used by one thread at a time (the device lock); processes

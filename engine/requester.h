@@ -1,0 +1,60 @@
+// The requester transport unit (requester.cpp): SQ WQEs to request packets, within the window;
+// resends, the tail-loss probe and the recovery state (IBTA vol 1, 9.4 and 9.7.3; rxe_req.c).
+// Declared here, not in qp.h, so that qp_type.cpp can name the units without the QP's whole
+// definition (one header per transport unit).
+#pragma once
+
+#include <cstdint>
+
+#include "engine/congestion_window.h"
+#include "engine/recovery.h"
+#include "engine/transport.h"
+
+namespace softrdma::engine {
+
+class QueuePair;
+
+/// Requester: turns WQEs into request packets within the PSN window and the
+/// READ/ATOMIC credit (max_rd_atomic).
+namespace requester {
+/// Moves the QP's recovery state to `to` (engine/recovery.h), logging the transition at
+/// debug with `cause` (a string literal); entering go-back-N, selective or probe sets where
+/// it ends (req.max_psn). No effect on packets: the caller does what the state names.
+void enter_recovery(QueuePair& qp, Recovery to, const char* cause);
+/// A request the device dropped on a full same-host ring (Transport::on_local_drop's
+/// caller): when `psn` is still outstanding and not already sent again, the window shrinks
+/// to half of what was in flight (CongestionWindow::on_local_drop), the requester goes back
+/// to `psn` (go-back-N) and returns true; otherwise false, nothing changed. The requester,
+/// not the device, edits its PSNs.
+bool on_local_drop(QueuePair& qp, uint32_t psn);
+/// Sends as many request packets as window, credits, fences and state allow.
+void run(QueuePair& qp, Transport& t);
+/// Positions the requester at `psn` (go-back-N): the WQE holding it and the byte offset
+/// of that PSN become the next to transmit; READ/ATOMIC credits after it are returned.
+void rewind(QueuePair& qp, uint32_t psn);
+/// Request packets in flight before the requester waits for ACKs, at most.
+inline constexpr uint32_t kWindowPsns = CongestionWindow::kMaxPsns;
+/// Sends the packet that starts at `psn` again (a selective NAK named it), leaving the
+/// requester's position alone: a SEND/WRITE segment, a READ request for the rest of its
+/// chunk, or an atomic. `ack_req`: a SEND/WRITE segment asks for an ACK — set on the last
+/// packet of each resent range and on the resend check's resend of the oldest PSN, so a
+/// responder that already had them (their ACK was lost) answers (IBTA 9.7.5.1.3). Returns
+/// the PSNs that packet covers (≥ 1), or 0 when no started WQE holds `psn`.
+uint32_t resend(QueuePair& qp, Transport& t, uint32_t psn, bool ack_req);
+/// The tail-loss probe (completer::probe_timeout_ns): the last PSN sent goes out again with
+/// AckReq, leaving the requester's position alone. Any IBTA responder answers it: a duplicate
+/// with an ACK (the ACK was lost), the expected PSN with an ACK (the tail was lost), a PSN
+/// beyond a gap with a sequence or selective NAK (more was lost). When that PSN belongs to a
+/// READ or atomic, whose request resent would draw the whole chunk of responses again, the
+/// requester goes back to the oldest unacknowledged PSN instead (a READ then asks only for
+/// the responses it misses). No window collapse and no retry counted: the retransmit timer
+/// still runs. Returns false when nothing was outstanding to probe.
+bool probe(QueuePair& qp, Transport& t);
+/// Packets between AckReq bits inside a long message.
+inline constexpr uint32_t kAckEvery = 32;
+/// A READ WQE is requested in chunks of at most this many response packets, so that
+/// max_rd_atomic and the PSN window also pace read responses.
+inline constexpr uint32_t kReadChunkPsns = 32;
+}  // namespace requester
+
+}  // namespace softrdma::engine
