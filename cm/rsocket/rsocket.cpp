@@ -977,7 +977,13 @@ short poll_socket(Socket& rs, short events) {
     short rev = 0;
     if ((events & POLLIN) && conn_have_rdata(rs)) rev |= POLLIN;
     if ((events & POLLOUT) && rs.cq && can_send(rs)) rev |= POLLOUT;
-    if (!(rs.state & kConnected)) rev |= (rs.state == kDisconnected) ? POLLHUP : POLLERR;
+    // Hang-up once the data the peer sent before its disconnect has been read: rsocket.c
+    // reports POLLHUP at once, and a program that treats POLLHUP as an error (rstream's
+    // do_poll) then loses the tail of a transfer whose last bytes arrived with the peer's
+    // RS_CTRL_DISCONNECT (rstream -T a: its 1m_lat step). TCP, too, reports the peer's FIN
+    // as readable, not as a hang-up.
+    if (!(rs.state & kConnected) && !have_rdata(rs))
+      rev |= (rs.state == kDisconnected) ? POLLHUP : POLLERR;
     return rev;
   }
   if (rs.state == kListening) {
