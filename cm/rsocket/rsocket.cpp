@@ -1141,6 +1141,8 @@ int rsocket(int domain, int type, int protocol) {
   return rs->fd;
 }
 
+/// rbind(3): binds to an IPv4 address (its softrdma device). EBADF, EAFNOSUPPORT for another
+/// family, EINVAL for a null address or a socket already bound/connected; then the CM's errors.
 int rbind(int socket, const sockaddr* addr, socklen_t addrlen) {
   auto rs = lookup(socket);
   if (!rs) return set_errno(EBADF);
@@ -1152,6 +1154,7 @@ int rbind(int socket, const sockaddr* addr, socklen_t addrlen) {
   return 0;
 }
 
+/// rlisten(3): listens (rdma_listen). EBADF; EINVAL once connecting or connected.
 int rlisten(int socket, int backlog) {
   auto rs = lookup(socket);
   if (!rs) return set_errno(EBADF);
@@ -1163,6 +1166,9 @@ int rlisten(int socket, int backlog) {
   return 0;
 }
 
+/// raccept(3): takes the next connection request, answers it with this side's rs_conn_data and
+/// returns the new rsocket (its QP ready to send). Blocks unless O_NONBLOCK (then EAGAIN);
+/// EINVAL when not listening; a request without rsocket private data is rejected and skipped.
 int raccept(int socket, sockaddr* addr, socklen_t* addrlen) {
   auto rs = lookup(socket);
   if (!rs) return set_errno(EBADF);
@@ -1235,6 +1241,9 @@ int raccept(int socket, sockaddr* addr, socklen_t* addrlen) {
   }
 }
 
+/// rconnect(3): resolves, creates the QP and buffers, connects with rs_conn_data. Blocking: 0
+/// or ECONNREFUSED / ETIMEDOUT / EHOSTUNREACH (within 30 s); non-blocking: EINPROGRESS, then
+/// EALREADY while under way; EISCONN when connected.
 int rconnect(int socket, const sockaddr* addr, socklen_t addrlen) {
   auto rs = lookup(socket);
   if (!rs) return set_errno(EBADF);
@@ -1255,6 +1264,9 @@ int rconnect(int socket, const sockaddr* addr, socklen_t addrlen) {
   return do_connect(*rs, &lk, rs->fs_flags & O_NONBLOCK);
 }
 
+/// rshutdown(3): SHUT_WR sends RS_CTRL_SHUTDOWN (the peer reads end of file), SHUT_RDWR
+/// RS_CTRL_DISCONNECT, then waits (at most 10 s) for the sends to complete. EBADF, EINVAL for
+/// another `how`, ENOTCONN when never connected.
 int rshutdown(int socket, int how) {
   auto rs = lookup(socket);
   if (!rs) return set_errno(EBADF);
@@ -1265,6 +1277,8 @@ int rshutdown(int socket, int how) {
   return ret;
 }
 
+/// rclose(3): shuts down (SHUT_RDWR) a connected socket, disconnects and frees it once no
+/// call on it is in flight. EBADF for a descriptor that is not an rsocket.
 int rclose(int socket) {
   std::shared_ptr<Socket> rs;
   {
@@ -1281,6 +1295,9 @@ int rclose(int socket) {
   return 0;  // the last reference (this one, or a call still in flight) frees it
 }
 
+/// rrecv(3) and the forms below: bytes copied from the receive buffer (0 at end of stream);
+/// MSG_PEEK, MSG_WAITALL, MSG_DONTWAIT. EBADF, ENOTCONN, EAGAIN, ECONNRESET/EIO on a lost
+/// connection with nothing left to read.
 ssize_t rrecv(int socket, void* buf, size_t len, int flags) {
   iovec v{buf, len};
   return recvv(socket, &v, 1, flags);
@@ -1304,6 +1321,9 @@ ssize_t rreadv(int socket, const iovec* iov, int iovcnt) {
   return recvv(socket, iov, iovcnt, 0);
 }
 
+/// rsend(3) and the forms below: bytes queued as RDMA WRITE WITH IMMEDIATE (RS_OP_DATA);
+/// blocks for credits unless non-blocking (EAGAIN when nothing was sent). EBADF, ENOTCONN,
+/// EPIPE after SHUT_WR or a disconnect, ECONNRESET when the connection fails meanwhile.
 ssize_t rsend(int socket, const void* buf, size_t len, int flags) {
   iovec v{const_cast<void*>(buf), len};
   return sendv(socket, &v, 1, flags);
@@ -1325,10 +1345,13 @@ ssize_t rwritev(int socket, const iovec* iov, int iovcnt) {
   return sendv(socket, iov, iovcnt, 0);
 }
 
+/// rpoll(3): poll(2) over rsockets and ordinary descriptors; timeout in ms (-1: none).
 int rpoll(pollfd* fds, nfds_t nfds, int timeout) {
   return do_rpoll(fds, nfds, timeout);
 }
 
+/// rselect(3): select(2) through rpoll. EINVAL for nfds outside 0..FD_SETSIZE or a negative
+/// timeout.
 int rselect(int nfds, fd_set* readfds, fd_set* writefds, fd_set* exceptfds, timeval* timeout) {
   if (nfds < 0 || nfds > FD_SETSIZE) return set_errno(EINVAL);
   std::vector<pollfd> p;
@@ -1367,6 +1390,7 @@ int rselect(int nfds, fd_set* readfds, fd_set* writefds, fd_set* exceptfds, time
   return count;
 }
 
+/// rgetpeername(3): the peer's IPv4 address. EBADF, EFAULT, ENOTCONN.
 int rgetpeername(int socket, sockaddr* addr, socklen_t* addrlen) {
   auto rs = lookup(socket);
   if (!rs) return set_errno(EBADF);
@@ -1378,6 +1402,7 @@ int rgetpeername(int socket, sockaddr* addr, socklen_t* addrlen) {
   return 0;
 }
 
+/// rgetsockname(3): the bound or connected local IPv4 address. EBADF, EFAULT.
 int rgetsockname(int socket, sockaddr* addr, socklen_t* addrlen) {
   auto rs = lookup(socket);
   if (!rs) return set_errno(EBADF);
@@ -1392,6 +1417,8 @@ int rgetsockname(int socket, sockaddr* addr, socklen_t* addrlen) {
   return 0;
 }
 
+/// rsetsockopt(3): the options rsocket(7) lists (docs/rdma-cm.md, "rsockets"). EBADF, EINVAL
+/// (short value, SOL_RDMA after connecting), ENOTSUP for others.
 int rsetsockopt(int socket, int level, int optname, const void* optval, socklen_t optlen) {
   auto rs = lookup(socket);
   if (!rs) return set_errno(EBADF);
@@ -1486,6 +1513,7 @@ int rsetsockopt(int socket, int level, int optname, const void* optval, socklen_
   return 0;
 }
 
+/// rgetsockopt(3): as rsetsockopt, plus SO_ERROR (read and cleared) and SO_TYPE.
 int rgetsockopt(int socket, int level, int optname, void* optval, socklen_t* optlen) {
   auto rs = lookup(socket);
   if (!rs) return set_errno(EBADF);
@@ -1561,6 +1589,7 @@ int rgetsockopt(int socket, int level, int optname, void* optval, socklen_t* opt
   }
 }
 
+/// rfcntl(3): F_GETFL / F_SETFL (O_NONBLOCK), F_GETFD / F_SETFD. ENOTSUP for other commands.
 int rfcntl(int socket, int cmd, ...) {
   auto rs = lookup(socket);
   if (!rs) return set_errno(EBADF);
@@ -1589,6 +1618,9 @@ int rfcntl(int socket, int cmd, ...) {
   return ret;
 }
 
+/// riomap(3): registers [buf, buf+len) at `offset` (-1: the buffer's address). PROT_WRITE:
+/// the peer may riowrite into it; it is announced (RS_OP_IOMAP_SGL) with the next send. ENOMEM
+/// when the peer's iomap table (RDMA_IOMAPSIZE) is full, EINVAL for other prot/flags.
 off_t riomap(int socket, void* buf, size_t len, int prot, int flags, off_t offset) {
   auto rs = lookup(socket);
   if (!rs) return set_errno(EBADF);
@@ -1627,6 +1659,7 @@ off_t riomap(int socket, void* buf, size_t len, int prot, int flags, off_t offse
   return offset;
 }
 
+/// riounmap(3): unregisters a window riomap registered. EINVAL if there is none.
 int riounmap(int socket, void* buf, size_t len) {
   auto rs = lookup(socket);
   if (!rs) return set_errno(EBADF);
@@ -1647,6 +1680,9 @@ int riounmap(int socket, void* buf, size_t len) {
   return set_errno(EINVAL);
 }
 
+/// riowrite(3): RDMA WRITE of `count` bytes at the peer's iomap offset, no message at the
+/// peer; stops at the end of the windows (returns what was written). (size_t)-1 and errno as
+/// rsend.
 size_t riowrite(int socket, const void* buf, size_t count, off_t offset, int flags) {
   auto rs = lookup(socket);
   if (!rs) return static_cast<size_t>(set_errno(EBADF));
