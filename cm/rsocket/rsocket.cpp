@@ -972,8 +972,8 @@ short poll_socket(Socket& rs, short events) {
       poll_cq(rs);
       update_credits(rs);
     }
-    pollfd p{rs.channel->fd, POLLIN, 0};
-    if (::poll(&p, 1, 0) > 0) drain_cm_events(rs);
+    // No system call here (this runs on every rpoll): the CM channel is read when rpoll's
+    // sleep finds it readable (do_rpoll) or a blocking call's sleep does.
     short rev = 0;
     if ((events & POLLIN) && conn_have_rdata(rs)) rev |= POLLIN;
     if ((events & POLLOUT) && rs.cq && can_send(rs)) rev |= POLLOUT;
@@ -1006,6 +1006,13 @@ void arm_socket(Socket& rs, std::vector<pollfd>* out) {
     }
     out->push_back({rs.cq_channel->fd, POLLIN, 0});
   }
+}
+
+// CM events of a connected socket (a connecting one reads its own in do_connect, a listener's
+// wait for raccept).
+void consume_cm_events(Socket& rs) {
+  std::lock_guard lk(rs.mu);
+  if (rs.state & kConnected) drain_cm_events(rs);
 }
 
 void consume_cq_event(Socket& rs) {
@@ -1071,6 +1078,7 @@ int do_rpoll(pollfd* fds, nfds_t nfds, int timeout) {
     if (::poll(sleep.data(), sleep.size(), ms) < 0) return -1;
     for (size_t o = 0; o < owners.size(); ++o) {
       const size_t end = o + 1 < owners.size() ? owners[o + 1].second : sleep.size();
+      if (sleep[owners[o].second].revents & POLLIN) consume_cm_events(*owners[o].first);
       for (size_t k = owners[o].second + 1; k < end; ++k)
         if (sleep[k].revents & POLLIN) consume_cq_event(*owners[o].first);
     }
