@@ -64,6 +64,8 @@ constexpr auto kConnectTimeout = std::chrono::seconds(30);
 constexpr int kWaitSliceMs = 1000;
 // Busy-poll before sleeping (rsocket.c's polling_time, 10 µs).
 constexpr auto kSpin = std::chrono::microseconds(10);
+// A socket that waits this long without a completion probes its peer (probe_if_idle).
+constexpr auto kProbeIdle = std::chrono::seconds(5);
 
 // enum rs_state of rsocket.c: bit sets, so "connected" covers readable/writable.
 enum : uint32_t {
@@ -168,6 +170,7 @@ struct Socket {
   ibv_cq* cq = nullptr;
   bool cq_armed = false;
   uint32_t unack_cqe = 0;
+  Clock::time_point last_activity{};  // last completion, or last probe
 
   // iomap.
   std::vector<IomapMr> remote_iomappings;  // writable windows the peer learns of
@@ -308,6 +311,7 @@ int create_ep(Socket& rs) {
   rs.rbuf_bytes_avail = rs.rbuf_size >> 1;
   rs.sqe_avail = rs.sq_size - rs.ctrl_max_seqno;
   rs.rseq_comp = static_cast<uint16_t>(rs.rq_size >> 1);
+  rs.last_activity = Clock::now();
 
   for (uint32_t i = 0; i < rs.rq_size; ++i) {
     ibv_recv_wr wr{}, *bad = nullptr;
@@ -420,6 +424,7 @@ void poll_cq(Socket& rs) {
   for (int round = 0; round < 64; ++round) {  // bounded: at most 1024 completions a call
     const int n = ibv_poll_cq(rs.cq, 16, wc);
     if (n <= 0) break;
+    rs.last_activity = Clock::now();
     for (int i = 0; i < n; ++i) {
       const ibv_wc& w = wc[i];
       if (w.wr_id & kRecvFlag) {
@@ -473,7 +478,7 @@ void poll_cq(Socket& rs) {
           softrdma::cm::log().info("rsocket {}: send completion {}: connection lost", rs.fd,
                                    ibv_wc_status_str(w.status));
           rs.state = kError;
-          rs.err = EIO;
+          rs.err = w.status == IBV_WC_RETRY_EXC_ERR ? ECONNRESET : EIO;
         }
       }
     }
@@ -536,8 +541,28 @@ bool is_nonblocking(const Socket& rs, int flags) {
   return (rs.fs_flags & O_NONBLOCK) || (flags & MSG_DONTWAIT);
 }
 
+// A peer whose process died sends nothing more — no RS_CTRL_DISCONNECT, no DREQ (a kernel
+// would send one for it; softrdma's CM dies with the process) — so a socket that only
+// receives would wait forever. After kProbeIdle without a completion, post a zero-length
+// RDMA WRITE (no immediate: it consumes no receive WQE and no credit at the peer, rsocket.c
+// peers included): a live peer ACKs it, a dead one lets the RC retries run out and the
+// completion error ends the socket (ECONNRESET).
+void probe_if_idle(Socket& rs) {
+  if (!(rs.state & kConnected) || !rs.cq || !rs.sqe_avail) return;
+  const auto now = Clock::now();
+  if (now - rs.last_activity < kProbeIdle) return;
+  rs.last_activity = now;
+  ibv_send_wr wr{}, *bad = nullptr;
+  wr.wr_id = make_msg(Op::kWrite, 0);
+  wr.opcode = IBV_WR_RDMA_WRITE;
+  wr.wr.rdma.remote_addr = rs.remote_sgl.addr;
+  wr.wr.rdma.rkey = rs.remote_sgl.key;
+  if (ibv_post_send(rs.id->qp, &wr, &bad) == 0) rs.sqe_avail--;
+}
+
 // Sleeps (lock released) until the CQ or the CM channel has something, at most `ms`.
 void sleep_on_channels(Socket& rs, std::unique_lock<std::mutex>& lk, int ms) {
+  probe_if_idle(rs);
   pollfd p[2] = {{rs.cq_channel ? rs.cq_channel->fd : -1, POLLIN, 0}, {rs.channel->fd, POLLIN, 0}};
   ++rs.waiters;
   lk.unlock();
@@ -884,7 +909,11 @@ ssize_t recvv(int fd, const iovec* iov, int iovcnt, int flags) {
       ret = get_comp(*rs, lk, is_nonblocking(*rs, flags), conn_have_rdata);
       if (ret) break;
     }
-    if (!have_rdata(*rs)) break;  // end of stream
+    if (!have_rdata(*rs)) {
+      // End of stream: 0 after an orderly disconnect or shutdown, an error after a failure.
+      if (done == 0 && (rs->state & kError)) ret = set_errno(rs->err ? rs->err : ECONNRESET);
+      break;
+    }
     // Skip what an earlier pass of MSG_WAITALL filled.
     std::vector<iovec> rest;
     size_t skip = done;
@@ -902,10 +931,7 @@ ssize_t recvv(int fd, const iovec* iov, int iovcnt, int flags) {
     update_credits(*rs);
     if (flags & MSG_PEEK) break;
   } while (done < len && (flags & MSG_WAITALL) && (rs->state & kReadable));
-  if (done == 0 && ret) {
-    if ((rs->state & kError) && errno != EWOULDBLOCK) errno = rs->err ? rs->err : ECONNRESET;
-    return -1;
-  }
+  if (done == 0 && ret) return -1;
   return static_cast<ssize_t>(done);
 }
 
@@ -1000,6 +1026,7 @@ void arm_socket(Socket& rs, std::vector<pollfd>* out) {
   std::lock_guard lk(rs.mu);
   out->push_back({rs.channel->fd, POLLIN, 0});
   if (rs.cq && (rs.state & kConnected)) {
+    probe_if_idle(rs);
     if (!rs.cq_armed) {
       ibv_req_notify_cq(rs.cq, 0);
       rs.cq_armed = true;

@@ -20,11 +20,15 @@
 #                  with ECONNREFUSED at once (rstream connects non-blocking: rpoll then SO_ERROR)
 #   peer_killed    the server is SIGKILLed in the middle of a long rstream bandwidth run: the
 #                  client must end with an error within 60 s, never hang
+#   receiver_orphaned  the client (the sender) is SIGKILLed instead: the server only receives
+#                  and its dead peer sends nothing more (no DREQ from a killed process), so
+#                  it must find out by itself (the idle probe, a zero-length RDMA WRITE
+#                  after 5 s) and end with ECONNRESET within 60 s
 #
 # Addresses 127.0.100.x, ports 19500-19509: one pair per case, so cases may run in parallel.
 set -uo pipefail
 
-CASES="rstream rstream_async rstream_nonblocking riostream preload refused peer_killed"
+CASES="rstream rstream_async rstream_nonblocking riostream preload refused peer_killed receiver_orphaned"
 
 # shellcheck source=scripts/lib/test_lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/../../../scripts/lib/test_lib.sh"
@@ -40,6 +44,7 @@ case "$CASE" in
   preload) N=5 ;;
   refused) N=6 ;;
   peer_killed) N=7 ;;
+  receiver_orphaned) N=8 ;;
 esac
 S=127.0.100.$((2 * N - 1))
 C=127.0.100.$((2 * N))
@@ -169,6 +174,25 @@ case "$CASE" in
     SERVER_PID=""
     ((RC != 0 && RC != 124 && RC != 137)) || { show_logs "$CLOG"; fail "client: status $RC, expected an error of its own"; }
     echo "client ended $TOOK s after the server was killed, status $RC: $(tail -1 "$CLOG")"
+    ;;
+  receiver_orphaned)
+    need_tool rstream
+    start_server rstream -b "$S" -p "$PORT" -S 1048576 -C 100000
+    echo "client: softrdma run --addr $C -- rstream -s $S -p $PORT -S 1048576 -C 100000 (killed after 2 s)"
+    timeout -k 5 "$STEP_TIMEOUT" "$SOFTRDMA" run --addr "$C" -- \
+      stdbuf -oL rstream -s "$S" -p "$PORT" -S 1048576 -C 100000 >"$CLOG" 2>&1 &
+    cpid=$!
+    sleep 2
+    kill -0 "$SERVER_PID" 2>/dev/null || { show_logs "$SLOG" "$CLOG"; fail "server ended before the kill"; }
+    victim=$(pgrep -P "$cpid" | head -1)  # timeout's child: rstream itself (exec'd)
+    [[ -n $victim ]] || victim=$cpid
+    echo "killing the client: $(ps -o pid=,args= -p "$victim")"
+    kill_and_wait_exit "$victim" "$SERVER_PID" 60 "$SLOG" "the server"
+    wait "$cpid" 2>/dev/null
+    SERVER_PID=""
+    ((RC != 0 && RC != 124 && RC != 137)) || { show_logs "$SLOG"; fail "server: status $RC, expected an error of its own"; }
+    grep -q "Connection reset by peer" "$SLOG" || { show_logs "$SLOG"; fail "server: no ECONNRESET"; }
+    echo "server ended $TOOK s after the client was killed, status $RC: $(grep -m1 'Connection reset' "$SLOG")"
     ;;
 esac
 echo "PASS [$TEST_NAME]"
