@@ -594,7 +594,10 @@ int get_comp(Socket& rs, std::unique_lock<std::mutex>& lk, bool nonblock, Test t
     poll_cq(rs);
     update_credits(rs);
     if (test(rs)) return 0;
-    if (nonblock) return set_errno(EWOULDBLOCK);
+    if (nonblock) {
+      probe_if_idle(rs);  // a program that polls with MSG_DONTWAIT never sleeps here
+      return set_errno(EWOULDBLOCK);
+    }
     if (Clock::now() < spin_until) continue;
     if (!rs.cq_armed) {
       ibv_req_notify_cq(rs.cq, 0);
@@ -997,6 +1000,7 @@ short poll_socket(Socket& rs, short events) {
       update_credits(rs);
       poll_cq(rs);
       update_credits(rs);
+      probe_if_idle(rs);  // rpoll with timeout 0 in a loop never sleeps either
     }
     // No system call here (this runs on every rpoll): the CM channel is read when rpoll's
     // sleep finds it readable (do_rpoll) or a blocking call's sleep does.
