@@ -1,7 +1,7 @@
 // softrdma — command-line companion of the softrdma drop-ins libibverbs.so.1 and librdmacm.so.1.
 //
 //   softrdma run [--addr IP[,IP...]] [--transport auto|udp|shm] [--netem SPEC] [--wan FILE|SPEC]
-//                [--pcap FILE] [--log LEVEL] [--tdf K] -- PROGRAM [ARGS...]
+//                [--pcap FILE] [--log LEVEL] [--tdf K] [--rsockets] -- PROGRAM [ARGS...]
 //       Runs an unmodified verbs program over softrdma: checks the options, exports
 //       SOFTRDMA_ADDR / SOFTRDMA_NETEM / SOFTRDMA_WAN / SOFTRDMA_PCAP / SOFTRDMA_LOG, puts the
 //       directory holding
@@ -12,7 +12,9 @@
 //       and stdio). --tdf K (time dilation, base/clock.h) sets SOFTRDMA_TDF=K and
 //       SOFTRDMA_TDF_EPOCH, preloads libsoftrdma_tdf.so (PROGRAM's clock_gettime,
 //       gettimeofday, time and sleeps run K times slower) and prints on stderr which
-//       programs do not see it (perftest on x86 reads the TSC).
+//       programs do not see it (perftest on x86 reads the TSC). --rsockets preloads Debian's
+//       librspreload (rdma-core's, over this librdmacm's rsockets) behind
+//       libsoftrdma_rspreload_shim.so: PROGRAM's AF_INET stream sockets become rsockets.
 //
 //   softrdma stat [--all] [--json]
 //       Prints the counters that every open softrdma device publishes in
@@ -145,8 +147,13 @@ struct RunOptions {
   std::string transport;
   std::string tdf;
   bool no_sysfs = false;
+  bool rsockets = false;
   std::vector<std::string> command;
 };
+
+/// Debian's librspreload (package librdmacm1): socket calls on AF_INET stream sockets to the
+/// rsocket calls of librdmacm.so.1, everything else to libc.
+constexpr const char* kRspreload = "/usr/lib/x86_64-linux-gnu/rsocket/librspreload.so";
 
 /// Parses --addr: one IPv4 address or a comma-separated list of them (one device each:
 /// srdma0, srdma1, …) into `ips` (host order). Prints the usage error and returns false for
@@ -258,6 +265,21 @@ int cmd_run(const RunOptions& o) {
   // was built, so `softrdma run -- torchrun ...` finds `import softrdma_torch`.
   if (std::error_code ec; fs::is_directory(dir->parent_path() / "python" / "softrdma_torch", ec))
     prepend_env_path("PYTHONPATH", (dir->parent_path() / "python").string());
+  // rsockets: librspreload, with the shim (accept4, ioctl FIONBIO) in front of it.
+  if (o.rsockets) {
+    const fs::path shim = *dir / "libsoftrdma_rspreload_shim.so";
+    std::error_code ec;
+    if (!fs::exists(kRspreload, ec)) {
+      error(fmt::format("{} is missing (Debian package librdmacm1)", kRspreload));
+      return 1;
+    }
+    if (!fs::exists(shim, ec)) {
+      error(fmt::format("{} is missing (build the softrdma_rspreload_shim target)", shim.string()));
+      return 1;
+    }
+    prepend_env_path("LD_PRELOAD", kRspreload);
+    prepend_env_path("LD_PRELOAD", shim.string());
+  }
   // The sysfs interposer first, then (below) the ASan runtime in front of everything.
   if (const fs::path sysfs = *dir / "libsoftrdma_sysfs.so"; !o.no_sysfs) {
     std::error_code ec;
@@ -531,6 +553,10 @@ int main(int argc, char** argv) {
                   "emulated links K times faster than this machine can carry keep their "
                   "virtual rates and delays (docs/wide-area.md, Time dilation)")
       ->type_name("K");
+  run->add_flag("--rsockets", ro.rsockets,
+                "run PROGRAM's TCP sockets over rsockets: preloads Debian's librspreload "
+                "(with libsoftrdma_rspreload_shim.so for accept4 and ioctl FIONBIO); AF_INET "
+                "stream sockets go to rsockets, everything else passes through");
   run->add_flag("--no-sysfs", ro.no_sysfs,
                 "do not preload libsoftrdma_sysfs.so (the virtual /sys/class/infiniband, "
                 "/sys/class/infiniband_verbs and /dev/infiniband/uverbsN)");

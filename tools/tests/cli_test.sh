@@ -7,7 +7,8 @@
 #       message); `run -- true` works; `run -- /nonexistent` exits 127 naming the program;
 #       the options reach the program's environment and LD_LIBRARY_PATH starts with the
 #       drop-in's directory; PROGRAM's own options after `--` are left alone.
-#       `run` preloads libsoftrdma_sysfs.so (not with --no-sysfs).
+#       `run` preloads libsoftrdma_sysfs.so (not with --no-sysfs); `run --rsockets` preloads
+#       libsoftrdma_rspreload_shim.so and Debian's librspreload.so.
 # sysfs: --create DIR writes srdma0's tree there; a bad --addr (or list entry) or no --create is
 #       a usage error (two devices: verbs/sysfs/tests/two_devices_test.sh).
 # params: lists the registry (all groups, one group, Markdown); an unknown group is a usage
@@ -132,6 +133,13 @@ grep -Eq "^LD_PRELOAD=([^:]*/libasan\.so[^:]*:)?$want_sysfs(:|$)" <<<"$OUT" ||
   bad "LD_PRELOAD does not start with $want_sysfs (after the ASan runtime, if any)"
 sr run --no-sysfs -- env
 grep -q "libsoftrdma_sysfs" <<<"$OUT" && bad "run --no-sysfs still preloads libsoftrdma_sysfs.so"
+# --rsockets: the shim, then Debian's librspreload (not under ASan: the ASan runtime in front
+# of librspreload deadlocks before main; docs/rdma-cm.md "rsockets", ctests rsocket.*).
+if ! ldd "$SOFTRDMA" | grep -q libasan; then
+  sr run --rsockets --no-sysfs -- env
+  grep -Eq "^LD_PRELOAD=$want_lib/libsoftrdma_rspreload_shim\.so:/usr/lib/x86_64-linux-gnu/rsocket/librspreload\.so(:|$)" <<<"$OUT" ||
+    bad "run --rsockets does not preload libsoftrdma_rspreload_shim.so, then librspreload.so"
+fi
 ok "environment set up for the program"
 
 sr run -- printf '%s|' --addr -x -- --help
