@@ -609,6 +609,24 @@ int get_comp(Socket& rs, std::unique_lock<std::mutex>& lk, bool nonblock, Test t
   }
 }
 
+// rsend/riowrite: waits (or, non-blocking, fails with EAGAIN) until a send may be posted.
+// Returns 0, or -1 with errno set (ECONNRESET when the connection ended meanwhile).
+int wait_for_send_room(Socket& rs, std::unique_lock<std::mutex>& lk, int flags) {
+  if (can_send(rs)) return 0;
+  if (const int ret = get_comp(rs, lk, is_nonblocking(rs, flags), conn_can_send)) return ret;
+  if (!(rs.state & kWritable)) return set_errno(ECONNRESET);
+  return 0;
+}
+
+// The next transfer's size, bytes: `left` when it fits in `olen`, else `olen`, which doubles
+// from kFirstTransfer up to kMaxTransfer per transfer (rsocket.c's olen).
+uint32_t next_transfer(uint32_t& olen, size_t left) {
+  if (olen >= left) return static_cast<uint32_t>(left);
+  const uint32_t xfer = olen;
+  if (olen < kMaxTransfer) olen <<= 1;
+  return xfer;
+}
+
 // ---- connection setup ----
 
 // Waits for the next CM event of the socket's own channel; copies what is needed and acks it.
@@ -801,21 +819,8 @@ ssize_t sendv(int fd, const iovec* iov, int iovcnt, int flags) {
   uint32_t olen = kFirstTransfer;
   int ret = 0;
   while (left) {
-    if (!can_send(*rs)) {
-      ret = get_comp(*rs, lk, is_nonblocking(*rs, flags), conn_can_send);
-      if (ret) break;
-      if (!(rs->state & kWritable)) {
-        ret = set_errno(ECONNRESET);
-        break;
-      }
-    }
-    uint32_t xfer;
-    if (olen < left) {
-      xfer = olen;
-      if (olen < kMaxTransfer) olen <<= 1;
-    } else {
-      xfer = static_cast<uint32_t>(left);
-    }
+    if ((ret = wait_for_send_room(*rs, lk, flags))) break;
+    uint32_t xfer = next_transfer(olen, left);
     xfer = std::min(xfer, rs->sbuf_bytes_avail);
     xfer = std::min<uint32_t>(xfer, static_cast<uint32_t>(rs->target_sgl[rs->target_sge].length));
     if (xfer <= rs->sq_inline && iovcnt == 1) {
@@ -1748,21 +1753,8 @@ size_t riowrite(int socket, const void* buf, size_t count, off_t offset, int fla
       }
       if (!iom) break;  // no window at this offset: what was written is returned
     }
-    if (!can_send(*rs)) {
-      ret = get_comp(*rs, lk, is_nonblocking(*rs, flags), conn_can_send);
-      if (ret) break;
-      if (!(rs->state & kWritable)) {
-        ret = set_errno(ECONNRESET);
-        break;
-      }
-    }
-    uint32_t xfer;
-    if (olen < left) {
-      xfer = olen;
-      if (olen < kMaxTransfer) olen <<= 1;
-    } else {
-      xfer = static_cast<uint32_t>(left);
-    }
+    if ((ret = wait_for_send_room(*rs, lk, flags))) break;
+    uint32_t xfer = next_transfer(olen, left);
     xfer = std::min(xfer, rs->sbuf_bytes_avail);
     xfer = static_cast<uint32_t>(
         std::min<uint64_t>(xfer, cur.offset + cur.sge.length - static_cast<uint64_t>(offset)));

@@ -67,6 +67,18 @@ struct LinkOptions {
 const double kRates[] = {1, 10, 100, 400};
 const int kBits[] = {16, 8, 4};
 
+/// The link of a table row: `rate` Gbit/s over route `r` (its RTT), random loss `loss` (a
+/// fraction), recovery mode `rec`, a warm QP (window at one BDP) or a fresh one.
+Link route_link(double rate, const Route& r, double loss, Recovery rec, bool warm) {
+  Link l;
+  l.rate_gbps = rate;
+  l.rtt_ms = r.rtt_ms;
+  l.loss = loss;
+  l.recovery = rec;
+  l.warm = warm;
+  return l;
+}
+
 /// kv_max_context.csv: the largest context whose hand-off fits 200 ms of added TTFT, per
 /// model × KV precision × layout × rate × route, lossless and selective, over a warm QP
 /// (window at one BDP: a prefill→decode connection in use) and, for bf16, a fresh one
@@ -81,12 +93,7 @@ void max_context_table(const std::string& dir, const Gpu& gpu) {
       "kv_bytes_at_max,added_ms_at_max,prefill_ms_at_max,fits_at_131072\n");
   auto row = [&](const ModelShape& m, int bits, Layout lay, bool warm, double rate, const Route& r,
                  double loss, Recovery rec) {
-    Link l;
-    l.rate_gbps = rate;
-    l.rtt_ms = r.rtt_ms;
-    l.loss = loss;
-    l.recovery = rec;
-    l.warm = warm;
+    const Link l = route_link(rate, r, loss, rec, warm);
     const double t = max_context_tokens(m, bits, lay, l, gpu);
     const Handoff h = t > 0 ? kv_handoff(m, t, bits, lay, l, gpu) : Handoff{};
     const bool fits_max = kv_handoff(m, 131072, bits, lay, l, gpu).added_ms <= 200;
@@ -133,12 +140,7 @@ void handoff_table(const std::string& dir, const Gpu& gpu) {
       "prefill_ms,added_ms,ideal_ms\n");
   auto row = [&](const ModelShape& m, double t, Layout lay, bool warm, double rate, const Route& r,
                  double loss, Recovery rec) {
-    Link l;
-    l.rate_gbps = rate;
-    l.rtt_ms = r.rtt_ms;
-    l.loss = loss;
-    l.recovery = rec;
-    l.warm = warm;
+    const Link l = route_link(rate, r, loss, rec, warm);
     const Handoff h = kv_handoff(m, t, 16, lay, l, gpu);
     out.print("{},{:.0f},16,{},{},{},{},{:.2f},{},{},{:.0f},{:.1f},{:.1f},{:.1f}\n", m.name, t,
               layout_name(lay), warm ? "warm" : "cold", rate, r.name, r.rtt_ms, loss * 100,
