@@ -11,7 +11,6 @@
 #include <poll.h>
 #include <rdma/rdma_cma.h>
 #include <rdma/rdma_verbs.h>
-#include <rdma/rsocket.h>
 
 #include <spawn.h>
 #include <sys/wait.h>
@@ -178,7 +177,6 @@ TEST(RdmaCmApi, InvalidCallsFailWithLibrdmacmsErrno) {
   EXPECT_ERRNO(rdma_ack_cm_event(nullptr), EINVAL);
   auto group = addr("239.1.1.1", 0);
   EXPECT_ERRNO(rdma_join_multicast(id, sa(group), nullptr), EINVAL);  // a listening ID
-  EXPECT_ERRNO(rsocket(AF_INET, SOCK_STREAM, 0), ENOSYS);
   rdma_addrinfo* res = nullptr;
   EXPECT_ERRNO(rdma_getaddrinfo(nullptr, nullptr, nullptr, &res), EINVAL);
   EXPECT_STREQ(rdma_event_str(RDMA_CM_EVENT_REJECTED), "RDMA_CM_EVENT_REJECTED");
