@@ -45,7 +45,8 @@ class CongestionWindow {
   static constexpr uint32_t kInitialPsns = 128;
   /// The largest window, PSNs: 2^22 (4.19 M PSNs, 16 GiB at MTU 4096). 400 Gbit/s × 100 ms
   /// is 5 GB, 1.22 M PSNs of 4 KiB, and a loss keeps up to 1.5 measured BDPs in flight
-  /// (on_sequence_nak): 2.44 M, over 2^21. Half of the 2^23 at which the 24-bit PSNs of a
+  /// (on_sequence_nak): 1.83 M, close to 2^21, and a measured rate may overshoot the
+  /// link's. Half of the 2^23 at which the 24-bit PSNs of a
   /// window's two ends stop telling "ahead" from "behind" (IBTA vol 1 9.7.1), so a responder
   /// still tells a resend up to a window behind from a packet up to a window ahead. The
   /// responder's out-of-order tracking spans as many PSNs at most
