@@ -39,6 +39,11 @@ STEP_TIMEOUT=${RSOCKET_TIMEOUT:-120}
 # each RDMA WRITE: on a machine with two busy CPUs its 64 B step alone (100 000 round trips)
 # took 28 s idle and over 120 s under other load.
 [[ $CASE == riostream ]] && STEP_TIMEOUT=$((STEP_TIMEOUT * 3))
+# rstream's sweeps are the same 100 000-round ping-pong first: each round trip is two wake-ups
+# of a process that slept in poll(2), and on 2 CPUs shared with a build (load ~5) a wake-up
+# waited ~200 us — rstream -T a over UDP took 81.8 s for the 64 B step alone (408 us per
+# round trip; 1.5 s for the whole sweep on a quiet machine) and ran past 120 s. 2.5x that.
+[[ $CASE == rstream* ]] && STEP_TIMEOUT=$((STEP_TIMEOUT * 5 / 2))
 LISTEN_WAIT=30
 
 case "$CASE" in
