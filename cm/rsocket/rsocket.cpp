@@ -682,6 +682,19 @@ int errno_of_event(const CmResult& ev) {
   }
 }
 
+// The connect state machine's wait for its next CM event, which must be `want`: 0 with
+// *ev filled; -1/EINPROGRESS while a non-blocking connect has none yet; otherwise -1 with the
+// connect failed (connect_error: the error event's errno, or next_cm_event's).
+int connect_event(Socket& rs, std::unique_lock<std::mutex>* lk, bool nonblock,
+                  rdma_cm_event_type want, CmResult* ev) {
+  if (next_cm_event(rs, lk, nonblock, ev)) {
+    if (errno == EINPROGRESS) return -1;
+    return connect_error(rs, errno);
+  }
+  if (ev->type != want) return connect_error(rs, errno_of_event(*ev));
+  return 0;
+}
+
 // rs_do_connect: one step, or all steps when blocking. Returns 0 connected, -1/EINPROGRESS
 // while a non-blocking connect is under way, -1/errno when it failed.
 int do_connect(Socket& rs, std::unique_lock<std::mutex>* lk, bool nonblock) {
@@ -696,22 +709,14 @@ int do_connect(Socket& rs, std::unique_lock<std::mutex>* lk, bool nonblock) {
         break;
       case kResolvingAddr: {
         CmResult ev;
-        if (next_cm_event(rs, lk, nonblock, &ev)) {
-          if (errno == EINPROGRESS) return -1;
-          return connect_error(rs, errno);
-        }
-        if (ev.type != RDMA_CM_EVENT_ADDR_RESOLVED) return connect_error(rs, errno_of_event(ev));
+        if (connect_event(rs, lk, nonblock, RDMA_CM_EVENT_ADDR_RESOLVED, &ev)) return -1;
         if (rdma_resolve_route(rs.id, 2000)) return connect_error(rs, errno);
         rs.state = kResolvingRoute;
         break;
       }
       case kResolvingRoute: {
         CmResult ev;
-        if (next_cm_event(rs, lk, nonblock, &ev)) {
-          if (errno == EINPROGRESS) return -1;
-          return connect_error(rs, errno);
-        }
-        if (ev.type != RDMA_CM_EVENT_ROUTE_RESOLVED) return connect_error(rs, errno_of_event(ev));
+        if (connect_event(rs, lk, nonblock, RDMA_CM_EVENT_ROUTE_RESOLVED, &ev)) return -1;
         if (create_ep(rs)) return connect_error(rs, errno);
         ConnData cd = format_conn_data(local_buffers(rs));
         rdma_conn_param param{};
@@ -728,11 +733,7 @@ int do_connect(Socket& rs, std::unique_lock<std::mutex>* lk, bool nonblock) {
       }
       case kConnecting: {
         CmResult ev;
-        if (next_cm_event(rs, lk, nonblock, &ev)) {
-          if (errno == EINPROGRESS) return -1;
-          return connect_error(rs, errno);
-        }
-        if (ev.type != RDMA_CM_EVENT_ESTABLISHED) return connect_error(rs, errno_of_event(ev));
+        if (connect_event(rs, lk, nonblock, RDMA_CM_EVENT_ESTABLISHED, &ev)) return -1;
         PeerBuffers peer{};
         if (!parse_conn_data(ev.private_data.data(), ev.private_data.size(), &peer)) {
           softrdma::cm::log().warn("rsocket {}: the peer's private data is not rsocket version 1",
