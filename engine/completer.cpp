@@ -76,7 +76,7 @@ void note_progress(QueuePair& qp, Transport& t, uint32_t old_psn) {
     qp.comp.recovery_psn = kNoPsn;
     // On a long path a window restarted from one PSN takes many round trips to refill
     // (seconds at 50 ms): halve as for a congestion loss instead (floor 1.5 BDPs).
-    if (qp.req.window.min_rtt_ns() >= CongestionWindow::kTrainMinRttNs)
+    if (qp.req.window.long_path())
       qp.req.window.on_sequence_nak(now, qp.req.window.psns());
     else
       qp.req.window.on_timeout();

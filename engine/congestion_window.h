@@ -19,7 +19,7 @@ namespace softrdma::engine {
 /// 10 ms RTT). Besides pacing, a window that changes between go-back-N rounds cannot keep
 /// losing the same packet under periodic loss, which a fixed window did.
 ///
-/// On a long path (smallest RTT ≥ kTrainMinRttNs) the ACK train of each slow-start round
+/// On a long path (long_path(): smallest RTT ≥ kTrainMinRttNs, not host-local) the ACK train of each slow-start round
 /// measures the path. A window-limited flight leaves as a burst, the bottleneck spaces its
 /// packets and the ACKs return so spaced (Jacobson 1988's self-clocking; packet-train
 /// dispersion, Keshav 1991; HyStart's ACK train, Ha & Rhee 2011; BBR's delivery rate from
@@ -35,8 +35,10 @@ namespace softrdma::engine {
 /// 100 ms (1.22 M) in 7 instead of 13 where the trains are measurable: the 96 PSNs after the
 /// first ACK of a 128-PSN flight span 20 µs only up to ~150 Gbit/s at MTU 4096, so at
 /// 400 Gbit/s the first round doubles and the quadrupling starts at the second. Short paths
-/// (same host, data centre) keep plain slow start from kInitialPsns: a round trip costs
-/// microseconds there, and a same-host ring that overflows is a local drop (on_local_drop).
+/// (data centre) and host-local ones (set_host_local: a peer on this host, whatever its
+/// round trip measures under load) keep plain slow start from kInitialPsns: a round trip
+/// costs microseconds there, and a same-host ring that overflows is a local drop
+/// (on_local_drop).
 class CongestionWindow {
  public:
   /// The first window, PSNs (rxe's fixed 128-PSN window; RFC 6928's initial window is 10
@@ -87,6 +89,17 @@ class CongestionWindow {
   uint32_t threshold() const { return ssthresh_; }
   /// Smallest round trip measured, ns (0: none yet).
   uint64_t min_rtt_ns() const { return min_rtt_ns_; }
+  /// Marks the path as host-local (Transport::host_local_path: the peer is a softrdma device
+  /// of this host and no emulated link lies between): its round trip is scheduling and
+  /// queueing in this host's rings, never propagation, so long_path() stays false however
+  /// long it measures. Without this, two QPs feeding one same-host ring on a loaded machine
+  /// measured a smallest RTT over 1 ms, the ACK trains took that queue for a path, and
+  /// slow start ended at 1.5 such "BDPs": kv-bench 1 MiB WRITE fell from 4.5 to 4.0 GB/s.
+  void set_host_local(bool on) { host_local_ = on; }
+  /// Whether the long-path rules apply (the ACK-train jump, slow start's exit at 1.5 BDPs,
+  /// random-loss discrimination, free growth in congestion avoidance): the smallest RTT
+  /// is at least kTrainMinRttNs and the path is not host-local.
+  bool long_path() const { return !host_local_ && min_rtt_ns_ >= kTrainMinRttNs; }
   /// The path's bandwidth-delay product, PSNs: the largest recent delivery rate × the
   /// smallest round trip (0 until both are measured).
   uint32_t bdp_psns() const {
@@ -106,13 +119,13 @@ class CongestionWindow {
     if (rtt_ns) srtt_ns_ = srtt_ns_ ? (7 * srtt_ns_ + rtt_ns) / 8 : rtt_ns;
     if (rtt_ns) last_rtt_ns_ = rtt_ns;
   }
-  /// Whether the path shows a standing queue: on a long path (smallest RTT ≥
-  /// kTrainMinRttNs), the latest round trip exceeds the smallest by more than
-  /// min_rtt / kQueueDelayFraction. A loss without one is taken for random loss, not
-  /// congestion (on_sequence_nak). Short paths always answer true (their losses are
-  /// overflows: a same-host ring, a socket buffer).
+  /// Whether the path shows a standing queue: on a long path (long_path()), the latest
+  /// round trip exceeds the smallest by more than min_rtt / kQueueDelayFraction. A loss
+  /// without one is taken for random loss, not congestion (on_sequence_nak). Short and
+  /// host-local paths always answer true (their losses are overflows: a same-host ring, a
+  /// socket buffer).
   bool queue_building() const {
-    if (min_rtt_ns_ < kTrainMinRttNs || !last_rtt_ns_) return true;
+    if (!long_path() || !last_rtt_ns_) return true;
     return last_rtt_ns_ > min_rtt_ns_ + min_rtt_ns_ / kQueueDelayFraction;
   }
   /// A congestion signal that is not a loss (a RoCEv2 CNP): leave slow start, keep the
@@ -235,7 +248,7 @@ class CongestionWindow {
     }
     const uint64_t spread = now_ns - train_start_ns_;
     train_psns_ += n;
-    if (min_rtt_ns_ < kTrainMinRttNs || train_psns_ < kTrainMinPsns || spread < kTrainMinNs) return;
+    if (!long_path() || train_psns_ < kTrainMinPsns || spread < kTrainMinNs) return;
     const double bdp = double(train_psns_) / double(spread) * double(min_rtt_ns_);
     const uint64_t cap =
         std::min<uint64_t>({ssthresh_, kMaxPsns, kTrainGain * uint64_t{train_base_}});
@@ -261,6 +274,7 @@ class CongestionWindow {
   double train_bdp_ = 0;         // the BDP the latest ACK train measured, PSNs
   uint32_t train_base_ = 0;      // the window when the train began, PSNs
   bool train_done_ = false;
+  bool host_local_ = false;  // set_host_local()
 };
 
 }  // namespace softrdma::engine

@@ -576,6 +576,10 @@ MemoryWindow* Device::find_mw(uint32_t rkey) {
   return it->second.mw;
 }
 
+bool Device::host_local_path(uint32_t dst_ip, uint32_t peer_pid) const {
+  return peer_pid != 0 && wan_topo_.link_for(ip(), dst_ip) == nullptr;
+}
+
 bool Device::congestion_control(uint32_t dst_ip, DcqcnParams& out) const {
   if (!dcqcn_) return false;
   out = DcqcnParams{};

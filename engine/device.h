@@ -223,6 +223,7 @@ class Device final : public Transport, public ObjectRegistry {
   void deliver_recv_completion(CompletionQueue& cq, const Cqe& cqe, bool solicited) override;
   bool selective_retransmit() const override { return selective_retx_; }
   bool congestion_control(uint32_t dst_ip, DcqcnParams& out) const override;
+  bool host_local_path(uint32_t dst_ip, uint32_t peer_pid) const override;
   /// Same-host peers: the process holding the destination QPN's slot at the peer's address
   /// (net::share_slot_pid), read from /proc (net::sample_process). Others: kUnknown.
   PeerLiveness peer_liveness(const QueuePair& qp, std::string* who = nullptr) override;
@@ -408,7 +409,7 @@ class Device final : public Transport, public ObjectRegistry {
   // Sends ECT(0) and lets the WAN emulator's CE marks reach the peer: on when a link of the
   // topology marks ECN (a RoCEv2 NIC with ECN enabled).
   bool ecn_capable_ = false;
-  net::WanTopology wan_topo_;  // for the line rate towards a peer (congestion_control())
+  net::WanTopology wan_topo_;  // links towards peers (congestion_control(), host_local_path())
   std::unique_ptr<net::Netem> netem_;
   // Wide-area link emulation (SOFTRDMA_WAN): shapes queued packets in send_queued(), and
   // its timed queue is released by release_wan() from every progress round.

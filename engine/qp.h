@@ -87,7 +87,8 @@ struct RequesterState {
   uint32_t timed_psn = kNoPsn;
   uint64_t timed_ns = 0;
   /// DCQCN (Transport::congestion_control): the reaction point's rate and the pacer that
-  /// holds packets to it. `cc_checked`: the transport was asked (at the first run in RTS).
+  /// holds packets to it. `cc_checked`: the transport was asked (at the first run in RTS),
+  /// as it was whether the path is host-local (the window's set_host_local).
   bool cc_checked = false;
   bool cc_on = false;
   DcqcnRate rate;

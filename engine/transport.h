@@ -129,6 +129,15 @@ class Transport {
   /// this bounds a QP's tracking memory: 18 MiB at 2^22). The default: the requester's
   /// largest window, CongestionWindow::kMaxPsns.
   virtual uint32_t ooo_max_psns() const { return CongestionWindow::kMaxPsns; }
+  /// Whether packets to `dst_ip` (host order) stay on this host: the peer is a softrdma
+  /// device of this host (`peer_pid` as peer_pid() found it at RTR, non-zero) and no emulated
+  /// link (SOFTRDMA_WAN) joins the two addresses. A round trip there is scheduling and
+  /// queueing, never propagation (CongestionWindow::set_host_local). The default: false.
+  virtual bool host_local_path(uint32_t dst_ip, uint32_t peer_pid) const {
+    (void)dst_ip;
+    (void)peer_pid;
+    return false;
+  }
   /// Whether requesters towards `dst_ip` (host order) pace their packets with DCQCN
   /// (SOFTRDMA_CC); if so `out` gets the reaction point's parameters (the line rate: the
   /// rate of the emulated link towards `dst_ip`, when there is one). The default is off.

@@ -1602,6 +1602,17 @@ TEST(CongestionWindowTest, OnALongPathAckTrainsQuadrupleTheWindowUpToTheMeasured
   CongestionWindow shorter;  // a data-centre or same-host round trip: plain slow start
   EXPECT_EQ(rounds_to(shorter, 200'000, kBdp), 7);
 
+  // A host-local path (a peer on this host) whose round trip a loaded host stretched to
+  // 50 ms: plain slow start all the way, no jump, no exit at 1.5 "BDPs" of that queue.
+  CongestionWindow local;
+  local.set_host_local(true);
+  local.on_rtt_sample(kRtt);
+  EXPECT_FALSE(local.long_path());
+  EXPECT_EQ(rounds_to(local, kRtt, kBdp), 7) << "the trains raised a host-local window";
+  EXPECT_EQ(rounds_to(local, kRtt, 3 * kBdp), 2) << "slow start ended on a host-local path";
+  EXPECT_GT(local.threshold(), 3 * kBdp);
+  EXPECT_TRUE(local.queue_building()) << "a host-local loss is always taken for congestion";
+
   CongestionWindow bunched;  // ACKs that arrive together say nothing of the path's rate
   bunched.on_rtt_sample(kRtt);
   for (int i = 0; i < 4; ++i) {

@@ -74,7 +74,7 @@ c = threading.Condition()
 with c:
     c.wait(0.1)
 print("%.4f %.4f %.4f %.4f" % (m, p, w, (time.monotonic() - e) / 2))' \
-      >"$out/py" 2>/dev/null || fail "python3 under --tdf failed"
+      >"$out/py" 2>"$out/pyerr" || fail "python3 under --tdf failed (exit $?): $(tail -40 "$out/pyerr")"
     t1=$(now_ns)
     real_ms=$(( (t1 - t0) / 1000000 ))
     echo "python at K = 10, time.sleep(0.1) by monotonic, perf_counter, time; Event/Condition wait(0.1): $(cat "$out/py") s; $real_ms ms real"
@@ -109,7 +109,8 @@ int main() {
 CPP
     if c++ -O1 -o "$out/cv" "$out/cv.cpp" 2>"$out/cc"; then
       t0=$(now_ns)
-      "$S" run --tdf 10 -- "$out/cv" >"$out/cv.out" 2>/dev/null || fail "the C++ program failed"
+      "$S" run --tdf 10 -- "$out/cv" >"$out/cv.out" 2>"$out/cverr" ||
+        fail "the C++ program failed (exit $?): $(tail -40 "$out/cverr")"
       t1=$(now_ns)
       real_ms=$(( (t1 - t0) / 1000000 ))
       echo "C++ at K = 10, sleep_for(100ms), cv.wait_for(100ms): $(cat "$out/cv.out"); $real_ms ms real"
