@@ -63,7 +63,7 @@ struct EngineOptions {
   int gid_index = 0;                  ///< GID index (RoCE)
   uint32_t qps_per_peer = 2;          ///< RC QPs per peer (slices are striped over them)
   uint64_t slice_bytes = 256 * 1024;  ///< bytes per work request (the tail ≤ ¼ slice merges)
-  uint32_t max_wr = 256;              ///< slices outstanding per QP (cover the BDP)
+  uint32_t max_wr = 1024;             ///< slices outstanding per QP (cover the BDP)
   /// READs in flight per QP, at most (further bounded by both devices' limits; the
   /// handshake carries each side's responder resources).
   uint32_t max_rd_atomic = 16;
