@@ -23,7 +23,7 @@ PACKAGES=(
 
 # dpkg -s also succeeds for a removed package whose configuration files remain: require
 # the status "install ok installed".
-installed() { dpkg -s "$1" 2>/dev/null | grep -q '^Status: install ok installed$'; }
+installed() { dpkg -s "$1" 2>/dev/null | grep '^Status: install ok installed$' >/dev/null; }
 
 missing=()
 for p in "${PACKAGES[@]}"; do

@@ -56,7 +56,7 @@ timeout -k 5 "$STEP_TIMEOUT" "$SOFTRDMA" run --addr "$C" -- \
 ((rc == 0)) || { show_logs "$SLOG" "$CLOG"; fail "qperf client: $(status_text $rc)"; }
 # Each test's name, then its figure on the next line.
 for t in "${TESTS[@]}"; do
-  grep -A1 -E "^$t:$" "$CLOG" | grep -qE '^ +(bw|latency|msg_rate) += +[0-9.]+ ' ||
+  grep -A1 -E "^$t:$" "$CLOG" | grep -E '^ +(bw|latency|msg_rate) += +[0-9.]+ ' >/dev/null ||
     { show_logs "$CLOG"; fail "qperf $t printed no figure"; }
 done
 tr -s ' ' <"$CLOG" | paste -sd' ' | sed 's/ \([a-z_]*:\)/\n\1/g'

@@ -86,7 +86,7 @@ SOFTRDMA_ADDR=127.0.93.$((2 * K + 2)) "$BUILD_DIR/bin/kv-bench" --mode initiator
 INIT_PID=$!
 # Running: the target's device counts the WRITEs it receives (softrdma stat).
 for ((i = 0; i < 300; i++)); do
-  "$BUILD_DIR/bin/softrdma" stat --json 2>/dev/null | grep -q "127.0.93.$((2 * K + 1))" && break
+  "$BUILD_DIR/bin/softrdma" stat --json 2>/dev/null | grep "127.0.93.$((2 * K + 1))" >/dev/null && break
   sleep 0.1
 done
 sleep 2
