@@ -19,11 +19,11 @@ namespace softrdma::engine {
 /// 10 ms RTT). Besides pacing, a window that changes between go-back-N rounds cannot keep
 /// losing the same packet under periodic loss, which a fixed window did.
 ///
-/// On a long path (long_path(): smallest RTT ≥ kTrainMinRttNs, not host-local) the ACK train of each slow-start round
-/// measures the path. A window-limited flight leaves as a burst, the bottleneck spaces its
-/// packets and the ACKs return so spaced (Jacobson 1988's self-clocking; packet-train
-/// dispersion, Keshav 1991; HyStart's ACK train, Ha & Rhee 2011; BBR's delivery rate from
-/// ACKs, Cardwell et al. 2016): the PSNs acknowledged after the train's first ACK over the
+/// On a long path (long_path(): smallest RTT ≥ kTrainMinRttNs, not host-local) the ACK train of
+/// each slow-start round measures the path. A window-limited flight leaves as a burst, the
+/// bottleneck spaces its packets and the ACKs return so spaced (Jacobson 1988's self-clocking;
+/// packet-train dispersion, Keshav 1991; HyStart's ACK train, Ha & Rhee 2011; BBR's delivery rate
+/// from ACKs, Cardwell et al. 2016): the PSNs acknowledged after the train's first ACK over the
 /// time since it — at least kTrainMinPsns over kTrainMinNs — are a rate the path carried.
 /// The window is raised to that rate × the smallest RTT (one measured BDP), at most
 /// kTrainGain times what it was when the train began and within the slow-start threshold,

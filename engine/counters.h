@@ -79,6 +79,8 @@ namespace softrdma::engine {
   X(resend_again_pkts, "lost resends sent again ~1.5 RTT after the resend (selective)")            \
   X(tail_loss_probes, "tail-loss probes: the last PSN sent again ~2 RTT after the last ACK")       \
   X(partial_ack_rewinds, "go-back-N after an ACK stopped at a resent PSN (the rest was lost)")     \
+  X(partial_ack_resends,                                                                           \
+    "resends again after an ACK stopped at a resent PSN, a selective peer's gaps (no go-back-N)")  \
   X(random_losses, "losses on a long path with no standing queue: the window kept")                \
   X(resp_access_faults, "requests NAKed: their target memory was unmapped since registration")     \
   X(local_access_faults, "local buffers found unmapped: WQE in error or packet not sent")          \

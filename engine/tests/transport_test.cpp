@@ -1019,6 +1019,40 @@ TEST_F(TransportTest, APartialAckOfTheOldestPsnsResendGoesBackNForTheRest) {
   EXPECT_EQ(std::memcmp(dst.data(), src.data(), 9 * kMtu), 0);
 }
 
+// The same partial ACK where the responder has seen packets beyond the gap: +3 and +4 are
+// lost, +5 … +15 arrive and are placed out of order, the selective NAK has +3 and +4 resent,
+// and both resends are lost too. The resend check sends +3 again; its ACK stops at +4. Only
+// +4 goes again (partial_ack_resends): going back N from +4 would resend the 11 packets the
+// responder already holds (a loaded run resent 1,159 such for 12 link losses).
+TEST_F(TransportTest, APartialAckWithGapsNamedBeyondResendsOnlyWhatWasResent) {
+  constexpr uint64_t kRtt = 10'000'000;  // 10 ms
+  start_selective_after_one_rtt(kRtt);
+  ASSERT_EQ(post(*a, WrOpcode::kRdmaWrite, kMtu, 16 * kMtu, kMtu, 2), kOk);
+  lose(*ta, {3, 4});
+  deliver(*ta, *b, *tb);
+  deliver(*tb, *a, *ta);  // the selective NAK: +3 and +4 resent...
+  ASSERT_EQ(ta->sent.size(), 2u);
+  ta->sent.clear();  // ...and lost
+  ta->advance(kRtt * 3 / 2 + 1000);
+  run_requester_timers();  // the resend check: +3 again
+  ASSERT_EQ(ta->sent.size(), 1u);
+  EXPECT_EQ(parse(ta->sent[0]).hdr.bth.psn, wire::psn_add(kSqPsn, 3));
+  deliver(*ta, *b, *tb);
+  deliver(*tb, *a, *ta);  // its ACK stops at +4
+  EXPECT_EQ(ta->counters_.partial_ack_rewinds.load(), 0u) << "went back N";
+  EXPECT_EQ(ta->counters_.partial_ack_resends.load(), 1u);
+  ASSERT_EQ(ta->sent.size(), 1u) << "only +4 goes again";
+  EXPECT_EQ(parse(ta->sent[0]).hdr.bth.psn, wire::psn_add(kSqPsn, 4));
+  EXPECT_TRUE(parse(ta->sent[0]).hdr.bth.ack_req);
+  settle();
+  auto c = drain();
+  ASSERT_EQ(c.size(), 2u);
+  EXPECT_EQ(c[1].wr_id, 2u);
+  EXPECT_EQ(ta->counters_.retransmit_timeouts.load(), 0u);
+  EXPECT_EQ(tb->counters_.duplicate_request.load(), 0u) << "a packet the responder had, resent";
+  EXPECT_EQ(std::memcmp(dst.data(), src.data(), 17 * kMtu), 0);
+}
+
 // A CE-marked request draws one CNP to the requester's QP, then none for 50 µs; the
 // requester counts it and, pacing with DCQCN, cuts its rate.
 TEST_F(TransportTest, ACeMarkedRequestDrawsARateLimitedCnpThatCutsTheRequestersRate) {

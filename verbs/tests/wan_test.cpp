@@ -162,7 +162,7 @@ TEST_P(WanBulkWrite, LossyLongLinkDeliversEveryByteInEitherRecoveryMode) {
            (g.str({"sent_pkts", "wan_dropped_loss", "shm_drops", "retransmitted_pkts",
                    "selective_retransmitted_pkts", "selective_nak_rcvd", "rcvd_seq_err",
                    "retransmit_timeouts", "tail_loss_probes", "random_losses", "wan_dropped_queue",
-                   "rcvd_socket_overflows"}) +
+                   "rcvd_socket_overflows", "partial_ack_rewinds", "resend_again_pkts"}) +
             " responder rcvd_socket_overflows=+" + std::to_string(peer_overflows))
                .c_str());
     EXPECT_GT(g["wan_dropped_loss"], 0u) << "0.1 % of ~8,200 packets: none lost?";
