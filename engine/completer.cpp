@@ -51,6 +51,15 @@ bool resend_lost_resends(QueuePair& qp, Transport& t, uint32_t again_psn) {
             [head](uint32_t x, uint32_t y) { return psn_diff(x, head) < psn_diff(y, head); });
   psns.erase(std::unique(psns.begin(), psns.end()), psns.end());
   bump(t.counters().partial_ack_resends);
+  // Lost resends are losses of the episode their selective NAK began (NewReno: one cut per
+  // episode, RFC 6582 3.2); only outside one do they count, judged as on_selective_nak
+  // judges a NAK (DCQCN's rate, or the window's random-or-congestion rule).
+  if (!qp.req.cc_on && qp.comp.recovery_psn == kNoPsn) {
+    if (qp.req.window.on_sequence_nak(t.now_ns(), static_cast<uint32_t>(psns.size())))
+      qp.comp.recovery_psn = qp.req.max_psn;
+    else
+      bump(t.counters().random_losses);
+  }
   log().debug("qp {:#x}: ACK stopped after psn {:#x}: {} PSNs resent before it go again", qp.qpn(),
               again_psn, psns.size());
   for (size_t i = 0; i < psns.size(); ++i)
