@@ -25,6 +25,16 @@ void retry_from(QueuePair& qp, uint32_t psn, const char* why, Recovery state = R
   requester::rewind(qp, psn);
 }
 
+// `lost` PSNs reported missing outside a recovery episode: one starts (recovery_psn: what
+// was sent so far), unless the window takes the loss for random (CongestionWindow::
+// on_sequence_nak: counter random_losses). Paced by DCQCN the window is left alone.
+void judge_loss(QueuePair& qp, Transport& t, uint32_t lost) {
+  if (qp.req.cc_on || qp.req.window.on_sequence_nak(t.now_ns(), lost))
+    qp.comp.recovery_psn = qp.req.max_psn;
+  else
+    bump(t.counters().random_losses);
+}
+
 // The partial-ACK case below (an ACK stopped right after `again_psn`, the oldest PSN the
 // resend check sent again) with a selective peer that has named gaps from the new head on:
 // the head or PSNs after it were resent (selective NAKs) before that resend-again, so the
@@ -54,12 +64,8 @@ bool resend_lost_resends(QueuePair& qp, Transport& t, uint32_t again_psn) {
   // Lost resends are losses of the episode their selective NAK began (NewReno: one cut per
   // episode, RFC 6582 3.2); only outside one do they count, judged as on_selective_nak
   // judges a NAK (DCQCN's rate, or the window's random-or-congestion rule).
-  if (!qp.req.cc_on && qp.comp.recovery_psn == kNoPsn) {
-    if (qp.req.window.on_sequence_nak(t.now_ns(), static_cast<uint32_t>(psns.size())))
-      qp.comp.recovery_psn = qp.req.max_psn;
-    else
-      bump(t.counters().random_losses);
-  }
+  if (!qp.req.cc_on && qp.comp.recovery_psn == kNoPsn)
+    judge_loss(qp, t, static_cast<uint32_t>(psns.size()));
   log().debug("qp {:#x}: ACK stopped after psn {:#x}: {} PSNs resent before it go again", qp.qpn(),
               again_psn, psns.size());
   for (size_t i = 0; i < psns.size(); ++i)
@@ -115,8 +121,8 @@ void note_progress(QueuePair& qp, Transport& t, uint32_t old_psn) {
                          qp.sq.front().started && !qp.sq.front().info().read_or_atomic;
   const uint32_t again_psn = qp.comp.again_psn;
   qp.comp.again_psn = kNoPsn;
-  if (tail_lost && resend_lost_resends(qp, t, again_psn)) return;
   if (tail_lost) {
+    if (resend_lost_resends(qp, t, again_psn)) return;
     bump(t.counters().partial_ack_rewinds);
     qp.comp.recovery_psn = kNoPsn;
     // On a long path a window restarted from one PSN takes many round trips to refill
@@ -241,11 +247,7 @@ void on_selective_nak(QueuePair& qp, const wire::Packet& pkt, Transport& t) {
     // recovery from congestion control (Mittal et al. 2018, 3.3). Otherwise TCP's halving,
     // unless the window takes it for a random loss (CongestionWindow::on_sequence_nak):
     // then no recovery episode starts, so the next loss is judged again.
-    const uint32_t lost = uint32_t(psn_diff(r.last, r.first)) + 1;
-    if (qp.req.cc_on || qp.req.window.on_sequence_nak(t.now_ns(), lost))
-      qp.comp.recovery_psn = qp.req.max_psn;
-    else
-      bump(t.counters().random_losses);
+    judge_loss(qp, t, uint32_t(psn_diff(r.last, r.first)) + 1);
   }
   log().debug("qp {:#x}: selective NAK {:#x}…{:#x} (comp.psn {:#x} req.psn {:#x} cwnd {})",
               qp.qpn(), r.first, r.last, qp.comp.psn, qp.req.psn, qp.req.window.psns());
