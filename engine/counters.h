@@ -32,6 +32,8 @@ namespace softrdma::engine {
   X(selective_retransmitted_pkts, "request packets sent again because a selective NAK named them") \
   X(selective_nak_sent, "selective NAKs sent (a range of PSNs missing, the rest kept)")            \
   X(selective_nak_rcvd, "selective NAKs received")                                                 \
+  X(selective_nak_repeated,                                                                        \
+    "selective NAKs naming a gap again: a duplicate asking for an ACK came while it was missing")  \
   X(ooo_placed, "request packets placed out of order (selective retransmission)")                  \
   X(ooo_refused,                                                                                   \
     "out-of-order WRITEs not placed: checks failed, zero length, not after a kept PSN")            \

@@ -154,19 +154,9 @@ class ReceivedPsns {
     return placed;
   }
   /// The first PSN in [from, to) that is placed or reported, or `to` if none.
-  uint32_t first_marked(uint32_t from, uint32_t to) const {
-    uint32_t p = from;
-    while (wire::psn_diff(to, p) > 0) {
-      const uint32_t i = p & mask_;
-      const uint64_t word = (placed_[i / 64] | reported_[i / 64]) >> (i % 64);
-      if (word) {
-        const uint32_t q = wire::psn_add(p, static_cast<uint32_t>(__builtin_ctzll(word)));
-        return wire::psn_diff(to, q) > 0 ? q : to;
-      }
-      p = wire::psn_add(p, 64 - i % 64);
-    }
-    return to;
-  }
+  uint32_t first_marked(uint32_t from, uint32_t to) const { return first_set(from, to, true); }
+  /// The first PSN in [from, to) that is placed, or `to` if none.
+  uint32_t first_placed(uint32_t from, uint32_t to) const { return first_set(from, to, false); }
 
   /// One past the highest PSN seen out of order or reported (PSNs from the expected one up
   /// to here are placed, reported or pending a report); equals the expected PSN when idle.
@@ -210,6 +200,20 @@ class ReceivedPsns {
                 "the ring must divide the PSN space");
   static_assert(kMaxSpanPsns <= (wire::kPsnMask + 1) / 4,
                 "below 2^23: ahead and behind stay distinct (IBTA 9.7.1)");
+  // The first PSN in [from, to) that is placed (or, with `or_reported`, reported), or `to`.
+  uint32_t first_set(uint32_t from, uint32_t to, bool or_reported) const {
+    uint32_t p = from;
+    while (wire::psn_diff(to, p) > 0) {
+      const uint32_t i = p & mask_;
+      const uint64_t word = (placed_[i / 64] | (or_reported ? reported_[i / 64] : 0)) >> (i % 64);
+      if (word) {
+        const uint32_t q = wire::psn_add(p, static_cast<uint32_t>(__builtin_ctzll(word)));
+        return wire::psn_diff(to, q) > 0 ? q : to;
+      }
+      p = wire::psn_add(p, 64 - i % 64);
+    }
+    return to;
+  }
   bool get(const std::vector<uint64_t>& v, uint32_t psn) const {
     const uint32_t i = psn & mask_;
     return (v[i / 64] >> (i % 64)) & 1;

@@ -1053,6 +1053,49 @@ TEST_F(TransportTest, APartialAckWithGapsNamedBeyondResendsOnlyWhatWasResent) {
   EXPECT_EQ(std::memcmp(dst.data(), src.data(), 17 * kMtu), 0);
 }
 
+// A selective NAK lost: +3 … +8 and +10 are lost, the NAK of +3 … +8 too, +10's resend
+// arrives. The resend check sends +3 again; its ACK stops at +4, so the requester resends +4
+// and +10 — +10 a duplicate asking for an ACK. The responder, still missing +5 … +8, names
+// them again (selective_nak_repeated) and they come back at once: before, only the resend
+// check found them, one PSN per 1.5 SRTT (a dapl dtest over UDP crawled ~6,000 PSNs so).
+TEST_F(TransportTest, ADuplicateAskingForAnAckWhileAGapIsMissingNamesTheGapAgain) {
+  constexpr uint64_t kRtt = 10'000'000;  // 10 ms
+  start_selective_after_one_rtt(kRtt);
+  ASSERT_EQ(post(*a, WrOpcode::kRdmaWrite, kMtu, 16 * kMtu, kMtu, 2), kOk);
+  lose(*ta, {3, 4, 5, 6, 7, 8, 10});
+  deliver(*ta, *b, *tb);
+  ASSERT_EQ(selective_naks(*tb), (std::vector<std::pair<uint32_t, uint32_t>>{{3, 8}, {10, 10}}));
+  std::erase_if(tb->sent, [](const std::vector<uint8_t>& bytes) {  // the NAK of +3 … +8 is lost
+    const wire::Packet p = parse(bytes);
+    return p.hdr.aeth.syndrome == wire::aeth_nak(wire::NakCode::kSelectiveRetransmit) &&
+           p.hdr.bth.psn == wire::psn_add(kSqPsn, 3);
+  });
+  deliver(*tb, *a, *ta);  // the ACK of +2 and the NAK of +10: +10 is resent and placed
+  ASSERT_EQ(ta->sent.size(), 1u);
+  deliver(*ta, *b, *tb);
+  deliver(*tb, *a, *ta);
+  ta->advance(kRtt * 3 / 2 + 1000);
+  run_requester_timers();  // the resend check: +3 again
+  ASSERT_EQ(ta->sent.size(), 1u);
+  deliver(*ta, *b, *tb);
+  deliver(*tb, *a, *ta);  // its ACK stops at +4: +4 and +10 go again
+  EXPECT_EQ(ta->counters_.partial_ack_resends.load(), 1u);
+  ASSERT_EQ(ta->sent.size(), 2u);
+  EXPECT_EQ(parse(ta->sent[1]).hdr.bth.psn, wire::psn_add(kSqPsn, 10));
+  EXPECT_TRUE(parse(ta->sent[1]).hdr.bth.ack_req);
+  deliver(*ta, *b, *tb);
+  EXPECT_EQ(selective_naks(*tb), (std::vector<std::pair<uint32_t, uint32_t>>{{5, 8}}))
+      << "the gap after +4, named again";
+  EXPECT_EQ(tb->counters_.selective_nak_repeated.load(), 1u);
+  settle();  // no timer fires from here on
+  auto c = drain();
+  ASSERT_EQ(c.size(), 2u);
+  EXPECT_EQ(c[1].wr_id, 2u);
+  EXPECT_EQ(ta->counters_.retransmit_timeouts.load(), 0u);
+  EXPECT_EQ(ta->counters_.resend_again_pkts.load(), 1u);
+  EXPECT_EQ(std::memcmp(dst.data(), src.data(), 17 * kMtu), 0);
+}
+
 // A CE-marked request draws one CNP to the requester's QP, then none for 50 µs; the
 // requester counts it and, pacing with DCQCN, cuts its rate.
 TEST_F(TransportTest, ACeMarkedRequestDrawsARateLimitedCnpThatCutsTheRequestersRate) {
