@@ -1,5 +1,6 @@
 // Requester: SQ WQEs → request packets (IBTA vol 1, 9.4 and 9.7.3; rxe_req.c).
 #include <algorithm>
+#include <cstdint>
 
 #include "engine/cq.h"
 #include "engine/log.h"
@@ -202,14 +203,17 @@ bool send_data_packet(QueuePair& qp, SendWqe& w, Transport& t, std::vector<iovec
   return qp.req.offset == w.length;
 }
 
-// The READ request for the chunk that holds byte `off`, from `off` to the chunk's end, at
-// PSN `psn`. Chunks keep fixed boundaries (multiples of kReadChunkPsns packets from the
-// start of the message), so a READ re-requested from the middle of a chunk never asks for
-// PSNs beyond what the original request covered (the responder's expected PSN stays
-// right). Returns the chunk's bytes.
-uint64_t emit_read_request(QueuePair& qp, SendWqe& w, Transport& t, uint32_t psn, uint64_t off) {
+// The READ request for the chunk that holds byte `off`, from `off` to the chunk's end (at
+// most `max_bytes`), at PSN `psn`. Chunks keep fixed boundaries (multiples of
+// kReadChunkPsns packets from the start of the message), so a READ re-requested from the
+// middle of a chunk never asks for PSNs beyond what the original request covered (the
+// responder's expected PSN stays right); a shorter one is a duplicate READ for the start
+// of that rest (IBTA 9.7.5.1.3.1). Returns the request's bytes.
+uint64_t emit_read_request(QueuePair& qp, SendWqe& w, Transport& t, uint32_t psn, uint64_t off,
+                           uint64_t max_bytes = UINT64_MAX) {
   const uint64_t chunk_bytes = uint64_t{kReadChunkPsns} * qp.mtu;
-  const uint64_t chunk = std::min<uint64_t>(w.length, (off / chunk_bytes + 1) * chunk_bytes) - off;
+  const uint64_t chunk = std::min<uint64_t>(
+      max_bytes, std::min<uint64_t>(w.length, (off / chunk_bytes + 1) * chunk_bytes) - off);
   wire::Headers h = base_headers(qp, w, t, w.info().only, psn);
   h.reth.va = w.wr.remote_addr + off;
   h.reth.rkey = w.wr.rkey;
@@ -220,9 +224,20 @@ uint64_t emit_read_request(QueuePair& qp, SendWqe& w, Transport& t, uint32_t psn
 }
 
 // One READ request for the next chunk. Returns true when the whole WQE is requested.
+// Asked for again after a loss (going back N over PSNs requested before), it asks for no
+// more response packets than the window has room for (a request draws its responses whole,
+// whatever the window). Under a periodic loss (SOFTRDMA_NETEM every=7) a 7-packet READ lost its
+// first response on every re-request — the responder's drop counter came back to the same place —
+// until retry_cnt ran out; re-requests that follow the window shift it.
 bool send_read_request(QueuePair& qp, SendWqe& w, Transport& t) {
   const uint64_t off = qp.req.offset;
-  const uint64_t chunk = emit_read_request(qp, w, t, qp.req.psn, off);
+  uint64_t max_bytes = UINT64_MAX;
+  if (wire::psn_diff(qp.req.psn, qp.req.max_psn) < 0) {
+    const int32_t window = static_cast<int32_t>(std::min(qp.req.window.psns(), kWindowPsns));
+    const int32_t room = std::max(1, window - wire::psn_diff(qp.req.psn, qp.comp.psn));
+    max_bytes = uint64_t(room) * qp.mtu;
+  }
+  const uint64_t chunk = emit_read_request(qp, w, t, qp.req.psn, off, max_bytes);
   note_paced(qp, t, 0);
   const uint32_t n = psns_for(chunk, qp.mtu);
   qp.comp.rd_atomic_inflight.push_back(wire::psn_add(qp.req.psn, n - 1));

@@ -341,6 +341,48 @@ TEST_F(TransportTest, ReadIsChunkedAndLostResponseIsReRequested) {
   EXPECT_EQ(std::memcmp(dst.data(), src.data(), len), 0);
 }
 
+// After a timeout the window is one PSN, and a READ asked for again asks for one response,
+// then for more as the window opens (each a duplicate READ for the start of the rest): a
+// re-request for the whole chunk drew 7 responses each time, and a periodic loss of one
+// packet in 7 dropped the first of them every time, until retry_cnt ran out.
+TEST_F(TransportTest, AReadAskedForAgainAsksForNoMoreResponsesThanTheWindowHasRoomFor) {
+  const uint32_t len = 7 * kMtu;
+  ASSERT_EQ(post(*a, WrOpcode::kRdmaRead, 0, len), kOk);
+  ASSERT_EQ(ta->sent.size(), 1u);
+  EXPECT_EQ(parse(ta->sent[0]).hdr.reth.dma_length, len);
+  deliver(*ta, *b, *tb);
+  ASSERT_EQ(tb->sent.size(), 7u);
+  tb->sent.clear();  // every response lost
+  fire_timers_when_quiet();
+  EXPECT_EQ(a->req.window.psns(), 1u);
+  ASSERT_EQ(ta->sent.size(), 1u);
+  const wire::Packet rr = parse(ta->sent[0]);
+  EXPECT_EQ(rr.hdr.bth.psn, kSqPsn);
+  EXPECT_EQ(rr.hdr.reth.dma_length, kMtu) << "one response: the window's room";
+  // Then each re-request starts where the last one ended and asks for no more than the
+  // window it was sent in (it grows as the responses come in).
+  uint32_t next = 0, requests = 0;
+  for (int i = 0; i < 20 && !ta->sent.empty(); ++i) {
+    for (const auto& bytes : ta->sent) {
+      const wire::Packet p = parse(bytes);
+      EXPECT_EQ(p.hdr.bth.psn, wire::psn_add(kSqPsn, next));
+      EXPECT_EQ(p.hdr.reth.va, reinterpret_cast<uintptr_t>(src.data()) + next * kMtu);
+      EXPECT_LE(p.hdr.reth.dma_length, a->req.window.psns() * kMtu);
+      next += p.hdr.reth.dma_length / kMtu;
+      ++requests;
+    }
+    deliver(*ta, *b, *tb);
+    deliver(*tb, *a, *ta);
+  }
+  EXPECT_EQ(next, 7u);
+  EXPECT_GT(requests, 2u) << "the window grew from one PSN: more than one re-request";
+  auto c = drain();
+  ASSERT_EQ(c.size(), 1u);
+  EXPECT_EQ(c[0].byte_len, len);
+  EXPECT_EQ(std::memcmp(dst.data(), src.data(), len), 0);
+  EXPECT_EQ(tb->counters_.duplicate_dropped.load(), 0u) << "each re-request matched the READ";
+}
+
 TEST_F(TransportTest, DuplicateAtomicIsReplayedNotExecutedTwice) {
   uint64_t& word = *reinterpret_cast<uint64_t*>(dst.data());
   word = 40;
