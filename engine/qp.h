@@ -189,6 +189,9 @@ struct ResponderState {
   uint32_t msn = 0;          ///< message sequence number (24 bits)
   bool nak_sent = false;     ///< a PSN sequence (or RNR) NAK is outstanding for epsn
   uint32_t ooo_max_psn = 0;  ///< highest out-of-sequence PSN seen since that NAK
+  /// The expected PSN when a gap before a placed PSN was last reported again
+  /// (responder.cpp report_gap_again: once per expected PSN).
+  uint32_t gap_repeated_psn = kNoPsn;
   bool in_send = false;      ///< inside a multi-packet SEND
   bool in_write = false;     ///< inside a multi-packet WRITE
   uint64_t recv_offset = 0;  ///< bytes scattered into the head receive WQE

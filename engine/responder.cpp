@@ -26,7 +26,6 @@ using wire::psn_diff;
 constexpr size_t kMinResources = 16;
 
 uint8_t opcode(const QueuePair& qp, Opcode op);
-bool report_gap_again(QueuePair& qp, Transport& t);
 
 // Sends a ready response now, or behind the READ responses still owed (PSN order).
 void send_control(QueuePair& qp, Transport& t, const wire::Headers& h) {
@@ -399,7 +398,7 @@ void on_duplicate(QueuePair& qp, const wire::Packet& pkt, Transport& t) {
     log().debug("qp {:#x}: duplicate atomic psn {:#x} has no saved result: dropped", qp.qpn(), psn);
     return;
   }
-  if (pkt.hdr.bth.ack_req && !report_gap_again(qp, t))
+  if (pkt.hdr.bth.ack_req)
     ack_later(qp, psn_add(qp.resp.epsn, wire::kPsnMask));  // everything before epsn is done
 }
 
@@ -455,25 +454,27 @@ void send_selective_nak(QueuePair& qp, Transport& t, uint32_t first, uint32_t la
               qp.resp.epsn);
 }
 
-// A duplicate that asks for an ACK (AckReq: the last packet of a batch of resends, or the
-// resend check's) while PSNs from the expected one on are missing: the requester resent
-// what this responder holds, so it does not know what is missing — the selective NAK that
-// named the gap, or the resends it drew, were lost (a full socket buffer drops NAKs too).
-// Says it again: the ACK of what lies before the expected PSN, and the selective NAK of the
-// run from it to the next placed PSN (counter selective_nak_repeated). Otherwise only the
-// resend check found the missing PSNs, one per 1.5 SRTT, each ACK re-arming the retransmit
-// timer (dapl dtest over UDP crawled ~6,000 PSNs at one per 5-10 ms; with 2,383 duplicates
-// resent each time). Costs a forger replaying a packet at most the resend of PSNs that are
-// really missing. False, nothing sent, when nothing is missing at the expected PSN.
-bool report_gap_again(QueuePair& qp, Transport& t) {
-  if (!qp.resp.ooo) return false;
-  ReceivedPsns& o = *qp.resp.ooo;
-  o.sync(qp.resp.epsn);
+// A copy of a PSN placed out of order that asks for an ACK (AckReq: the last packet of a
+// batch of resends) while the PSNs from the expected one up to the next placed PSN are
+// missing: the requester resent what this responder holds, so it does not know what is
+// missing — the selective NAK that named the gap, or the resends it drew, were lost (a full
+// socket buffer drops NAKs too). Says it again, once per expected PSN: the ACK of what lies
+// before the expected PSN, and the selective NAK of the run from it to the next placed PSN
+// (counter selective_nak_repeated). Otherwise only the resend check found the missing
+// PSNs, one per 1.5 SRTT, each ACK re-arming the retransmit timer (dapl dtest over UDP
+// crawled ~6,000 PSNs at one per 5-10 ms, resending 2,383 placed packets each time). Only
+// before a placed PSN, and once per expected PSN: a run of SENDs, never placed early,
+// comes back in order behind its report, and repeating that report at every duplicate
+// had the whole run resent again and again (qperf rc_bw over UDP stalled, 8 runs in 25).
+// Costs a forger replaying a packet at most one resend of PSNs that are really missing.
+void report_gap_again(QueuePair& qp, Transport& t, ReceivedPsns& o) {
   const uint32_t epsn = qp.resp.epsn;
-  if (psn_diff(o.next, epsn) <= 0 || o.placed(epsn)) return false;
+  if (qp.resp.gap_repeated_psn == epsn || psn_diff(o.next, epsn) <= 0 || o.placed(epsn)) return;
+  const uint32_t end = o.first_placed(epsn, o.next);
+  if (end == o.next) return;
+  qp.resp.gap_repeated_psn = epsn;
   bump(t.counters().selective_nak_repeated);
-  send_selective_nak(qp, t, epsn, psn_add(o.first_placed(epsn, o.next), wire::kPsnMask));
-  return true;
+  send_selective_nak(qp, t, epsn, psn_add(end, wire::kPsnMask));
 }
 
 // Writes a WRITE segment that arrived ahead of the expected PSN to its place, after the
@@ -603,7 +604,7 @@ void on_out_of_order(QueuePair& qp, const wire::Packet& pkt, Transport& t) {
   if (o.placed(psn)) {
     if (o.digest(psn) == fingerprint(pkt)) {
       bump(t.counters().duplicate_request);
-      if (pkt.hdr.bth.ack_req) report_gap_again(qp, t);
+      if (pkt.hdr.bth.ack_req) report_gap_again(qp, t, o);
       return;
     }
     return contest(qp, t, o, psn);
