@@ -33,7 +33,7 @@ namespace softrdma::engine {
   X(selective_nak_sent, "selective NAKs sent (a range of PSNs missing, the rest kept)")            \
   X(selective_nak_rcvd, "selective NAKs received")                                                 \
   X(selective_nak_repeated,                                                                        \
-    "selective NAKs naming a gap again: a duplicate asking for an ACK came while it was missing")  \
+    "selective NAKs naming a gap again: a placed copy asked for an ACK (once per expected PSN)")   \
   X(ooo_placed, "request packets placed out of order (selective retransmission)")                  \
   X(ooo_refused,                                                                                   \
     "out-of-order WRITEs not placed: checks failed, zero length, not after a kept PSN")            \
