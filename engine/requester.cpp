@@ -162,6 +162,12 @@ void note_sent(QueuePair& qp, Transport& t, uint32_t psn_count) {
   if (wire::psn_diff(qp.req.psn, qp.req.max_psn) > 0) qp.req.max_psn = qp.req.psn;
 }
 
+// PSNs the window lets out beyond those in flight (≤ 0: none).
+int32_t window_room(const QueuePair& qp) {
+  const int32_t window = static_cast<int32_t>(std::min(qp.req.window.psns(), kWindowPsns));
+  return window - wire::psn_diff(qp.req.psn, qp.comp.psn);
+}
+
 // The SEND/WRITE packet at byte `off` of the WQE, with PSN `psn`. `ack_req` asks for an
 // ACK besides the last packet's. Returns the payload bytes.
 uint32_t emit_data_packet(QueuePair& qp, SendWqe& w, Transport& t, std::vector<iovec>& iov,
@@ -232,11 +238,8 @@ uint64_t emit_read_request(QueuePair& qp, SendWqe& w, Transport& t, uint32_t psn
 bool send_read_request(QueuePair& qp, SendWqe& w, Transport& t) {
   const uint64_t off = qp.req.offset;
   uint64_t max_bytes = UINT64_MAX;
-  if (wire::psn_diff(qp.req.psn, qp.req.max_psn) < 0) {
-    const int32_t window = static_cast<int32_t>(std::min(qp.req.window.psns(), kWindowPsns));
-    const int32_t room = std::max(1, window - wire::psn_diff(qp.req.psn, qp.comp.psn));
-    max_bytes = uint64_t(room) * qp.mtu;
-  }
+  if (wire::psn_diff(qp.req.psn, qp.req.max_psn) < 0)
+    max_bytes = uint64_t(std::max(1, window_room(qp))) * qp.mtu;
   const uint64_t chunk = emit_read_request(qp, w, t, qp.req.psn, off, max_bytes);
   note_paced(qp, t, 0);
   const uint32_t n = psns_for(chunk, qp.mtu);
@@ -408,8 +411,7 @@ void run(QueuePair& qp, Transport& t) {
       log().error("qp {:#x}: requester at psn {:#x} but WQE {} starts at {:#x}", qp.qpn(),
                   qp.req.psn, qp.req.next, w.first_psn);
     }
-    const int32_t window = static_cast<int32_t>(std::min(qp.req.window.psns(), kWindowPsns));
-    if (wire::psn_diff(qp.req.psn, qp.comp.psn) >= window) break;
+    if (window_room(qp) <= 0) break;
     bool done = false;
     const WrOpcodeInfo& info = w.info();
     if (info.takes_rd_atomic_credit() && qp.comp.rd_atomic_inflight.size() >= max_rd) break;
