@@ -4,6 +4,7 @@
 #include <endian.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <pthread.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
 
@@ -197,7 +198,10 @@ CmDevice* CmDevice::get_locked(uint32_t ip, int& err) {
   d->wake_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   pin_library();
   d->thread_pid_ = ::getpid();
-  d->thread_ = std::thread([dev = d.get()] { dev->run(); });
+  d->thread_ = std::thread([dev = d.get()] {
+    ::pthread_setname_np(::pthread_self(), "srdma-cm");  // top -H, perf sched, gdb
+    dev->run();
+  });
   log().info("RDMA-CM on {} (QP1 ready; response timeout {}, {} retries)", ip_string(got),
              d->cm_->config().response_timeout, d->cm_->config().max_retries);
   devs.push_back(std::move(d));
