@@ -14,9 +14,17 @@
 #                ECN marking on the link above WAN_ECN of backlog (the others: SOFTRDMA_CC=none,
 #                no marking)
 #   WAN_ECN      ECN marking threshold for the +dcqcn modes (0.25bdp)
+#   WAN_TDF      time dilation factor K (1): both processes run under `softrdma run --tdf K`,
+#                so WAN_RATE and WAN_DELAY are virtual (100gbit at K = 50 is paced at
+#                2 Gbit/s real). perftest times itself with the TSC (real time), so its BW
+#                average is multiplied by K, and wall seconds are divided by K: every figure
+#                printed is virtual. Choose K so that WAN_RATE / K is well below what the
+#                machine carries (docs/wide-area.md, Time dilation)
+#   WAN_TIMEOUT  real seconds a run may take before it is killed (600)
 #
 # Each run: Debian's unmodified ib_write_bw (-s 1 MiB, -n WAN_MB, tx depth 128, MTU 4096,
-# QP timeout 15 = 134 ms, above the loaded round trip) between two softrdma processes whose
+# QP timeout exponent at least 15 = 134 ms and at least 4 round trips, so that a full 1-BDP
+# queue does not fire it) between two softrdma processes whose
 # devices both carry SOFTRDMA_WAN="delay=…,rate=…,queue=1bdp,loss=…" (the queue holds one
 # bandwidth-delay product, rate × round trip). Goodput = perftest's BW average (MB/sec =
 # 2^20 B/s), as % of the link rate (the link carries headers too: 4096 B of payload per
@@ -31,6 +39,10 @@ LOSSES=${WAN_LOSSES:-"0 0.1 1"}
 MB=${WAN_MB:-256}
 MODES=${WAN_MODES:-"gbn sel gbn+dcqcn sel+dcqcn"}
 ECN=${WAN_ECN:-0.25bdp}
+TDF=${WAN_TDF:-1}
+RUN_TIMEOUT=${WAN_TIMEOUT:-600}
+tdf_args=()
+[[ $TDF != 1 ]] && tdf_args=(--tdf "$TDF")
 B=build
 [[ -x $B/bin/softrdma ]] || { echo "build first: cmake --build build --target softrdma" >&2; exit 1; }
 command -v ib_write_bw >/dev/null || { echo "needs perftest (ib_write_bw)" >&2; exit 1; }
@@ -44,6 +56,14 @@ rate_bps() {
     m = (u ~ /^g/) ? 1e9 : (u ~ /^m/) ? 1e6 : (u ~ /^k/) ? 1e3 : 1; print n * m }'
 }
 BPS=$(rate_bps "$RATE")
+# One-way delay in ms from "10ms", "1.5ms", "200us".
+delay_ms() {
+  awk -v d="$1" 'BEGIN { n = d + 0; u = tolower(d); sub(/^[0-9.]+/, "", u);
+    print (u ~ /^us/) ? n / 1000 : (u ~ /^s/) ? n * 1000 : n }'
+}
+RTT_MS=$(awk -v d="$(delay_ms "$DELAY")" 'BEGIN { print 2 * d }')
+# The QP's local ACK timeout (4.096 µs × 2^u, IBTA 12.7.34): at least 15 and 4 round trips.
+QP_TIMEOUT=$(awk -v r="$RTT_MS" 'BEGIN { u = 15; while (4.096e-3 * 2 ^ u < 4 * r && u < 31) u++; print u }')
 
 # run MODE LOSS → prints "goodput_MBps pct seconds" and leaves the logs in $OUT/MODE-LOSS.*
 run() {
@@ -53,14 +73,14 @@ run() {
   [[ $mode == *+dcqcn ]] && cc=dcqcn && wan="$wan,ecn=$ECN"
   local log="$OUT/$mode-$loss"
   port=$((port + 1))
-  local args=(-d srdma0 -x 0 -s 1048576 -n "$MB" -m 4096 -u 15 -F -p "$port")
-  SOFTRDMA_CC=$cc SOFTRDMA_SELECTIVE_RETX=$sel SOFTRDMA_TRANSPORT=udp timeout 300 \
-    $B/bin/softrdma run --addr 127.0.33.1 --wan "$wan" -- ib_write_bw "${args[@]}" >"$log.srv" 2>&1 &
+  local args=(-d srdma0 -x 0 -s 1048576 -n "$MB" -m 4096 -u "$QP_TIMEOUT" -F -p "$port")
+  SOFTRDMA_CC=$cc SOFTRDMA_SELECTIVE_RETX=$sel SOFTRDMA_TRANSPORT=udp timeout "$RUN_TIMEOUT" \
+    $B/bin/softrdma run "${tdf_args[@]}" --addr 127.0.33.1 --wan "$wan" -- ib_write_bw "${args[@]}" >"$log.srv" 2>&1 &
   local spid=$!
   sleep 0.5
   local t0=$(date +%s.%N)
-  SOFTRDMA_CC=$cc SOFTRDMA_SELECTIVE_RETX=$sel SOFTRDMA_TRANSPORT=udp timeout 300 \
-    $B/bin/softrdma run --addr 127.0.33.2 --wan "$wan" -- ib_write_bw "${args[@]}" 127.0.0.1 \
+  SOFTRDMA_CC=$cc SOFTRDMA_SELECTIVE_RETX=$sel SOFTRDMA_TRANSPORT=udp timeout "$RUN_TIMEOUT" \
+    $B/bin/softrdma run "${tdf_args[@]}" --addr 127.0.33.2 --wan "$wan" -- ib_write_bw "${args[@]}" 127.0.0.1 \
     >"$log.cli" 2>&1 &
   local cpid=$!
   # The counters of the client's device while it runs (its last snapshot survives the exit).
@@ -70,9 +90,10 @@ run() {
   done
   wait $cpid $spid
   local t1=$(date +%s.%N)
-  awk -v bps="$BPS" -v t="$(echo "$t1 - $t0" | bc)" '/BW average/ {getline;
-      printf "%.1f %.1f %.1f\n", $4 * 1048576 / 1e6, 100 * $4 * 1048576 * 8 / bps, t; f = 1; exit}
-      END { if (!f) printf "nan nan %.1f\n", t }' "$log.cli"
+  # perftest's MB/sec (2^20 B/s) is real time: × K for virtual; the wall time ÷ K.
+  awk -v bps="$BPS" -v k="$TDF" -v t="$(echo "$t1 - $t0" | bc)" '/BW average/ {getline;
+      printf "%.1f %.1f %.2f\n", $4 * k * 1048576 / 1e6, 100 * $4 * k * 1048576 * 8 / bps, t / k; f = 1; exit}
+      END { if (!f) printf "nan nan %.2f\n", t / k }' "$log.cli"
 }
 
 # counter NAME FILE → the client device's (127.0.33.2) counter in a `softrdma stat --json`
@@ -86,9 +107,9 @@ print(devs[-1]["counters"].get(name, 0) if devs else 0)
 PY
 }
 
-echo "WAN link: $RATE, one-way delay $DELAY (RTT $(awk -v d="${DELAY%ms}" 'BEGIN{print 2*d}') ms), queue 1 BDP; $MB MiB of 1 MiB RDMA WRITEs"
+echo "WAN link: $RATE, one-way delay $DELAY (RTT $RTT_MS ms), queue 1 BDP; $MB MiB of 1 MiB RDMA WRITEs; QP timeout $QP_TIMEOUT; time dilation K = $TDF (figures virtual)"
 echo
-echo "| loss | recovery | CC | goodput MB/s | % of link | wall s | packets sent again | resends sent again | selective NAKs | timeouts | queue drops | CNPs |"
+echo "| loss | recovery | CC | goodput MB/s | % of link | virtual s | packets sent again | resends sent again | selective NAKs | timeouts | queue drops | CNPs |"
 echo "|---|---|---|---|---|---|---|---|---|---|---|---|"
 for loss in $LOSSES; do
   for mode in $MODES; do

@@ -148,4 +148,24 @@ class Transport {
   }
 };
 
+/// Same-host doorbells and the scheduler. A transport that wakes a sleeping peer's progress
+/// thread (a same-host doorbell) from an application thread calls note_woke_peer(); the
+/// application-facing paths (QueuePair::post_send_batch, Device::try_progress) call
+/// yield_if_woke_peer() once they have released the device lock, which gives the CPU up with
+/// sched_yield(2) if it was so — and returns at once when nothing else is runnable on it.
+/// Why: on a machine whose CPUs are all busy — two processes spinning on memory for each
+/// other's RDMA WRITEs, as riostream and ib_write_lat do — the woken thread is usually placed
+/// on the waker's CPU, and a fair scheduler (EEVDF, Linux ≥ 6.6) lets the spinning waker run
+/// on until its slice or the next tick ends: the WRITE waited 2–4 ms to land (HZ = 250).
+/// Measured, riostream's 64 B ping-pong on 2 CPUs: 50–1,130 µs per round trip (bimodal)
+/// without, 53–97 µs with (docs/performance.md). The progress thread's own doorbells set
+/// the flag too but never act on it.
+namespace detail {
+inline thread_local bool t_woke_peer = false;
+inline thread_local bool t_sent_to_host = false;
+}  // namespace detail
+inline void note_woke_peer() { detail::t_woke_peer = true; }
+inline void note_sent_to_host() { detail::t_sent_to_host = true; }
+void yield_if_woke_peer(bool latency_bound = false);
+
 }  // namespace softrdma::engine

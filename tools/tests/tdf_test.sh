@@ -50,7 +50,10 @@ if [[ $case_ == preload ]]; then
   echo "sleep 0.2 at K = 10: $real_ms ms real"
   (( real_ms >= 1900 && real_ms <= 6000 )) || fail "expected ~2000 ms real, got $real_ms"
   grep -q "TSC" "$out/err" || fail "no hint about TSC-timed programs on stderr: $(cat "$out/err")"
-  grep -q "multiply" "$out/err" || fail "the hint does not say to multiply by K"
+  # Real-time figures convert to virtual ones by dividing durations by K (a virtual second
+  # lasts K real seconds) and multiplying rates by K.
+  grep -q "divide their durations by 10 (multiply their rates)" "$out/err" ||
+    fail "the hint does not say to divide durations (multiply rates) by K: $(cat "$out/err")"
 
   t0=$(now_ns)
   "$S" run -- sleep 0.2 2>"$out/err1" || fail "softrdma run -- sleep 0.2 failed"
