@@ -16,9 +16,9 @@
 #   WAN_ECN      ECN marking threshold for the +dcqcn modes (0.25bdp)
 #   WAN_TDF      time dilation factor K (1): both processes run under `softrdma run --tdf K`,
 #                so WAN_RATE and WAN_DELAY are virtual (100gbit at K = 50 is paced at
-#                2 Gbit/s real). perftest times itself with the TSC (real time), so its BW
-#                average is multiplied by K, and wall seconds are divided by K: every figure
-#                printed is virtual. Choose K so that WAN_RATE / K is well below what the
+#                2 Gbit/s real). perftest's BW average is virtual already (it calibrates
+#                its TSC against the dilated gettimeofday; docs/wide-area.md); the wall
+#                seconds are divided by K: every figure printed is virtual. Choose K so that WAN_RATE / K is well below what the
 #                machine carries (docs/wide-area.md, Time dilation)
 #   WAN_TIMEOUT  real seconds a run may take before it is killed (600)
 #
@@ -90,9 +90,9 @@ run() {
   done
   wait $cpid $spid
   local t1=$(date +%s.%N)
-  # perftest's MB/sec (2^20 B/s) is real time: × K for virtual; the wall time ÷ K.
+  # perftest's MB/sec (2^20 B/s) is virtual already; the wall time is real: ÷ K.
   awk -v bps="$BPS" -v k="$TDF" -v t="$(echo "$t1 - $t0" | bc)" '/BW average/ {getline;
-      printf "%.1f %.1f %.2f\n", $4 * k * 1048576 / 1e6, 100 * $4 * k * 1048576 * 8 / bps, t / k; f = 1; exit}
+      printf "%.1f %.1f %.2f\n", $4 * 1048576 / 1e6, 100 * $4 * 1048576 * 8 / bps, t / k; f = 1; exit}
       END { if (!f) printf "nan nan %.2f\n", t / k }' "$log.cli"
 }
 

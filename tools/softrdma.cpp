@@ -254,8 +254,8 @@ int cmd_run(const RunOptions& o) {
     fmt::print(stderr,
                "softrdma: time dilation K = {}: softrdma's clocks and this program's "
                "clock_gettime/gettimeofday/time/sleeps run {}x slower than real time. Programs "
-               "that read the TSC (perftest on x86) or time themselves without libc report "
-               "real time: divide their durations by {} (multiply their rates) for virtual "
+               "that read the TSC uncalibrated or time themselves without libc report real "
+               "time: divide their durations by {} (multiply their rates) for virtual "
                "figures. Make sure the machine is not the limit: real rate needed = virtual "
                "rate / K (docs/wide-area.md, Time dilation).\n",
                tdf, tdf, tdf);
