@@ -21,8 +21,11 @@
 #                seconds are divided by K: every figure printed is virtual. Choose K so that WAN_RATE / K is well below what the
 #                machine carries (docs/wide-area.md, Time dilation)
 #   WAN_TIMEOUT  real seconds a run may take before it is killed (600)
+#   WAN_TX_DEPTH ib_write_bw's tx depth, 1 MiB WRITEs outstanding (default: enough for 1.5
+#                bandwidth-delay products, at least 128 — 128 MiB would cap a 100 Gbit/s ×
+#                50 ms path, 625 MB, at a fifth of its rate)
 #
-# Each run: Debian's unmodified ib_write_bw (-s 1 MiB, -n WAN_MB, tx depth 128, MTU 4096,
+# Each run: Debian's unmodified ib_write_bw (-s 1 MiB, -n WAN_MB, tx depth WAN_TX_DEPTH, MTU 4096,
 # QP timeout exponent at least 15 = 134 ms and at least 4 round trips, so that a full 1-BDP
 # queue does not fire it) between two softrdma processes whose
 # devices both carry SOFTRDMA_WAN="delay=…,rate=…,queue=1bdp,loss=…" (the queue holds one
@@ -63,6 +66,8 @@ delay_ms() {
 }
 RTT_MS=$(awk -v d="$(delay_ms "$DELAY")" 'BEGIN { print 2 * d }')
 # The QP's local ACK timeout (4.096 µs × 2^u, IBTA 12.7.34): at least 15 and 4 round trips.
+TX_DEPTH=${WAN_TX_DEPTH:-$(awk -v b="$BPS" -v r="$RTT_MS" 'BEGIN {
+  d = int(1.5 * b / 8 * r / 1000 / 1048576) + 1; print (d < 128) ? 128 : d }')}
 QP_TIMEOUT=$(awk -v r="$RTT_MS" 'BEGIN { u = 15; while (4.096e-3 * 2 ^ u < 4 * r && u < 31) u++; print u }')
 
 # run MODE LOSS → prints "goodput_MBps pct seconds" and leaves the logs in $OUT/MODE-LOSS.*
@@ -73,7 +78,7 @@ run() {
   [[ $mode == *+dcqcn ]] && cc=dcqcn && wan="$wan,ecn=$ECN"
   local log="$OUT/$mode-$loss"
   port=$((port + 1))
-  local args=(-d srdma0 -x 0 -s 1048576 -n "$MB" -m 4096 -u "$QP_TIMEOUT" -F -p "$port")
+  local args=(-d srdma0 -x 0 -s 1048576 -n "$MB" -m 4096 -u "$QP_TIMEOUT" -t "$TX_DEPTH" -F -p "$port")
   SOFTRDMA_CC=$cc SOFTRDMA_SELECTIVE_RETX=$sel SOFTRDMA_TRANSPORT=udp timeout "$RUN_TIMEOUT" \
     $B/bin/softrdma run "${tdf_args[@]}" --addr 127.0.33.1 --wan "$wan" -- ib_write_bw "${args[@]}" >"$log.srv" 2>&1 &
   local spid=$!
@@ -107,7 +112,7 @@ print(devs[-1]["counters"].get(name, 0) if devs else 0)
 PY
 }
 
-echo "WAN link: $RATE, one-way delay $DELAY (RTT $RTT_MS ms), queue 1 BDP; $MB MiB of 1 MiB RDMA WRITEs; QP timeout $QP_TIMEOUT; time dilation K = $TDF (figures virtual)"
+echo "WAN link: $RATE, one-way delay $DELAY (RTT $RTT_MS ms), queue 1 BDP; $MB MiB of 1 MiB RDMA WRITEs; tx depth $TX_DEPTH, QP timeout $QP_TIMEOUT; time dilation K = $TDF (figures virtual)"
 echo
 echo "| loss | recovery | CC | goodput MB/s | % of link | virtual s | packets sent again | resends sent again | selective NAKs | timeouts | queue drops | CNPs |"
 echo "|---|---|---|---|---|---|---|---|---|---|---|---|"
