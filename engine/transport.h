@@ -148,24 +148,38 @@ class Transport {
   }
 };
 
-/// Same-host doorbells and the scheduler. A transport that wakes a sleeping peer's progress
-/// thread (a same-host doorbell) from an application thread calls note_woke_peer(); the
-/// application-facing paths (QueuePair::post_send_batch, Device::try_progress) call
-/// yield_if_woke_peer() once they have released the device lock, which gives the CPU up with
-/// sched_yield(2) if it was so — and returns at once when nothing else is runnable on it.
+/// Waking a peer, and the scheduler. A transport that, from an application thread, wakes a
+/// sleeping peer's progress thread calls note_woke_peer() (a same-host doorbell: rung only to
+/// a receiver that sleeps), or note_sent_to_host() (a UDP datagram to a loopback address:
+/// its receiver may sleep in epoll). The application-facing paths call yield_if_woke_peer()
+/// once they have released the device lock: QueuePair::post_send_batch with `latency_bound`
+/// = the send queue was empty before the post (a lone message; a post behind others is part
+/// of a stream and yields only for a doorbell), Device::try_progress without. It gives the
+/// CPU up with sched_yield(2) if a doorbell was rung, or a loopback datagram sent on a
+/// latency-bound post — sched_yield returns at once when nothing else is runnable on the CPU
+/// — and clears both marks.
 /// Why: on a machine whose CPUs are all busy — two processes spinning on memory for each
-/// other's RDMA WRITEs, as riostream and ib_write_lat do — the woken thread is usually placed
-/// on the waker's CPU, and a fair scheduler (EEVDF, Linux ≥ 6.6) lets the spinning waker run
-/// on until its slice or the next tick ends: the WRITE waited 2–4 ms to land (HZ = 250).
-/// Measured, riostream's 64 B ping-pong on 2 CPUs: 50–1,130 µs per round trip (bimodal)
-/// without, 53–97 µs with (docs/performance.md). The progress thread's own doorbells set
-/// the flag too but never act on it.
+/// other's RDMA WRITEs, as riostream does — the woken thread is usually placed on the waker's
+/// CPU, and the fair scheduler (EEVDF, Linux ≥ 6.6) lets the spinning waker run on until its
+/// slice or the next tick ends: the WRITE waited 2–4 ms to land (HZ = 250). Measured,
+/// riostream's 64 B ping-pong on 2 CPUs: 50–1,600 µs per round trip (bimodal) without,
+/// 38–97 µs with; the cost, one system call per ping-pong round on the UDP path (+0.3 µs of
+/// ib_send_lat). docs/performance.md, "Spinning receivers and the scheduler". Marks made on
+/// the progress thread are never acted on.
 namespace detail {
 inline thread_local bool t_woke_peer = false;
 inline thread_local bool t_sent_to_host = false;
 }  // namespace detail
-inline void note_woke_peer() { detail::t_woke_peer = true; }
-inline void note_sent_to_host() { detail::t_sent_to_host = true; }
+/// An application thread rang a same-host doorbell (a sleeping receiver's progress thread).
+inline void note_woke_peer() {
+  detail::t_woke_peer = true;
+}
+/// An application thread sent a UDP datagram to a 127.0.0.0/8 address.
+inline void note_sent_to_host() {
+  detail::t_sent_to_host = true;
+}
+/// Yields the CPU (sched_yield) if this thread woke a peer since the last call (see above);
+/// call with no device lock held. Never fails.
 void yield_if_woke_peer(bool latency_bound = false);
 
 }  // namespace softrdma::engine
