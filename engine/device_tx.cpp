@@ -499,9 +499,27 @@ void Device::note_wan_deadline() {
   if (s == 0 || due < s) wake();
 }
 
+namespace {
+// Initial-exec TLS, as net/fault_guard.cpp's: a general-dynamic access from this shared
+// library would make the first access of every thread allocate a dynamic TLS block — under
+// AddressSanitizer a fresh page mmap(2)ed for its DTLS bookkeeping, which landed in the page
+// MrChange.RemoteWriteIntoMemoryUnmappedAfterRegistration had just unmapped from a
+// registered MR: the test's WRITE into the hole then succeeded and overwrote ASan's block.
+__attribute__((tls_model("initial-exec"))) thread_local bool t_woke_peer = false;
+__attribute__((tls_model("initial-exec"))) thread_local bool t_sent_to_host = false;
+}  // namespace
+
+void note_woke_peer() {
+  t_woke_peer = true;
+}
+
+void note_sent_to_host() {
+  t_sent_to_host = true;
+}
+
 void yield_if_woke_peer(bool latency_bound) {
-  const bool yield = detail::t_woke_peer || (latency_bound && detail::t_sent_to_host);
-  detail::t_woke_peer = detail::t_sent_to_host = false;
+  const bool yield = t_woke_peer || (latency_bound && t_sent_to_host);
+  t_woke_peer = t_sent_to_host = false;
   if (yield) ::sched_yield();
 }
 

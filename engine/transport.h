@@ -166,18 +166,10 @@ class Transport {
 /// 38–97 µs with; the cost, one system call per ping-pong round on the UDP path (+0.3 µs of
 /// ib_send_lat). docs/performance.md, "Spinning receivers and the scheduler". Marks made on
 /// the progress thread are never acted on.
-namespace detail {
-inline thread_local bool t_woke_peer = false;
-inline thread_local bool t_sent_to_host = false;
-}  // namespace detail
 /// An application thread rang a same-host doorbell (a sleeping receiver's progress thread).
-inline void note_woke_peer() {
-  detail::t_woke_peer = true;
-}
+void note_woke_peer();
 /// An application thread sent a UDP datagram to a 127.0.0.0/8 address.
-inline void note_sent_to_host() {
-  detail::t_sent_to_host = true;
-}
+void note_sent_to_host();
 /// Yields the CPU (sched_yield) if this thread woke a peer since the last call (see above);
 /// call with no device lock held. Never fails.
 void yield_if_woke_peer(bool latency_bound = false);
