@@ -137,8 +137,6 @@ void Device::try_progress() {
   inline_round_ = true;
   progress_locked(now, check_udp);
   inline_round_ = false;
-  lk.unlock();
-  yield_if_woke_peer();
 }
 
 void Device::watch_socket(bool on) {

@@ -207,10 +207,7 @@ void Device::drain_backlog(uint64_t now) {
 }
 
 void Device::ring_shm_doorbells(uint64_t now) {
-  const uint64_t rung_before = shm_.stats().doorbells;
-  const size_t refused = shm_.ring_doorbells(now);
-  if (shm_.stats().doorbells != rung_before) note_woke_peer();
-  if (refused != 0) {
+  if (const size_t refused = shm_.ring_doorbells(now); refused != 0) {
     bump(counters_->shm_doorbell_refused, refused);
     log().warn(
         "same-host doorbell refused by {} peer(s) (gone, or in another network namespace): "
@@ -377,11 +374,6 @@ void Device::send_queued() {
     size_t errors = 0;
     port_.send_batch(tx_batch_, errors);
     if (errors) bump(counters_->send_err, errors);
-    for (const net::TxDatagram& d : tx_batch_)
-      if ((d.dst_ip >> 24) == 127) {
-        note_sent_to_host();
-        break;
-      }
   }
   tx_count_ = 0;
   // forward_local()'s packets and the receive path's, several to a datagram per process.
@@ -497,30 +489,6 @@ void Device::note_wan_deadline() {
   if (!next_deadline_ns_ || due < next_deadline_ns_) next_deadline_ns_ = due;
   const uint64_t s = sleep_until_ns_.load(std::memory_order_relaxed);
   if (s == 0 || due < s) wake();
-}
-
-namespace {
-// Initial-exec TLS, as net/fault_guard.cpp's: a general-dynamic access from this shared
-// library would make the first access of every thread allocate a dynamic TLS block — under
-// AddressSanitizer a fresh page mmap(2)ed for its DTLS bookkeeping, which landed in the page
-// MrChange.RemoteWriteIntoMemoryUnmappedAfterRegistration had just unmapped from a
-// registered MR: the test's WRITE into the hole then succeeded and overwrote ASan's block.
-__attribute__((tls_model("initial-exec"))) thread_local bool t_woke_peer = false;
-__attribute__((tls_model("initial-exec"))) thread_local bool t_sent_to_host = false;
-}  // namespace
-
-void note_woke_peer() {
-  t_woke_peer = true;
-}
-
-void note_sent_to_host() {
-  t_sent_to_host = true;
-}
-
-void yield_if_woke_peer(bool latency_bound) {
-  const bool yield = t_woke_peer || (latency_bound && t_sent_to_host);
-  t_woke_peer = t_sent_to_host = false;
-  if (yield) ::sched_yield();
 }
 
 }  // namespace softrdma::engine

@@ -354,20 +354,15 @@ Status QueuePair::post_send(const SendWr& wr) {
 }
 
 Status QueuePair::post_send_batch(const SendWr* wrs, size_t n, size_t& bad) {
+  std::lock_guard lk(dev_.mutex());
   Status st = kOk;
-  bool was_idle = false;
-  {
-    std::lock_guard lk(dev_.mutex());
-    was_idle = sq.empty();
-    size_t i = 0;
-    for (; i < n; ++i) {
-      st = post_send_locked(wrs[i]);
-      if (st != kOk) break;
-    }
-    bad = i;
-    if (i > 0) transmit_pending_requests();
+  size_t i = 0;
+  for (; i < n; ++i) {
+    st = post_send_locked(wrs[i]);
+    if (st != kOk) break;
   }
-  yield_if_woke_peer(was_idle);  // the requester transmitted inline: let a peer it woke run
+  bad = i;
+  if (i > 0) transmit_pending_requests();
   return st;
 }
 

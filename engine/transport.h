@@ -148,30 +148,4 @@ class Transport {
   }
 };
 
-/// Waking a peer, and the scheduler. A transport that, from an application thread, wakes a
-/// sleeping peer's progress thread calls note_woke_peer() (a same-host doorbell: rung only to
-/// a receiver that sleeps), or note_sent_to_host() (a UDP datagram to a loopback address:
-/// its receiver may sleep in epoll). The application-facing paths call yield_if_woke_peer()
-/// once they have released the device lock: QueuePair::post_send_batch with `latency_bound`
-/// = the send queue was empty before the post (a lone message; a post behind others is part
-/// of a stream and yields only for a doorbell), Device::try_progress without. It gives the
-/// CPU up with sched_yield(2) if a doorbell was rung, or a loopback datagram sent on a
-/// latency-bound post — sched_yield returns at once when nothing else is runnable on the CPU
-/// — and clears both marks.
-/// Why: on a machine whose CPUs are all busy — two processes spinning on memory for each
-/// other's RDMA WRITEs, as riostream does — the woken thread is usually placed on the waker's
-/// CPU, and the fair scheduler (EEVDF, Linux ≥ 6.6) lets the spinning waker run on until its
-/// slice or the next tick ends: the WRITE waited 2–4 ms to land (HZ = 250). Measured,
-/// riostream's 64 B ping-pong on 2 CPUs: 50–1,600 µs per round trip (bimodal) without,
-/// 38–97 µs with; the cost, one system call per ping-pong round on the UDP path (+0.3 µs of
-/// ib_send_lat). docs/performance.md, "Spinning receivers and the scheduler". Marks made on
-/// the progress thread are never acted on.
-/// An application thread rang a same-host doorbell (a sleeping receiver's progress thread).
-void note_woke_peer();
-/// An application thread sent a UDP datagram to a 127.0.0.0/8 address.
-void note_sent_to_host();
-/// Yields the CPU (sched_yield) if this thread woke a peer since the last call (see above);
-/// call with no device lock held. Never fails.
-void yield_if_woke_peer(bool latency_bound = false);
-
 }  // namespace softrdma::engine

@@ -36,11 +36,10 @@ case_test_args rsocket "$CASES" "$@"
 STEP_TIMEOUT=${RSOCKET_TIMEOUT:-120}
 # riostream's ping-pong busy-waits on memory in both processes (its recv_xfer spins on the
 # window's last byte, calling nothing) while softrdma's progress threads must run to land
-# each RDMA WRITE: its 64 B step alone is 100 000 round trips. Since a sender yields its CPU
-# to the progress thread it woke (docs/performance.md, "Spinning receivers and the
-# scheduler") the whole test takes ~17 s alone and 34-46 s in a ctest pass on 2 CPUs; before,
-# 233 s alone, and over 120 s for the 64 B step under other load. The 3x stays for a machine
-# whose other load takes the CPUs the yield hands over.
+# each RDMA WRITE: on a machine with two busy CPUs the woken progress thread waits for the
+# spinning thread's slice to end (docs/performance.md, "Spinning receivers and the
+# scheduler"); its 64 B step alone (100 000 round trips) took 28-107 s idle and over 120 s
+# under other load.
 [[ $CASE == riostream ]] && STEP_TIMEOUT=$((STEP_TIMEOUT * 3))
 # rstream's sweeps are the same 100 000-round ping-pong first: each round trip is two wake-ups
 # of a process that slept in poll(2), and on 2 CPUs shared with a build (load ~5) a wake-up
