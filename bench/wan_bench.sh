@@ -18,8 +18,9 @@
 #                so WAN_RATE and WAN_DELAY are virtual (100gbit at K = 50 is paced at
 #                2 Gbit/s real). perftest's BW average is virtual already (it calibrates
 #                its TSC against the dilated gettimeofday; docs/wide-area.md); the wall
-#                seconds are divided by K: every figure printed is virtual. Choose K so that WAN_RATE / K is well below what the
-#                machine carries (docs/wide-area.md, Time dilation)
+#                seconds are divided by K: every figure printed is virtual. Choose K so
+#                that WAN_RATE / K is well below what the machine carries
+#                (docs/wide-area.md, Time dilation)
 #   WAN_TIMEOUT  real seconds a run may take before it is killed (600)
 #   WAN_TX_DEPTH ib_write_bw's tx depth, 1 MiB WRITEs outstanding (default: enough for 1.5
 #                bandwidth-delay products, at least 128 — 128 MiB would cap a 100 Gbit/s ×
@@ -65,9 +66,10 @@ delay_ms() {
     print (u ~ /^us/) ? n / 1000 : (u ~ /^s/) ? n * 1000 : n }'
 }
 RTT_MS=$(awk -v d="$(delay_ms "$DELAY")" 'BEGIN { print 2 * d }')
-# The QP's local ACK timeout (4.096 µs × 2^u, IBTA 12.7.34): at least 15 and 4 round trips.
+# 1 MiB WRITEs outstanding: 1.5 bandwidth-delay products, at least 128.
 TX_DEPTH=${WAN_TX_DEPTH:-$(awk -v b="$BPS" -v r="$RTT_MS" 'BEGIN {
   d = int(1.5 * b / 8 * r / 1000 / 1048576) + 1; print (d < 128) ? 128 : d }')}
+# The QP's local ACK timeout (4.096 µs × 2^u, IBTA 12.7.34): at least 15 and 4 round trips.
 QP_TIMEOUT=$(awk -v r="$RTT_MS" 'BEGIN { u = 15; while (4.096e-3 * 2 ^ u < 4 * r && u < 31) u++; print u }')
 
 # run MODE LOSS → prints "goodput_MBps pct seconds" and leaves the logs in $OUT/MODE-LOSS.*

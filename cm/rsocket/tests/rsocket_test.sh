@@ -38,7 +38,7 @@ STEP_TIMEOUT=${RSOCKET_TIMEOUT:-120}
 # window's last byte, calling nothing) while softrdma's progress threads must run to land
 # each RDMA WRITE: on a machine with two busy CPUs the woken progress thread waits for the
 # spinning thread's slice to end (docs/performance.md, "Spinning receivers and the
-# scheduler"); its 64 B step alone (100 000 round trips) took 28-107 s idle and over 120 s
+# scheduler"); its 64 B step alone (100 000 round trips) took 28-214 s on an otherwise idle machine and over 120 s
 # under other load.
 [[ $CASE == riostream ]] && STEP_TIMEOUT=$((STEP_TIMEOUT * 3))
 # rstream's sweeps are the same 100 000-round ping-pong first: each round trip is two wake-ups
