@@ -56,6 +56,11 @@ struct SendWqe {
   uint64_t length = 0;       ///< message bytes
   uint32_t first_psn = 0;    ///< valid once started
   uint32_t npsn = 0;         ///< PSNs the message uses (≥ 1)
+  /// READ: byte offsets inside a chunk where a request ended because the window had no room
+  /// for the rest of it (requester.cpp emit_read_request). The responder may have executed
+  /// that request as new, so no later request for this WQE may cross the offset: a duplicate
+  /// READ must lie within the one executed (IBTA vol 1 9.7.5.1.3.1). Usually empty.
+  std::vector<uint64_t> read_cuts;
   bool started = false;
   uint32_t last_psn() const { return wire::psn_add(first_psn, npsn - 1); }
   /// The work-request table's row for this WQE's opcode.

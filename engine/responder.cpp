@@ -383,6 +383,11 @@ void on_duplicate(QueuePair& qp, const wire::Packet& pkt, Transport& t) {
     bump(t.counters().duplicate_dropped);
     log().debug("qp {:#x}: duplicate READ psn {:#x} matches no executed READ: dropped", qp.qpn(),
                 psn);
+    if (log().should_log(spdlog::level::debug))
+      for (const ResponderResource& res : qp.resp.resources)
+        log().debug("qp {:#x}:   kept: {} psn {:#x}…{:#x} va {:#x} len {} (asked va {:#x} len {})",
+                    qp.qpn(), res.read ? "READ" : "atomic", res.psn, res.last_psn, res.va,
+                    res.length, pkt.hdr.reth.va, pkt.hdr.reth.dma_length);
     return;
   }
   if (m & wire::kIsAtomic) {

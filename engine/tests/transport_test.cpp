@@ -383,6 +383,42 @@ TEST_F(TransportTest, AReadAskedForAgainAsksForNoMoreResponsesThanTheWindowHasRo
   EXPECT_EQ(tb->counters_.duplicate_dropped.load(), 0u) << "each re-request matched the READ";
 }
 
+// A READ whose first request was lost is asked for again in a one-PSN window: that short
+// request reaches the responder first and is executed as new. A later go-back with a larger
+// window must not ask for more from the same PSN — a duplicate READ longer than the one
+// executed matches nothing and is dropped at every retry — but stop where the short one did.
+TEST_F(TransportTest, AReadCutShortByTheWindowIsNeverAskedForPastTheCutAgain) {
+  const uint32_t len = 7 * kMtu;
+  ASSERT_EQ(post(*a, WrOpcode::kRdmaRead, 0, len), kOk);
+  ASSERT_EQ(ta->sent.size(), 1u);
+  ta->sent.clear();  // the request is lost
+  fire_timers_when_quiet();
+  ASSERT_EQ(ta->sent.size(), 1u);
+  EXPECT_EQ(parse(ta->sent[0]).hdr.reth.dma_length, kMtu) << "one response: the window's room";
+  deliver(*ta, *b, *tb);  // executed as a new one-PSN READ
+  ASSERT_EQ(tb->sent.size(), 1u);
+  tb->sent.clear();  // its response is lost
+  {
+    // A go-back to the READ's first PSN with room for all of it (what a response arriving
+    // out of order does once the window has grown).
+    std::lock_guard lk(dev->mutex());
+    a->req.window.on_acked(16);
+    requester::rewind(*a, kSqPsn);
+    requester::run(*a, *ta);
+  }
+  ASSERT_FALSE(ta->sent.empty());
+  const wire::Packet again = parse(ta->sent[0]);
+  EXPECT_EQ(again.hdr.bth.psn, kSqPsn);
+  EXPECT_EQ(again.hdr.reth.dma_length, kMtu) << "no further than the request executed";
+  settle();
+  auto c = drain();
+  ASSERT_EQ(c.size(), 1u);
+  EXPECT_EQ(c[0].status, WcStatus::kSuccess);
+  EXPECT_EQ(c[0].byte_len, len);
+  EXPECT_EQ(std::memcmp(dst.data(), src.data(), len), 0);
+  EXPECT_EQ(tb->counters_.duplicate_dropped.load(), 0u) << "each re-request matched a READ";
+}
+
 TEST_F(TransportTest, DuplicateAtomicIsReplayedNotExecutedTwice) {
   uint64_t& word = *reinterpret_cast<uint64_t*>(dst.data());
   word = 40;
