@@ -22,6 +22,8 @@
 #                that WAN_RATE / K is well below what the machine carries
 #                (docs/wide-area.md, Time dilation)
 #   WAN_TIMEOUT  real seconds a run may take before it is killed (600)
+#   WAN_OUT      keep each run's logs and counter snapshots in this directory (default: a
+#                temporary one, removed at exit)
 #   WAN_TX_DEPTH ib_write_bw's tx depth, 1 MiB WRITEs outstanding (default: enough for 1.5
 #                bandwidth-delay products, at least 128 — 128 MiB would cap a 100 Gbit/s ×
 #                50 ms path, 625 MB, at a fifth of its rate)
@@ -50,8 +52,13 @@ tdf_args=()
 B=build
 [[ -x $B/bin/softrdma ]] || { echo "build first: cmake --build build --target softrdma" >&2; exit 1; }
 command -v ib_write_bw >/dev/null || { echo "needs perftest (ib_write_bw)" >&2; exit 1; }
-OUT=$(mktemp -d /tmp/softrdma-wan-bench.XXXXXX)
-trap 'rm -rf "$OUT"' EXIT
+if [[ -n ${WAN_OUT:-} ]]; then
+  OUT=$WAN_OUT
+  mkdir -p "$OUT"
+else
+  OUT=$(mktemp -d /tmp/softrdma-wan-bench.XXXXXX)
+  trap 'rm -rf "$OUT"' EXIT
+fi
 port=19400
 
 # Link rate in bit/s from "1gbit", "500mbit", "10g".
@@ -90,9 +97,11 @@ run() {
     $B/bin/softrdma run "${tdf_args[@]}" --addr 127.0.33.2 --wan "$wan" -- ib_write_bw "${args[@]}" 127.0.0.1 \
     >"$log.cli" 2>&1 &
   local cpid=$!
-  # The counters of the client's device while it runs (its last snapshot survives the exit).
+  # The counters of the client's device while it runs: the last snapshot that still lists
+  # it survives (one taken as it exits lacks it, and its row would read 0).
   while kill -0 $cpid 2>/dev/null; do
-    $B/bin/softrdma stat --json >"$log.stat.tmp" 2>/dev/null && mv "$log.stat.tmp" "$log.stat"
+    $B/bin/softrdma stat --json >"$log.stat.tmp" 2>/dev/null &&
+      grep -q '"127.0.33.2"' "$log.stat.tmp" && mv "$log.stat.tmp" "$log.stat"
     sleep 0.2
   done
   wait $cpid $spid

@@ -75,7 +75,15 @@ bool resend_lost_resends(QueuePair& qp, Transport& t, uint32_t again_psn) {
 
 void note_progress(QueuePair& qp, Transport& t, uint32_t old_psn) {
   const uint64_t now = t.now_ns();
-  const uint32_t acked = uint32_t(psn_diff(qp.comp.psn, old_psn));
+  // Newly delivered: what the ACK moved over, less what a selective ACK had counted already
+  // (the PSNs held beyond a gap arrived when it said so; the gap's repair alone is new).
+  // BBR's delivery rate counts SACKed packets so (Cardwell et al. 2016), and Linux grows the
+  // window by acked + sacked; a repaired gap's whole cumulative jump, counted at once, is a
+  // delivery rate sample the link never carried.
+  const uint32_t held = requester::held_psns(qp);
+  const int64_t delivered = int64_t{psn_diff(qp.comp.psn, old_psn)} + held - qp.comp.sack_counted;
+  qp.comp.sack_counted = held;
+  const uint32_t acked = uint32_t(std::max<int64_t>(delivered, 0));
   if (qp.req.timed_psn != kNoPsn && psn_diff(qp.comp.psn, qp.req.timed_psn) > 0) {
     qp.req.window.on_rtt_sample(now - qp.req.timed_ns);
     qp.req.timed_psn = kNoPsn;
@@ -256,12 +264,44 @@ void on_selective_nak(QueuePair& qp, const wire::Packet& pkt, Transport& t) {
   qp.req.retx.push_back(r);
 }
 
+// A selective ACK: the responder expected BTH.PSN and held AETH.MSN PSNs beyond it. Kept
+// for the window (requester.cpp held_psns); it acknowledges nothing. The newest report wins.
+// on_response has dropped one whose PSN was never sent or is acknowledged already; one that
+// holds as many PSNs as were sent from its expected PSN on (which it lacks) is malformed.
+void on_selective_ack(QueuePair& qp, const wire::Packet& pkt, Transport& t) {
+  const uint32_t epsn = pkt.hdr.bth.psn;
+  const uint32_t held = pkt.hdr.aeth.msn & wire::kPsnMask;
+  if (held >= uint32_t(psn_diff(qp.req.max_psn, epsn))) {
+    bump(t.counters().rcvd_malformed);
+    return;
+  }
+  if (qp.comp.sack_epsn != kNoPsn && psn_diff(epsn, qp.comp.sack_epsn) < 0) return;  // older
+  bump(t.counters().selective_ack_rcvd);
+  qp.comp.peer_selective = true;
+  qp.comp.sack_epsn = epsn;
+  qp.comp.sack_held = held;
+  // PSNs it reports held beyond what was counted arrived: delivered, for the rate and the
+  // window's growth (note_progress says why).
+  const uint32_t now_held = requester::held_psns(qp);
+  if (now_held > qp.comp.sack_counted) {
+    const uint32_t n = now_held - qp.comp.sack_counted;
+    qp.req.window.on_delivered(n, t.now_ns());
+    qp.req.window.on_acked(n);
+  }
+  qp.comp.sack_counted = now_held;
+}
+
 void on_ack(QueuePair& qp, const wire::Packet& pkt, Transport& t) {
   const uint32_t psn = pkt.hdr.bth.psn;
   const uint8_t syn = pkt.hdr.aeth.syndrome;
   if (syn == wire::aeth_nak(wire::NakCode::kSelectiveRetransmit)) {
     if (t.selective_retransmit()) return on_selective_nak(qp, pkt, t);
     bump(t.counters().rcvd_malformed);  // we never asked for one: ignore it, the timer recovers
+    return;
+  }
+  if (syn == wire::aeth_nak(wire::NakCode::kSelectiveAck)) {
+    if (t.selective_retransmit()) return on_selective_ack(qp, pkt, t);
+    bump(t.counters().rcvd_malformed);  // we never asked for one
     return;
   }
   switch (wire::aeth_kind(syn)) {

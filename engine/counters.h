@@ -32,6 +32,8 @@ namespace softrdma::engine {
   X(selective_retransmitted_pkts, "request packets sent again because a selective NAK named them") \
   X(selective_nak_sent, "selective NAKs sent (a range of PSNs missing, the rest kept)")            \
   X(selective_nak_rcvd, "selective NAKs received")                                                 \
+  X(selective_ack_sent, "selective ACKs sent (PSNs held beyond a gap, counted for the requester)") \
+  X(selective_ack_rcvd, "selective ACKs received and used")                                        \
   X(selective_nak_repeated,                                                                        \
     "selective NAKs naming a gap again: a placed copy asked for an ACK (once per expected PSN)")   \
   X(ooo_placed, "request packets placed out of order (selective retransmission)")                  \

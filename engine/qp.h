@@ -155,6 +155,15 @@ struct CompleterState {
   /// the oldest PSN alone (resend_check_ns) can fill it. Against a go-back-N responder that
   /// resend would only be dropped again; recovery stays IBTA's (NAK or timeout).
   bool peer_selective = false;
+  /// The latest selective ACK (NakCode::kSelectiveAck): the responder's expected PSN then
+  /// (kNoPsn: none since the last go-back-N rewind) and the PSNs it held beyond it. The
+  /// requester counts them out of what it has in flight (requester.cpp window_room).
+  uint32_t sack_epsn = kNoPsn;
+  uint32_t sack_held = 0;
+  /// requester::held_psns when the window was last told of deliveries (note_progress,
+  /// on_selective_ack): what an ACK or a selective ACK newly delivered is the change of
+  /// comp.psn plus the change of held_psns since.
+  uint32_t sack_counted = 0;
 };
 
 /// What the responder executed for one READ or ATOMIC request, kept so a duplicate of it
@@ -217,6 +226,9 @@ struct ResponderState {
   /// The requester asked for selective retransmission (Bth::selective) on a request that
   /// was accepted in order; only then are requests placed out of order (responder.cpp).
   bool peer_selective = false;
+  /// The requester also understands selective ACKs (Bth::sack on a request accepted in
+  /// order): placed packets that ask for an ACK are answered with one (responder.cpp).
+  bool peer_sack = false;
   /// Selective retransmission: packets kept beyond the expected PSN and the gaps reported;
   /// allocated at the first out-of-order packet of a requester that asked for it.
   std::unique_ptr<ReceivedPsns> ooo;

@@ -109,8 +109,12 @@ class ReceivedPsns {
   /// Reported missing by a selective NAK and not yet arrived.
   bool reported(uint32_t psn) const { return get(reported_, psn); }
 
+  /// PSNs placed now (placed() true): what a selective ACK reports held beyond the
+  /// expected PSN. O(1): kept as bits change.
+  uint32_t placed_count() const { return placed_count_; }
+
   void mark_placed(uint32_t psn, bool ends, uint32_t digest) {
-    set(placed_, psn, true);
+    set_placed(psn, true);
     set(ends_, psn, ends);
     set(reported_, psn, false);
     digest_[psn & mask_] = digest;
@@ -118,14 +122,14 @@ class ReceivedPsns {
   /// Forgets the placement of `psn` (its memory stays as written) and makes it in-order
   /// only; the WRITE message it began, if any, is forgotten too.
   void mark_contested(uint32_t psn) {
-    set(placed_, psn, false);
+    set_placed(psn, false);
     set(ends_, psn, false);
     set(contested_, psn, true);
     erase_write(psn);
   }
   /// Forgets the placement of `psn` alone (it is missing again).
   void unplace(uint32_t psn) {
-    set(placed_, psn, false);
+    set_placed(psn, false);
     set(ends_, psn, false);
   }
   void mark_reported(uint32_t psn, bool on) { set(reported_, psn, on); }
@@ -135,7 +139,7 @@ class ReceivedPsns {
   }
   /// Forgets every state of `psn` (consumed in order, or behind the expected PSN).
   void clear(uint32_t psn) {
-    set(placed_, psn, false);
+    set_placed(psn, false);
     set(ends_, psn, false);
     set(reported_, psn, false);
     set(contested_, psn, false);
@@ -151,6 +155,7 @@ class ReceivedPsns {
     });
     const uint64_t lo = unwrap(from), hi = unwrap(to);
     writes_.erase(writes_.lower_bound(lo), writes_.lower_bound(hi));
+    placed_count_ -= placed;
     return placed;
   }
   /// The first PSN in [from, to) that is placed or reported, or `to` if none.
@@ -218,6 +223,11 @@ class ReceivedPsns {
     const uint32_t i = psn & mask_;
     return (v[i / 64] >> (i % 64)) & 1;
   }
+  void set_placed(uint32_t psn, bool on) {
+    if (get(placed_, psn) == on) return;
+    set(placed_, psn, on);
+    placed_count_ = on ? placed_count_ + 1 : placed_count_ - 1;
+  }
   void set(std::vector<uint64_t>& v, uint32_t psn, bool on) const {
     const uint32_t i = psn & mask_;
     const uint64_t bit = uint64_t{1} << (i % 64);
@@ -236,6 +246,7 @@ class ReceivedPsns {
   }
   // A fresh ring of `span` PSNs, every state clear.
   void allocate(uint32_t span) {
+    placed_count_ = 0;
     span_ = span;
     mask_ = span - 1;
     for (auto* v : {&placed_, &ends_, &reported_, &contested_}) v->assign(span / 64, 0);
@@ -281,6 +292,7 @@ class ReceivedPsns {
   uint32_t mask_ = 0;     // span_ - 1
   std::vector<uint64_t> placed_, ends_, reported_, contested_;  // span_ / 64 words each
   std::vector<uint32_t> digest_;                                // per PSN mod span_
+  uint32_t placed_count_ = 0;                                   // set bits of placed_
   std::map<uint64_t, WritePlacement> writes_;
   uint32_t anchor_ = 0;
   uint64_t anchor64_ = uint64_t{1} << 40;  // far from 0: unwrapped PSNs never go negative

@@ -136,6 +136,7 @@ wire::Headers base_headers(const QueuePair& qp, const SendWqe& w, Transport& t, 
   h.bth.selective = type.reliable && t.selective_retransmit();
   // Sent before (max_psn is one past the highest PSN ever sent; note_sent moves it after).
   h.bth.resend = h.bth.selective && wire::psn_diff(psn, qp.req.max_psn) < 0;
+  h.bth.sack = h.bth.selective;
   if (type.service == wire::Service::kUd) {
     const uint32_t own = qp.qpn() == 1 ? ud::kGsiQkey : qp.attr.qkey;  // QP1: the GSI's
     h.deth.qkey = (w.wr.remote_qkey & 0x80000000u) ? own : w.wr.remote_qkey;
@@ -162,10 +163,22 @@ void note_sent(QueuePair& qp, Transport& t, uint32_t psn_count) {
   if (wire::psn_diff(qp.req.psn, qp.req.max_psn) > 0) qp.req.max_psn = qp.req.psn;
 }
 
-// PSNs the window lets out beyond those in flight (≤ 0: none).
+// PSNs the window lets out (≤ 0: none). The window bounds what is in flight: the PSNs from
+// the oldest unacknowledged one on, less those the responder's latest selective ACK said it
+// holds beyond its expected PSN (held_psns) — TCP's pipe (RFC 6675 4) with IRN's SACK
+// (Mittal et al. 2018, 3.2). So a gap at the head, which takes one or two round trips to
+// repair, no longer holds the whole window: the span from the oldest unacknowledged PSN may
+// reach kSpanPerWindow windows (at most kWindowPsns, what the responder can track), and the
+// responder's memory for out-of-order PSNs stays proportional to the window
+// (ReceivedPsns: 4.5 bytes per PSN of span). Without selective ACKs (a go-back-N peer, or
+// no gap) held_psns is 0 and the window is the span, as before.
 int32_t window_room(const QueuePair& qp) {
-  const int32_t window = static_cast<int32_t>(std::min(qp.req.window.psns(), kWindowPsns));
-  return window - wire::psn_diff(qp.req.psn, qp.comp.psn);
+  const uint32_t window = std::min(qp.req.window.psns(), kWindowPsns);
+  const int32_t span = wire::psn_diff(qp.req.psn, qp.comp.psn);
+  const int64_t cap = std::min<int64_t>(kWindowPsns, int64_t{kSpanPerWindow} * window);
+  const int64_t room =
+      std::min<int64_t>(int64_t{window} - (span - int64_t{held_psns(qp)}), cap - span);
+  return static_cast<int32_t>(std::clamp<int64_t>(room, INT32_MIN, INT32_MAX));
 }
 
 // The SEND/WRITE packet at byte `off` of the WQE, with PSN `psn`. `ack_req` asks for an
@@ -199,7 +212,7 @@ bool send_data_packet(QueuePair& qp, SendWqe& w, Transport& t, std::vector<iovec
   const uint64_t off = qp.req.offset;
   // AckReq on the last packet, every kAckEvery packets, and on the packet that fills the
   // window (the ACK for it is what opens the window again).
-  const bool fills = wire::psn_diff(qp.req.psn, qp.comp.psn) + 1 >= int32_t(qp.req.window.psns());
+  const bool fills = window_room(qp) <= 1;
   const bool ack_req = fills || ++qp.req.noack_pkts >= kAckEvery;
   const uint32_t pay = emit_data_packet(qp, w, t, iov, qp.req.psn, off, ack_req);
   note_paced(qp, t, pay);
@@ -346,6 +359,13 @@ void run_unreliable(QueuePair& qp, Transport& t) {
 }
 
 }  // namespace
+
+uint32_t held_psns(const QueuePair& qp) {
+  if (qp.comp.sack_epsn == kNoPsn) return 0;
+  const int64_t span = wire::psn_diff(qp.req.psn, qp.comp.psn);
+  const int64_t held = int64_t{qp.comp.sack_held} - wire::psn_diff(qp.comp.psn, qp.comp.sack_epsn);
+  return static_cast<uint32_t>(std::clamp<int64_t>(held, 0, std::max<int64_t>(span, 0)));
+}
 
 void run(QueuePair& qp, Transport& t) {
   if (qp.attr.state != QpState::kRts && qp.attr.state != QpState::kSqd) return;
@@ -516,7 +536,9 @@ void rewind(QueuePair& qp, uint32_t psn) {
   qp.req.offset = offset;
   qp.req.psn = psn;
   qp.req.noack_pkts = 0;
-  qp.req.retx.clear();  // go-back-N sends everything from `psn` again anyway
+  qp.req.retx.clear();         // go-back-N sends everything from `psn` again anyway
+  qp.comp.sack_epsn = kNoPsn;  // what the responder held may be sent again: count it in flight
+  qp.comp.sack_counted = 0;
   qp.comp.resent.clear();
   qp.comp.again_psn = kNoPsn;
   qp.req.timed_psn = kNoPsn;

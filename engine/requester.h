@@ -32,8 +32,22 @@ void run(QueuePair& qp, Transport& t);
 /// Positions the requester at `psn` (go-back-N): the WQE holding it and the byte offset
 /// of that PSN become the next to transmit; READ/ATOMIC credits after it are returned.
 void rewind(QueuePair& qp, uint32_t psn);
+/// PSNs sent and not yet acknowledged that the responder holds (placed out of order beyond
+/// its expected PSN), as its latest selective ACK counted them (CompleterState::sack_epsn):
+/// that count was of PSNs beyond the responder's expected PSN then; an ACK that has since
+/// moved the oldest unacknowledged PSN past that point covered at most as many of them as it
+/// moved over, and PSNs before that point not yet acknowledged arrived in order. Within
+/// [0, PSNs outstanding]: a stale or forged count costs at most a window sent early, never
+/// data (only ACKs complete WQEs). 0 without selective ACKs.
+uint32_t held_psns(const QueuePair& qp);
 /// Request packets in flight before the requester waits for ACKs, at most.
 inline constexpr uint32_t kWindowPsns = CongestionWindow::kMaxPsns;
+/// With selective ACKs the window bounds the PSNs in flight, not the span from the oldest
+/// unacknowledged PSN; the span may reach this many windows (and kWindowPsns at most). A gap
+/// at the head is repaired in about two round trips (its report, then the resend), a lost
+/// resend in 1.5 SRTT more (completer::resend_check_ns): with a window of ~1.5 bandwidth-delay
+/// products, the link delivers ~3.5–5 BDPs meanwhile — about 2.3–3.3 windows beyond the gap.
+inline constexpr uint32_t kSpanPerWindow = 4;
 /// Sends the packet that starts at `psn` again (a selective NAK named it), leaving the
 /// requester's position alone: a SEND/WRITE segment, a READ request for the rest of its
 /// chunk, or an atomic. `ack_req`: a SEND/WRITE segment asks for an ACK — set on the last

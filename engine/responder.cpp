@@ -459,6 +459,22 @@ void send_selective_nak(QueuePair& qp, Transport& t, uint32_t first, uint32_t la
               qp.resp.epsn);
 }
 
+// A placed packet beyond a gap that asks for an ACK (AckReq: every kAckEvery packets and
+// each message's last), from a requester that understands selective ACKs: tells it how many
+// PSNs beyond the expected one this responder holds (NakCode::kSelectiveAck), so that it
+// counts them out of its flight and goes on sending while the gap is repaired (IRN's SACK,
+// Mittal et al. 2018, 3.2). It acknowledges nothing; a lost one is replaced by the next.
+void send_selective_ack(QueuePair& qp, Transport& t, const ReceivedPsns& o) {
+  wire::Headers h;
+  h.bth.opcode = opcode(qp, Opcode::kAcknowledge);
+  h.bth.dest_qpn = qp.attr.dest_qp_num;
+  h.bth.psn = qp.resp.epsn;
+  h.aeth.syndrome = wire::aeth_nak(wire::NakCode::kSelectiveAck);
+  h.aeth.msn = std::min<uint32_t>(o.placed_count(), wire::kPsnMask);
+  t.transmit(h, qp.remote_ip, {}, 0);
+  bump(t.counters().selective_ack_sent);
+}
+
 // A copy of a PSN placed out of order that asks for an ACK (AckReq: the last packet of a
 // batch of resends) while the PSNs from the expected one up to the next placed PSN are
 // missing: the requester resent what this responder holds, so it does not know what is
@@ -630,6 +646,7 @@ void on_out_of_order(QueuePair& qp, const wire::Packet& pkt, Transport& t) {
     o.mark_placed(psn, pkt.info->mask & (wire::kIsLast | wire::kIsOnly), fingerprint(pkt));
     if (psn_diff(psn, o.next) > 0) send_selective_nak(qp, t, o.next, psn_add(psn, wire::kPsnMask));
     if (psn_diff(psn, o.next) >= 0) o.next = psn_add(psn, 1);
+    if (pkt.hdr.bth.ack_req && qp.resp.peer_sack) send_selective_ack(qp, t, o);
     return;
   }
   if (pkt.info->mask & wire::kIsWrite) bump(t.counters().ooo_refused);
@@ -763,7 +780,10 @@ void on_request(QueuePair& qp, const wire::Packet& pkt, Transport& t) {
   if (qp.attr.state == QpState::kErr) return;
   // Selective retransmission is the requester's to ask for, and it is believed from
   // requests accepted in order only: their PSN is the expected one (IBTA's own bar).
-  if (pkt.hdr.bth.selective && psn_diff(qp.resp.epsn, psn) > 0) qp.resp.peer_selective = true;
+  if (pkt.hdr.bth.selective && psn_diff(qp.resp.epsn, psn) > 0) {
+    qp.resp.peer_selective = true;
+    qp.resp.peer_sack = pkt.hdr.bth.sack;
+  }
   if (qp.resp.ooo) {
     for (uint32_t p = psn; p != qp.resp.epsn; p = psn_add(p, 1)) qp.resp.ooo->clear(p);
     advance_over_placed(qp, t);

@@ -158,6 +158,11 @@ struct Bth {
   /// it has seen as evidence that that PSN was forged or reordered (engine/responder.cpp).
   /// It is a hint, not a credential: forging it gains nothing (docs/architecture.md).
   bool resend = false;
+  /// softrdma's selective-ACK capability, bit 4 of BTH byte 8 (the third bit of resv7,
+  /// likewise covered by the ICRC and ignored by other peers): set with `selective` on every
+  /// request: "I understand selective ACKs" (NakCode::kSelectiveAck). A responder sends them
+  /// only to a requester that set it, so a softrdma built before them never receives one.
+  bool sack = false;
   uint32_t psn = 0;  ///< 24 bits
 };
 
@@ -299,6 +304,13 @@ enum class NakCode : uint8_t {
   /// Sent only to requesters whose requests carried Bth::selective (IRN, Mittal et al.,
   /// SIGCOMM 2018, section 3.2: the receiver reports what is missing).
   kSelectiveRetransmit = 0x1f,
+  /// softrdma's selective ACK, another reserved code: "the expected PSN is BTH.PSN, and
+  /// AETH.MSN (24 bits) PSNs beyond it arrived and were kept" (placed out of order). Like the
+  /// selective NAK it acknowledges nothing: the requester takes the count out of what it
+  /// holds in flight (IRN's SACK, Mittal et al., SIGCOMM 2018, 3.2; TCP's pipe, RFC 6675
+  /// 4), so a hole at the head no longer stops the window while it is repaired. Sent only to
+  /// requesters whose requests carried Bth::sack.
+  kSelectiveAck = 0x1e,
 };
 
 /// Credit field meaning "end-to-end flow control not used" (invalid credit count).

@@ -895,6 +895,126 @@ TEST_F(TransportTest, SelectiveNakNamesOnlyTheLostPsnsAndOnlyThoseAreSentAgain) 
   EXPECT_FALSE(b->resp.in_write);
 }
 
+// Selective ACKs (IRN's SACK): a lost first packet holds the oldest unacknowledged PSN for the
+// round trips its repair takes; the responder says how many PSNs it holds beyond the gap, and
+// the requester counts them out of its flight, so new PSNs go out meanwhile — up to the
+// window in flight and kSpanPerWindow windows of span. Every byte still lands, in order of
+// completion. Without the count (the same responder, its selective ACKs lost) the span is
+// the window, as before.
+TEST_F(TransportTest, AGapAtTheHeadHoldsNoWindowWhileTheResponderSaysWhatItHolds) {
+  start_selective_after_one_rtt(0);  // PSN +0; the responder now places out of order
+  ASSERT_TRUE(drain().size() == 1u);
+  const uint32_t first = wire::psn_add(kSqPsn, 1);  // the WRITE's first packet (its RETH)
+  const uint32_t head = wire::psn_add(kSqPsn, 2);   // the one lost
+  constexpr uint32_t kPsns = 1023;                  // the rest of the 1 MiB buffer
+  ASSERT_EQ(post(*a, WrOpcode::kRdmaWrite, 0, kPsns * kMtu, 0, 2), kOk);
+  const uint32_t first_flight = uint32_t(ta->sent.size());
+  ASSERT_GE(first_flight, CongestionWindow::kInitialPsns);
+  for (const auto& bytes : ta->sent) EXPECT_TRUE(parse(bytes).hdr.bth.sack);
+  lose(*ta, {2});
+  deliver(*ta, *b, *tb);
+  EXPECT_EQ(selective_naks(*tb), (std::vector<std::pair<uint32_t, uint32_t>>{{2, 2}}));
+  // One selective ACK per AckReq'd packet placed beyond the gap (every kAckEvery and the one
+  // that filled the window), each counting what is held by then.
+  std::vector<uint32_t> held;
+  for (const auto& bytes : tb->sent) {
+    const wire::Packet p = parse(bytes);
+    if (p.hdr.aeth.syndrome != wire::aeth_nak(wire::NakCode::kSelectiveAck)) continue;
+    EXPECT_EQ(p.hdr.bth.psn, head) << "the expected PSN: the lost one";
+    held.push_back(p.hdr.aeth.msn);
+  }
+  ASSERT_FALSE(held.empty());
+  EXPECT_EQ(held.back(), first_flight - 2) << "all but the first and the lost one";
+  EXPECT_TRUE(std::is_sorted(held.begin(), held.end()));
+  EXPECT_EQ(tb->counters_.selective_ack_sent.load(), held.size());
+  deliver(*tb, *a, *ta);
+  EXPECT_EQ(ta->counters_.selective_ack_rcvd.load(), held.size());
+  // The NAK halved the window (a short path: a loss is congestion); the responder holds all
+  // but the lost PSN, so the new window's worth, less the one resent, goes out now.
+  const uint32_t window = a->req.window.psns();
+  EXPECT_LT(window, first_flight);
+  uint32_t resent = 0, fresh = 0;
+  for (const auto& bytes : ta->sent) {
+    const int32_t off = wire::psn_diff(parse(bytes).hdr.bth.psn, first);
+    if (off == 1) ++resent;
+    if (off >= int32_t(first_flight)) ++fresh;
+  }
+  EXPECT_EQ(resent, 1u);
+  EXPECT_EQ(fresh, window - 1) << "in flight: the resend and these";
+  EXPECT_EQ(a->comp.psn, head) << "the gap is not repaired yet";
+  EXPECT_LE(uint32_t(wire::psn_diff(a->req.psn, a->comp.psn)), requester::kSpanPerWindow * window);
+  settle();
+  auto c = drain();
+  ASSERT_EQ(c.size(), 1u);
+  EXPECT_EQ(c[0].status, WcStatus::kSuccess);
+  EXPECT_EQ(std::memcmp(dst.data(), src.data(), kPsns * kMtu), 0);
+  EXPECT_EQ(ta->counters_.retransmitted_pkts.load(), 1u) << "only the lost PSN went twice";
+  EXPECT_EQ(a->comp.psn, wire::psn_add(first, kPsns));
+}
+
+// The same loss with every selective ACK lost: the window is the span again, so nothing new
+// goes out until the gap is repaired.
+TEST_F(TransportTest, WithoutSelectiveAcksTheWindowIsTheSpanFromTheOldestUnackedPsn) {
+  start_selective_after_one_rtt(0);
+  ASSERT_TRUE(drain().size() == 1u);
+  ASSERT_EQ(post(*a, WrOpcode::kRdmaWrite, 0, 1023 * kMtu, 0, 2), kOk);
+  lose(*ta, {2});
+  deliver(*ta, *b, *tb);
+  std::deque<std::vector<uint8_t>> kept;
+  for (auto& bytes : tb->sent)
+    if (parse(bytes).hdr.aeth.syndrome != wire::aeth_nak(wire::NakCode::kSelectiveAck))
+      kept.push_back(std::move(bytes));
+  tb->sent = std::move(kept);
+  deliver(*tb, *a, *ta);
+  // Besides the resend, only what the ACK of +0…+1 (sent before the NAK) opened: two PSNs.
+  uint32_t resent = 0, fresh = 0;
+  for (const auto& bytes : ta->sent) {
+    const int32_t off = wire::psn_diff(parse(bytes).hdr.bth.psn, kSqPsn);
+    resent += off == 2;
+    fresh += off != 2;
+  }
+  EXPECT_EQ(resent, 1u);
+  EXPECT_LE(fresh, 2u);
+  EXPECT_EQ(ta->counters_.selective_ack_rcvd.load(), 0u);
+  EXPECT_EQ(a->comp.psn, wire::psn_add(kSqPsn, 2));
+  settle();
+  EXPECT_EQ(drain().size(), 1u);
+  EXPECT_EQ(std::memcmp(dst.data(), src.data(), 1023 * kMtu), 0);
+}
+
+// Selective ACKs that cannot be genuine change nothing: one naming a PSN never sent is
+// stale (as any response), one holding more PSNs than were sent beyond its expected PSN is
+// malformed, and so is one sent to a requester that never asked.
+TEST_F(TransportTest, ASelectiveAckNamingPsnsNeverSentIsMalformed) {
+  ta->selective = tb->selective = true;
+  ASSERT_EQ(post(*a, WrOpcode::kRdmaWrite, 0, 4 * kMtu, 0, 1), kOk);
+  ta->sent.clear();  // all four lost: a is waiting for its first ACK
+  ASSERT_EQ(a->req.max_psn, wire::psn_add(kSqPsn, 4));
+  const auto forge = [&](uint32_t epsn, uint32_t held_psns) {
+    wire::Headers h;
+    h.bth.opcode = static_cast<uint8_t>(wire::Opcode::kAcknowledge);  // RC
+    h.bth.dest_qpn = a->qpn();
+    h.bth.psn = epsn;
+    h.aeth.syndrome = wire::aeth_nak(wire::NakCode::kSelectiveAck);
+    h.aeth.msn = held_psns;
+    tb->transmit(h, dev->ip(), {}, 0);
+    deliver(*tb, *a, *ta);
+  };
+  forge(wire::psn_add(kSqPsn, 5), 0);  // beyond the highest PSN sent: stale, as any response
+  EXPECT_EQ(ta->counters_.rcvd_stale_response.load(), 1u);
+  forge(kSqPsn, 4);  // four held beyond +0: only +1…+3 were sent
+  EXPECT_EQ(ta->counters_.rcvd_malformed.load(), 1u);
+  EXPECT_EQ(ta->counters_.selective_ack_rcvd.load(), 0u);
+  EXPECT_EQ(a->comp.sack_epsn, kNoPsn);
+  forge(kSqPsn, 3);  // possible: taken, but only for the window
+  EXPECT_EQ(ta->counters_.selective_ack_rcvd.load(), 1u);
+  EXPECT_EQ(a->comp.psn, kSqPsn) << "a selective ACK acknowledges nothing";
+  EXPECT_TRUE(drain().empty());
+  ta->selective = false;  // a requester that never asked
+  forge(kSqPsn, 3);
+  EXPECT_EQ(ta->counters_.rcvd_malformed.load(), 2u);
+}
+
 // A paused path (a full same-host ring's backlog): the requester queues nothing more, asks
 // to be run again, and when run again continues where it stopped — nothing lost, nothing
 // sent twice, no window cut.
@@ -1679,11 +1799,16 @@ TEST(ReceivedPsnsTest, GrowsOnDemandKeepingEveryStateAcrossThePsnWrapUpToItsCap)
   o.mark_placed(at(300), true, 0x12345678);
   o.mark_placed(at(301), false, 0x9abcdef0);
   o.mark_placed(at(1000), false, 0x55);
+  o.mark_placed(at(301), false, 0x9abcdef0);  // again: counted once
+  EXPECT_EQ(o.placed_count(), 3u);
   o.mark_contested(at(1000));
+  EXPECT_EQ(o.placed_count(), 2u) << "a contested PSN is no longer placed";
   o.mark_reported_range(at(1), at(299));
   ASSERT_TRUE(o.reach(e, 5000, kT));  // grows to 8,192: 1,000 and 5,000 now differ mod span
   EXPECT_EQ(o.span(), 8192u);
+  EXPECT_EQ(o.placed_count(), 2u) << "kept across the growth";
   o.mark_placed(at(5000), true, 0x77);
+  EXPECT_EQ(o.placed_count(), 3u);
   EXPECT_TRUE(o.placed(at(300)) && o.ends_message(at(300)));
   EXPECT_EQ(o.digest(at(300)), 0x12345678u);
   EXPECT_TRUE(o.placed(at(301)) && !o.ends_message(at(301)));
@@ -1701,7 +1826,12 @@ TEST(ReceivedPsnsTest, GrowsOnDemandKeepingEveryStateAcrossThePsnWrapUpToItsCap)
   EXPECT_EQ(o.memory_bytes(), (size_t{1} << 14) * 9 / 2);
   EXPECT_EQ(o.digest(at(5000)), 0x77u);
   EXPECT_TRUE(o.placed(at(301)) && o.contested(at(1000)) && o.reported(at(299)));
+  o.mark_placed(at(7000), false, 0x1);
+  o.unplace(at(7000));
+  o.unplace(at(7000));
+  EXPECT_EQ(o.placed_count(), 3u);
   EXPECT_EQ(o.clear_range(e, at(6000)), 3u);
+  EXPECT_EQ(o.placed_count(), 0u);
   EXPECT_EQ(o.first_marked(e, at(6000)), at(6000));
   o.shrink_when_idle(kT + ReceivedPsns::kKeepSpanNs - 1);
   EXPECT_EQ(o.span(), 1u << 14) << "kept while recently needed";

@@ -553,6 +553,29 @@ TEST(Parse, ReservedBitsIgnored) {
   EXPECT_TRUE(p.hdr.bth.ack_req);
 }
 
+// softrdma's capability and resend marks sit in resv7 (BTH byte 8, bits 6, 5, 4): each
+// encodes alone and parses back, and none disturbs AckReq.
+TEST(Encode, SoftrdmaReservedBitsRoundTrip) {
+  struct Case {
+    bool Bth::*field;
+    uint8_t bit;
+  };
+  for (Case c : {Case{&Bth::selective, 0x40}, Case{&Bth::resend, 0x20}, Case{&Bth::sack, 0x10}}) {
+    Headers h = sample_headers(Opcode::kSendOnly, 0);
+    h.bth.ack_req = false;
+    h.bth.*c.field = true;
+    std::vector<uint8_t> pkt = build(h, 4);
+    EXPECT_EQ(pkt[8], c.bit);
+    Packet p;
+    ASSERT_EQ(parse(pkt, p), ParseError::kOk);
+    EXPECT_TRUE(p.hdr.bth.*c.field);
+    EXPECT_EQ(p.hdr.bth.selective, c.bit == 0x40);
+    EXPECT_EQ(p.hdr.bth.resend, c.bit == 0x20);
+    EXPECT_EQ(p.hdr.bth.sack, c.bit == 0x10);
+    EXPECT_FALSE(p.hdr.bth.ack_req);
+  }
+}
+
 TEST(Parse, ErrorNames) {
   EXPECT_STREQ(to_string(ParseError::kOk), "ok");
   EXPECT_STREQ(to_string(ParseError::kTruncated), "truncated");
