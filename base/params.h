@@ -128,8 +128,9 @@ inline constexpr Param kParams[] = {
      .default_text = "1",
      .doc = "selective retransmission between softrdma peers (IRN-style, docs/wide-area.md): "
             "requests carry a reserved BTH bit; a responder with it on keeps WRITE segments "
-            "that arrive out of order and NAKs only the missing PSNs. 0: go-back-N only, as "
-            "with any other RoCE peer"},
+            "that arrive out of order, NAKs only the missing PSNs and says how many it holds "
+            "(selective ACKs), so the requester's window counts only what is in flight. 0: "
+            "go-back-N only, as with any other RoCE peer"},
     {.name = "SOFTRDMA_FAULT_GUARD",
      .group = Group::kDevice,
      .kind = Kind::kFlag,
