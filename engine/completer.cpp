@@ -73,17 +73,23 @@ bool resend_lost_resends(QueuePair& qp, Transport& t, uint32_t again_psn) {
   return true;
 }
 
+// PSNs newly delivered, for the window's delivery rate and growth, when the oldest
+// unacknowledged PSN has just moved `advanced` PSNs (0 for a selective ACK): what it moved
+// over plus the change of what the responder holds beyond it (requester::held_psns) since
+// last counted — PSNs held beyond a gap arrived when a selective ACK said so, and the gap's
+// repair alone is new. BBR's delivery rate counts SACKed packets so (Cardwell et al. 2016),
+// and Linux grows the window by acked + sacked; a repaired gap's whole cumulative jump,
+// counted at once, is a delivery rate sample the link never carried.
+uint32_t newly_delivered(QueuePair& qp, uint32_t advanced) {
+  const uint32_t held = requester::held_psns(qp);
+  const int64_t delivered = int64_t{advanced} + held - qp.comp.sack_counted;
+  qp.comp.sack_counted = held;
+  return uint32_t(std::max<int64_t>(delivered, 0));
+}
+
 void note_progress(QueuePair& qp, Transport& t, uint32_t old_psn) {
   const uint64_t now = t.now_ns();
-  // Newly delivered: what the ACK moved over, less what a selective ACK had counted already
-  // (the PSNs held beyond a gap arrived when it said so; the gap's repair alone is new).
-  // BBR's delivery rate counts SACKed packets so (Cardwell et al. 2016), and Linux grows the
-  // window by acked + sacked; a repaired gap's whole cumulative jump, counted at once, is a
-  // delivery rate sample the link never carried.
-  const uint32_t held = requester::held_psns(qp);
-  const int64_t delivered = int64_t{psn_diff(qp.comp.psn, old_psn)} + held - qp.comp.sack_counted;
-  qp.comp.sack_counted = held;
-  const uint32_t acked = uint32_t(std::max<int64_t>(delivered, 0));
+  const uint32_t acked = newly_delivered(qp, uint32_t(psn_diff(qp.comp.psn, old_psn)));
   if (qp.req.timed_psn != kNoPsn && psn_diff(qp.comp.psn, qp.req.timed_psn) > 0) {
     qp.req.window.on_rtt_sample(now - qp.req.timed_ns);
     qp.req.timed_psn = kNoPsn;
@@ -280,15 +286,10 @@ void on_selective_ack(QueuePair& qp, const wire::Packet& pkt, Transport& t) {
   qp.comp.peer_selective = true;
   qp.comp.sack_epsn = epsn;
   qp.comp.sack_held = held;
-  // PSNs it reports held beyond what was counted arrived: delivered, for the rate and the
-  // window's growth (note_progress says why).
-  const uint32_t now_held = requester::held_psns(qp);
-  if (now_held > qp.comp.sack_counted) {
-    const uint32_t n = now_held - qp.comp.sack_counted;
+  if (const uint32_t n = newly_delivered(qp, 0)) {
     qp.req.window.on_delivered(n, t.now_ns());
     qp.req.window.on_acked(n);
   }
-  qp.comp.sack_counted = now_held;
 }
 
 void on_ack(QueuePair& qp, const wire::Packet& pkt, Transport& t) {

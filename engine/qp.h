@@ -160,8 +160,8 @@ struct CompleterState {
   /// requester counts them out of what it has in flight (requester.cpp window_room).
   uint32_t sack_epsn = kNoPsn;
   uint32_t sack_held = 0;
-  /// requester::held_psns when the window was last told of deliveries (note_progress,
-  /// on_selective_ack): what an ACK or a selective ACK newly delivered is the change of
+  /// requester::held_psns when the window was last told of deliveries (completer.cpp
+  /// newly_delivered): what an ACK or a selective ACK newly delivered is the change of
   /// comp.psn plus the change of held_psns since.
   uint32_t sack_counted = 0;
 };
