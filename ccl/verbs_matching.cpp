@@ -152,6 +152,13 @@ RequestId VerbsTransport::Impl::recv(int peer, Buffer& buf, size_t offset, size_
     }
     return id;
   }
+  // An eager transfer of this tag that arrived before this recv was posted: the sender sent
+  // at most the eager limit, this recv wants more (on_eager covers the other order).
+  if (std::vector<char> data; take_oldest(P.unexpected, tag, data)) {
+    P.credit.reposted();
+    size_mismatch(P, tag, data.size(), bytes);
+    return id;
+  }
   const uint32_t tid = P.next_id++;
   P.recvs[tid] = id;
   CtlMsg m{};
