@@ -297,7 +297,17 @@ inline constexpr Param kParams[] = {
      .max = 256,
      .unit = "chunks",
      .empty_is_error = true,
-     .doc = "chunks in flight per peer"},
+     .doc = "chunks in flight per peer (on a long path, at least: see "
+            "SOFTRDMA_CCL_DEPTH_FROM_PATH)"},
+    {.name = "SOFTRDMA_CCL_DEPTH_FROM_PATH",
+     .group = Group::kCcl,
+     .kind = Kind::kFlag,
+     .default_value = 1,
+     .default_text = "1",
+     .doc = "raise the depth to cover each peer's bandwidth-delay product: ⌈RTT × port rate ÷ "
+            "chunk⌉ chunks, at most 256, the RTT measured at connect with zero-length RDMA "
+            "WRITEs (docs/collectives.md, \"Depth\"); 0 keeps SOFTRDMA_CCL_DEPTH on every "
+            "path"},
     {.name = "SOFTRDMA_CCL_TIMEOUT_MS",
      .group = Group::kCcl,
      .kind = Kind::kInteger,
@@ -581,6 +591,7 @@ inline constexpr const Param& kCclChannels = by_name("SOFTRDMA_CCL_CHANNELS");
 inline constexpr const Param& kCclChannelMinBytes = by_name("SOFTRDMA_CCL_CHANNEL_MIN_BYTES");
 inline constexpr const Param& kCclChunkBytes = by_name("SOFTRDMA_CCL_CHUNK_BYTES");
 inline constexpr const Param& kCclDepth = by_name("SOFTRDMA_CCL_DEPTH");
+inline constexpr const Param& kCclDepthFromPath = by_name("SOFTRDMA_CCL_DEPTH_FROM_PATH");
 inline constexpr const Param& kCclTimeoutMs = by_name("SOFTRDMA_CCL_TIMEOUT_MS");
 inline constexpr const Param& kCclBootstrapTimeoutMs = by_name("SOFTRDMA_CCL_BOOTSTRAP_TIMEOUT_MS");
 inline constexpr const Param& kCclMaster = by_name("SOFTRDMA_CCL_MASTER");

@@ -145,11 +145,13 @@ fi
 #            ccl with 16 × 4 MiB in flight per peer (SOFTRDMA_CCL_DEPTH/CHUNK_BYTES), so that
 #            the QP's window, not ccl, bounds the whole cache: the model without a cap; layer
 #            by layer, 16 sends of one 2 MiB layer each in flight: the model with a 32 MiB cap;
-#   kv-ccl   the same whole cache with ccl's defaults (4 × 512 KiB in flight): the model
-#            with --inflight-cap 2 MiB;
+#   kv-ccl   the same whole cache with ccl's defaults: 512 KiB chunks, as many in flight as
+#            the path's RTT × the port's 100 Gbit/s asks for (Config::depth_from_path), of
+#            which at most 128 move at once (the control ring's credits): 2 MiB at RTT 0,
+#            64 MiB from RTT 5.4 ms; the model with that --inflight-cap (ccl_cap);
 #   train    4 ranks (2 per site), 4 MiB float32, 50 ms compute, 4 steps; the model with
-#            ccl's 2 MiB cap, its rendezvous (+ RTT/2) and an intra-site rate of INTRA_GBPS
-#            (unshaped loopback, ~2 Gbit/s real × K).
+#            ccl's cap (ccl_cap), its rendezvous (+ RTT/2) and an intra-site rate of
+#            INTRA_GBPS (unshaped loopback, ~2 Gbit/s real × K).
 # Each point runs CHECK_RUNS times (default 2); the fastest counts (a loaded 2-core machine's
 # scheduler delays only ever add virtual time), every run is in check.csv's runs column.
 CHECK_TOKENS=512
@@ -158,6 +160,12 @@ CHECK_QUEUE=""  # the check points' FIFO: queue_bytes (max(1 BDP, 4 MiB)) unless
 INTRA_GBPS=${INTRA_GBPS:-40}
 DEEP="SOFTRDMA_CCL_DEPTH=16 SOFTRDMA_CCL_CHUNK_BYTES=4194304"
 check_csv=$OUT/check.csv
+# ccl_cap RTT_MS → bytes ccl keeps in flight per peer with its defaults over that RTT:
+# 512 KiB × min(128, max(4, min(256, ⌈12.5 GB/s × RTT ÷ 512 KiB⌉))) (ccl/ccl.h, Config).
+ccl_cap() {
+  awk -v r="$1" 'BEGIN{c = 524288; d = 12.5e9 * r / 1000 / c; d = (d == int(d)) ? d : int(d) + 1
+    if (d < 4) d = 4; if (d > 256) d = 256; if (d > 128) d = 128; printf "%d", d * c}'
+}
 check_point() {  # KIND MODE RTT → one row of check.csv
   local kind=$1 mode=$2 rtt=$3 emu model line cap=()
   link 10gbit "$rtt" 0 $CHECK_QUEUE
@@ -168,14 +176,14 @@ check_point() {  # KIND MODE RTT → one row of check.csv
       [[ $mode == layer ]] && cap=(--inflight-cap $((16 * 2 << 20)))
     else
       CCL_ENV=""
-      cap=(--inflight-cap 2097152)
+      cap=(--inflight-cap "$(ccl_cap "$rtt")")
     fi
     model=$("$tool" model kv --bytes-per-token 131072 --layers 32 --tokens $CHECK_TOKENS \
       --layer-ms 2 --layout "$mode" --rate 10 --rtt "$rtt" "${cap[@]}" | awk -F, 'NR==2{print $10}')
   else
     CCL_ENV=""
     model=$("$tool" model train --mode "$mode" --params $((GRAD / 4)) --compute-ms $COMPUTE_MS \
-      --sites 2 --ranks-per-site 2 --rate 10 --rtt "$rtt" --inflight-cap 2097152 --rendezvous \
+      --sites 2 --ranks-per-site 2 --rate 10 --rtt "$rtt" --inflight-cap "$(ccl_cap "$rtt")" --rendezvous \
       --intra-gbps "$INTRA_GBPS" | awk -F, 'NR==2{print $7}')
   fi
   local runs=() i

@@ -73,7 +73,8 @@ enum class Algorithm : uint8_t {
 /// are.
 enum class WanCompression : uint8_t { kNone, kFloat16, kBfloat16 };
 
-/// Tunables (environment SOFTRDMA_CCL_CHUNK_BYTES, SOFTRDMA_CCL_DEPTH, SOFTRDMA_CCL_ALGO,
+/// Tunables (environment SOFTRDMA_CCL_CHUNK_BYTES, SOFTRDMA_CCL_DEPTH,
+/// SOFTRDMA_CCL_DEPTH_FROM_PATH, SOFTRDMA_CCL_ALGO,
 /// SOFTRDMA_CCL_SITE, SOFTRDMA_CCL_WAN_COMPRESS, SOFTRDMA_CCL_TIMEOUT_MS override the
 /// defaults).
 struct Config {
@@ -88,8 +89,15 @@ struct Config {
 
   Algorithm algorithm = Algorithm::kAuto;
   size_t chunk_bytes = 512 * 1024;  ///< pipeline chunk of the ring, bytes
-  int depth = 4;                    ///< chunks in flight per peer
-  size_t small_bytes = 64 * 1024;   ///< auto: at or below this, the latency algorithm
+  int depth = 4;                    ///< chunks in flight per peer (the floor, see below)
+  /// Raise the depth towards `peer` to cover the path's bandwidth-delay product:
+  /// ⌈Transport::path_bytes(peer) ÷ chunk_bytes⌉ chunks, at least `depth`, at most kMaxDepth
+  /// (and never more chunks than the transfer has). The ring keeps a window of chunks in
+  /// flight per peer, so its rate is at most depth × chunk_bytes ÷ RTT: the default 4 ×
+  /// 512 KiB holds a 100 Gbit/s port busy for an RTT of 170 µs, a 10 Gbit/s × 50 ms path at
+  /// 3 % of its rate. false: `depth` on every path (SOFTRDMA_CCL_DEPTH_FROM_PATH=0).
+  bool depth_from_path = true;
+  size_t small_bytes = 64 * 1024;  ///< auto: at or below this, the latency algorithm
   /// auto, AllReduce with more than 2 ranks: above small_bytes and at or below this,
   /// Rabenseifner; above (and with 2 ranks), the ring.
   size_t medium_bytes = 1024 * 1024;

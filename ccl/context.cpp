@@ -1,5 +1,6 @@
 #include "ccl/context.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <new>
 #include <stdexcept>
@@ -31,6 +32,18 @@ void validate_config(const Config& c) {
   if (c.depth < 1 || c.depth > Config::kMaxDepth)
     throw std::invalid_argument("Config: depth " + std::to_string(c.depth) + " outside [1, " +
                                 std::to_string(Config::kMaxDepth) + "]");
+}
+
+size_t depth_for_path(const Config& config, uint64_t path_bytes) {
+  const auto floor = static_cast<size_t>(config.depth);
+  if (!config.depth_from_path || path_bytes == 0) return floor;
+  const uint64_t chunks = path_bytes / config.chunk_bytes + (path_bytes % config.chunk_bytes != 0);
+  return std::max(floor, static_cast<size_t>(
+                             std::min<uint64_t>(chunks, static_cast<uint64_t>(Config::kMaxDepth))));
+}
+
+size_t Context::depth(int peer) const {
+  return depth_for_path(config_, t_.path_bytes(peer));
 }
 
 std::shared_ptr<Buffer> RegistrationCache::find_or_register(const void* p, size_t bytes,

@@ -82,6 +82,11 @@ class ScratchArena {
   std::shared_ptr<Block> block_;
 };
 
+/// Chunks in flight per peer over a path of `path_bytes` (its bandwidth-delay product, 0 =
+/// unknown): Config::depth, raised to ⌈path_bytes ÷ chunk_bytes⌉ when depth_from_path, at
+/// most Config::kMaxDepth.
+size_t depth_for_path(const Config& config, uint64_t path_bytes);
+
 /// One running operation: transport calls annotated with the operation name, tags unique
 /// to this operation, and the registrations it pins until it returns.
 class Context {
@@ -117,6 +122,9 @@ class Context {
   }
   /// Elements per pipeline chunk for `type` (Config::chunk_bytes, at least one element).
   size_t chunk_elems(DataType type) const;
+  /// Chunks to keep in flight to and from `peer`: depth_for_path(config(),
+  /// transport().path_bytes(peer)).
+  size_t depth(int peer) const;
 
   /// Transport::send / recv of `bytes` at region `r` (its buffer and offset).
   RequestId send(int peer, const Region& r, size_t bytes, uint64_t tag) {

@@ -7,7 +7,9 @@
 // exactly as a blocking Send/Recv's pipeline cuts it (Config::chunk_bytes, chunk j carries
 // tag(phase 0, j) of the transfer's own sequence number), so a grouped send matches an
 // ungrouped recv and vice versa. The transfers of one (peer, direction) form a stream: their
-// chunks in call order. At most Config::depth chunks of a stream are in flight; every chunk
+// chunks in call order. At most Config::depth chunks of a stream are in flight — the floor,
+// not raised by the path (Config::depth_from_path), as the argument below counts generations
+// of the same depth on both sides of a stream; every chunk
 // of every stream's first window is posted (recvs first) before anything is waited for,
 // then the rank waits for its posted chunks oldest first and, as each completes, posts the
 // next chunk of the same stream.

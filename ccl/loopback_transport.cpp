@@ -64,6 +64,7 @@ struct LoopbackState {
   std::vector<uint64_t> registrations;
   std::vector<uint64_t> live;
   std::vector<uint64_t> transfers;  // [src·n + dst]
+  uint64_t path_bytes = 0;          // what every transport's path_bytes() says
   Pending sends;
   Pending recvs;
   uint64_t barrier_gen = 0;
@@ -172,6 +173,11 @@ class LoopbackTransport : public Transport {
   std::chrono::milliseconds timeout() const override {
     std::lock_guard lk(s_->mu);
     return s_->timeout;
+  }
+
+  uint64_t path_bytes(int /*peer*/) const override {
+    std::lock_guard lk(s_->mu);
+    return s_->path_bytes;
   }
 
   std::unique_ptr<Buffer> register_buffer(void* data, size_t bytes) override {
@@ -440,6 +446,19 @@ uint64_t LoopbackFabric::transfers(int src, int dst) const {
   std::lock_guard lk(state_->mu);
   return state_->transfers.at(static_cast<size_t>(src) * static_cast<size_t>(state_->n) +
                               static_cast<size_t>(dst));
+}
+
+void LoopbackFabric::set_path_bytes(uint64_t bytes) {
+  std::lock_guard lk(state_->mu);
+  state_->path_bytes = bytes;
+}
+
+uint64_t LoopbackFabric::posted_recvs(int src, int dst) const {
+  std::lock_guard lk(state_->mu);
+  uint64_t n = 0;
+  for (const auto& [key, req] : state_->recvs)
+    if (std::get<0>(key) == src && std::get<1>(key) == dst) ++n;
+  return n;
 }
 
 }  // namespace softrdma::ccl

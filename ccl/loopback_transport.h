@@ -54,6 +54,12 @@ class LoopbackFabric {
   uint64_t live_buffers(int rank) const;
   /// Transfers (completed send/recv pairs) from `src` to `dst` so far.
   uint64_t transfers(int src, int dst) const;
+  /// Makes every transport's path_bytes() return `bytes` (default 0, "unknown"), as if the
+  /// ranks were that many bytes of bandwidth-delay product apart.
+  void set_path_bytes(uint64_t bytes);
+  /// Recvs that `dst` posted from `src` and no send has matched yet (a test hook for the
+  /// depth of the pipelines).
+  uint64_t posted_recvs(int src, int dst) const;
 
  private:
   std::shared_ptr<detail::LoopbackState> state_;

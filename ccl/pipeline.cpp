@@ -25,13 +25,15 @@ struct Cursor {
 class PipelineRun {
  public:
   PipelineRun(Context& ctx, const Pipeline& p)
-      : ctx_(ctx),
-        p_(p),
-        ts_(type_size(p.type)),
-        ce_(ctx.chunk_elems(p.type)),
-        depth_(static_cast<size_t>(ctx.config().depth)) {
+      : ctx_(ctx), p_(p), ts_(type_size(p.type)), ce_(ctx.chunk_elems(p.type)), depth_(1) {
     sp_ = prefix(p.sends.size(), [&](size_t s) { return p.sends[s].elems; });
     rp_ = prefix(p.recvs.size(), [&](size_t s) { return p.recvs[s].elems; });
+    // The deeper of the two links' windows (Context::depth: Config::depth, or the path's
+    // bandwidth-delay product in chunks), but never more than the transfers there are, so a
+    // short pipeline over a long path does not take scratch slots it cannot fill.
+    if (p.send_peer >= 0) depth_ = std::max(depth_, ctx.depth(p.send_peer));
+    if (p.recv_peer >= 0) depth_ = std::max(depth_, ctx.depth(p.recv_peer));
+    depth_ = std::min(depth_, std::max<size_t>({sp_.back(), rp_.back(), 1}));
     fwd_.assign(p.recvs.size(), -1);
     size_t max_forward = 0;
     bool slots = false;

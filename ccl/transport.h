@@ -79,6 +79,11 @@ class Transport {
 
   /// Blocks until every rank has called barrier().
   virtual void barrier(const char* op) = 0;
+
+  /// Bytes in flight that keep the path to `peer` busy — its bandwidth-delay product, e.g.
+  /// the round-trip time measured at connect × the local port's rate. 0 when unknown (the
+  /// collectives then keep Config::depth chunks in flight). Never blocks.
+  virtual uint64_t path_bytes(int /*peer*/) const { return 0; }
 };
 
 }  // namespace softrdma::ccl

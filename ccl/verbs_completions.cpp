@@ -2,6 +2,8 @@
 // its wr_id, and each received control message by its type.
 #include <arpa/inet.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <string>
 
@@ -43,7 +45,16 @@ void VerbsTransport::Impl::handle(const ibv_wc& wc) {
   const auto now = Clock::now();
   if (k != Kind::kRecv) ++P.ch[c].sq_free;
   if (k == Kind::kCtl) P.free_slots.push_back(static_cast<uint32_t>(idx));
-  if (k == Kind::kProbe) P.probe_outstanding = false;
+  if (k == Kind::kProbe && idx == kPathProbeIndex) {
+    if (P.path_probe_pending && wc.status == IBV_WC_SUCCESS) {
+      const auto rtt =
+          std::chrono::duration_cast<std::chrono::nanoseconds>(now - P.path_probe_sent);
+      P.path_rtt = P.path_rtt.count() == 0 ? rtt : std::min(P.path_rtt, rtt);
+    }
+    P.path_probe_pending = false;
+  } else if (k == Kind::kProbe) {
+    P.probe_outstanding = false;
+  }
   if (wc.status != IBV_WC_SUCCESS) {
     const bool was_dead = P.dead;
     P.dead = true;

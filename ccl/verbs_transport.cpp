@@ -77,5 +77,8 @@ bool VerbsTransport::test(RequestId id, const char* op) {
 void VerbsTransport::barrier(const char* op) {
   impl_->barrier(op);
 }
+uint64_t VerbsTransport::path_bytes(int peer) const {
+  return impl_->path_bytes(peer);
+}
 
 }  // namespace softrdma::ccl

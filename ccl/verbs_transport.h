@@ -24,9 +24,9 @@
 //    protocol with credit-based flow control). A size mismatch is found by the receiver
 //    (or by a sender that already holds the receiver's advert) and fails both ranks.
 //  - Data path above the eager limit (rendezvous, receiver-driven): recv() sends an advert
-//    {addr, rkey, length, tag, id, stripes} to the sender; send() waits for the matching advert (same tag, FIFO per tag)
-//    and RDMA WRITEs WITH IMMEDIATE straight into the receiver's buffer, the immediate
-//    carrying the advert's id; the receiver's recv completes on the
+//    {addr, rkey, length, tag, id, stripes} to the sender; send() waits for the matching advert
+//    (same tag, FIFO per tag) and RDMA WRITEs WITH IMMEDIATE straight into the receiver's buffer,
+//    the immediate carrying the advert's id; the receiver's recv completes on the
 //    IBV_WC_RECV_RDMA_WITH_IMM completion (which also uses one ring slot — hence one
 //    credit). Messages longer than the port's max_msg_sz go as several writes, the last
 //    one with the immediate. Zero-byte transfers are zero-length writes with immediate.
@@ -53,7 +53,11 @@
 //  - Back-pressure: at most kMaxRequestsPerPeer (512) sends and recvs in flight per peer
 //    and an outbound queue bounded accordingly; a send()/recv()/barrier() that finds them
 //    full progresses until there is room (verbs_control.h). Collectives never reach it.
-//  - Failure detection: an error completion on any of a peer's QPs (e.g. IBV_WC_RETRY_EXC_ERR after retry_cnt
+//  - Path: at connect each peer's RTT is timed with kPathProbes zero-length RDMA WRITEs (the
+//    smallest counts); × the port's rate it is path_bytes(), from which the collectives size
+//    their window of chunks in flight (Config::depth_from_path; verbs_path.h).
+//  - Failure detection: an error completion on any of a peer's QPs (e.g. IBV_WC_RETRY_EXC_ERR after
+//  retry_cnt
 //    retransmissions of timeout 4.096 µs·2^SOFTRDMA_CCL_IB_TIMEOUT each, ~0.5 s with the
 //    defaults 14 / 7) marks the peer dead. While blocked, every probe interval
 //    (timeout/8, clamped to 50..1000 ms) of silence, a zero-length RDMA WRITE goes to each
@@ -128,9 +132,11 @@ class VerbsTransport : public Transport {
   /// Opens the device, creates options.channels RC QPs per peer, exchanges {GID, LID, MTU,
   /// eager limit, channel count, QPNs, PSNs} through `bootstrap` (collective: every rank of the
   /// bootstrap calls connect), connects the QPs and ends with a bootstrap barrier, so every QP is
-  /// ready when it returns. Throws std::runtime_error naming the verbs call that failed (no device,
-  /// port down, …) (also for options out of range: eager_bytes, channels, channel_min_bytes; the
-  /// other ranks then get BootstrapError naming this rank) and BootstrapError from the exchange.
+  /// ready when it returns; then times each peer's round trip (path_bytes; kPathProbes zero-
+  /// length RDMA WRITEs per peer, so connect takes about 3 RTTs more). Throws std::runtime_error
+  /// naming the verbs call that failed (no device, port down, …) (also for options out of range:
+  /// eager_bytes, channels, channel_min_bytes; the other ranks then get BootstrapError naming this
+  /// rank) and BootstrapError from the exchange.
   static std::unique_ptr<VerbsTransport> connect(Bootstrap& bootstrap, const VerbsOptions& options);
   /// Says goodbye to every peer and waits (bounded) until everything posted has completed,
   /// then destroys the QPs. Buffers from register_buffer() may outlive the transport.
@@ -156,6 +162,11 @@ class VerbsTransport : public Transport {
   bool test(RequestId id, const char* op) override;
   /// Dissemination barrier over the control channel (ceil(log2 n) rounds).
   void barrier(const char* op) override;
+  /// The peer's round-trip time, the smallest of kPathProbes zero-length RDMA WRITEs timed at
+  /// connect (post to completion, which on RC means the ACK came back), × the local port's
+  /// rate (ibv_query_port's active_speed × active_width) ÷ 8. 0 for self, when the port's
+  /// rate is unknown, or when no probe completed (the peer then fails the first collective).
+  uint64_t path_bytes(int peer) const override;
 
   /// This rank's device address ("127.0.0.2"), as peers see it.
   std::string local_address() const;

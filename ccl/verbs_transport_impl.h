@@ -30,6 +30,7 @@
 
 #include "base/clock.h"
 #include "ccl/verbs_control.h"
+#include "ccl/verbs_path.h"
 #include "ccl/verbs_transport.h"
 
 namespace softrdma::ccl {
@@ -149,6 +150,11 @@ struct Peer {
   Clock::time_point last_heard;
   Clock::time_point last_probe;
   bool probe_outstanding = false;
+  /// The path to it (verbs_path.h): the smallest RTT of the connect-time probes (0 until
+  /// one completed), and the probe in flight.
+  std::chrono::nanoseconds path_rtt{0};
+  Clock::time_point path_probe_sent;
+  bool path_probe_pending = false;
   bool closed = false;  ///< it said goodbye
   bool dead = false;    ///< an error completion was seen on its QP
   int pending = 0;      ///< its send/recv requests not yet complete
@@ -179,6 +185,7 @@ struct VerbsTransport::Impl {
   uint16_t lid = 0;
   ibv_gid gid{};
   uint64_t max_piece = uint64_t{1} << 30;
+  uint64_t port_bits = 0;  ///< the port's data rate, bits/s (0: unknown)
   std::string my_addr;
 
   // Control memory: kRing receive slots and kSqDepth send slots per peer, each slot_bytes
@@ -224,6 +231,13 @@ struct VerbsTransport::Impl {
   void connect_peers(const std::vector<std::string>& all);
   /// Destroys QPs, CQ, channel and control MRs (completion events are acknowledged as read).
   void teardown();
+
+  // ---- the path to each peer (verbs_path.cpp) -----------------------------------------
+  /// Times kPathProbes rounds of one zero-length RDMA WRITE per peer (after connect, all
+  /// QPs ready); each peer's path_rtt is the smallest. Bounded by opt.timeout per round.
+  void measure_paths();
+  /// port_bits × the peer's path_rtt ÷ 8; 0 when either is unknown, and for self.
+  uint64_t path_bytes(int peer) const;
 
   // ---- posting (verbs_credit_ring.cpp) ------------------------------------------------
   /// Posts ring slot `slot` of peer `p` as a receive.

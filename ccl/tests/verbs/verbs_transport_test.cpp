@@ -17,6 +17,7 @@
 
 #include "ccl/bootstrap.h"
 #include "ccl/tests/verbs/ranks.h"
+#include "ccl/verbs_path.h"
 #include "ccl/verbs_transport.h"
 
 namespace softrdma::ccl {
@@ -343,12 +344,15 @@ TEST(VerbsTransport, SizeMismatchFailsBothSides) {
   struct Case {
     size_t send, recv;
     const char* expect;
+    bool recv_late = false;  // the receiver posts 300 ms late: an eager send arrives first
   };
   for (const Case c : {Case{100000, 200000, "matched a recv of 200000 bytes"},
                        Case{100, 200, "matched a recv of 200 bytes"},
                        Case{100, 100000, "matched a recv of 100000 bytes"},
+                       Case{100, 100000, "matched a recv of 100000 bytes", true},
                        Case{100000, 100, "no progress within 3000 ms"}}) {
-    SCOPED_TRACE("send " + std::to_string(c.send) + " recv " + std::to_string(c.recv));
+    SCOPED_TRACE("send " + std::to_string(c.send) + " recv " + std::to_string(c.recv) +
+                 (c.recv_late ? " posted late" : ""));
     test::RootProcess root;
     const UniqueId id = root.id();
     auto res = run_ranks(2,
@@ -359,8 +363,10 @@ TEST(VerbsTransport, SizeMismatchFailsBothSides) {
                            try {
                              if (r == 0)
                                t->wait(t->send(1, *B, 0, c.send, 3), "Mismatch");
-                             else
+                             else {
+                               if (c.recv_late) std::this_thread::sleep_for(300ms);
                                t->wait(t->recv(0, *B, 0, c.recv, 3), "Mismatch");
+                             }
                              t->barrier("after");
                            } catch (const PeerError& e) {
                              require(e.peer() == 1 - r, std::string("wrong peer in: ") + e.what());
@@ -489,6 +495,54 @@ TEST(VerbsTransport, CleanExitIsNotDeath) {
            }
          },
          {{"SOFTRDMA_CCL_TIMEOUT_MS", "2000"}});
+}
+
+}  // namespace
+}  // namespace softrdma::ccl
+
+namespace softrdma::ccl {
+namespace {
+
+TEST(VerbsPath, PortRateAndBandwidthDelayProduct) {
+  using verbs::bandwidth_delay_bytes;
+  using verbs::port_rate_bits;
+  EXPECT_EQ(100'000'000'000u, port_rate_bits(32, 2));   // 4X EDR (softrdma's port)
+  EXPECT_EQ(200'000'000'000u, port_rate_bits(64, 2));   // 4X HDR
+  EXPECT_EQ(400'000'000'000u, port_rate_bits(128, 2));  // 4X NDR
+  EXPECT_EQ(2'500'000'000u, port_rate_bits(1, 1));      // 1X SDR
+  EXPECT_EQ(300'000'000'000u, port_rate_bits(32, 8));   // 12X EDR
+  EXPECT_EQ(50'000'000'000u, port_rate_bits(32, 16));   // 2X EDR
+  EXPECT_EQ(0u, port_rate_bits(3, 2));                  // not a speed code
+  EXPECT_EQ(0u, port_rate_bits(32, 3));                 // not a width code
+  EXPECT_EQ(625'000'000u, bandwidth_delay_bytes(100'000'000'000u, 50ms));
+  EXPECT_EQ(5'000'000'000u, bandwidth_delay_bytes(400'000'000'000u, 100ms));
+  EXPECT_EQ(0u, bandwidth_delay_bytes(0, 50ms));
+  EXPECT_EQ(0u, bandwidth_delay_bytes(100'000'000'000u, 0ms));
+  EXPECT_EQ(UINT64_MAX, bandwidth_delay_bytes(UINT64_MAX, std::chrono::hours(1000)));
+}
+
+// path_bytes: the RTT timed at connect × softrdma's port rate (4X EDR, 100 Gbit/s). Over an
+// emulated 25 ms each way (SOFTRDMA_WAN) the RTT is at least 50 ms, so at least 625 MB; on
+// loopback it is well under that even on a loaded machine (the smallest of five probes).
+TEST(VerbsTransport, PathBytesIsTheMeasuredRoundTripTimesThePortRate) {
+  constexpr uint64_t kBdp50ms = 100'000'000'000 / 8 / 20;  // 100 Gbit/s × 50 ms, bytes
+  for (const bool wan : {false, true}) {
+    SCOPED_TRACE(wan ? "25 ms each way" : "loopback");
+    EnvList env;
+    if (wan) env.emplace_back("SOFTRDMA_WAN", "delay=25ms");
+    run_ok(
+        2,
+        [wan](Transport& t) {
+          const uint64_t b = t.path_bytes(1 - t.rank());
+          const std::string got = "path_bytes " + std::to_string(b);
+          require(t.path_bytes(t.rank()) == 0, "path_bytes to self is not 0");
+          if (wan)
+            require(b >= kBdp50ms && b < 20 * kBdp50ms, got + ": not an RTT of 50 ms..1 s");
+          else
+            require(b > 0 && b < kBdp50ms, got + ": not an RTT under 50 ms");
+        },
+        env);
+  }
 }
 
 }  // namespace
