@@ -477,7 +477,17 @@ inline constexpr Param kParams[] = {
             "the bytes outstanding (max_wr × QPs × slice or block size) must cover the "
             "bandwidth-delay product: a Llama-3-8B hand-off of scattered 32 KiB blocks over 10 "
             "Gbit/s and 50 ms RTT took 857 ms at 256 (16 MiB outstanding over 2 QPs), 391 ms "
-            "at 1024 (64 MiB, one BDP); with 32, 10 ms RTT ran at 1.5 Gbit/s"},
+            "at 1024 (64 MiB, one BDP); with 32, 10 ms RTT ran at 1.5 Gbit/s. The floor: see "
+            "SOFTRDMA_KV_MAX_WR_FROM_PATH"},
+    {.name = "SOFTRDMA_KV_MAX_WR_FROM_PATH",
+     .group = Group::kKv,
+     .kind = Kind::kFlag,
+     .default_value = 1,
+     .default_text = "1",
+     .doc = "raise each QP's slices outstanding to the path's bandwidth-delay product once "
+            "connected: RTT (5 zero-length RDMA WRITEs, the smallest) × port rate ÷ QPs ÷ "
+            "slice, at most 8192 (the send queue's depth) and as the CQ allows (docs/kv.md, "
+            "\"Slices in flight\"); 0 keeps SOFTRDMA_KV_MAX_WR"},
     {.name = "SOFTRDMA_KV_IB_TIMEOUT",
      .group = Group::kKv,
      .kind = Kind::kInteger,
@@ -612,6 +622,7 @@ inline constexpr const Param& kKvIbGidIndex = by_name("SOFTRDMA_KV_IB_GID_INDEX"
 inline constexpr const Param& kKvQps = by_name("SOFTRDMA_KV_QPS");
 inline constexpr const Param& kKvSliceBytes = by_name("SOFTRDMA_KV_SLICE_BYTES");
 inline constexpr const Param& kKvMaxWr = by_name("SOFTRDMA_KV_MAX_WR");
+inline constexpr const Param& kKvMaxWrFromPath = by_name("SOFTRDMA_KV_MAX_WR_FROM_PATH");
 inline constexpr const Param& kKvIbTimeout = by_name("SOFTRDMA_KV_IB_TIMEOUT");
 inline constexpr const Param& kKvIbRetryCnt = by_name("SOFTRDMA_KV_IB_RETRY_CNT");
 inline constexpr const Param& kKvMaxRdAtomic = by_name("SOFTRDMA_KV_MAX_RD_ATOMIC");

@@ -106,7 +106,7 @@ void VerbsTransport::Impl::open(const VerbsOptions& o, int r, int n) {
     throw std::runtime_error("VerbsTransport: port " + std::to_string(opt.port) + " is not active");
   link_layer = pa.link_layer;
   active_mtu = pa.active_mtu;
-  port_bits = port_rate_bits(pa.active_speed, pa.active_width);
+  port_bits = link_rate::port_rate_bits(pa.active_speed, pa.active_width);
   lid = pa.lid;
   if (pa.max_msg_sz) max_piece = std::min<uint64_t>(max_piece, pa.max_msg_sz);
   if (opt.max_write) max_piece = std::min<uint64_t>(max_piece, opt.max_write);

@@ -14,6 +14,7 @@
 #include <cstring>
 #include <random>
 
+#include "base/link_rate.h"
 #include "kv/engine_impl.h"
 
 namespace softrdma::kv {
@@ -193,12 +194,14 @@ void Engine::Impl::open_one(detail::Device& d, ibv_device* dev) {
   d.link_layer = pa.link_layer;
   d.active_mtu = pa.active_mtu;
   d.lid = pa.lid;
+  d.port_bits = link_rate::port_rate_bits(pa.active_speed, pa.active_width);
   if (pa.max_msg_sz) context.max_msg = std::min<uint64_t>(context.max_msg, pa.max_msg_sz);
   if (int e = ibv_query_gid(d.ctx, opt.port, opt.gid_index, &d.gid))
     fail("ibv_query_gid(index " + std::to_string(opt.gid_index) + "): " + errno_text(e));
   d.addr = gid_text(d.gid.raw, d.link_layer, d.lid);
   ibv_device_attr da{};
   if (int e = ibv_query_device(d.ctx, &da)) fail("ibv_query_device: " + errno_text(e));
+  d.max_qp_wr = static_cast<uint32_t>(std::max(da.max_qp_wr, 0));
   const int cap = static_cast<int>(opt.max_rd_atomic);
   d.max_rd_atomic = static_cast<uint8_t>(std::clamp(std::min(da.max_qp_init_rd_atom, cap), 1, 255));
   d.max_dest_rd_atomic = static_cast<uint8_t>(std::clamp(std::min(da.max_qp_rd_atom, cap), 1, 255));
@@ -273,9 +276,21 @@ void Engine::Impl::register_notify_buffers(Peer& p) {
 }
 
 std::vector<Qp*> Engine::Impl::create_qps(Peer& p, uint32_t n) {
-  const uint32_t send_wr = opt.max_wr + detail::kNotifySlots + 8;
-  const int per_qp = static_cast<int>(send_wr + detail::kNotifySlots);
+  // Room in the send queue for data slices: max_wr, or — when the path may raise the window
+  // (apply_path_window) — up to kMaxPathWindow as the devices allow. The CQ reserves what
+  // max_wr needs (+ notifications, probes); a raised window reserves its extra then.
+  constexpr uint32_t kOther = detail::kNotifySlots + 8;  // notifications, probes
   const auto nd = static_cast<uint32_t>(context.devs.size());
+  uint32_t sq_slices = opt.max_wr;
+  if (opt.max_wr_from_path) {
+    uint32_t dev_room = detail::kMaxPathWindow;
+    for (uint32_t k = 0; k < nd && k < n; ++k)
+      if (context.devs[k].max_qp_wr > kOther)
+        dev_room = std::min(dev_room, context.devs[k].max_qp_wr - kOther);
+    sq_slices = std::max(sq_slices, dev_room);
+  }
+  const uint32_t send_wr = sq_slices + kOther;
+  const int per_qp = static_cast<int>(opt.max_wr + kOther + detail::kNotifySlots);
   for (uint32_t k = 0; k < nd && k < n; ++k) {
     const detail::Device& d = context.devs[k];
     const int on_dev = static_cast<int>((n - k + nd - 1) / nd);  // QPs k, k + nd, …
@@ -317,6 +332,9 @@ std::vector<Qp*> Engine::Impl::create_qps(Peer& p, uint32_t n) {
     q->peer = &p;
     q->index = i;
     q->dev = i % nd;
+    q->window = opt.max_wr;
+    q->sq_slices = sq_slices;
+    q->cq_share = per_qp;
     qp_by_num[qp_key(q->dev, raw->qp_num)] = q.get();
     set.push_back(q.get());
     qps.push_back(std::move(q));
@@ -349,7 +367,7 @@ void Engine::Impl::destroy_qp(Qp* q) {
   qp_by_num.erase(qp_key(q->dev, q->qp->qp_num));
   worker.data_busy.fetch_sub(q->data_outstanding, std::memory_order_relaxed);  // none once reaped
   ibv_destroy_qp(q->qp);
-  context.devs[q->dev].cq_reserved -= static_cast<int>(opt.max_wr + 2 * detail::kNotifySlots + 8);
+  context.devs[q->dev].cq_reserved -= q->cq_share;
   auto it = std::find_if(qps.begin(), qps.end(), [q](const auto& u) { return u.get() == q; });
   if (it != qps.end()) qps.erase(it);
 }
@@ -410,6 +428,10 @@ void Engine::Impl::install_qps(Peer& p, const std::vector<Qp*>& set, const QpSet
   p.state = PeerState::kConnected;
   p.broken_reason.clear();
   for (uint32_t s = 0; s < detail::kNotifySlots; ++s) post_recv(*set[0], s);
+  // The new connection's path: its RTT sizes the windows (EngineOptions::max_wr_from_path).
+  p.path_probes = 0;
+  p.path_rtt = std::chrono::nanoseconds{0};
+  if (opt.max_wr_from_path) post_path_probe(p);
   cv.notify_all();
 }
 

@@ -59,6 +59,8 @@ EngineOptions EngineOptions::from_environment() {
   o.slice_bytes =
       static_cast<uint64_t>(integer(params::kKvSliceBytes, static_cast<int64_t>(o.slice_bytes)));
   o.max_wr = static_cast<uint32_t>(integer(params::kKvMaxWr, o.max_wr));
+  if (std::string error; !params::read_flag(params::kKvMaxWrFromPath, o.max_wr_from_path, error))
+    throw std::invalid_argument(error);
   o.max_rd_atomic = static_cast<uint32_t>(integer(params::kKvMaxRdAtomic, o.max_rd_atomic));
   o.ib_timeout = static_cast<uint8_t>(integer(params::kKvIbTimeout, o.ib_timeout));
   o.retry_cnt = static_cast<uint8_t>(integer(params::kKvIbRetryCnt, o.retry_cnt));
@@ -403,7 +405,7 @@ std::vector<PeerQp> Engine::peer_qps(std::string_view peer) const {
     if (ibv_query_qp(q->qp, &a, IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_MAX_QP_RD_ATOMIC, &init))
       continue;
     out.push_back(PeerQp{impl_->context.devs[q->dev].name, q->qp->qp_num, a.dest_qp_num,
-                         128u << a.path_mtu, a.max_rd_atomic});
+                         128u << a.path_mtu, a.max_rd_atomic, q->window, it->second->path_rtt});
   }
   return out;
 }

@@ -63,7 +63,14 @@ struct EngineOptions {
   int gid_index = 0;                  ///< GID index (RoCE)
   uint32_t qps_per_peer = 2;          ///< RC QPs per peer (slices are striped over them)
   uint64_t slice_bytes = 256 * 1024;  ///< bytes per work request (the tail ≤ ¼ slice merges)
-  uint32_t max_wr = 1024;             ///< slices outstanding per QP (cover the BDP)
+  uint32_t max_wr = 1024;             ///< slices outstanding per QP (at least; see below)
+  /// Raise each QP's slices outstanding to cover the path's bandwidth-delay product: the
+  /// RTT, the smallest of 5 zero-length RDMA WRITEs timed on QP 0 once connected, × the
+  /// local port's rate (ibv_query_port), shared over the peer's QPs, in slices of
+  /// slice_bytes — at least max_wr, at most 8192 (each QP's send queue is made that deep) and
+  /// as far as the device's CQ has entries left. false: max_wr on every path
+  /// (SOFTRDMA_KV_MAX_WR_FROM_PATH=0). docs/kv.md, "Slices in flight".
+  bool max_wr_from_path = true;
   /// READs in flight per QP, at most (further bounded by both devices' limits; the
   /// handshake carries each side's responder resources).
   uint32_t max_rd_atomic = 16;
@@ -143,6 +150,11 @@ struct PeerQp {
   uint32_t remote_qpn = 0;     ///< the peer's QP number
   uint32_t path_mtu = 0;       ///< bytes (256 … 4096): the smaller of both ports' MTUs
   uint32_t max_rd_atomic = 0;  ///< READs/atomics this QP may have in flight (IBTA vol 1, 9.5)
+  /// Data slices it may have outstanding now (EngineOptions::max_wr, raised by the path).
+  uint32_t window = 0;
+  /// The connection's RTT as the path probes measured it (0 while none completed, or with
+  /// max_wr_from_path off).
+  std::chrono::nanoseconds path_rtt{0};
 };
 
 class Engine {

@@ -39,9 +39,17 @@ constexpr uint32_t kSlotBytes = 1024;
 static_assert(Engine::kMaxNotifyBytes + 4 <= kSlotBytes);
 
 /// What a work request is, in the low 3 bits of its wr_id; the rest is a Slice pointer
-/// (kData) or a slot index (kNotifySend, kRecv) or a probe sequence number (kProbe).
-enum class WrKind : uint64_t { kData = 0, kNotifySend = 1, kRecv = 2, kProbe = 3 };
+/// (kData) or a slot index (kNotifySend, kRecv) or a probe sequence number (kProbe); a
+/// kPathProbe (a zero-length WRITE timed to learn the path's RTT) carries nothing.
+enum class WrKind : uint64_t { kData = 0, kNotifySend = 1, kRecv = 2, kProbe = 3, kPathProbe = 4 };
 constexpr uint64_t kKindMask = 7;
+
+/// Path probes per connection: zero-length RDMA WRITEs on QP 0, one after another, each timed
+/// from post to completion; the smallest is the path's RTT (EngineOptions::max_wr_from_path).
+constexpr uint32_t kPathProbes = 5;
+/// The most data slices a QP may have outstanding when the path raises its window (the
+/// largest SOFTRDMA_KV_MAX_WR), and so the send queue's depth for data when max_wr_from_path.
+constexpr uint32_t kMaxPathWindow = 8192;
 
 struct Batch;
 struct Qp;
@@ -94,7 +102,12 @@ struct Qp {
   uint32_t dev = 0;               ///< local device (index % local devices)
   uint32_t remote_dev = 0;        ///< the peer's device at the other end (its rkey index)
   uint32_t outstanding = 0;       ///< send work requests posted and not yet completed
-  uint32_t data_outstanding = 0;  ///< of which data slices (bounded by max_wr)
+  uint32_t data_outstanding = 0;  ///< of which data slices (bounded by window)
+  /// Data slices it may have outstanding: EngineOptions::max_wr, raised towards the path's
+  /// bandwidth-delay product once its RTT is measured (apply_path_window), at most sq_slices.
+  uint32_t window = 0;
+  uint32_t sq_slices = 0;  ///< the send queue's room for data slices
+  int cq_share = 0;        ///< entries of its device's CQ reserved for it
   uint32_t recvs_posted = 0;
   std::deque<Slice*> queue;  ///< slices waiting for a free send slot
   bool retired = false;
@@ -117,6 +130,11 @@ struct Peer {
   std::vector<uint32_t> free_send_slots;
   std::deque<std::string> pending_notify;  ///< waiting for a free send slot
   uint64_t probes_sent = 0, probes_done = 0;
+  /// The path (EngineOptions::max_wr_from_path): path probes completed on the current
+  /// connection, when the one in flight was posted, and the smallest RTT seen (0: none yet).
+  uint32_t path_probes = 0;
+  Clock::time_point path_probe_sent{};
+  std::chrono::nanoseconds path_rtt{0};
 };
 
 /// Connection details of one QP of one side of a handshake: its device's address (GID,
@@ -155,6 +173,8 @@ struct Device {
   uint8_t link_layer = 0;
   uint8_t active_mtu = 0;
   uint8_t max_rd_atomic = 1, max_dest_rd_atomic = 1;
+  uint64_t port_bits = 0;  ///< the port's data rate, bits/s (0: unknown; base/link_rate.h)
+  uint32_t max_qp_wr = 0;  ///< ibv_device_attr::max_qp_wr
 };
 
 /// The devices an engine opened (Mooncake's RdmaContext): opened and closed by
@@ -304,6 +324,12 @@ struct Engine::Impl {
   void post_notify(Peer& p, detail::DueCallbacks& due);
   void post_recv(Qp& q, uint32_t slot);
   void post_probe(Peer& p);
+  /// Posts the next path probe on the peer's QP 0 (kPathProbe) and notes when.
+  void post_path_probe(Peer& p);
+  /// After the last path probe: raises each of the peer's QPs' window to ⌈RTT × port rate ÷
+  /// QPs ÷ slice_bytes⌉ slices (within max_wr..sq_slices, as far as the CQ has entries left;
+  /// reserving them), then pumps them.
+  void apply_path_window(Peer& p, detail::DueCallbacks& due);
   void slice_done(detail::Slice& s, bool ok, const std::string& error, const std::string& peer,
                   detail::DueCallbacks& due);
   void batch_finished(Batch& b, detail::DueCallbacks& due);

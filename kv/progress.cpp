@@ -1,4 +1,5 @@
-// kv::Engine's progress thread: posts queued slices (at most max_wr per QP), turns
+// kv::Engine's progress thread: posts queued slices (at most a window per QP: max_wr, raised
+// by the path once its RTT is measured — apply_path_window), turns
 // completions into batch progress, notifications and probe answers, and fails a peer on the
 // first error completion (its QPs go to the error state so everything they hold flushes at
 // once; a later use reconnects). It busy-polls every device's CQ while data slices are
@@ -13,6 +14,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "base/link_rate.h"
 #include "kv/engine_impl.h"
 
 namespace softrdma::kv {
@@ -159,6 +161,25 @@ void Engine::Impl::handle_completions(uint32_t dev, const ibv_wc* wc, int n, Due
           fail_peer(p, reason("a probe"), due);
         cv.notify_all();
         break;
+      case WrKind::kPathProbe: {
+        --q.outstanding;
+        if (!ok) {
+          if (!q.retired) fail_peer(p, reason("a path probe"), due);
+          break;
+        }
+        if (q.retired) break;  // a probe of a connection since replaced
+        const auto rtt =
+            std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - p.path_probe_sent);
+        p.path_rtt = p.path_rtt.count() == 0 ? rtt : std::min(p.path_rtt, rtt);
+        // The window is set once, from the smallest of all the samples (a first sample can
+        // include a sleeping thread's wake-up), and never shrinks, so its CQ entries stay
+        // reserved for the completions it allows.
+        if (++p.path_probes < detail::kPathProbes)
+          post_path_probe(p);
+        else
+          apply_path_window(p, due);
+        break;
+      }
     }
   }
 }
@@ -168,8 +189,8 @@ void Engine::Impl::pump(Qp& q, DueCallbacks& due) {
   constexpr size_t kChain = 16;
   ibv_send_wr wrs[kChain];
   ibv_sge sges[kChain];
-  while (q.data_outstanding < opt.max_wr && !q.queue.empty()) {
-    const size_t k = std::min<size_t>({kChain, opt.max_wr - q.data_outstanding, q.queue.size()});
+  while (q.data_outstanding < q.window && !q.queue.empty()) {
+    const size_t k = std::min<size_t>({kChain, q.window - q.data_outstanding, q.queue.size()});
     for (size_t i = 0; i < k; ++i) {
       Slice& s = *q.queue[i];
       sges[i] = ibv_sge{s.local, s.length, s.lkey};
@@ -243,6 +264,39 @@ void Engine::Impl::post_recv(Qp& q, uint32_t slot) {
   // A failure here leaves the slot unposted: the peer's next send to it waits for RNR
   // retries (infinite), and a probe or transfer then names the broken QP.
   if (ibv_post_recv(q.qp, &wr, &bad) == 0) ++q.recvs_posted;
+}
+
+void Engine::Impl::post_path_probe(Peer& p) {
+  if (p.qps.empty() || p.state != PeerState::kConnected) return;
+  ibv_send_wr wr{};
+  wr.wr_id = wr_id(WrKind::kPathProbe, 0);
+  wr.num_sge = 0;
+  wr.opcode = IBV_WR_RDMA_WRITE;
+  wr.send_flags = IBV_SEND_SIGNALED;
+  ibv_send_wr* bad = nullptr;
+  p.path_probe_sent = Clock::now();
+  // A failed post leaves the window at max_wr; the peer's next transfer names a broken QP.
+  if (ibv_post_send(p.qps[0]->qp, &wr, &bad) == 0) ++p.qps[0]->outstanding;
+}
+
+void Engine::Impl::apply_path_window(Peer& p, DueCallbacks& due) {
+  if (p.qps.empty()) return;
+  const uint64_t bdp =
+      link_rate::bandwidth_delay_bytes(context.devs[p.qps[0]->dev].port_bits, p.path_rtt);
+  const uint64_t per_qp = (bdp + p.qps.size() - 1) / p.qps.size();
+  const uint64_t want = (per_qp + opt.slice_bytes - 1) / opt.slice_bytes;
+  for (Qp* q : p.qps) {
+    const auto target = static_cast<uint32_t>(
+        std::clamp<uint64_t>(want, opt.max_wr, std::max(q->sq_slices, opt.max_wr)));
+    if (target <= q->window) continue;
+    detail::Device& d = context.devs[q->dev];
+    const int room = std::max(d.cq_capacity - d.cq_reserved, 0);
+    const auto grant = std::min<uint32_t>(target - q->window, static_cast<uint32_t>(room));
+    q->window += grant;
+    q->cq_share += static_cast<int>(grant);
+    d.cq_reserved += static_cast<int>(grant);
+    pump(*q, due);
+  }
 }
 
 void Engine::Impl::post_probe(Peer& p) {

@@ -3,6 +3,7 @@
 // in order, the registration cache.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <filesystem>
@@ -11,6 +12,7 @@
 #include <thread>
 
 #include "kv/engine.h"
+#include "kv/tests/kv_fork_util.h"
 #include "kv/tests/kv_test_util.h"
 
 namespace softrdma::kv {
@@ -298,6 +300,74 @@ TEST(Handshake, ReadsInFlightAreTheSmallerOfBothSidesLimits) {
       EXPECT_GE(qa[i].path_mtu, 256u);
     }
     EXPECT_TRUE(a.peer_qps("nobody").empty());
+  }
+}
+
+// EngineOptions::max_wr_from_path: once connected, 5 zero-length WRITEs time the path and
+// each QP may keep ⌈RTT × 100 Gbit/s (softrdma's port) ÷ QPs ÷ slice⌉ slices in flight, at
+// least max_wr. Two engines in a forked child, on two devices (127.0.44.1 and .2) 2 ms apart
+// each way (SOFTRDMA_WAN): with 4 KiB slices over 2 QPs an RTT of 4 ms asks for 6,104 slices
+// per QP, so the window must grow past max_wr = 4 (to the formula's value for the RTT it
+// measured); off, it stays at 4 and no RTT is measured. Every byte arrives either way.
+TEST(PathWindow, SlicesInFlightCoverTheMeasuredBandwidthDelayProduct) {
+  for (const bool from_path : {true, false}) {
+    SCOPED_TRACE(from_path ? "from the path" : "fixed");
+    test::Child child("127.0.44.1,127.0.44.2", [from_path] {
+      setenv("SOFTRDMA_WAN", "delay=2ms", 1);
+      test::TempStore store;
+      auto options = [&](const char* device) {
+        EngineOptions o = test::test_options();
+        o.device = device;
+        o.qps_per_peer = 2;
+        o.slice_bytes = 4096;
+        o.max_wr = 4;
+        o.max_wr_from_path = from_path;
+        return o;
+      };
+      auto check = [](bool ok, const std::string& what) {
+        if (!ok) throw std::runtime_error(what);
+      };
+      Engine a("a", store.store(), options("srdma0"));
+      Engine b("b", store.store(), options("srdma1"));
+      std::vector<uint8_t> src(4 << 20), dst(4 << 20);
+      a.register_memory(src.data(), src.size(), "cpu:0", "src");
+      b.register_memory(dst.data(), dst.size(), "cpu:0", "dst");
+      const SegmentHandle h = a.open_segment("b", "dst");
+      auto write_all = [&](uint64_t seed) {
+        fill(src.data(), src.size(), seed);
+        const BatchId id = a.allocate_batch(1);
+        const std::vector<TransferRequest> reqs = {{Opcode::kWrite, src.data(), h, 0, src.size()}};
+        a.submit_transfer(id, reqs);
+        const BatchStatus s = a.wait(id, 60s);
+        check(s.state == BatchState::kCompleted, "batch failed: " + s.error);
+        a.free_batch(id);
+        check(first_mismatch(dst.data(), dst.size(), seed) == -1, "bytes differ");
+      };
+      write_all(1);
+      std::vector<PeerQp> qa = a.peer_qps("b");
+      const auto until = std::chrono::steady_clock::now() + 30s;
+      while (from_path && !qa.empty() && qa[0].window == 4 &&
+             std::chrono::steady_clock::now() < until) {
+        std::this_thread::sleep_for(5ms);
+        qa = a.peer_qps("b");
+      }
+      check(qa.size() == 2, "QPs: " + std::to_string(qa.size()));
+      for (const PeerQp& q : qa) {
+        const std::string got = "window " + std::to_string(q.window) + ", RTT " +
+                                std::to_string(q.path_rtt.count()) + " ns";
+        if (!from_path) {
+          check(q.window == 4 && q.path_rtt.count() == 0, "fixed: " + got);
+          continue;
+        }
+        check(q.path_rtt >= 4ms, "an RTT under the emulated 4 ms: " + got);
+        // 100 Gbit/s is 12.5 bytes per ns; whole bytes, shared over 2 QPs, in 4 KiB slices.
+        const auto bdp = static_cast<uint64_t>(12.5 * static_cast<double>(q.path_rtt.count()));
+        const auto want = std::clamp<uint64_t>(((bdp + 1) / 2 + 4095) / 4096, 4, 8192);
+        check(q.window == want, "expected " + std::to_string(want) + ": " + got);
+      }
+      write_all(2);  // with the raised window
+    });
+    EXPECT_EQ(0, child.wait_for(120s));
   }
 }
 

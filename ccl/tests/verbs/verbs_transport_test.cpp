@@ -17,7 +17,6 @@
 
 #include "ccl/bootstrap.h"
 #include "ccl/tests/verbs/ranks.h"
-#include "ccl/verbs_path.h"
 #include "ccl/verbs_transport.h"
 
 namespace softrdma::ccl {
@@ -502,24 +501,6 @@ TEST(VerbsTransport, CleanExitIsNotDeath) {
 
 namespace softrdma::ccl {
 namespace {
-
-TEST(VerbsPath, PortRateAndBandwidthDelayProduct) {
-  using verbs::bandwidth_delay_bytes;
-  using verbs::port_rate_bits;
-  EXPECT_EQ(100'000'000'000u, port_rate_bits(32, 2));   // 4X EDR (softrdma's port)
-  EXPECT_EQ(200'000'000'000u, port_rate_bits(64, 2));   // 4X HDR
-  EXPECT_EQ(400'000'000'000u, port_rate_bits(128, 2));  // 4X NDR
-  EXPECT_EQ(2'500'000'000u, port_rate_bits(1, 1));      // 1X SDR
-  EXPECT_EQ(300'000'000'000u, port_rate_bits(32, 8));   // 12X EDR
-  EXPECT_EQ(50'000'000'000u, port_rate_bits(32, 16));   // 2X EDR
-  EXPECT_EQ(0u, port_rate_bits(3, 2));                  // not a speed code
-  EXPECT_EQ(0u, port_rate_bits(32, 3));                 // not a width code
-  EXPECT_EQ(625'000'000u, bandwidth_delay_bytes(100'000'000'000u, 50ms));
-  EXPECT_EQ(5'000'000'000u, bandwidth_delay_bytes(400'000'000'000u, 100ms));
-  EXPECT_EQ(0u, bandwidth_delay_bytes(0, 50ms));
-  EXPECT_EQ(0u, bandwidth_delay_bytes(100'000'000'000u, 0ms));
-  EXPECT_EQ(UINT64_MAX, bandwidth_delay_bytes(UINT64_MAX, std::chrono::hours(1000)));
-}
 
 // path_bytes: the RTT timed at connect × softrdma's port rate (4X EDR, 100 Gbit/s). Over an
 // emulated 25 ms each way (SOFTRDMA_WAN) the RTT is at least 50 ms, so at least 625 MB; on
