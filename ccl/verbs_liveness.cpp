@@ -15,18 +15,23 @@ namespace softrdma::ccl {
 using namespace verbs;  // NOLINT(google-build-using-namespace): the transport's own types
 using std::chrono::milliseconds;
 
-void VerbsTransport::Impl::post_probe(Peer& P, Clock::time_point now) {
+bool VerbsTransport::Impl::post_zero_write(Peer& P, uint64_t index, const char* what) {
   ibv_send_wr wr{};
-  wr.wr_id = make_wr_id(Kind::kProbe, P.rank, 0);
+  wr.wr_id = make_wr_id(Kind::kProbe, P.rank, index);
   wr.num_sge = 0;
   wr.opcode = IBV_WR_RDMA_WRITE;
   wr.send_flags = IBV_SEND_SIGNALED;
   ibv_send_wr* bad = nullptr;
   if (int e = ibv_post_send(P.ch[0].qp, &wr, &bad)) {
-    peer_failed(P.rank, "ibv_post_send(probe) failed: " + errno_text(e));
-    return;
+    peer_failed(P.rank, std::string("ibv_post_send(") + what + ") failed: " + errno_text(e));
+    return false;
   }
   --P.ch[0].sq_free;
+  return true;
+}
+
+void VerbsTransport::Impl::post_probe(Peer& P, Clock::time_point now) {
+  if (!post_zero_write(P, 0, "probe")) return;
   P.probe_outstanding = true;
   P.last_probe = now;
 }

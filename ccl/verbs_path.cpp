@@ -16,17 +16,7 @@ void VerbsTransport::Impl::measure_paths() {
     const auto start = Clock::now();
     for (Peer& P : peers) {
       if (!P.connected() || P.dead || P.closed || P.ch[0].sq_free < 1) continue;
-      ibv_send_wr wr{};
-      wr.wr_id = make_wr_id(Kind::kProbe, P.rank, kPathProbeIndex);
-      wr.num_sge = 0;
-      wr.opcode = IBV_WR_RDMA_WRITE;
-      wr.send_flags = IBV_SEND_SIGNALED;
-      ibv_send_wr* bad = nullptr;
-      if (int e = ibv_post_send(P.ch[0].qp, &wr, &bad)) {
-        peer_failed(P.rank, "ibv_post_send(path probe) failed: " + errno_text(e));
-        return;
-      }
-      --P.ch[0].sq_free;
+      if (!post_zero_write(P, kPathProbeIndex, "path probe")) return;
       P.path_probe_sent = Clock::now();
       P.path_probe_pending = true;
     }

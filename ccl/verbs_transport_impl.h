@@ -318,6 +318,10 @@ struct VerbsTransport::Impl {
   /// Throws the recorded failure (after a bounded drain of the aborts, the first time).
   void check_failure(const char* op);
   bool all_sends_done() const;
+  /// Posts a signaled zero-length RDMA WRITE on P's channel 0 (Kind::kProbe, wr_id index
+  /// `index`: 0 liveness, kPathProbeIndex path); false, with the peer failed, when the post
+  /// failed (`what` names it in the error).
+  bool post_zero_write(verbs::Peer& P, uint64_t index, const char* what);
   /// Posts a zero-length RDMA WRITE to learn whether the peer is still there.
   void post_probe(verbs::Peer& P, Clock::time_point now);
   /// Probes every live peer silent for probe_interval.
