@@ -25,9 +25,12 @@ void VerbsTransport::Impl::measure_paths() {
     // its probe's error completion (retry_cnt exceeded), reported by the first collective.
     // Spinning first keeps the wake-up of a sleeping thread out of a short path's RTT (on a
     // loaded 2-core machine that alone is 2–4 ms, a scheduler tick, against ~10 µs).
+    // A peer that said goodbye (connected and left at once) is not waited for: its probe
+    // may only come back as an error after the retransmissions.
     const auto none_pending = [&] {
-      return std::none_of(peers.begin(), peers.end(),
-                          [](const Peer& P) { return P.path_probe_pending; });
+      return std::none_of(peers.begin(), peers.end(), [](const Peer& P) {
+        return P.path_probe_pending && !P.closed && !P.dead;
+      });
     };
     while (!failed && !none_pending() && Clock::now() - start < kPathSpin) poll_once();
     const auto deadline = start + opt.timeout;
