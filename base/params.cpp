@@ -231,6 +231,12 @@ int64_t integer(const Param& p) {
   return integer(p, p.default_value);
 }
 
+bool flag(const Param& p, bool fallback) {
+  std::string error;
+  if (!read_flag(p, fallback, error)) throw std::invalid_argument(error);
+  return fallback;
+}
+
 std::string text(const Param& p) {
   std::string out = p.kind == Kind::kChoice ? std::string(p.default_text) : std::string();
   std::string error;

@@ -667,6 +667,8 @@ bool read_ipv4_list(const Param& p, std::vector<uint32_t>& out, std::string& err
 int64_t integer(const Param& p);
 /// read_integer over `fallback` (a default computed by the caller); throws like integer(p).
 int64_t integer(const Param& p, int64_t fallback);
+/// read_flag over `fallback` (the caller's default); throws like integer(p).
+bool flag(const Param& p, bool fallback);
 /// read_text over p.default_text for kChoice, over "" for kText; throws like integer(p).
 std::string text(const Param& p);
 

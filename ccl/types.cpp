@@ -128,9 +128,7 @@ Config Config::from_environment() {
   c.chunk_bytes = static_cast<size_t>(
       params::integer(params::kCclChunkBytes, static_cast<int64_t>(c.chunk_bytes)));
   c.depth = static_cast<int>(params::integer(params::kCclDepth, c.depth));
-  std::string error;
-  if (!params::read_flag(params::kCclDepthFromPath, c.depth_from_path, error))
-    throw std::invalid_argument(error);
+  c.depth_from_path = params::flag(params::kCclDepthFromPath, c.depth_from_path);
   c.small_bytes = static_cast<size_t>(
       params::integer(params::kCclSmallBytes, static_cast<int64_t>(c.small_bytes)));
   c.medium_bytes = static_cast<size_t>(

@@ -59,15 +59,13 @@ EngineOptions EngineOptions::from_environment() {
   o.slice_bytes =
       static_cast<uint64_t>(integer(params::kKvSliceBytes, static_cast<int64_t>(o.slice_bytes)));
   o.max_wr = static_cast<uint32_t>(integer(params::kKvMaxWr, o.max_wr));
-  if (std::string error; !params::read_flag(params::kKvMaxWrFromPath, o.max_wr_from_path, error))
-    throw std::invalid_argument(error);
+  o.max_wr_from_path = params::flag(params::kKvMaxWrFromPath, o.max_wr_from_path);
   o.max_rd_atomic = static_cast<uint32_t>(integer(params::kKvMaxRdAtomic, o.max_rd_atomic));
   o.ib_timeout = static_cast<uint8_t>(integer(params::kKvIbTimeout, o.ib_timeout));
   o.retry_cnt = static_cast<uint8_t>(integer(params::kKvIbRetryCnt, o.retry_cnt));
   o.host = params::text(params::kKvHost);
   o.spin = std::chrono::microseconds(integer(params::kKvSpinUs, o.spin.count()));
-  if (std::string error; !params::read_flag(params::kKvPollBusy, o.poll_while_busy, error))
-    throw std::invalid_argument(error);
+  o.poll_while_busy = params::flag(params::kKvPollBusy, o.poll_while_busy);
   o.connect_timeout =
       std::chrono::milliseconds(integer(params::kKvConnectTimeoutMs, o.connect_timeout.count()));
   return o;

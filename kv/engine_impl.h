@@ -323,6 +323,9 @@ struct Engine::Impl {
   void pump(Qp& q, detail::DueCallbacks& due);
   void post_notify(Peer& p, detail::DueCallbacks& due);
   void post_recv(Qp& q, uint32_t slot);
+  /// Posts a signaled zero-length RDMA WRITE with `wr_id` on the peer's QP 0 (which must
+  /// exist), counted in its outstanding; false when ibv_post_send refused it.
+  bool post_zero_write(Peer& p, uint64_t wr_id);
   void post_probe(Peer& p);
   /// Posts the next path probe on the peer's QP 0 (kPathProbe) and notes when.
   void post_path_probe(Peer& p);

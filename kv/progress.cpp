@@ -266,17 +266,23 @@ void Engine::Impl::post_recv(Qp& q, uint32_t slot) {
   if (ibv_post_recv(q.qp, &wr, &bad) == 0) ++q.recvs_posted;
 }
 
-void Engine::Impl::post_path_probe(Peer& p) {
-  if (p.qps.empty() || p.state != PeerState::kConnected) return;
+bool Engine::Impl::post_zero_write(Peer& p, uint64_t id) {
   ibv_send_wr wr{};
-  wr.wr_id = wr_id(WrKind::kPathProbe, 0);
+  wr.wr_id = id;
   wr.num_sge = 0;
   wr.opcode = IBV_WR_RDMA_WRITE;
   wr.send_flags = IBV_SEND_SIGNALED;
   ibv_send_wr* bad = nullptr;
+  if (ibv_post_send(p.qps[0]->qp, &wr, &bad) != 0) return false;
+  ++p.qps[0]->outstanding;
+  return true;
+}
+
+void Engine::Impl::post_path_probe(Peer& p) {
+  if (p.qps.empty() || p.state != PeerState::kConnected) return;
   p.path_probe_sent = Clock::now();
   // A failed post leaves the window at max_wr; the peer's next transfer names a broken QP.
-  if (ibv_post_send(p.qps[0]->qp, &wr, &bad) == 0) ++p.qps[0]->outstanding;
+  post_zero_write(p, wr_id(WrKind::kPathProbe, 0));
 }
 
 void Engine::Impl::apply_path_window(Peer& p, DueCallbacks& due) {
@@ -286,8 +292,7 @@ void Engine::Impl::apply_path_window(Peer& p, DueCallbacks& due) {
   const uint64_t per_qp = (bdp + p.qps.size() - 1) / p.qps.size();
   const uint64_t want = (per_qp + opt.slice_bytes - 1) / opt.slice_bytes;
   for (Qp* q : p.qps) {
-    const auto target = static_cast<uint32_t>(
-        std::clamp<uint64_t>(want, opt.max_wr, std::max(q->sq_slices, opt.max_wr)));
+    const auto target = static_cast<uint32_t>(std::clamp<uint64_t>(want, opt.max_wr, q->sq_slices));
     if (target <= q->window) continue;
     detail::Device& d = context.devs[q->dev];
     const int room = std::max(d.cq_capacity - d.cq_reserved, 0);
@@ -301,16 +306,7 @@ void Engine::Impl::apply_path_window(Peer& p, DueCallbacks& due) {
 
 void Engine::Impl::post_probe(Peer& p) {
   if (p.qps.empty() || p.probes_sent - p.probes_done >= 4) return;
-  ibv_send_wr wr{};
-  wr.wr_id = wr_id(WrKind::kProbe, p.probes_sent + 1);
-  wr.num_sge = 0;
-  wr.opcode = IBV_WR_RDMA_WRITE;
-  wr.send_flags = IBV_SEND_SIGNALED;
-  ibv_send_wr* bad = nullptr;
-  if (ibv_post_send(p.qps[0]->qp, &wr, &bad) == 0) {
-    ++p.probes_sent;
-    ++p.qps[0]->outstanding;
-  }
+  if (post_zero_write(p, wr_id(WrKind::kProbe, p.probes_sent + 1))) ++p.probes_sent;
 }
 
 void Engine::Impl::slice_done(Slice& s, bool ok, const std::string& error, const std::string& peer,

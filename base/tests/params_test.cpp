@@ -98,6 +98,27 @@ TEST(Registry, FlagTakesOneOnZeroOff) {
   EXPECT_EQ("SOFTRDMA_GSO: expected 1/on or 0/off, got 'maybe'", error);
 }
 
+// flag(): read_flag over the caller's default, throwing the same message.
+TEST(Registry, FlagThrowsOnAMalformedValueAndKeepsTheDefaultWhenUnset) {
+  {
+    ScopedEnv e(kCclDepthFromPath, nullptr);
+    EXPECT_TRUE(flag(kCclDepthFromPath, true));
+    EXPECT_FALSE(flag(kCclDepthFromPath, false));
+  }
+  {
+    ScopedEnv e(kCclDepthFromPath, "0");
+    EXPECT_FALSE(flag(kCclDepthFromPath, true));
+  }
+  ScopedEnv e(kKvMaxWrFromPath, "maybe");
+  try {
+    flag(kKvMaxWrFromPath, true);
+    ADD_FAILURE() << "no exception";
+  } catch (const std::invalid_argument& x) {
+    EXPECT_EQ(std::string("SOFTRDMA_KV_MAX_WR_FROM_PATH: expected 1/on or 0/off, got 'maybe'"),
+              x.what());
+  }
+}
+
 TEST(Registry, ChoiceIsOneOfTheListedValues) {
   {
     ScopedEnv e(kTransport, "shm");
