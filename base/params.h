@@ -140,6 +140,16 @@ inline constexpr Param kParams[] = {
             "registration (a SIGSEGV/SIGBUS handler; the access fails with a remote access "
             "error). 0: plain copies, no handler (for programs whose own SIGSEGV handler must "
             "see every fault)"},
+    {.name = "SOFTRDMA_SHM_PLACE",
+     .group = Group::kDevice,
+     .kind = Kind::kFlag,
+     .default_value = 1,
+     .default_text = "1",
+     .doc = "same-host direct placement (docs/architecture.md, \"One copy on the same-host "
+            "path\"): an RDMA WRITE's payload goes from the requester's memory straight into "
+            "the responder's (process_vm_writev), checked against the regions and QPs the "
+            "responder publishes; the ring carries the headers only. Falls back to the ring "
+            "where cross-memory attach is refused. 0: every payload through the ring"},
     {.name = "SOFTRDMA_CC",
      .group = Group::kDevice,
      .kind = Kind::kChoice,
@@ -588,6 +598,7 @@ inline constexpr const Param& kSpinUs = by_name("SOFTRDMA_SPIN_US");
 inline constexpr const Param& kSelectiveRetx = by_name("SOFTRDMA_SELECTIVE_RETX");
 inline constexpr const Param& kCc = by_name("SOFTRDMA_CC");
 inline constexpr const Param& kFaultGuard = by_name("SOFTRDMA_FAULT_GUARD");
+inline constexpr const Param& kShmPlace = by_name("SOFTRDMA_SHM_PLACE");
 inline constexpr const Param& kDmSize = by_name("SOFTRDMA_DM_SIZE");
 inline constexpr const Param& kTdf = by_name("SOFTRDMA_TDF");
 inline constexpr const Param& kTdfEpoch = by_name("SOFTRDMA_TDF_EPOCH");

@@ -92,6 +92,11 @@ namespace softrdma::engine {
   X(sent_gso_batches, "UDP GSO sends (several RoCEv2 packets in one sendmsg)")                     \
   X(sent_shm_pkts, "packets sent through the same-host shared-memory path")                        \
   X(rcvd_shm_pkts, "packets received through the same-host shared-memory path")                    \
+  X(sent_placed_msgs, "same-host RDMA WRITEs whose payload the requester placed itself")           \
+  X(sent_placed_bytes, "... their bytes (one copy: requester memory to responder memory)")         \
+  X(placement_fallbacks, "same-host WRITEs sent with their payload: the peer's table refused")     \
+  X(rcvd_placed_pkts, "same-host RDMA WRITE packets received with their payload already placed")   \
+  X(placed_after_dereg, "placed WRITEs whose region was deregistered before their headers came")   \
   X(shm_drops, "packets dropped: peer's shared-memory ring full (or no mailbox, shm only)")        \
   X(shm_ring_full_resends, "QPs sent back to a request a full same-host ring dropped")             \
   X(shm_backlogged, "packets held in order by the sender: the peer's same-host ring was full")     \

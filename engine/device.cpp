@@ -107,6 +107,7 @@ bool DeviceConfig::from_environment(DeviceConfig& out, std::string& error) {
       !params::read_flag(params::kGso, c.udp_offload, error) ||
       !params::read_flag(params::kSelectiveRetx, c.selective_retx, error) ||
       !params::read_flag(params::kFaultGuard, c.fault_guard, error) ||
+      !params::read_flag(params::kShmPlace, c.shm_place, error) ||
       !params::read_integer(params::kDmSize, dm_size, error) ||
       !params::read_text(params::kCc, cc, error))
     return false;
@@ -229,6 +230,7 @@ std::unique_ptr<Device> Device::open(const DeviceConfig& cfg, int& err) {
       clock::sleep_for(std::chrono::milliseconds(kShmOwnerExitPollMs));
       e = d->shm_.open(d->ip(), cfg.shm);
     }
+    d->place_enabled_ = e == 0 && cfg.shm_place;
     if (e != 0) {
       if (cfg.path == PacketPath::kShm) {
         log().error("SOFTRDMA_TRANSPORT=shm: cannot open the shared-memory mailbox for {}: {}",
@@ -557,6 +559,36 @@ uint32_t Device::register_mr(MemoryRegion* mr) {
 
 void Device::unregister_mr(uint32_t key) {
   keys_.erase(key >> 8);
+}
+
+void Device::publish_mr(const MemoryRegion& mr, bool gone) {
+  if (!place_enabled_) return;
+  net::PlacementTable& t = shm_.placement();
+  if (!gone && (mr.access() & kRemoteWrite) && mr.host() &&
+      !MemoryRegion::is_implicit_odp(mr.host(), mr.length(), mr.access())) {
+    if (!t.publish(net::PlaceKind::kRegion, mr.key(),
+                   {mr.iova(), mr.length(), reinterpret_cast<uintptr_t>(mr.host()), mr.pd().id()}))
+      log().debug("MR {:#x}: placement table full, WRITEs to it take the ring", mr.key());
+    return;
+  }
+  if (const uint32_t pins = t.withdraw(net::PlaceKind::kRegion, mr.key()); pins != 0)
+    log().error(
+        "MR {:#x}: {} same-host writer(s) still pinned it after {} s (a peer that died "
+        "mid-write?); deregistered anyway",
+        mr.key(), pins, net::PlacementTable::kWithdrawWaitNs / 1'000'000'000);
+}
+
+void Device::publish_qp(const QueuePair& qp, bool gone) {
+  if (!place_enabled_ || qp.qpn() == 0) return;
+  const QpState st = qp.attr.state;
+  const bool takes = st == QpState::kRtr || st == QpState::kRts || st == QpState::kSqd;
+  net::PlacementTable& t = shm_.placement();
+  if (!gone && takes && qp.type_info().service == wire::Service::kRc && qp.pd_ptr() &&
+      (qp.attr.access_flags & kRemoteWrite)) {
+    t.publish(net::PlaceKind::kQp, qp.qpn(), {0, 0, 0, qp.pd_ptr()->id()});
+    return;
+  }
+  t.withdraw(net::PlaceKind::kQp, qp.qpn());
 }
 
 uint32_t Device::register_mw(MemoryWindow* mw) {

@@ -106,6 +106,9 @@ struct DeviceConfig {
   bool selective_retx = true;
   /// SOFTRDMA_FAULT_GUARD: install the fault guard (net/fault_guard.h) when the device opens.
   bool fault_guard = true;
+  /// SOFTRDMA_SHM_PLACE: same-host RDMA WRITEs place their payload in the responder's memory
+  /// (net/shm_placement.h) and publish this device's writable regions and QPs for peers.
+  bool shm_place = true;
   /// Congestion control of this device's requesters (SOFTRDMA_CC).
   CongestionControl cc = CongestionControl::kAuto;
   /// Device memory the device offers in all, bytes (SOFTRDMA_DM_SIZE; max_dm_size).
@@ -115,9 +118,9 @@ struct DeviceConfig {
   bool share = true;
 
   /// Reads SOFTRDMA_ADDR, SOFTRDMA_NETEM, SOFTRDMA_WAN, SOFTRDMA_PCAP, SOFTRDMA_GSO,
-  /// SOFTRDMA_SPIN_US, SOFTRDMA_SELECTIVE_RETX, SOFTRDMA_FAULT_GUARD, SOFTRDMA_CC,
-  /// SOFTRDMA_DM_SIZE and SOFTRDMA_TRANSPORT. Returns false with `error` set when a variable
-  /// is malformed.
+  /// SOFTRDMA_SPIN_US, SOFTRDMA_SELECTIVE_RETX, SOFTRDMA_FAULT_GUARD, SOFTRDMA_SHM_PLACE,
+  /// SOFTRDMA_CC, SOFTRDMA_DM_SIZE and SOFTRDMA_TRANSPORT. Returns false with `error` set when a
+  /// variable is malformed.
   static bool from_environment(DeviceConfig& out, std::string& error);
 };
 
@@ -204,6 +207,8 @@ class Device final : public Transport, public ObjectRegistry {
   void unregister_qp(uint32_t qpn) override;
   uint32_t register_mr(MemoryRegion* mr) override;  ///< returns the new key
   void unregister_mr(uint32_t key) override;
+  void publish_mr(const MemoryRegion& mr, bool gone) override;
+  void publish_qp(const QueuePair& qp, bool gone) override;
   uint32_t register_mw(MemoryWindow* mw) override;  ///< returns the first R_Key
   void unregister_mw(uint32_t rkey) override;
   uint32_t register_srq(SharedReceiveQueue* srq) override;  ///< returns the new SRQ number
@@ -213,6 +218,8 @@ class Device final : public Transport, public ObjectRegistry {
   // ---- Transport ----------------------------------------------------------------------
   void transmit(const wire::Headers& h, uint32_t dst_ip, std::span<const iovec> payload,
                 uint32_t payload_len) override;
+  bool place_write(uint32_t dst_ip, uint32_t dest_qpn, uint32_t rkey, uint64_t remote_va,
+                   std::span<const iovec> local, uint64_t len) override;
   MemoryRegion* find_mr(uint32_t key) override;
   MemoryWindow* find_mw(uint32_t rkey) override;
   SharedReceiveQueue* find_srq(uint32_t srqn) override;
@@ -272,6 +279,11 @@ class Device final : public Transport, public ObjectRegistry {
   /// Removes `qpn` from every group (a QP destroyed while attached).
   void detach_all_mcast_locked(uint32_t qpn);
   RxCheck check_parse(const net::RxDatagram& d, std::span<const uint8_t> bytes, wire::Packet& pkt);
+  /// A packet with the placed mark (wire::Bth::placed): only an RC RDMA WRITE packet from the
+  /// same-host rings, carrying a 4-byte length of 1…4096 bytes, may have it; its payload is
+  /// then taken as that many bytes already in place (placement and the responder skip the
+  /// copy). Anything else: kMalformed.
+  RxCheck check_placed(wire::Packet& pkt, bool from_shm);
   RxCheck check_icrc(const net::RxDatagram& d, std::span<const uint8_t> bytes, uint16_t ip_id_hint,
                      bool from_shm, const wire::Packet& pkt, wire::IcrcVerdict& v);
   RxCheck check_header(const wire::Packet& pkt) const;  // CNP, P_Key
@@ -429,6 +441,9 @@ class Device final : public Transport, public ObjectRegistry {
   static constexpr uint64_t kWanDrainMaxNs = 1'000'000'000;
   std::unique_ptr<net::PcapTap> pcap_;
   bool pcap_dirty_ = false;
+  /// DeviceConfig::shm_place with the same-host path open: WRITE payloads placed directly, and
+  /// this device's writable regions and QPs published (publish_mr / publish_qp).
+  bool place_enabled_ = false;
   struct HeldCompletion {
     CompletionQueue* cq;
     Cqe cqe;

@@ -3,6 +3,7 @@
 // polling the rings and the UDP socket. See device.h.
 #include "engine/device.h"
 
+#include <endian.h>
 #include <fcntl.h>
 #include <ifaddrs.h>
 #include <net/if.h>
@@ -87,6 +88,34 @@ RxCheck Device::check_parse(const net::RxDatagram& d, std::span<const uint8_t> b
   if (perr == wire::ParseError::kOk) return RxCheck::kAccept;
   log().debug("drop from {}: {}", net::ipv4_to_string(d.src_ip),
               too_long ? "larger than any RoCEv2 packet" : wire::to_string(perr));
+  return RxCheck::kMalformed;
+}
+
+namespace {
+// What a placed packet's payload span points at: its bytes are in the MR already, so nothing
+// reads them; zeros, so that anything that did would read memory that exists.
+alignas(64) const uint8_t kPlacedPayload[4096] = {};
+}  // namespace
+
+RxCheck Device::check_placed(wire::Packet& pkt, bool from_shm) {
+  using wire::Opcode;
+  const auto op = static_cast<Opcode>(pkt.hdr.bth.opcode);
+  const bool rc_write = op == Opcode::kWriteFirst || op == Opcode::kWriteMiddle ||
+                        op == Opcode::kWriteLast || op == Opcode::kWriteLastImm ||
+                        op == Opcode::kWriteOnly || op == Opcode::kWriteOnlyImm;
+  uint32_t len = 0;
+  if (from_shm && rc_write && pkt.payload.size() == sizeof len) {
+    std::memcpy(&len, pkt.payload.data(), sizeof len);
+    len = le32toh(len);
+    if (len >= 1 && len <= sizeof kPlacedPayload) {
+      pkt.payload = {kPlacedPayload, len};
+      bump_locked(counters_->rcvd_placed_pkts);
+      return RxCheck::kAccept;
+    }
+  }
+  log().debug("drop: placed mark on {} (opcode {:#x}, {} B)",
+              from_shm ? "a same-host record" : "a UDP packet", pkt.hdr.bth.opcode,
+              pkt.payload.size());
   return RxCheck::kMalformed;
 }
 
@@ -256,6 +285,7 @@ void Device::handle_packet(const net::RxDatagram& d, const uint8_t* data, size_t
   wire::IcrcVerdict icrc;
   RxCheck check = check_parse(d, bytes, pkt);
   if (check == RxCheck::kAccept) check = check_icrc(d, bytes, ip_id_hint, from_shm, pkt, icrc);
+  if (check == RxCheck::kAccept && pkt.hdr.bth.placed) check = check_placed(pkt, from_shm);
   // Every packet is captured, the ones dropped below too.
   if (pcap_) capture_received(d, data, length, ip_id_hint, from_shm, icrc);
   QueuePair* qp = nullptr;

@@ -4,6 +4,7 @@
 
 #include <fcntl.h>
 #include <ifaddrs.h>
+#include <limits.h>
 #include <net/if.h>
 #include <sched.h>
 #include <sys/epoll.h>
@@ -84,6 +85,25 @@ void Device::transmit(const wire::Headers& h, uint32_t dst_ip, std::span<const i
   ++tx_count_;
   bump_locked(counters_->sent_pkts);
   bump_locked(counters_->sent_bytes, udp_len);
+}
+
+bool Device::place_write(uint32_t dst_ip, uint32_t dest_qpn, uint32_t rkey, uint64_t remote_va,
+                         std::span<const iovec> local, uint64_t len) {
+  // A capture wants every payload on the record; this process's own address may be shared
+  // with other processes (address_share.h), whose packets do not take the rings.
+  if (!place_enabled_ || pcap_ || dst_ip == ip() || len == 0 || local.size() > IOV_MAX)
+    return false;
+  const net::PlacementTable* table = shm_.placement_to(dst_ip);
+  if (!table) return false;  // not mapped yet (its first packets), refused, or closed
+  int err = 0;
+  if (table->place(dest_qpn, rkey, remote_va, local.data(), local.size(), len, &err) !=
+      net::PlaceResult::kPlaced) {
+    bump(counters_->placement_fallbacks);
+    return false;  // sent with its payload; the responder decides
+  }
+  bump_locked(counters_->sent_placed_msgs);
+  bump_locked(counters_->sent_placed_bytes, len);
+  return true;
 }
 
 bool Device::compute_icrc(TxSlot& s) {

@@ -49,10 +49,12 @@ MemoryRegion::MemoryRegion(ProtectionDomain& pd, void* host, uint64_t length, ui
   std::lock_guard lk(pd_->registry().mutex());
   key_ = pd_->registry().register_mr(this);
   pd_->users++;
+  pd_->registry().publish_mr(*this, false);
 }
 
 MemoryRegion::~MemoryRegion() {
   std::lock_guard lk(pd_->registry().mutex());
+  pd_->registry().publish_mr(*this, true);  // returns once no same-host peer can write it
   pd_->registry().unregister_mr(key_);
   pd_->users--;
   // After the key is gone: no request can reach the memory once the count allows freeing it.
@@ -67,6 +69,7 @@ bool MemoryRegion::windows_bound() const {
 void MemoryRegion::rereg(uint32_t flags, ProtectionDomain* pd, void* host, uint64_t length,
                          uint64_t iova, uint32_t access) {
   std::lock_guard lk(pd_->registry().mutex());
+  pd_->registry().publish_mr(*this, true);
   if (flags & kChangeTranslation) {
     host_ = static_cast<uint8_t*>(host);
     length_ = length;
@@ -78,6 +81,7 @@ void MemoryRegion::rereg(uint32_t flags, ProtectionDomain* pd, void* host, uint6
     pd_->users++;
   }
   if (flags & kChangeAccess) access_ = access;
+  pd_->registry().publish_mr(*this, false);
 }
 
 void prefetch_range(uint8_t* p, size_t n, bool fault_in) {

@@ -16,14 +16,22 @@ namespace softrdma::engine {
 /// an MR of the target QP's PD.
 class ProtectionDomain {
  public:
-  explicit ProtectionDomain(ObjectRegistry& dev) : dev_(dev) {}
+  explicit ProtectionDomain(ObjectRegistry& dev) : dev_(dev), id_(next_id()) {}
   /// The device whose tables the PD's MRs are published in.
   ObjectRegistry& registry() const { return dev_; }
+  /// A number no other PD of this process has (for tables that compare PDs by value, such
+  /// as the same-host placement table; never 0).
+  uint32_t id() const { return id_; }
   /// Objects (MRs, QPs) that reference this PD; dealloc is refused (EBUSY) while > 0.
   std::atomic<int> users{0};
 
  private:
+  static uint32_t next_id() {
+    static std::atomic<uint32_t> n{0};
+    return n.fetch_add(1, std::memory_order_relaxed) + 1;
+  }
   ObjectRegistry& dev_;
+  uint32_t id_;
 };
 
 /// A registered memory region: host memory [host, host+length) addressed by the peer as

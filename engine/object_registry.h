@@ -44,6 +44,20 @@ class ObjectRegistry {
   virtual uint32_t register_srq(SharedReceiveQueue* srq) = 0;
   /// Removes an SRQ number from the table. Lock held.
   virtual void unregister_srq(uint32_t srqn) = 0;
+  /// What same-host peers may write without the ring (net/shm_placement.h): `mr`'s range
+  /// while it allows remote writes; `gone` (deregistration, or before a rereg changes it)
+  /// withdraws it and returns only once no peer can still write through it. Lock held. The
+  /// default publishes nothing.
+  virtual void publish_mr(const MemoryRegion& mr, bool gone) {
+    (void)mr;
+    (void)gone;
+  }
+  /// Likewise for `qp`: an RC QP in RTR/RTS/SQD that allows remote writes is published with
+  /// its PD, any other state (or `gone`) withdraws it. Lock held.
+  virtual void publish_qp(const QueuePair& qp, bool gone) {
+    (void)qp;
+    (void)gone;
+  }
   /// Active MTU of the port as an IB MTU enum (1 = 256 B … 5 = 4096 B): the largest
   /// path_mtu a QP may be given.
   virtual uint8_t active_mtu() const = 0;

@@ -10,8 +10,9 @@
 
 namespace softrdma::engine::placement {
 
-uint8_t* check_remote(QueuePair& qp, Transport& t, uint32_t rkey, uint64_t va, uint64_t len,
-                      uint32_t need) {
+namespace {
+uint8_t* checked_remote(QueuePair& qp, Transport& t, uint32_t rkey, uint64_t va, uint64_t len,
+                        uint32_t need) {
   if (!(qp.attr.access_flags & need)) return nullptr;
   if (MemoryRegion* mr = t.find_mr(rkey)) {
     if (&mr->pd() != &qp.responder_pd() || !(mr->access() & need)) return nullptr;
@@ -19,6 +20,16 @@ uint8_t* check_remote(QueuePair& qp, Transport& t, uint32_t rkey, uint64_t va, u
   }
   const MemoryWindow* mw = t.find_mw(rkey);
   return mw ? mw->translate(qp.responder_pd(), qp.qpn(), va, len, need) : nullptr;
+}
+}  // namespace
+
+uint8_t* check_remote(QueuePair& qp, Transport& t, uint32_t rkey, uint64_t va, uint64_t len,
+                      uint32_t need) {
+  uint8_t* p = checked_remote(qp, t, rkey, va, len, need);
+  if (!p)
+    log().debug("qp {:#x}: remote access refused: R_Key {:#x} va {:#x} length {} access {:#x}",
+                qp.qpn(), rkey, va, len, need);
+  return p;
 }
 
 uint32_t message_psns(const QueuePair& qp, uint64_t dma_length) {
@@ -99,7 +110,14 @@ Outcome write(QueuePair& qp, const wire::Packet& pkt, Transport& t) {
     uint8_t* p = nullptr;
     if (r.dma_length) {
       p = check_remote(qp, t, r.rkey, r.va, r.dma_length, kRemoteWrite);
-      if (!p) return Outcome::kAccess;
+      // A placed WRITE passed these checks at its sender, against the table this device
+      // published, under a pin that deregistration waits for (net/shm_placement.h): its bytes
+      // are in place. The region may be gone by now — the application saw the bytes and
+      // deregistered before this thread read the headers, which a NIC (checking and placing
+      // in one step) never shows — so the message is executed as placed; only a part of it
+      // that must still be copied (a resend of a packet the ring dropped) finds no memory.
+      if (!p && !pkt.hdr.bth.placed) return Outcome::kAccess;
+      if (!p) bump(t.counters().placed_after_dereg);
     }
     qp.resp.write_ptr = qp.resp.write_base = p;
     qp.resp.write_left = qp.resp.write_length = r.dma_length;
@@ -112,14 +130,17 @@ Outcome write(QueuePair& qp, const wire::Packet& pkt, Transport& t) {
   }
   const size_t n = pkt.payload.size();
   if (n > qp.resp.write_left || (ends && n != qp.resp.write_left)) return Outcome::kInvalid;
-  if (n && !net::guarded_copy(qp.resp.write_ptr, pkt.payload.data(), n)) {
+  // A placed packet's bytes are there already (the same-host sender wrote them after the
+  // checks this one repeats; Device::check_placed).
+  if (n && !pkt.hdr.bth.placed &&
+      (!qp.resp.write_ptr || !net::guarded_copy(qp.resp.write_ptr, pkt.payload.data(), n))) {
     // The MR's memory was unmapped (or protected) since registration: to the requester
     // this is an R_Key violation (IBTA 9.7.5.2.4), never a crash of this process.
     bump(t.counters().resp_access_faults);
     log().debug("qp {:#x}: WRITE psn {:#x} hit unmapped memory", qp.qpn(), psn);
     return Outcome::kAccess;
   }
-  qp.resp.write_ptr += n;
+  if (qp.resp.write_ptr) qp.resp.write_ptr += n;
   qp.resp.write_left -= n;
   if (ends) {
     qp.resp.in_write = false;

@@ -83,6 +83,7 @@ QueuePair::~QueuePair() {
   std::lock_guard lk(dev_.mutex());
   if (qpn_ == 0) return;
   release_recv_wqe();
+  dev_.publish_qp(*this, true);
   dev_.unregister_qp(qpn_);
   if (pd_) pd_->users--;
   if (send_cq) send_cq->users--;
@@ -145,6 +146,7 @@ Status QueuePair::modify(const QpAttr& a, uint32_t mask) {
   ModifyPlan plan;
   if (Status st = validate_modify(a, mask, plan); st != kOk) return st;
   apply_modify(a, mask, plan);
+  dev_.publish_qp(*this, false);
   return kOk;
 }
 
@@ -493,6 +495,7 @@ void QueuePair::enter_error(WcStatus status) {
   if (attr.state == QpState::kErr) return;
   if (!sq.empty() && status != WcStatus::kWrFlushErr) retire_send(status);
   attr.state = QpState::kErr;
+  dev_.publish_qp(*this, true);
   flush_queues();
   if (on_error) on_error(status);
   last_wqe_reached();

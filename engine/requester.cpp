@@ -1,4 +1,6 @@
 // Requester: SQ WQEs → request packets (IBTA vol 1, 9.4 and 9.7.3; rxe_req.c).
+#include <endian.h>
+
 #include <algorithm>
 #include <cstdint>
 
@@ -202,9 +204,30 @@ uint32_t emit_data_packet(QueuePair& qp, SendWqe& w, Transport& t, std::vector<i
   }
   // Only a reliable service asks for ACKs (IBTA 9.2: AckReq is 0 on UC and UD).
   h.bth.ack_req = qp.type_info().reliable && (last || ack_req);
+  // A placed WRITE's first transmission: its length in place of its payload (Bth::placed).
+  // A resend carries the payload, as the responder may not have seen the first.
+  if (w.placed && wire::psn_diff(psn, qp.req.max_psn) >= 0) {
+    h.bth.placed = true;
+    const uint32_t le = htole32(pay);
+    const iovec len_iov{const_cast<uint32_t*>(&le), sizeof le};
+    t.transmit(h, destination(qp, w), {&len_iov, 1}, sizeof le);
+    return pay;
+  }
   gather(w.local, off, pay, iov);
   t.transmit(h, destination(qp, w), iov, pay);
+  qp.req.inband_end = wire::psn_add(psn, 1);
   return pay;
+}
+
+// Whether WQE `w`, starting now, may have its payload placed by the device
+// (Transport::place_write): an RC RDMA WRITE without immediate data (one with it takes a
+// receive WQE, which may not be there: RNR), new PSNs (not a WQE gone back over), and every
+// request sent before it with its payload already acknowledged (RequesterState::inband_end).
+bool placeable(const QueuePair& qp, const SendWqe& w) {
+  return w.info().cls == WrClass::kWrite && w.wr.opcode == WrOpcode::kRdmaWrite && w.length != 0 &&
+         qp.type_info().service == wire::Service::kRc &&
+         wire::psn_diff(w.first_psn, qp.req.max_psn) >= 0 &&
+         (qp.req.inband_end == kNoPsn || wire::psn_diff(qp.comp.psn, qp.req.inband_end) >= 0);
 }
 
 // One SEND/WRITE packet at the current offset. Returns true when the WQE is fully sent.
@@ -246,6 +269,7 @@ uint64_t emit_read_request(QueuePair& qp, SendWqe& w, Transport& t, uint32_t psn
   h.reth.dma_length = static_cast<uint32_t>(chunk);
   h.bth.ack_req = true;
   t.transmit(h, qp.remote_ip, {}, 0);
+  qp.req.inband_end = wire::psn_add(psn, psns_for(chunk, qp.mtu));
   return chunk;
 }
 
@@ -278,6 +302,7 @@ void emit_atomic(QueuePair& qp, SendWqe& w, Transport& t, uint32_t psn) {
   h.atomic.compare = cas ? w.wr.compare_add : 0;
   h.bth.ack_req = true;
   t.transmit(h, qp.remote_ip, {}, 0);
+  qp.req.inband_end = wire::psn_add(psn, 1);
 }
 
 void send_atomic(QueuePair& qp, SendWqe& w, Transport& t) {
@@ -434,6 +459,8 @@ void run(QueuePair& qp, Transport& t) {
       w.first_psn = qp.req.psn;
       w.npsn = w.info().cls == WrClass::kAtomic ? 1 : psns_for(w.length, qp.mtu);
       qp.req.offset = 0;
+      w.placed = placeable(qp, w) && t.place_write(qp.remote_ip, qp.attr.dest_qp_num, w.wr.rkey,
+                                                   w.wr.remote_addr, w.local, w.length);
     } else if (qp.req.offset == 0 && qp.req.psn != w.first_psn) {
       log().error("qp {:#x}: requester at psn {:#x} but WQE {} starts at {:#x}", qp.qpn(),
                   qp.req.psn, qp.req.next, w.first_psn);

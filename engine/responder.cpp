@@ -518,16 +518,17 @@ bool place_early(QueuePair& qp, const wire::Packet& pkt, Transport& t, ReceivedP
     if ((m & wire::kIsFirst) && r.dma_length <= n) return false;
     uint8_t* p = check_remote(qp, t, r.rkey, r.va, r.dma_length, kRemoteWrite);
     if (!p) return false;  // the in-order copy draws the access error
-    if (!net::guarded_copy(p, pkt.payload.data(), n)) return false;  // in order: NAK
+    if (!pkt.hdr.bth.placed && !net::guarded_copy(p, pkt.payload.data(), n))
+      return false;  // in order: NAK
     if (m & wire::kIsFirst) o.add_write({psn, p, r.dma_length, read_psns(qp, r.dma_length)});
     return true;
   }
   const WritePlacement* w = o.write_holding(psn);
-  if (!w || psn == w->first_psn) return false;
+  if (!w || psn == w->first_psn || (!w->base && !pkt.hdr.bth.placed)) return false;
   const uint64_t off = uint64_t(psn_diff(psn, w->first_psn)) * qp.mtu;
   const bool ends = m & wire::kIsLast;
   if (off + n > w->length || ends != (off + n == w->length)) return false;
-  return net::guarded_copy(w->base + off, pkt.payload.data(), n);
+  return pkt.hdr.bth.placed || net::guarded_copy(w->base + off, pkt.payload.data(), n);
 }
 
 // PSNs a request uses: a READ its responses', everything else one.
@@ -687,7 +688,7 @@ void advance_over_placed(QueuePair& qp, Transport& t) {
         qp.resp.write_base = w->base;
         qp.resp.write_first_psn = w->first_psn;
         qp.resp.write_length = w->length;
-        qp.resp.write_ptr = w->base + off;
+        qp.resp.write_ptr = w->base ? w->base + off : nullptr;  // null: placed, region gone
         qp.resp.write_left = w->length - off;
       } else {
         log().error("qp {:#x}: placed psn {:#x} belongs to no WRITE", qp.qpn(), last);

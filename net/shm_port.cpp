@@ -64,7 +64,9 @@ constexpr uint64_t kMagic = 0x314d48534d445253ull;  // "SRDMSHM1"
 // would take such a record for a broken ring.
 // 4: the header names the owner's network namespace (netns) and file names carry it; a
 // version-3 sender would write into another namespace's mailbox of the same address.
-constexpr uint32_t kVersion = 4;
+// 5: a direct-placement table (net/shm_placement.h) follows the ring control pages, and
+// records may carry a WRITE's headers only (the payload placed by the sender).
+constexpr uint32_t kVersion = 5;
 constexpr uint64_t kPage = 4096;
 constexpr uint64_t kAlign = 64;  // record alignment, bytes
 constexpr uint64_t kRecordHeader = 8;
@@ -154,7 +156,8 @@ struct detail::ShmMailboxHeader {
   uint32_t ip;
   std::atomic<uint32_t> closed;
   uint32_t reserved;
-  uint64_t netns;  // the owner's network namespace (net/netns.h; 0: unknown)
+  uint64_t netns;         // the owner's network namespace (net/netns.h; 0: unknown)
+  uint64_t place_offset;  // the direct-placement table (net/shm_placement.h)
   // Line 1: the receiver's busy-poll clock, written often by the receiver, read by senders;
   // and how stale that clock may get before senders ring (0: the sender's own
   // ShmConfig::doorbell_threshold_ns), written rarely by the receiver.
@@ -176,12 +179,13 @@ static_assert(sizeof(detail::ShmRingCtl) == 192);
 
 namespace {
 struct Geometry {
-  uint64_t ctl_offset, data_offset, total_bytes;
+  uint64_t ctl_offset, place_offset, data_offset, total_bytes;
 };
 Geometry geometry(uint64_t ring_count, uint64_t ring_bytes) {
   Geometry g;
   g.ctl_offset = kPage;
-  g.data_offset = g.ctl_offset + align_up(ring_count * sizeof(detail::ShmRingCtl), kPage);
+  g.place_offset = g.ctl_offset + align_up(ring_count * sizeof(detail::ShmRingCtl), kPage);
+  g.data_offset = g.place_offset + PlacementTable::region_bytes();
   g.total_bytes = g.data_offset + ring_count * ring_bytes;
   return g;
 }
@@ -202,6 +206,10 @@ struct ShmPort::Peer {
   uint64_t ring_bytes = 0;
   uint64_t ctl_offset = 0;
   uint64_t data_offset = 0;
+  // Its direct-placement table, and whether its owner was verified (placement_to()):
+  // 0 not yet, 1 yes, -1 never (another process behind the pid, or cross-memory attach refused).
+  PlacementTable placement;
+  int8_t place_state = 0;
   // Our ring in it (ring < 0: none).
   int ring = -1;
   RingCtl* ctl = nullptr;
@@ -375,6 +383,8 @@ int ShmPort::open(uint32_t ip, const ShmConfig& cfg) {
   h->total_bytes = g.total_bytes;
   h->ctl_offset = g.ctl_offset;
   h->data_offset = g.data_offset;
+  h->place_offset = g.place_offset;
+  placement_.init_owner(static_cast<uint8_t*>(m) + g.place_offset);
   epoch_ = random_epoch();
   h->epoch = epoch_;
   h->owner_pid = pid_;
@@ -421,6 +431,7 @@ void ShmPort::close() {
   backlogged_.clear();
   if (hdr_ != nullptr) {
     hdr_->closed.store(1, std::memory_order_release);
+    placement_.reset();
     // The doorbell socket still locks the address, so the file at path_ is ours.
     ::unlink(path_.c_str());
     ::munmap(hdr_, map_bytes_);
@@ -470,8 +481,9 @@ bool ShmPort::lookup_peer(Peer& p, uint64_t now) {
   if (ok) {
     Geometry g = geometry(h->ring_count, h->ring_bytes);
     ok = h->ctl_offset == g.ctl_offset && h->data_offset == g.data_offset &&
-         h->total_bytes == g.total_bytes && g.total_bytes <= bytes &&
-         h->closed.load(std::memory_order_acquire) == 0 && pid_alive(h->owner_pid);
+         h->place_offset == g.place_offset && h->total_bytes == g.total_bytes &&
+         g.total_bytes <= bytes && h->closed.load(std::memory_order_acquire) == 0 &&
+         pid_alive(h->owner_pid);
   }
   // The mailbox is only worth writing to if its owner can be woken: its doorbell must be
   // reachable from here (it is not from another network namespace, e.g. when /proc was
@@ -495,11 +507,31 @@ bool ShmPort::lookup_peer(Peer& p, uint64_t now) {
   p.ring_bytes = h->ring_bytes;
   p.ctl_offset = h->ctl_offset;
   p.data_offset = h->data_offset;
+  p.placement.attach(p.base + h->place_offset, PlacementTable::region_bytes(), p.owner_pid);
+  p.place_state = 0;
   p.ring = -1;
   p.next_claim = 0;
   p.next_pid_check = now + cfg_.liveness_check_ns;
   ++stats_.peers_found;
   return true;
+}
+
+const PlacementTable* ShmPort::placement_to(uint32_t dst_ip) {
+  Peer* p = last_peer_ && last_peer_->ip == dst_ip ? last_peer_ : nullptr;
+  if (!p) {
+    auto it = peers_.find(dst_ip);
+    if (it == peers_.end()) return nullptr;
+    p = it->second.get();
+  }
+  if (p->hdr == nullptr || p->place_state < 0 || !p->placement.attached() ||
+      p->hdr->closed.load(std::memory_order_acquire) != 0)
+    return nullptr;
+  if (p->place_state == 0) {
+    int err = 0;
+    p->place_state = p->placement.verify_owner(&err) ? 1 : -1;
+    if (p->place_state < 0) ++stats_.placement_refused_peers;
+  }
+  return p->place_state > 0 ? &p->placement : nullptr;
 }
 
 bool ShmPort::doorbell_reachable(const Peer& p) const {
@@ -530,6 +562,7 @@ void ShmPort::drop_peer(Peer& p, bool release_ring) {
                                            std::memory_order_acq_rel);
     }
   }
+  p.placement.reset();
   ::munmap(p.base, p.bytes);
   ::close(p.fd);
   p.fd = -1;

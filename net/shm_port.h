@@ -40,6 +40,8 @@
 #include <unordered_map>
 #include <vector>
 
+#include "net/shm_placement.h"
+
 namespace softrdma::net {
 
 namespace detail {
@@ -136,6 +138,9 @@ struct ShmStats {
   /// Mailboxes found whose doorbell could not be reached (another namespace's process, or an
   /// owner that is exiting): not taken as peers.
   uint64_t unreachable_peers = 0;
+  /// Peers whose direct-placement table placement_to() could not use: the pid does not name
+  /// the mailbox's owner, or cross-memory attach is refused (ptrace rules, seccomp).
+  uint64_t placement_refused_peers = 0;
 };
 
 /// The shared-memory endpoint of one device: its inbound mailbox (receiver side) and the
@@ -201,6 +206,15 @@ class ShmPort {
   /// peer_retry_ns, by then over UDP unless its doorbell answers. Returns the number of peers
   /// so dropped (also added to stats().doorbell_failures).
   size_t ring_doorbells(uint64_t now_ns);
+
+  /// Owner side: this mailbox's direct-placement table (net/shm_placement.h), in which the
+  /// engine publishes its remotely writable regions and QPs. Unattached while closed.
+  PlacementTable& placement() { return placement_; }
+  /// Sender side: the direct-placement table of the peer at `dst_ip` (host order), when its
+  /// mailbox is mapped (a send() went there) and its owner was verified as the process the
+  /// pid names and reachable by process_vm_writev (checked once per mapping; a refusal is
+  /// counted in stats().placement_refused_peers and final for that mapping); else nullptr.
+  const PlacementTable* placement_to(uint32_t dst_ip);
 
   /// The receiver's doorbell socket (non-blocking, CLOEXEC) for the engine's epoll set: it
   /// turns readable when a sender rang. -1 when closed.
@@ -294,6 +308,7 @@ class ShmPort {
   int bell_tx_fd_ = -1;
   std::unordered_map<uint32_t, std::unique_ptr<Peer>> peers_;
   Peer* last_peer_ = nullptr;
+  PlacementTable placement_;       // owner side
   std::vector<Peer*> dirty_;       // peers written to since the last ring_doorbells()
   std::vector<Peer*> backlogged_;  // peers whose backlog holds packets
   ShmStats stats_;

@@ -189,6 +189,7 @@ constexpr uint8_t kAckReqBit = 0x80;
 constexpr uint8_t kSelectiveBit = 0x40;  // first bit of resv7 (see Bth::selective)
 constexpr uint8_t kResendBit = 0x20;     // second bit of resv7 (see Bth::resend)
 constexpr uint8_t kSackBit = 0x10;       // third bit of resv7 (see Bth::sack)
+constexpr uint8_t kPlacedBit = 0x08;     // fourth bit of resv7 (see Bth::placed)
 
 constexpr uint32_t kRnrTimerUsec[32] = {
     655360, 10,    20,    30,    40,    60,     80,     120,    160,    240,    320,
@@ -259,6 +260,7 @@ ParseError parse(std::span<const uint8_t> udp_payload, Packet& out) noexcept {
   bth.selective = (p[8] & kSelectiveBit) != 0;
   bth.resend = (p[8] & kResendBit) != 0;
   bth.sack = (p[8] & kSackBit) != 0;
+  bth.placed = (p[8] & kPlacedBit) != 0;
   bth.psn = load24(p + 9);
 
   const uint8_t* q = p + kBthBytes;
@@ -324,7 +326,8 @@ size_t encode_headers(const Headers& h, std::span<uint8_t> out) noexcept {
   p[4] = static_cast<uint8_t>((bth.fecn ? kFecnBit : 0) | (bth.becn ? kBecnBit : 0));
   store24(p + 5, bth.dest_qpn & kQpnMask);
   p[8] = static_cast<uint8_t>((bth.ack_req ? kAckReqBit : 0) | (bth.selective ? kSelectiveBit : 0) |
-                              (bth.resend ? kResendBit : 0) | (bth.sack ? kSackBit : 0));
+                              (bth.resend ? kResendBit : 0) | (bth.sack ? kSackBit : 0) |
+                              (bth.placed ? kPlacedBit : 0));
   store24(p + 9, bth.psn & kPsnMask);
 
   uint8_t* q = p + kBthBytes;

@@ -163,6 +163,13 @@ struct Bth {
   /// request: "I understand selective ACKs" (NakCode::kSelectiveAck). A responder sends them
   /// only to a requester that set it, so a softrdma built before them never receives one.
   bool sack = false;
+  /// softrdma's placed mark, bit 3 of BTH byte 8 (the fourth bit of resv7): an RC RDMA WRITE
+  /// packet whose payload the sender already wrote into the responder's memory (the
+  /// same-host direct placement, net/shm_placement.h); in its place the packet carries the
+  /// payload's length, 4 bytes little-endian. Valid only on records of the same-host rings,
+  /// which only a process of this user on this host can write: a receiver drops (and counts
+  /// as malformed) any other packet that carries it.
+  bool placed = false;
   uint32_t psn = 0;  ///< 24 bits
 };
 

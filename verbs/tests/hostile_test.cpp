@@ -23,6 +23,7 @@
 // exactly which packets the device sends: one sequence NAK per gap, one go-back-N for
 // repeated sequence NAKs, and NAKs for an already-acknowledged PSN dropped as stale.
 #include <arpa/inet.h>
+#include <endian.h>
 #include <netinet/in.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
@@ -923,6 +924,44 @@ TEST(HostilePackets, TwentyCopiesOfOneFarAheadPsnDrawOneSequenceNak) {
       EXPECT_EQ(g.expect_psn, b.psn);
       g.expect_psn = psn_add(g.expect_psn, 1);
     }
+    EXPECT_EQ(IBV_QPS_RTS, qp_state(g.ep.qp));
+  });
+}
+
+// The placed mark (wire::Bth::placed: "my payload is in your memory already") is honoured
+// only on same-host ring records. Over UDP, from the peer's own address with a valid ICRC, a
+// WRITE carrying it is dropped as malformed: it writes nothing, draws no ACK and costs the
+// connection nothing (the genuine next request is executed).
+TEST(HostilePackets, APlacedMarkOverUdpIsDroppedAsMalformed) {
+  in_one_process([](Role& r) {
+    FakeRig g(r);
+    uint8_t* target = r.buf() + 8192;
+    memset(target, kGuard, 256);
+    Bth b;
+    b.opcode = kWriteOnly;
+    b.dest_qpn = g.ep.qpn;
+    b.psn = g.expect_psn;
+    b.ack_req = true;
+    b.placed = true;
+    const uint32_t len = htole32(64);
+    const auto pkt = PacketBuilder(b)
+                         .reth(reinterpret_cast<uintptr_t>(target), r.lkey(), 64)
+                         .payload(&len, sizeof len)
+                         .finish(g.peer.tuple_to(g.dev_ip()));
+    const Counters before = r.counters();
+    ASSERT_TRUE(g.peer.send_to(g.dev_ip(), pkt));
+    EXPECT_GE(wait_counter_growth(r.dev().addr, getpid(), {"rcvd_malformed"}, before, 1, 5s), 1u);
+    ParsedBth got_bth;
+    std::vector<uint8_t> got;
+    EXPECT_FALSE(g.next(got_bth, got, 100ms)) << "the device answered a forged placed WRITE";
+    EXPECT_TRUE(AllBytesAre(target, 256, kGuard));
+    EXPECT_EQ(0u, r.counters()["rcvd_placed_pkts"] - before["rcvd_placed_pkts"]);
+    // The same PSN, genuine, is executed and ACKed.
+    ASSERT_EQ(0, post_recv(g.ep.qp, 7, r.buf() + 4096, 4096, r.lkey()));
+    ASSERT_TRUE(g.peer.send_to(g.dev_ip(), g.send_only(g.expect_psn)));
+    const ibv_wc wc = poll_one(g.ep.rcq, 5s);
+    EXPECT_EQ(IBV_WC_SUCCESS, wc.status) << describe(wc);
+    g.expect_psn = psn_add(g.expect_psn, 1);
     EXPECT_EQ(IBV_QPS_RTS, qp_state(g.ep.qp));
   });
 }

@@ -112,7 +112,7 @@ const std::vector<std::string> kPathCounters = {
     "sent_pkts", "rcvd_pkts", "sent_gso_batches", "rcvd_gro_batches", "sent_shm_pkts",
     "rcvd_shm_pkts", "shm_drops", "rcvd_icrc_err", "rcvd_malformed", "rcvd_icrc_id_recovered",
     "retransmitted_pkts", "retransmit_timeouts", "rcvd_seq_err", "rcvd_rnr_err", "send_rnr_err",
-    "out_of_seq_request", "duplicate_request"};
+    "out_of_seq_request", "duplicate_request", "sent_placed_msgs", "rcvd_placed_pkts"};
 // clang-format on
 
 // ---- a. / b.: SEND, WRITE, READ over one path ------------------------------------------
@@ -187,7 +187,13 @@ void expect_path_taken(Role& r, const char* who, Transport t, uint32_t mtu, cons
     EXPECT_GT(per_op[2][resp_batches], 0u) << "READ responses " << resp_how;
     EXPECT_EQ(0u, all["sent_shm_pkts"]);
     EXPECT_EQ(0u, all["rcvd_shm_pkts"]);
+    EXPECT_EQ(0u, all["sent_placed_msgs"] + all["rcvd_placed_pkts"]) << "placed over UDP";
   } else {
+    // WRITE payloads cross once, placed by the requester (SOFTRDMA_SHM_PLACE, on by default);
+    // SENDs and READ responses never are.
+    const std::string placed = requester ? "sent_placed_msgs" : "rcvd_placed_pkts";
+    EXPECT_GT(per_op[1][placed], 0u) << "no WRITE placed directly";
+    EXPECT_EQ(0u, per_op[0][placed] + per_op[2][placed]) << "a SEND or READ placed";
     for (int o = 0; o < 2; ++o) {
       EXPECT_GT(per_op[o][data_shm], 0u) << name_of(kOps[o]) << " data not over shm";
     }

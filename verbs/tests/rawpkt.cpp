@@ -107,7 +107,7 @@ PacketBuilder::PacketBuilder(const Bth& h) {
   b_.push_back(0);  // FECN/BECN/resv
   put_be24(b_, h.dest_qpn & 0xffffff);
   b_.push_back(static_cast<uint8_t>((h.ack_req ? 0x80 : 0) | (h.selective ? 0x40 : 0) |
-                                    (h.resend ? 0x20 : 0)));
+                                    (h.resend ? 0x20 : 0) | (h.placed ? 0x08 : 0)));
   put_be24(b_, h.psn & 0xffffff);
 }
 

@@ -96,6 +96,9 @@ struct Bth {
   /// byte 8) and its resend bit (wire::Bth::resend, 0x20).
   bool selective = false;
   bool resend = false;
+  /// softrdma's placed mark (wire::Bth::placed, 0x08 of byte 8): only same-host records may
+  /// carry it.
+  bool placed = false;
   uint32_t psn = 0;
 };
 

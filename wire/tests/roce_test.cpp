@@ -553,14 +553,15 @@ TEST(Parse, ReservedBitsIgnored) {
   EXPECT_TRUE(p.hdr.bth.ack_req);
 }
 
-// softrdma's capability and resend marks sit in resv7 (BTH byte 8, bits 6, 5, 4): each
+// softrdma's capability, resend and placed marks sit in resv7 (BTH byte 8, bits 6-3): each
 // encodes alone and parses back, and none disturbs AckReq.
 TEST(Encode, SoftrdmaReservedBitsRoundTrip) {
   struct Case {
     bool Bth::*field;
     uint8_t bit;
   };
-  for (Case c : {Case{&Bth::selective, 0x40}, Case{&Bth::resend, 0x20}, Case{&Bth::sack, 0x10}}) {
+  for (Case c : {Case{&Bth::selective, 0x40}, Case{&Bth::resend, 0x20}, Case{&Bth::sack, 0x10},
+                 Case{&Bth::placed, 0x08}}) {
     Headers h = sample_headers(Opcode::kSendOnly, 0);
     h.bth.ack_req = false;
     h.bth.*c.field = true;
@@ -572,6 +573,7 @@ TEST(Encode, SoftrdmaReservedBitsRoundTrip) {
     EXPECT_EQ(p.hdr.bth.selective, c.bit == 0x40);
     EXPECT_EQ(p.hdr.bth.resend, c.bit == 0x20);
     EXPECT_EQ(p.hdr.bth.sack, c.bit == 0x10);
+    EXPECT_EQ(p.hdr.bth.placed, c.bit == 0x08);
     EXPECT_FALSE(p.hdr.bth.ack_req);
   }
 }

@@ -1,0 +1,132 @@
+// Direct placement on the same-host path (issue 25, item 3): one copy from the requester's
+// memory into the responder's.
+//
+// Over the same-host rings (net/shm_port.h) an RDMA WRITE's payload is copied twice — into the
+// ring by the sender, out of it by the receiver's progress thread — and lands only when that
+// thread runs. A device therefore publishes, in a table inside its mailbox, what a peer may
+// write into directly: each registered region that allows remote writes (its R_Key, its
+// address range as requests name it, where that range lies in the owner's address space,
+// its protection domain) and each QP that takes RDMA WRITEs (its QPN and protection domain).
+// A same-host sender checks a WRITE against that table as the responder would (the QP allows
+// it, the region is in the QP's protection domain, the range lies inside) and copies the
+// payload straight into the responder's memory with process_vm_writev(2) (cross-memory attach:
+// no root between processes of one user; refused where ptrace rules forbid it, and then the
+// payload travels in the ring as before). The ring then carries the packet's headers only, and
+// the responder runs every check of its own on them (engine/placement.h).
+//
+// Memory safety across processes: a sender *pins* a region's entry (a count in the entry's state
+// word, taken with a compare-and-swap that fails if the owner changed the entry) for the one
+// system call, and the owner's withdraw() — called when the region is deregistered or its
+// translation changes — first unpublishes the entry and then waits until no sender holds a pin,
+// so memory is never written after ibv_dereg_mr returned. A sender that died holding a pin is
+// waited for at most kWithdrawWaitNs, then logged by the caller (the count says so).
+//
+// Identity: a pid names a process only in its pid namespace. Before the first placement into a
+// peer the sender reads a random 64-bit cookie from the owner's memory at the address the table
+// publishes (process_vm_readv(2)) and compares it with the cookie in the table; only a match
+// lets it write (verify_owner()).
+//
+// Shared layout: a header line and kSlots entries of 64 bytes (an open-addressing hash table by
+// kind and key with linear probing); 256 KiB in all. Only the owner writes entries (under its
+// device lock); senders only read them and move pin counts.
+#pragma once
+
+#include <sys/uio.h>
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <unordered_map>
+
+namespace softrdma::net {
+
+namespace detail {
+struct PlacementHeader;
+struct PlacementSlot;
+}  // namespace detail
+
+/// What a table entry describes.
+enum class PlaceKind : uint8_t {
+  kRegion = 1,  ///< a memory region remote writes may target; key: its R_Key
+  kQp = 2,      ///< a QP that takes RDMA WRITEs; key: its QPN
+};
+
+/// One published entry. For kRegion: requests name [addr, addr + length) (the MR's iova
+/// range), which lies at `host` in the owner's address space; `tag` is its protection domain.
+/// For kQp: `tag` is the QP's protection domain; addr, length and host are 0.
+struct PlaceEntry {
+  uint64_t addr = 0;    ///< first byte as remote requests name it (iova)
+  uint64_t length = 0;  ///< bytes
+  uint64_t host = 0;    ///< owner's virtual address of byte `addr`
+  uint32_t tag = 0;     ///< protection domain, compared between a region and a QP
+};
+
+/// Outcome of PlacementTable::place().
+enum class PlaceResult : uint8_t {
+  kPlaced,   ///< every byte was written into the owner's memory
+  kRefused,  ///< nothing published allows it (no such QP or region, another protection
+             ///< domain, out of range, the entry changing): send the payload in the ring,
+             ///< where the responder decides
+  kFailed,   ///< the system call failed or wrote less (errno in *err): EFAULT (our memory or
+             ///< theirs unmapped) is per request; EPERM/ENOSYS/ESRCH mean never for this peer
+};
+
+/// The table of one mailbox: owned (init_owner) by the device that publishes, or attached
+/// (attach) by a sender to a peer's. Not thread-safe on either side: the owner calls it under
+/// its device lock, a sender under its own.
+class PlacementTable {
+ public:
+  static constexpr uint32_t kSlots = 4096;  ///< entries: regions plus QPs
+  /// withdraw() waits this long at most for senders' pins to go, ns (real time: a pin is held
+  /// for one system call; only a sender that died holding one makes it wait this long).
+  static constexpr uint64_t kWithdrawWaitNs = 2'000'000'000;
+  /// Bytes of the shared region: header + kSlots entries, a multiple of 4096.
+  static size_t region_bytes();
+
+  PlacementTable() = default;
+  PlacementTable(const PlacementTable&) = delete;
+  PlacementTable& operator=(const PlacementTable&) = delete;
+
+  /// Owner: formats `region` (region_bytes(), zero-filled, page-aligned) and publishes this
+  /// object's cookie. The object must not move while the table is in use.
+  void init_owner(void* region);
+  /// Sender: attaches to a peer's `region` of `bytes` owned by process `pid`. False when the
+  /// header is not a table's (then nothing is ever placed into that peer).
+  bool attach(void* region, size_t bytes, uint32_t pid);
+  /// Detaches (either side); the memory stays mapped by its owner (ShmPort).
+  void reset();
+  bool attached() const { return hdr_ != nullptr; }
+
+  /// Owner: publishes (or replaces) the entry of (kind, key). False when the table is full
+  /// (the entry is then simply not placed into: requests take the ring).
+  bool publish(PlaceKind kind, uint32_t key, const PlaceEntry& e);
+  /// Owner: removes the entry of (kind, key), if any, and returns once no sender can still
+  /// write through it — at once when none holds a pin, else after they finish (at most
+  /// kWithdrawWaitNs). Returns the pins still held when it gave up waiting (0 normally).
+  uint32_t withdraw(PlaceKind kind, uint32_t key);
+  /// Owner: entries published now.
+  size_t published() const { return owned_.size(); }
+
+  /// Sender: whether the owner is the process this table's pid names (see the file comment);
+  /// false with *err set to the failing call's errno (EPERM: ptrace rules forbid cross-memory
+  /// attach) or 0 for a cookie mismatch.
+  bool verify_owner(int* err) const;
+  /// Sender: places `len` bytes gathered from iov[0..iovcnt) (iovcnt ≤ IOV_MAX) at `va` of
+  /// region `rkey` through QP `qpn` of the owner — when the QP is published, the region is
+  /// published in the QP's protection domain and [va, va + len) lies inside it.
+  PlaceResult place(uint32_t qpn, uint32_t rkey, uint64_t va, const iovec* iov, size_t iovcnt,
+                    size_t len, int* err) const;
+
+ private:
+  using Slot = detail::PlacementSlot;
+  /// The slot holding (kind, key) on the sender's side: index, or -1.
+  int find(uint64_t ident) const;
+  Slot* slot(uint32_t i) const;
+
+  detail::PlacementHeader* hdr_ = nullptr;
+  uint32_t pid_ = 0;     // sender: the owner's pid
+  uint64_t cookie_ = 0;  // owner: the value whose address the header publishes
+  std::unordered_map<uint64_t, uint32_t> owned_;  // owner: ident → slot
+};
+
+}  // namespace softrdma::net
