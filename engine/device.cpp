@@ -578,6 +578,14 @@ void Device::publish_mr(const MemoryRegion& mr, bool gone) {
         mr.key(), pins, net::PlacementTable::kWithdrawWaitNs / 1'000'000'000);
 }
 
+void Device::drain_inbound() {
+  // Only where something may have been placed: peers write this device's memory only while
+  // it publishes (place_enabled_).
+  if (!place_enabled_) return;
+  for (int round = 0; round < 16 && receive_shm_locked() == kRxBudget; ++round) {
+  }
+}
+
 void Device::publish_qp(const QueuePair& qp, bool gone) {
   if (!place_enabled_ || qp.qpn() == 0) return;
   const QpState st = qp.attr.state;

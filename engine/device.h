@@ -209,6 +209,7 @@ class Device final : public Transport, public ObjectRegistry {
   void unregister_mr(uint32_t key) override;
   void publish_mr(const MemoryRegion& mr, bool gone) override;
   void publish_qp(const QueuePair& qp, bool gone) override;
+  void drain_inbound() override;
   uint32_t register_mw(MemoryWindow* mw) override;  ///< returns the first R_Key
   void unregister_mw(uint32_t rkey) override;
   uint32_t register_srq(SharedReceiveQueue* srq) override;  ///< returns the new SRQ number

@@ -58,6 +58,12 @@ class ObjectRegistry {
     (void)qp;
     (void)gone;
   }
+  /// Processes the packets already waiting on the same-host rings (and sends what they
+  /// draw, e.g. ACKs). Called before modify_qp takes a QP to ERR or RESET: a placed
+  /// WRITE's bytes are visible to the application before this device has read its headers
+  /// (net/shm_placement.h), so an application that saw them and tears its QP down must not
+  /// leave them unacknowledged. Lock held. The default does nothing.
+  virtual void drain_inbound() {}
   /// Active MTU of the port as an IB MTU enum (1 = 256 B … 5 = 4096 B): the largest
   /// path_mtu a QP may be given.
   virtual uint8_t active_mtu() const = 0;

@@ -145,6 +145,8 @@ Status QueuePair::modify(const QpAttr& a, uint32_t mask) {
   std::lock_guard lk(dev_.mutex());
   ModifyPlan plan;
   if (Status st = validate_modify(a, mask, plan); st != kOk) return st;
+  if ((plan.next == QpState::kErr || plan.next == QpState::kReset) && accepts_requests())
+    dev_.drain_inbound();  // placed WRITEs the application may have seen get their ACKs
   apply_modify(a, mask, plan);
   dev_.publish_qp(*this, false);
   return kOk;

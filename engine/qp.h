@@ -62,10 +62,10 @@ struct SendWqe {
   /// READ must lie within the one executed (IBTA vol 1 9.7.5.1.3.1). Usually empty.
   std::vector<uint64_t> read_cuts;
   bool started = false;
-  /// An RC WRITE whose payload the device placed in the responder's memory when it started
-  /// (Transport::place_write): its packets' first transmissions carry the placed mark and
-  /// their lengths, its resends the payload.
-  bool placed = false;
+  /// An RC WRITE without immediate data: the first transmission of each of its packets may be
+  /// placed in the responder's memory by the device (Transport::place_write) and then carries
+  /// the placed mark and its length; its resends carry the payload.
+  bool placeable = false;
   uint32_t last_psn() const { return wire::psn_add(first_psn, npsn - 1); }
   /// The work-request table's row for this WQE's opcode.
   const WrOpcodeInfo& info() const { return wr_info(wr.opcode); }
@@ -78,11 +78,11 @@ struct RequesterState {
   uint32_t psn = 0;      ///< next PSN to send
   uint32_t max_psn = 0;  ///< one past the highest PSN ever sent (for late ACKs)
   uint32_t noack_pkts = 0;
-  /// One past the last PSN sent with its payload, or without one (every request but a placed
-  /// WRITE's first transmission); kNoPsn: none yet. A WRITE is placed only once the completer
-  /// has passed it: a request the responder may still refuse (RNR, an access error, a
-  /// sequence error) would leave the WRITE behind it unexecuted on the wire, and placing
-  /// it would have written memory that the responder never lets a NAKed stream reach.
+  /// One past the last PSN sent with its payload, or without one (every request packet but a
+  /// placed one); kNoPsn: none yet. A WRITE packet is placed only once the completer has
+  /// passed it: a request the responder may still refuse (RNR, an access error, a sequence
+  /// error) leaves the WRITE behind it unexecuted on the wire, and placing it would write
+  /// memory that the responder never lets a NAKed stream reach.
   uint32_t inband_end = kNoPsn;
   /// Where loss recovery stands (requester::enter_recovery changes it, logging each
   /// transition at debug with its cause; the explicit form of rxe_comp.c's named states).

@@ -183,6 +183,16 @@ int32_t window_room(const QueuePair& qp) {
   return static_cast<int32_t>(std::clamp<int64_t>(room, INT32_MIN, INT32_MAX));
 }
 
+// Whether WQE `w`'s packets may have their payloads placed by the device
+// (Transport::place_write): an RC RDMA WRITE without immediate data (one with it takes a
+// receive WQE, which may not be there: RNR). Each packet is placed only on its first
+// transmission and once every request sent before it with its payload is acknowledged
+// (emit_data_packet).
+bool placeable(const QueuePair& qp, const SendWqe& w) {
+  return w.info().cls == WrClass::kWrite && w.wr.opcode == WrOpcode::kRdmaWrite && w.length != 0 &&
+         qp.type_info().service == wire::Service::kRc;
+}
+
 // The SEND/WRITE packet at byte `off` of the WQE, with PSN `psn`. `ack_req` asks for an
 // ACK besides the last packet's. Returns the payload bytes.
 uint32_t emit_data_packet(QueuePair& qp, SendWqe& w, Transport& t, std::vector<iovec>& iov,
@@ -204,30 +214,24 @@ uint32_t emit_data_packet(QueuePair& qp, SendWqe& w, Transport& t, std::vector<i
   }
   // Only a reliable service asks for ACKs (IBTA 9.2: AckReq is 0 on UC and UD).
   h.bth.ack_req = qp.type_info().reliable && (last || ack_req);
-  // A placed WRITE's first transmission: its length in place of its payload (Bth::placed).
-  // A resend carries the payload, as the responder may not have seen the first.
-  if (w.placed && wire::psn_diff(psn, qp.req.max_psn) >= 0) {
+  gather(w.local, off, pay, iov);
+  // A WRITE's first transmission, with every earlier request that carried its payload
+  // acknowledged (RequesterState::inband_end), may be placed by the device: then its length
+  // goes in place of its payload (Bth::placed). A resend carries the payload, as the
+  // responder may not have seen the first.
+  if (w.placeable && wire::psn_diff(psn, qp.req.max_psn) >= 0 &&
+      (qp.req.inband_end == kNoPsn || wire::psn_diff(qp.comp.psn, qp.req.inband_end) >= 0) &&
+      t.place_write(destination(qp, w), qp.attr.dest_qp_num, w.wr.rkey, w.wr.remote_addr + off, iov,
+                    pay)) {
     h.bth.placed = true;
     const uint32_t le = htole32(pay);
     const iovec len_iov{const_cast<uint32_t*>(&le), sizeof le};
     t.transmit(h, destination(qp, w), {&len_iov, 1}, sizeof le);
     return pay;
   }
-  gather(w.local, off, pay, iov);
   t.transmit(h, destination(qp, w), iov, pay);
   qp.req.inband_end = wire::psn_add(psn, 1);
   return pay;
-}
-
-// Whether WQE `w`, starting now, may have its payload placed by the device
-// (Transport::place_write): an RC RDMA WRITE without immediate data (one with it takes a
-// receive WQE, which may not be there: RNR), new PSNs (not a WQE gone back over), and every
-// request sent before it with its payload already acknowledged (RequesterState::inband_end).
-bool placeable(const QueuePair& qp, const SendWqe& w) {
-  return w.info().cls == WrClass::kWrite && w.wr.opcode == WrOpcode::kRdmaWrite && w.length != 0 &&
-         qp.type_info().service == wire::Service::kRc &&
-         wire::psn_diff(w.first_psn, qp.req.max_psn) >= 0 &&
-         (qp.req.inband_end == kNoPsn || wire::psn_diff(qp.comp.psn, qp.req.inband_end) >= 0);
 }
 
 // One SEND/WRITE packet at the current offset. Returns true when the WQE is fully sent.
@@ -459,8 +463,7 @@ void run(QueuePair& qp, Transport& t) {
       w.first_psn = qp.req.psn;
       w.npsn = w.info().cls == WrClass::kAtomic ? 1 : psns_for(w.length, qp.mtu);
       qp.req.offset = 0;
-      w.placed = placeable(qp, w) && t.place_write(qp.remote_ip, qp.attr.dest_qp_num, w.wr.rkey,
-                                                   w.wr.remote_addr, w.local, w.length);
+      w.placeable = placeable(qp, w);
     } else if (qp.req.offset == 0 && qp.req.psn != w.first_psn) {
       log().error("qp {:#x}: requester at psn {:#x} but WQE {} starts at {:#x}", qp.qpn(),
                   qp.req.psn, qp.req.next, w.first_psn);

@@ -59,12 +59,13 @@ class Transport {
   /// (a store-forwarding stall per packet; docs/performance.md).
   virtual void transmit(const wire::Headers& h, uint32_t dst_ip, std::span<const iovec> payload,
                         uint32_t payload_len) = 0;
-  /// Writes a whole RC RDMA WRITE message straight into the responder's memory: `len` bytes
-  /// gathered from `local` at `remote_va` of region `rkey`, through the responder's QP
+  /// Writes one RC RDMA WRITE packet's payload straight into the responder's memory: `len`
+  /// bytes gathered from `local` at `remote_va` of region `rkey`, through the responder's QP
   /// `dest_qpn` at `dst_ip` (host order). A device whose path to `dst_ip` can (the same-host
   /// path with a peer's published table, net/shm_placement.h) does it when that table allows
-  /// it and returns true; the requester then sends the message's packets with the placed mark
-  /// and their lengths instead of their payloads (wire::Bth::placed). The default: false.
+  /// it and returns true; the requester then sends the packet with the placed mark and its
+  /// length instead of its payload (wire::Bth::placed), in this progress round, so that the
+  /// headers follow the bytes within microseconds. The default: false.
   virtual bool place_write(uint32_t dst_ip, uint32_t dest_qpn, uint32_t rkey, uint64_t remote_va,
                            std::span<const iovec> local, uint64_t len) {
     (void)dst_ip;
