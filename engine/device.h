@@ -220,7 +220,8 @@ class Device final : public Transport, public ObjectRegistry {
   void transmit(const wire::Headers& h, uint32_t dst_ip, std::span<const iovec> payload,
                 uint32_t payload_len) override;
   bool place_write(uint32_t dst_ip, uint32_t dest_qpn, uint32_t rkey, uint64_t remote_va,
-                   std::span<const iovec> local, uint64_t len) override;
+                   std::span<const iovec> local, uint64_t len,
+                   const std::function<void()>& commit) override;
   MemoryRegion* find_mr(uint32_t key) override;
   MemoryWindow* find_mw(uint32_t rkey) override;
   SharedReceiveQueue* find_srq(uint32_t srqn) override;

@@ -88,19 +88,27 @@ void Device::transmit(const wire::Headers& h, uint32_t dst_ip, std::span<const i
 }
 
 bool Device::place_write(uint32_t dst_ip, uint32_t dest_qpn, uint32_t rkey, uint64_t remote_va,
-                         std::span<const iovec> local, uint64_t len) {
+                         std::span<const iovec> local, uint64_t len,
+                         const std::function<void()>& commit) {
   // A capture wants every payload on the record; this process's own address may be shared
   // with other processes (address_share.h), whose packets do not take the rings.
   if (!place_enabled_ || pcap_ || dst_ip == ip() || len == 0 || local.size() > IOV_MAX)
     return false;
   const net::PlacementTable* table = shm_.placement_to(dst_ip);
   if (!table) return false;  // not mapped yet (its first packets), refused, or closed
+  net::PlacementTable::Pinned pin;
   int err = 0;
-  if (table->place(dest_qpn, rkey, remote_va, local.data(), local.size(), len, &err) !=
-      net::PlaceResult::kPlaced) {
+  if (table->pin(dest_qpn, rkey, remote_va, len, &pin) != net::PlaceResult::kPlaced ||
+      table->copy(pin, local.data(), local.size(), &err) != net::PlaceResult::kPlaced) {
+    table->unpin(pin);
     bump(counters_->placement_fallbacks);
+    if (err)
+      log().debug("placement of {} B at {:#x} (R_Key {:#x}) to {}: {}; sent with the payload", len,
+                  remote_va, rkey, net::ipv4_to_string(dst_ip), std::strerror(err));
     return false;  // sent with its payload; the responder decides
   }
+  if (commit) commit();
+  table->unpin(pin);
   bump_locked(counters_->sent_placed_msgs);
   bump_locked(counters_->sent_placed_bytes, len);
   return true;

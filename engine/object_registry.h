@@ -59,7 +59,8 @@ class ObjectRegistry {
     (void)gone;
   }
   /// Processes the packets already waiting on the same-host rings (and sends what they
-  /// draw, e.g. ACKs). Called before modify_qp takes a QP to ERR or RESET: a placed
+  /// draw, e.g. ACKs). Called before modify_qp takes a QP to ERR or RESET, after withdrawing
+  /// it (publish_qp(gone), which waits for senders between copy and headers): a placed
   /// WRITE's bytes are visible to the application before this device has read its headers
   /// (net/shm_placement.h), so an application that saw them and tears its QP down must not
   /// leave them unacknowledged. Lock held. The default does nothing.

@@ -145,8 +145,13 @@ Status QueuePair::modify(const QpAttr& a, uint32_t mask) {
   std::lock_guard lk(dev_.mutex());
   ModifyPlan plan;
   if (Status st = validate_modify(a, mask, plan); st != kOk) return st;
-  if ((plan.next == QpState::kErr || plan.next == QpState::kReset) && accepts_requests())
-    dev_.drain_inbound();  // placed WRITEs the application may have seen get their ACKs
+  if ((plan.next == QpState::kErr || plan.next == QpState::kReset) && accepts_requests()) {
+    // Placed WRITEs the application may have seen get their ACKs: no same-host sender may
+    // place into the QP any more (withdrawing waits for one that holds it pinned, between
+    // its copy and its headers), and what they sent is processed.
+    dev_.publish_qp(*this, true);
+    dev_.drain_inbound();
+  }
   apply_modify(a, mask, plan);
   dev_.publish_qp(*this, false);
   return kOk;

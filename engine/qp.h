@@ -66,6 +66,9 @@ struct SendWqe {
   /// placed in the responder's memory by the device (Transport::place_write) and then carries
   /// the placed mark and its length; its resends carry the payload.
   bool placeable = false;
+  /// Bytes [placed_from, placed_end) of the message are in the responder's memory (the last
+  /// run the device placed; requester.cpp placed_run()).
+  uint64_t placed_from = 0, placed_end = 0;
   uint32_t last_psn() const { return wire::psn_add(first_psn, npsn - 1); }
   /// The work-request table's row for this WQE's opcode.
   const WrOpcodeInfo& info() const { return wr_info(wr.opcode); }
@@ -84,6 +87,8 @@ struct RequesterState {
   /// error) leaves the WRITE behind it unexecuted on the wire, and placing it would write
   /// memory that the responder never lets a NAKed stream reach.
   uint32_t inband_end = kNoPsn;
+  /// Scratch for the local pieces of one placed run.
+  std::vector<iovec> place_iov;
   /// Where loss recovery stands (requester::enter_recovery changes it, logging each
   /// transition at debug with its cause; the explicit form of rxe_comp.c's named states).
   Recovery recovery = Recovery::kNone;

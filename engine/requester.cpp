@@ -193,6 +193,51 @@ bool placeable(const QueuePair& qp, const SendWqe& w) {
          qp.type_info().service == wire::Service::kRc;
 }
 
+// Whether the packet of `pay` bytes at byte `off` of placeable WQE `w` (a first transmission)
+// has its payload in the responder's memory: inside the run the device placed last
+// (SendWqe::placed_from/placed_end), or at the start of a new run placed now — the packets
+// the window lets out from here, at most kPlaceRunBytes, in one system call — when every
+// request sent before it with its payload is acknowledged (RequesterState::inband_end).
+bool placed_run(QueuePair& qp, SendWqe& w, Transport& t, uint64_t off, uint32_t pay) {
+  if (off >= w.placed_from && off + pay <= w.placed_end) return true;
+  if (qp.req.inband_end != kNoPsn && wire::psn_diff(qp.comp.psn, qp.req.inband_end) < 0)
+    return false;
+  // Up to the message's last packet, which place_last() places on its own.
+  const uint64_t last_off = uint64_t(w.npsn - 1) * qp.mtu;
+  const uint64_t room = uint64_t(std::clamp(window_room(qp), 1, 1 << 16)) * qp.mtu;
+  const uint64_t bytes = std::min({last_off - off, room, std::max<uint64_t>(pay, kPlaceRunBytes)});
+  std::vector<iovec>& iov = qp.req.place_iov;
+  iov.clear();
+  gather(w.local, off, bytes, iov);
+  if (!t.place_write(destination(qp, w), qp.attr.dest_qp_num, w.wr.rkey, w.wr.remote_addr + off,
+                     iov, bytes))
+    return false;
+  w.placed_from = off;
+  w.placed_end = off + bytes;
+  return true;
+}
+
+// The last packet of placeable WQE `w` (a first transmission, headers `h`, payload `iov` of
+// `pay` bytes), when the rule of placed_run() allows: its bytes are written, then — while the
+// responder's QP is still pinned — its header goes out marked placed, pushed to the ring with
+// everything queued before it. An application polling the message's last byte may see it at
+// once; a responder that then tears its QP down waits for the pin and finds every header of
+// the message on its rings (ObjectRegistry::drain_inbound), so the requester gets its ACK.
+// False: not placed, send the payload.
+bool place_last(QueuePair& qp, SendWqe& w, Transport& t, wire::Headers& h,
+                const std::vector<iovec>& iov, uint64_t off, uint32_t pay) {
+  if (qp.req.inband_end != kNoPsn && wire::psn_diff(qp.comp.psn, qp.req.inband_end) < 0)
+    return false;
+  const uint32_t dst = destination(qp, w);
+  return t.place_write(dst, qp.attr.dest_qp_num, w.wr.rkey, w.wr.remote_addr + off, iov, pay, [&] {
+    h.bth.placed = true;
+    const uint32_t le = htole32(pay);
+    const iovec len_iov{const_cast<uint32_t*>(&le), sizeof le};
+    t.transmit(h, dst, {&len_iov, 1}, sizeof le);
+    t.send_queued();
+  });
+}
+
 // The SEND/WRITE packet at byte `off` of the WQE, with PSN `psn`. `ack_req` asks for an
 // ACK besides the last packet's. Returns the payload bytes.
 uint32_t emit_data_packet(QueuePair& qp, SendWqe& w, Transport& t, std::vector<iovec>& iov,
@@ -214,21 +259,19 @@ uint32_t emit_data_packet(QueuePair& qp, SendWqe& w, Transport& t, std::vector<i
   }
   // Only a reliable service asks for ACKs (IBTA 9.2: AckReq is 0 on UC and UD).
   h.bth.ack_req = qp.type_info().reliable && (last || ack_req);
-  gather(w.local, off, pay, iov);
-  // A WRITE's first transmission, with every earlier request that carried its payload
-  // acknowledged (RequesterState::inband_end), may be placed by the device: then its length
-  // goes in place of its payload (Bth::placed). A resend carries the payload, as the
-  // responder may not have seen the first.
-  if (w.placeable && wire::psn_diff(psn, qp.req.max_psn) >= 0 &&
-      (qp.req.inband_end == kNoPsn || wire::psn_diff(qp.comp.psn, qp.req.inband_end) >= 0) &&
-      t.place_write(destination(qp, w), qp.attr.dest_qp_num, w.wr.rkey, w.wr.remote_addr + off, iov,
-                    pay)) {
+  // A WRITE's first transmission may go with the placed mark and its length in place of its
+  // payload (Bth::placed), the bytes already in the responder's memory (placed_run()). A
+  // resend carries the payload, as the responder may not have seen the first.
+  const bool placeable_now = w.placeable && wire::psn_diff(psn, qp.req.max_psn) >= 0;
+  if (placeable_now && !last && placed_run(qp, w, t, off, pay)) {
     h.bth.placed = true;
     const uint32_t le = htole32(pay);
     const iovec len_iov{const_cast<uint32_t*>(&le), sizeof le};
     t.transmit(h, destination(qp, w), {&len_iov, 1}, sizeof le);
     return pay;
   }
+  gather(w.local, off, pay, iov);
+  if (placeable_now && last && place_last(qp, w, t, h, iov, off, pay)) return pay;
   t.transmit(h, destination(qp, w), iov, pay);
   qp.req.inband_end = wire::psn_add(psn, 1);
   return pay;

@@ -66,6 +66,9 @@ uint32_t resend(QueuePair& qp, Transport& t, uint32_t psn, bool ack_req);
 bool probe(QueuePair& qp, Transport& t);
 /// Packets between AckReq bits inside a long message.
 inline constexpr uint32_t kAckEvery = 32;
+/// Most bytes of one WRITE placed in the responder's memory by one system call
+/// (Transport::place_write): the device lock is held for the copy, ~100-200 µs at 5-10 GB/s.
+inline constexpr uint64_t kPlaceRunBytes = 1 << 20;
 /// A READ WQE is requested in chunks of at most this many response packets, so that
 /// max_rd_atomic and the PSN window also pace read responses.
 inline constexpr uint32_t kReadChunkPsns = 32;

@@ -6,6 +6,7 @@
 #include <sys/uio.h>
 
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <string>
 
@@ -59,21 +60,25 @@ class Transport {
   /// (a store-forwarding stall per packet; docs/performance.md).
   virtual void transmit(const wire::Headers& h, uint32_t dst_ip, std::span<const iovec> payload,
                         uint32_t payload_len) = 0;
-  /// Writes one RC RDMA WRITE packet's payload straight into the responder's memory: `len`
-  /// bytes gathered from `local` at `remote_va` of region `rkey`, through the responder's QP
-  /// `dest_qpn` at `dst_ip` (host order). A device whose path to `dst_ip` can (the same-host
-  /// path with a peer's published table, net/shm_placement.h) does it when that table allows
-  /// it and returns true; the requester then sends the packet with the placed mark and its
-  /// length instead of its payload (wire::Bth::placed), in this progress round, so that the
-  /// headers follow the bytes within microseconds. The default: false.
+  /// Writes RC RDMA WRITE payload straight into the responder's memory: `len` bytes gathered
+  /// from `local` at `remote_va` of region `rkey`, through the responder's QP `dest_qpn` at
+  /// `dst_ip` (host order). A device whose path to `dst_ip` can (the same-host path with a
+  /// peer's published table, net/shm_placement.h) checks the write against that table, copies
+  /// and returns true; the requester then sends the packets with the placed mark and their
+  /// lengths instead of their payloads (wire::Bth::placed). `commit`, when given, runs after
+  /// the copy while the responder's QP is still pinned: the requester sends the headers there,
+  /// so that a responder tearing its QP down (it may have seen the bytes) waits for them and
+  /// acknowledges them first (ObjectRegistry::drain_inbound). The default: false.
   virtual bool place_write(uint32_t dst_ip, uint32_t dest_qpn, uint32_t rkey, uint64_t remote_va,
-                           std::span<const iovec> local, uint64_t len) {
+                           std::span<const iovec> local, uint64_t len,
+                           const std::function<void()>& commit = {}) {
     (void)dst_ip;
     (void)dest_qpn;
     (void)rkey;
     (void)remote_va;
     (void)local;
     (void)len;
+    (void)commit;
     return false;
   }
   /// Sends everything transmit() queued.

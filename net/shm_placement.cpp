@@ -169,6 +169,14 @@ uint32_t PlacementTable::withdraw(PlaceKind kind, uint32_t key) {
   }
 }
 
+bool PlacementTable::try_pin(Slot* s, uint64_t seen) {
+  // Unless the owner changed the entry since `seen` was read (other senders' pins may move).
+  for (uint64_t cur = seen;;) {
+    if ((cur & ~kPinMask) != (seen & ~kPinMask) || (cur & kPinMask) == kPinMask) return false;
+    if (s->state.compare_exchange_weak(cur, cur + 1, std::memory_order_acquire)) return true;
+  }
+}
+
 int PlacementTable::find(uint64_t ident) const {
   for (uint32_t n = 0, i = home_of(ident); n < kSlots; ++n, i = (i + 1) & (kSlots - 1)) {
     const uint64_t id = slot(i)->ident.load(std::memory_order_relaxed);
@@ -192,9 +200,8 @@ bool PlacementTable::verify_owner(int* err) const {
   return seen == hdr_->cookie;
 }
 
-PlaceResult PlacementTable::place(uint32_t qpn, uint32_t rkey, uint64_t va, const iovec* iov,
-                                  size_t iovcnt, size_t len, int* err) const {
-  *err = 0;
+PlaceResult PlacementTable::pin(uint32_t qpn, uint32_t rkey, uint64_t va, size_t len,
+                                Pinned* out) const {
   if (!hdr_) return PlaceResult::kRefused;
   // The QP: read as a seqlock (its entry guards no memory, so it is not pinned).
   const int qi = find(ident_of(PlaceKind::kQp, qpn));
@@ -204,12 +211,14 @@ PlaceResult PlacementTable::place(uint32_t qpn, uint32_t rkey, uint64_t va, cons
   const uint64_t qid = q->ident.load(std::memory_order_relaxed);
   const uint64_t qtag = q->tag.load(std::memory_order_relaxed);
   std::atomic_thread_fence(std::memory_order_acquire);
-  if (!(qs & kValid) || qid != ident_of(PlaceKind::kQp, qpn) ||
-      (q->state.load(std::memory_order_relaxed) & ~kPinMask) != (qs & ~kPinMask))
+  if (!(qs & kValid) || qid != ident_of(PlaceKind::kQp, qpn) || !try_pin(q, qs))
     return PlaceResult::kRefused;
-  // The region: pinned for the copy.
+  // The region: pinned as well.
   const int ri = find(ident_of(PlaceKind::kRegion, rkey));
-  if (ri < 0) return PlaceResult::kRefused;
+  if (ri < 0) {
+    q->state.fetch_sub(1, std::memory_order_release);
+    return PlaceResult::kRefused;
+  }
   Slot* r = slot(static_cast<uint32_t>(ri));
   const uint64_t rs = r->state.load(std::memory_order_acquire);
   const uint64_t rid = r->ident.load(std::memory_order_relaxed);
@@ -219,21 +228,36 @@ PlaceResult PlacementTable::place(uint32_t qpn, uint32_t rkey, uint64_t va, cons
   const uint64_t rtag = r->tag.load(std::memory_order_relaxed);
   std::atomic_thread_fence(std::memory_order_acquire);
   if (!(rs & kValid) || rid != ident_of(PlaceKind::kRegion, rkey) || rtag != qtag || va < addr ||
-      va - addr > length || len > length - (va - addr))
+      va - addr > length || len > length - (va - addr) || !try_pin(r, rs)) {
+    q->state.fetch_sub(1, std::memory_order_release);
     return PlaceResult::kRefused;
-  // Pin, unless the owner changed the entry since it was read (other senders' pins may move).
-  for (uint64_t cur = rs;;) {
-    if ((cur & ~kPinMask) != (rs & ~kPinMask) || (cur & kPinMask) == kPinMask)
-      return PlaceResult::kRefused;
-    if (r->state.compare_exchange_weak(cur, cur + 1, std::memory_order_acquire)) break;
   }
-  iovec remote{reinterpret_cast<void*>(static_cast<uintptr_t>(host + (va - addr))), len};
+  *out = Pinned{q, r, host + (va - addr), len};
+  return PlaceResult::kPlaced;
+}
+
+PlaceResult PlacementTable::copy(const Pinned& p, const iovec* iov, size_t iovcnt, int* err) const {
+  *err = 0;
+  iovec remote{reinterpret_cast<void*>(static_cast<uintptr_t>(p.remote)), p.len};
   const ssize_t n = process_vm_writev(static_cast<pid_t>(pid_), iov, iovcnt, &remote, 1, 0);
-  const int e = errno;
-  r->state.fetch_sub(1, std::memory_order_release);
-  if (n == static_cast<ssize_t>(len)) return PlaceResult::kPlaced;
-  *err = n < 0 ? e : EFAULT;
+  if (n == static_cast<ssize_t>(p.len)) return PlaceResult::kPlaced;
+  *err = n < 0 ? errno : EFAULT;
   return PlaceResult::kFailed;
+}
+
+void PlacementTable::unpin(const Pinned& p) const {
+  if (p.region) p.region->state.fetch_sub(1, std::memory_order_release);
+  if (p.qp) p.qp->state.fetch_sub(1, std::memory_order_release);
+}
+
+PlaceResult PlacementTable::place(uint32_t qpn, uint32_t rkey, uint64_t va, const iovec* iov,
+                                  size_t iovcnt, size_t len, int* err) const {
+  *err = 0;
+  Pinned p;
+  if (pin(qpn, rkey, va, len, &p) != PlaceResult::kPlaced) return PlaceResult::kRefused;
+  const PlaceResult r = copy(p, iov, iovcnt, err);
+  unpin(p);
+  return r;
 }
 
 }  // namespace softrdma::net

@@ -111,14 +111,33 @@ class PlacementTable {
   /// false with *err set to the failing call's errno (EPERM: ptrace rules forbid cross-memory
   /// attach) or 0 for a cookie mismatch.
   bool verify_owner(int* err) const;
-  /// Sender: places `len` bytes gathered from iov[0..iovcnt) (iovcnt ≤ IOV_MAX) at `va` of
-  /// region `rkey` through QP `qpn` of the owner — when the QP is published, the region is
-  /// published in the QP's protection domain and [va, va + len) lies inside it.
+  /// Sender: a region pinned for one copy (pin()).
+  struct Pinned {
+    detail::PlacementSlot* qp = nullptr;
+    detail::PlacementSlot* region = nullptr;
+    uint64_t remote = 0;  ///< the owner's address of the first byte
+    size_t len = 0;
+  };
+  /// Sender: checks that `len` bytes at `va` of region `rkey` may be written through QP `qpn`
+  /// of the owner — the QP is published, the region is published in the QP's protection
+  /// domain and [va, va + len) lies inside it — and pins the QP's and the region's entries
+  /// (kPlaced, *out set): the owner's withdraw() of either waits until unpin(). So the owner,
+  /// before it tears the QP down, can wait for a sender that placed bytes to have sent their
+  /// headers too (engine: modify_qp to ERR). kRefused otherwise (nothing pinned).
+  PlaceResult pin(uint32_t qpn, uint32_t rkey, uint64_t va, size_t len, Pinned* out) const;
+  /// Sender: copies the pinned range from iov[0..iovcnt) (iovcnt ≤ IOV_MAX, `len` bytes in all)
+  /// with process_vm_writev(2): kPlaced, or kFailed with *err. Leaves the pin.
+  PlaceResult copy(const Pinned& p, const iovec* iov, size_t iovcnt, int* err) const;
+  /// Sender: releases a pin().
+  void unpin(const Pinned& p) const;
+  /// Sender: pin(), copy(), unpin().
   PlaceResult place(uint32_t qpn, uint32_t rkey, uint64_t va, const iovec* iov, size_t iovcnt,
                     size_t len, int* err) const;
 
  private:
   using Slot = detail::PlacementSlot;
+  /// Pins `s` if its state, but for pins, is still `seen`.
+  static bool try_pin(Slot* s, uint64_t seen);
   /// The slot holding (kind, key) on the sender's side: index, or -1.
   int find(uint64_t ident) const;
   Slot* slot(uint32_t i) const;
