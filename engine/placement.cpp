@@ -122,11 +122,21 @@ Outcome write(QueuePair& qp, const wire::Packet& pkt, Transport& t) {
     qp.resp.write_ptr = qp.resp.write_base = p;
     qp.resp.write_left = qp.resp.write_length = r.dma_length;
     qp.resp.write_first_psn = psn;
+    qp.resp.write_rkey = r.rkey;
+    qp.resp.write_va = r.va;
     qp.resp.in_write = (m & wire::kIsFirst) != 0;
     if (qp.resp.in_write && qp.resp.ooo) {
       qp.resp.ooo->sync(qp.resp.epsn);
-      qp.resp.ooo->add_write({psn, p, r.dma_length, message_psns(qp, r.dma_length)});
+      qp.resp.ooo->add_write({psn, p, r.dma_length, message_psns(qp, r.dma_length), r.rkey, r.va});
     }
+  } else if (!pkt.hdr.bth.placed && !pkt.payload.empty() && qp.resp.write_ptr &&
+             pkt.payload.size() <= qp.resp.write_left) {
+    // A MIDDLE or LAST packet: its range, checked again (the region may be gone since the
+    // FIRST; IBTA 10.6.3.1: an R_Key is checked for every access it grants).
+    const uint64_t done = qp.resp.write_length - qp.resp.write_left;
+    if (!check_remote(qp, t, qp.resp.write_rkey, qp.resp.write_va + done, pkt.payload.size(),
+                      kRemoteWrite))
+      return Outcome::kAccess;
   }
   const size_t n = pkt.payload.size();
   if (n > qp.resp.write_left || (ends && n != qp.resp.write_left)) return Outcome::kInvalid;

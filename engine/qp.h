@@ -229,7 +229,12 @@ struct ResponderState {
   uint64_t write_length = 0;      ///< dma_length of the current WRITE
   uint8_t* write_base = nullptr;  ///< where the current WRITE's first byte went
   uint32_t write_first_psn = 0;   ///< PSN of the current WRITE's first packet
-  bool ack_pending = false;       ///< coalesced ACK to send at the end of the batch
+  /// The current WRITE's R_Key and first address (RETH): each later packet's range is
+  /// checked again, so that a region deregistered mid-message is not written after
+  /// ibv_dereg_mr returned (rxe holds a reference on the MR across the message instead).
+  uint32_t write_rkey = 0;
+  uint64_t write_va = 0;
+  bool ack_pending = false;  ///< coalesced ACK to send at the end of the batch
   uint32_t ack_psn = 0;
   /// When this QP last sent a CNP, ns (0: never).
   uint64_t last_cnp_ns = 0;

@@ -30,6 +30,8 @@ struct WritePlacement {
   uint8_t* base = nullptr;  ///< host address of the message's first byte
   uint64_t length = 0;      ///< RETH DMA length, bytes
   uint32_t npsn = 1;        ///< PSNs of the message
+  uint32_t rkey = 0;        ///< RETH R_Key: each later packet is checked again (dereg)
+  uint64_t va = 0;          ///< RETH virtual address of the first byte
 };
 
 /// PSN states beyond the expected PSN, as ring bitmaps (placed, ends-a-message, reported,

@@ -520,7 +520,8 @@ bool place_early(QueuePair& qp, const wire::Packet& pkt, Transport& t, ReceivedP
     if (!p) return false;  // the in-order copy draws the access error
     if (!pkt.hdr.bth.placed && !net::guarded_copy(p, pkt.payload.data(), n))
       return false;  // in order: NAK
-    if (m & wire::kIsFirst) o.add_write({psn, p, r.dma_length, read_psns(qp, r.dma_length)});
+    if (m & wire::kIsFirst)
+      o.add_write({psn, p, r.dma_length, read_psns(qp, r.dma_length), r.rkey, r.va});
     return true;
   }
   const WritePlacement* w = o.write_holding(psn);
@@ -528,7 +529,10 @@ bool place_early(QueuePair& qp, const wire::Packet& pkt, Transport& t, ReceivedP
   const uint64_t off = uint64_t(psn_diff(psn, w->first_psn)) * qp.mtu;
   const bool ends = m & wire::kIsLast;
   if (off + n > w->length || ends != (off + n == w->length)) return false;
-  return pkt.hdr.bth.placed || net::guarded_copy(w->base + off, pkt.payload.data(), n);
+  if (pkt.hdr.bth.placed) return true;
+  // Checked again: the region may have been deregistered since the FIRST.
+  uint8_t* p = check_remote(qp, t, w->rkey, w->va + off, n, kRemoteWrite);
+  return p && net::guarded_copy(p, pkt.payload.data(), n);
 }
 
 // PSNs a request uses: a READ its responses', everything else one.
@@ -640,7 +644,7 @@ void on_out_of_order(QueuePair& qp, const wire::Packet& pkt, Transport& t) {
   if (!pkt.hdr.bth.resend && psn_diff(o.next, psn) > 0) forget_from(qp, t, o, psn);
   if (qp.resp.in_write && !o.write_holding(qp.resp.write_first_psn))
     o.add_write({qp.resp.write_first_psn, qp.resp.write_base, qp.resp.write_length,
-                 read_psns(qp, qp.resp.write_length)});
+                 read_psns(qp, qp.resp.write_length), qp.resp.write_rkey, qp.resp.write_va});
   const bool in_gap = psn_diff(o.next, psn) > 0;
   if ((!in_gap || o.placed(psn_add(psn, wire::kPsnMask))) && place_early(qp, pkt, t, o)) {
     bump(t.counters().ooo_placed);
@@ -688,6 +692,8 @@ void advance_over_placed(QueuePair& qp, Transport& t) {
         qp.resp.write_base = w->base;
         qp.resp.write_first_psn = w->first_psn;
         qp.resp.write_length = w->length;
+        qp.resp.write_rkey = w->rkey;
+        qp.resp.write_va = w->va;
         qp.resp.write_ptr = w->base ? w->base + off : nullptr;  // null: placed, region gone
         qp.resp.write_left = w->length - off;
       } else {

@@ -9,6 +9,8 @@
 
 #include <cstring>
 #include <functional>
+#include <string>
+#include <thread>
 
 #include "verbs/tests/harness.h"
 
@@ -221,6 +223,66 @@ TEST(MrChange, RemoteWriteIntoMemoryProtectedAfterRegistration) {
                        EXPECT_TRUE(AllBytesAre(r.buf() + 65536, 16, kGuard));
                        EXPECT_EQ(IBV_WC_REM_ACCESS_ERR, write_to(r, g, page(), 8, 3));
                      });
+}
+
+// ---- deregistration under a stream of WRITEs -------------------------------------------
+
+// What makes same-host placement safe (net/shm_placement.h): the initiator writes 64 KiB WRITEs
+// back to back into the target's MR — on the same-host path its device copies them straight
+// into the target's memory — while the target deregisters the MR and at once overwrites the
+// memory (as a program reusing it would). Nothing may write it after ibv_dereg_mr returned:
+// the memory keeps what the target put there, and the initiator's stream ends in
+// IBV_WC_REM_ACCESS_ERR. On the same-host path the target must have taken placed packets.
+TEST(MrChange, NothingIsWrittenAfterDeregWhileAPeerStreamsWrites) {
+  constexpr uint32_t kLen = 256 << 10;
+  constexpr size_t kRegion = 4 << 20;
+  constexpr int kDepth = 8;
+  run_pair(
+      ConnOptions{},
+      [](Role& r) {
+        memset(r.buf(), 0x5a, kLen);
+        const auto g = r.recv_value<Region>(1);
+        auto& l = r.link();
+        // kDepth WRITEs in flight at all times, so that the copies run back to back.
+        ibv_wc_status st = IBV_WC_SUCCESS;
+        int posted = 0, done = 0;
+        const auto until = std::chrono::steady_clock::now() + 20s;
+        while (st == IBV_WC_SUCCESS && std::chrono::steady_clock::now() < until && done < 1000000) {
+          while (posted - done < kDepth) {
+            ASSERT_EQ(0, post_send(l.ep.qp, IBV_WR_RDMA_WRITE, posted + 1, r.buf(), kLen, r.lkey(),
+                                   g.addr + uint64_t(posted % 16) * kLen, g.rkey));
+            ++posted;
+          }
+          st = poll_one(l.ep.scq).status;
+          if (++done == 20) r.send_value(1, uint32_t{1});  // streaming: the target may go on
+        }
+        EXPECT_GE(done, 20);
+        EXPECT_EQ(IBV_WC_REM_ACCESS_ERR, st) << "the stream did not end at the deregistration";
+        r.barrier();
+      },
+      [](Role& r) {
+        void* m =
+            ::mmap(nullptr, kRegion, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        ASSERT_NE(MAP_FAILED, m);
+        auto* p = static_cast<uint8_t*>(m);
+        ibv_mr* mr = ibv_reg_mr(r.dev().pd, p, kRegion, kRemote);
+        ASSERT_NE(nullptr, mr);
+        const Counters before = r.counters();
+        r.send_value(0, Region{reinterpret_cast<uintptr_t>(p), mr->rkey});
+        r.recv_value<uint32_t>(0);
+        std::this_thread::sleep_for(20ms);  // WRITEs in full flow
+        ASSERT_EQ(0, ibv_dereg_mr(mr));
+        memset(p, kGuard, kRegion);  // reused at once
+        std::this_thread::sleep_for(100ms);
+        EXPECT_TRUE(AllBytesAre(p, kRegion, kGuard)) << "written after ibv_dereg_mr returned";
+        const char* path = getenv("SOFTRDMA_TRANSPORT");
+        if (!path || std::string(path) != "udp") {
+          EXPECT_GT(r.counters()["rcvd_placed_pkts"], before["rcvd_placed_pkts"])
+              << "the same-host path placed nothing";
+        }
+        r.barrier();
+        ::munmap(p, kRegion);
+      });
 }
 
 // ---- on-demand paging ------------------------------------------------------------------

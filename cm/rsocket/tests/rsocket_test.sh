@@ -35,11 +35,13 @@ source "$(dirname "${BASH_SOURCE[0]}")/../../../scripts/lib/test_lib.sh"
 case_test_args rsocket "$CASES" "$@"
 STEP_TIMEOUT=${RSOCKET_TIMEOUT:-120}
 # riostream's ping-pong busy-waits on memory in both processes (its recv_xfer spins on the
-# window's last byte, calling nothing) while softrdma's progress threads must run to land
-# each RDMA WRITE: on a machine with two busy CPUs the woken progress thread waits for the
-# spinning thread's slice to end (docs/performance.md, "Spinning receivers and the
-# scheduler"); its 64 B step alone (100 000 round trips) took 28-214 s on an otherwise idle machine and over 120 s
-# under other load.
+# window's last byte, calling nothing). On the same-host path the requester places each WRITE
+# in the peer's memory itself (net/shm_placement.h): the whole test takes 4-5 s, 12-31 s beside
+# three busy loops. Over UDP (or with SOFTRDMA_SHM_PLACE=0) softrdma's progress threads must run
+# to land each RDMA WRITE, and on a machine with two busy CPUs the woken progress thread waits
+# for the spinning thread's slice to end (docs/performance.md, "Spinning receivers and the
+# scheduler"): the 64 B step alone (100 000 round trips) took 28-214 s on an otherwise idle
+# machine and over 120 s under other load, hence the longer bound.
 [[ $CASE == riostream ]] && STEP_TIMEOUT=$((STEP_TIMEOUT * 3))
 # rstream's sweeps are the same 100 000-round ping-pong first: each round trip is two wake-ups
 # of a process that slept in poll(2), and on 2 CPUs shared with a build (load ~5) a wake-up
