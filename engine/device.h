@@ -446,6 +446,7 @@ class Device final : public Transport, public ObjectRegistry {
   /// DeviceConfig::shm_place with the same-host path open: WRITE payloads placed directly, and
   /// this device's writable regions and QPs published (publish_mr / publish_qp).
   bool place_enabled_ = false;
+  uint64_t placement_refusals_logged_ = 0;  // ShmStats::placement_refused_peers last logged
   struct HeldCompletion {
     CompletionQueue* cq;
     Cqe cqe;

@@ -95,7 +95,16 @@ bool Device::place_write(uint32_t dst_ip, uint32_t dest_qpn, uint32_t rkey, uint
   if (!place_enabled_ || pcap_ || dst_ip == ip() || len == 0 || local.size() > IOV_MAX)
     return false;
   const net::PlacementTable* table = shm_.placement_to(dst_ip);
-  if (!table) return false;  // not mapped yet (its first packets), refused, or closed
+  if (!table) {  // not mapped yet (its first packets), refused, or closed
+    if (shm_.stats().placement_refused_peers != placement_refusals_logged_) {
+      placement_refusals_logged_ = shm_.stats().placement_refused_peers;
+      log().info(
+          "same-host peer {}: cross-memory attach refused (ptrace rules or seccomp; "
+          "process_vm_writev): its WRITEs cross the ring with their payloads",
+          net::ipv4_to_string(dst_ip));
+    }
+    return false;
+  }
   net::PlacementTable::Pinned pin;
   int err = 0;
   if (table->pin(dest_qpn, rkey, remote_va, len, &pin) != net::PlaceResult::kPlaced ||
