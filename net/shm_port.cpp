@@ -397,6 +397,7 @@ int ShmPort::open(uint32_t ip, const ShmConfig& cfg) {
   h->magic.store(kMagic, std::memory_order_release);
   if (::rename(tmp.c_str(), path_.c_str()) != 0) {
     int e = errno;
+    placement_.reset();
     ::munmap(m, g.total_bytes);
     return fail_fd(e);
   }
@@ -408,6 +409,7 @@ int ShmPort::open(uint32_t ip, const ShmConfig& cfg) {
     int e = errno;
     h->closed.store(1, std::memory_order_release);
     ::unlink(path_.c_str());
+    placement_.reset();
     ::munmap(m, g.total_bytes);
     return fail(e);
   }
