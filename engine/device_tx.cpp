@@ -107,6 +107,13 @@ bool Device::place_write(uint32_t dst_ip, uint32_t dest_qpn, uint32_t rkey, uint
   }
   net::PlacementTable::Pinned pin;
   int err = 0;
+  // `commit` sends: a peer found gone there is dropped, and its mapping (the table, the pins)
+  // must outlive the unpin below.
+  shm_.hold_mappings();
+  struct Release {
+    net::ShmPort& port;
+    ~Release() { port.release_mappings(); }
+  } release{shm_};
   if (table->pin(dest_qpn, rkey, remote_va, len, &pin) != net::PlaceResult::kPlaced ||
       table->copy(pin, local.data(), local.size(), &err) != net::PlaceResult::kPlaced) {
     table->unpin(pin);

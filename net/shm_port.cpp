@@ -428,6 +428,9 @@ int ShmPort::open(uint32_t ip, const ShmConfig& cfg) {
 void ShmPort::close() {
   for (auto& [ip, p] : peers_) drop_peer(*p, true);
   peers_.clear();
+  holds_ = 0;
+  for (auto& [base, bytes] : graveyard_) ::munmap(base, bytes);
+  graveyard_.clear();
   last_peer_ = nullptr;
   dirty_.clear();
   backlogged_.clear();
@@ -536,6 +539,13 @@ const PlacementTable* ShmPort::placement_to(uint32_t dst_ip) {
   return p->place_state > 0 ? &p->placement : nullptr;
 }
 
+void ShmPort::release_mappings() {
+  if (holds_ > 0 && --holds_ == 0) {
+    for (auto& [base, bytes] : graveyard_) ::munmap(base, bytes);
+    graveyard_.clear();
+  }
+}
+
 bool ShmPort::doorbell_reachable(const Peer& p) const {
   if (p.bell_len == 0) return false;
   // connect(2) finds the name without sending anything. Through our own doorbell socket,
@@ -565,7 +575,10 @@ void ShmPort::drop_peer(Peer& p, bool release_ring) {
     }
   }
   p.placement.reset();
-  ::munmap(p.base, p.bytes);
+  if (holds_ > 0)
+    graveyard_.emplace_back(p.base, p.bytes);  // unmapped by release_mappings()
+  else
+    ::munmap(p.base, p.bytes);
   ::close(p.fd);
   p.fd = -1;
   p.base = nullptr;

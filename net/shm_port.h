@@ -38,6 +38,7 @@
 #include <string>
 #include <type_traits>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "net/shm_placement.h"
@@ -215,6 +216,12 @@ class ShmPort {
   /// pid names and reachable by process_vm_writev (checked once per mapping; a refusal is
   /// counted in stats().placement_refused_peers and final for that mapping); else nullptr.
   const PlacementTable* placement_to(uint32_t dst_ip);
+  /// Sender side: while held (calls nest), peers dropped by send() or ring_doorbells() keep
+  /// their mappings until the last release_mappings(), so that a PlacementTable* from
+  /// placement_to(), and pins taken through it, stay valid across those calls (a sender that
+  /// pushes headers between its copy and its unpin).
+  void hold_mappings() { ++holds_; }
+  void release_mappings();
 
   /// The receiver's doorbell socket (non-blocking, CLOEXEC) for the engine's epoll set: it
   /// turns readable when a sender rang. -1 when closed.
@@ -308,7 +315,9 @@ class ShmPort {
   int bell_tx_fd_ = -1;
   std::unordered_map<uint32_t, std::unique_ptr<Peer>> peers_;
   Peer* last_peer_ = nullptr;
-  PlacementTable placement_;       // owner side
+  PlacementTable placement_;                         // owner side
+  uint32_t holds_ = 0;                               // hold_mappings() depth
+  std::vector<std::pair<void*, size_t>> graveyard_;  // peers' mappings dropped while held
   std::vector<Peer*> dirty_;       // peers written to since the last ring_doorbells()
   std::vector<Peer*> backlogged_;  // peers whose backlog holds packets
   ShmStats stats_;
