@@ -193,6 +193,21 @@ bool placeable(const QueuePair& qp, const SendWqe& w) {
          qp.type_info().service == wire::Service::kRc;
 }
 
+// Whether every request sent with its payload (or none) is acknowledged: the condition for
+// placing a WRITE packet (RequesterState::inband_end).
+bool inband_acked(const QueuePair& qp) {
+  return qp.req.inband_end == kNoPsn || wire::psn_diff(qp.comp.psn, qp.req.inband_end) >= 0;
+}
+
+// Queues packet `h` with the placed mark and its payload's length, `pay` bytes, in place of
+// the payload (wire::Bth::placed).
+void transmit_placed(Transport& t, wire::Headers& h, uint32_t dst, uint32_t pay) {
+  h.bth.placed = true;
+  const uint32_t le = htole32(pay);
+  const iovec len_iov{const_cast<uint32_t*>(&le), sizeof le};
+  t.transmit(h, dst, {&len_iov, 1}, sizeof le);
+}
+
 // Whether the packet of `pay` bytes at byte `off` of placeable WQE `w` (a first transmission)
 // has its payload in the responder's memory: inside the run the device placed last
 // (SendWqe::placed_from/placed_end), or at the start of a new run placed now — the packets
@@ -200,8 +215,7 @@ bool placeable(const QueuePair& qp, const SendWqe& w) {
 // request sent before it with its payload is acknowledged (RequesterState::inband_end).
 bool placed_run(QueuePair& qp, SendWqe& w, Transport& t, uint64_t off, uint32_t pay) {
   if (off >= w.placed_from && off + pay <= w.placed_end) return true;
-  if (qp.req.inband_end != kNoPsn && wire::psn_diff(qp.comp.psn, qp.req.inband_end) < 0)
-    return false;
+  if (!inband_acked(qp)) return false;
   // Up to the message's last packet, which place_last() places on its own.
   const uint64_t last_off = uint64_t(w.npsn - 1) * qp.mtu;
   const uint64_t room = uint64_t(std::clamp(window_room(qp), 1, 1 << 16)) * qp.mtu;
@@ -226,14 +240,10 @@ bool placed_run(QueuePair& qp, SendWqe& w, Transport& t, uint64_t off, uint32_t 
 // False: not placed, send the payload.
 bool place_last(QueuePair& qp, SendWqe& w, Transport& t, wire::Headers& h,
                 const std::vector<iovec>& iov, uint64_t off, uint32_t pay) {
-  if (qp.req.inband_end != kNoPsn && wire::psn_diff(qp.comp.psn, qp.req.inband_end) < 0)
-    return false;
+  if (!inband_acked(qp)) return false;
   const uint32_t dst = destination(qp, w);
   return t.place_write(dst, qp.attr.dest_qp_num, w.wr.rkey, w.wr.remote_addr + off, iov, pay, [&] {
-    h.bth.placed = true;
-    const uint32_t le = htole32(pay);
-    const iovec len_iov{const_cast<uint32_t*>(&le), sizeof le};
-    t.transmit(h, dst, {&len_iov, 1}, sizeof le);
+    transmit_placed(t, h, dst, pay);
     t.send_queued();
   });
 }
@@ -264,10 +274,7 @@ uint32_t emit_data_packet(QueuePair& qp, SendWqe& w, Transport& t, std::vector<i
   // resend carries the payload, as the responder may not have seen the first.
   const bool placeable_now = w.placeable && wire::psn_diff(psn, qp.req.max_psn) >= 0;
   if (placeable_now && !last && placed_run(qp, w, t, off, pay)) {
-    h.bth.placed = true;
-    const uint32_t le = htole32(pay);
-    const iovec len_iov{const_cast<uint32_t*>(&le), sizeof le};
-    t.transmit(h, destination(qp, w), {&len_iov, 1}, sizeof le);
+    transmit_placed(t, h, destination(qp, w), pay);
     return pay;
   }
   gather(w.local, off, pay, iov);
