@@ -50,7 +50,11 @@ bool is_local_address(uint32_t ip) {
   return found;
 }
 
-bool roce_endpoint_at(uint32_t ip) {
+namespace {
+
+/// One pass over /proc/net/udp: whether a row has local address `ip` (or 0.0.0.0) and port
+/// 4791.
+bool udp_row_at(uint32_t ip) {
   // /proc/net/udp rows: "sl local_address rem_address st ...", local_address as the
   // hexadecimal of the 32-bit word in memory (network order read as a host integer) ":" port.
   std::ifstream in("/proc/net/udp");
@@ -66,6 +70,19 @@ bool roce_endpoint_at(uint32_t ip) {
     const uint32_t bound = ntohl(addr);
     if (bound == ip || bound == 0) return true;
   }
+  return false;
+}
+
+}  // namespace
+
+bool roce_endpoint_at(uint32_t ip) {
+  // The kernel produces /proc/net/udp a page per read(2) and walks the socket table again
+  // from the start for each page: a socket closed meanwhile in an earlier bucket shifts the
+  // rest, and a row can be skipped (seen as a spurious RDMA_CM_EVENT_ADDR_ERROR when many
+  // processes open and close sockets at once). A present socket is missed only by such a
+  // race, so a miss is confirmed by two more passes.
+  for (int pass = 0; pass < 3; ++pass)
+    if (udp_row_at(ip)) return true;
   return false;
 }
 

@@ -22,7 +22,8 @@ bool is_local_address(uint32_t ip);
 
 /// True when a UDP socket is bound to `ip`:4791 (or to 0.0.0.0:4791) on this host, read from
 /// /proc/net/udp without binding anything (a probe bind could steal the address from a
-/// device being opened at that moment).
+/// device being opened at that moment). A miss is read twice more before it counts (the
+/// file is not a snapshot: a row can be skipped while sockets close).
 bool roce_endpoint_at(uint32_t ip);
 
 /// The RoCEv2 GID of an IPv4 address: ::ffff:a.b.c.d (IPv4-mapped).

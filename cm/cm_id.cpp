@@ -102,6 +102,14 @@ bool owned_locked(uint32_t ip) {
   return std::find(configured.begin(), configured.end(), ip) != configured.end();
 }
 
+/// Whether one of the process's own RDMA-CM devices is bound at `ip` (no need to ask the
+/// host then).
+bool endpoint_open_locked(uint32_t ip) {
+  for (CmDevice* d : CmDevice::all_locked())
+    if (d->ip() == ip) return true;
+  return false;
+}
+
 }  // namespace
 
 IdPriv* alloc_id_locked(Channel* channel, void* context, rdma_port_space ps, ibv_qp_type qp_type) {
@@ -292,7 +300,8 @@ int rdma_resolve_addr(rdma_cm_id* id, sockaddr* src_addr, sockaddr* dst_addr, in
   publish_addresses_locked(p);
   // On this host the peer must be a RoCEv2 endpoint (a softrdma device's UDP port 4791);
   // elsewhere nothing can be asked before the CM's REQ (no ARP on a UDP path).
-  if (is_local_address(p->dst_ip) && !roce_endpoint_at(p->dst_ip)) {
+  if (is_local_address(p->dst_ip) && !endpoint_open_locked(p->dst_ip) &&
+      !roce_endpoint_at(p->dst_ip)) {
     log().info("no RoCEv2 endpoint (UDP port 4791) at {}: RDMA_CM_EVENT_ADDR_ERROR",
                ip_string(p->dst_ip));
     p->state = IdState::kAddrBound;

@@ -52,7 +52,12 @@ struct Pair {
     sockaddr_in s = addr_of(kServer, port);
     EXPECT_EQ(rbind(listener, reinterpret_cast<sockaddr*>(&s), sizeof s), 0) << strerror(errno);
     EXPECT_EQ(rlisten(listener, 4), 0);
-    std::thread t([&] { accepted = raccept(listener, nullptr, nullptr); });
+    // The accepting thread waits at most 30 s for the connection, so that a failed connect
+    // fails the test instead of hanging it in raccept.
+    std::thread t([&] {
+      pollfd p{listener, POLLIN, 0};
+      if (rpoll(&p, 1, 30'000) == 1) accepted = raccept(listener, nullptr, nullptr);
+    });
     client = rsocket(AF_INET, SOCK_STREAM, 0);
     EXPECT_GE(client, 0);
     if (iomap_size) {
