@@ -2,11 +2,13 @@
 //  - remote access violations (bad rkey, out of bounds, MR without the right) give
 //    IBV_WC_REM_ACCESS_ERR at the requester, leave target memory untouched, put the QP in
 //    ERR, and flush every later WR (send and receive) with IBV_WC_WR_FLUSH_ERR;
-//  - SEND with no receive posted: RNR retried until a receive appears (rnr_retry 7), or
-//    IBV_WC_RNR_RETRY_EXC_ERR when rnr_retry is exhausted;
+//  - SEND (or RDMA WRITE with immediate data) with no receive posted: RNR retried until a
+//    receive appears (rnr_retry 7), or IBV_WC_RNR_RETRY_EXC_ERR when rnr_retry is exhausted;
 //  - a peer killed after connecting: IBV_WC_RETRY_EXC_ERR at the first retransmit timeout.
+#include <arpa/inet.h>
 #include <signal.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <thread>
@@ -244,6 +246,60 @@ TEST(Rnr, SendSucceedsOnceReceiveIsPosted) {
         r.barrier();
         EXPECT_GE(r.counters()["send_rnr_err"], before["send_rnr_err"] + 1);
         EXPECT_EQ(IBV_WC_SUCCESS, poll_one(l.ep.rcq).status);
+      });
+}
+
+// The same for an RDMA WRITE with immediate data (three packets) followed by a plain WRITE:
+// the WRITE's last packet takes a receive WQE. On the same-host path both are placed in the
+// responder's memory by the requester (net/shm_placement.h) before the responder answers the
+// WRITE with immediate with RNR; it is resent with its payload, and completes once the
+// receive is posted, its data, immediate and the WRITE behind it all intact.
+TEST(Rnr, WriteWithImmSucceedsOnceReceiveIsPosted) {
+  ConnOptions o;
+  o.rnr_retry = 7;
+  o.min_rnr_timer = 12;
+  static constexpr uint32_t kLen = 3 * 4096;
+  static constexpr uint32_t kImm = 0x1234abcd;
+  run_pair(
+      o,
+      [](Role& r) {
+        auto& l = r.link();
+        // A first WRITE maps the peer's same-host mailbox (placement starts after it).
+        ASSERT_EQ(0, post_send(l.ep.qp, IBV_WR_RDMA_WRITE, 9, r.buf(), 64, r.lkey(),
+                               l.remote.addr + 2 * kLen, l.remote.rkey));
+        ASSERT_EQ(IBV_WC_SUCCESS, poll_one(l.ep.scq).status);
+        fill_pattern(r.buf(), 2 * kLen, 5);
+        const Counters before = r.counters();
+        r.barrier();
+        ASSERT_EQ(0, post_send(l.ep.qp, IBV_WR_RDMA_WRITE_WITH_IMM, 1, r.buf(), kLen, r.lkey(),
+                               l.remote.addr, l.remote.rkey, htonl(kImm)));
+        ASSERT_EQ(0, post_send(l.ep.qp, IBV_WR_RDMA_WRITE, 2, r.buf() + kLen, kLen, r.lkey(),
+                               l.remote.addr + kLen, l.remote.rkey));
+        const std::vector<ibv_wc> wcs = poll_n(l.ep.scq, 2, 10s);
+        for (const ibv_wc& wc : wcs) EXPECT_EQ(IBV_WC_SUCCESS, wc.status) << describe(wc);
+        r.barrier();
+        const Counters after = r.counters();
+        EXPECT_GE(after["rcvd_rnr_err"], before["rcvd_rnr_err"] + 1);
+        // On the default same-host path the bytes were placed before the RNR came back.
+        const char* transport = std::getenv("SOFTRDMA_TRANSPORT");
+        if (!transport || std::string(transport) != "udp") {
+          EXPECT_GE(after["sent_placed_msgs"], before["sent_placed_msgs"] + 1);
+        }
+      },
+      [](Role& r) {
+        auto& l = r.link();
+        const Counters before = r.counters();
+        r.barrier();
+        std::this_thread::sleep_for(50ms);
+        ASSERT_EQ(0, post_recv(l.ep.qp, 1, nullptr, 0, r.lkey()));
+        const ibv_wc wc = poll_one(l.ep.rcq, 10s);
+        ASSERT_EQ(IBV_WC_SUCCESS, wc.status) << describe(wc);
+        EXPECT_EQ(IBV_WC_RECV_RDMA_WITH_IMM, wc.opcode);
+        EXPECT_EQ(kLen, wc.byte_len);
+        EXPECT_TRUE(CarriesImm(wc, htonl(kImm)));
+        r.barrier();  // the requester saw both WRITEs complete
+        EXPECT_TRUE(HasPattern(r.buf(), 2 * kLen, 5));
+        EXPECT_GE(r.counters()["send_rnr_err"], before["send_rnr_err"] + 1);
       });
 }
 
