@@ -25,11 +25,10 @@
 namespace softrdma::ccl::detail {
 
 namespace {
-// Tag phases of this algorithm.
-constexpr uint8_t kFold = 0;
-constexpr uint8_t kHalving = 1;
-constexpr uint8_t kDoubling = 2;
-constexpr uint8_t kUnfold = 3;
+// Tag phases of this algorithm besides the fold's: its reduce-scatter (recursive halving)
+// and its allgather (recursive doubling).
+constexpr uint8_t kReduceScatterPhase = kFirstOwnPhase;
+constexpr uint8_t kAllGatherPhase = kFirstOwnPhase + 1;
 
 // Elements [first, first + elems) covered by blocks [lo, hi) of `count` cut into p blocks.
 struct Span {
@@ -58,7 +57,7 @@ void all_reduce_rabenseifner(Context& ctx, const void* send, void* recv, size_t 
   const int pof2 = shape.pof2;
   const size_t half = blocks(count, pof2, 0, pof2 / 2).elems * esize;
   const Region tmp = ctx.scratch(shape.folded(r) ? bytes : half);
-  const FoldShape f = all_reduce_fold_in(ctx, acc, tmp, bytes, count, type, op, kFold);
+  const FoldShape f = all_reduce_fold_in(ctx, acc, tmp, bytes, count, type, op, kFoldPhase);
   const int newrank = f.newrank;
 
   if (newrank >= 0) {
@@ -70,9 +69,9 @@ void all_reduce_rabenseifner(Context& ctx, const void* send, void* recv, size_t 
       const bool lower = (newrank & mask) == 0;
       const Span keep = lower ? blocks(count, pof2, lo, mid) : blocks(count, pof2, mid, hi);
       const Span give = lower ? blocks(count, pof2, mid, hi) : blocks(count, pof2, lo, mid);
-      const RequestId rq = ctx.recv(partner, tmp, keep.elems * esize, ctx.tag(kHalving, round));
+      const RequestId rq = ctx.recv(partner, tmp, keep.elems * esize, ctx.tag(kReduceScatterPhase, round));
       const RequestId sq = ctx.send(partner, acc.at(give.first * esize), give.elems * esize,
-                                    ctx.tag(kHalving, round));
+                                    ctx.tag(kReduceScatterPhase, round));
       ctx.wait(rq);
       ctx.wait(sq);
       reduce_into(acc.ptr + keep.first * esize, tmp.ptr, keep.elems, type, op);
@@ -96,9 +95,9 @@ void all_reduce_rabenseifner(Context& ctx, const void* send, void* recv, size_t 
       const Span mine = blocks(count, pof2, lo, hi);
       const Span theirs = blocks(count, pof2, plo, plo + width);
       const RequestId rq = ctx.recv(partner, acc.at(theirs.first * esize), theirs.elems * esize,
-                                    ctx.tag(kDoubling, round));
+                                    ctx.tag(kAllGatherPhase, round));
       const RequestId sq = ctx.send(partner, acc.at(mine.first * esize), mine.elems * esize,
-                                    ctx.tag(kDoubling, round));
+                                    ctx.tag(kAllGatherPhase, round));
       ctx.wait(rq);
       ctx.wait(sq);
       if (lower)
@@ -108,7 +107,7 @@ void all_reduce_rabenseifner(Context& ctx, const void* send, void* recv, size_t 
     }
   }
 
-  all_reduce_fold_out(ctx, f, acc, bytes, kUnfold);
+  all_reduce_fold_out(ctx, f, acc, bytes, kUnfoldPhase);
 }
 
 }  // namespace softrdma::ccl::detail

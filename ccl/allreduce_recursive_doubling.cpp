@@ -17,10 +17,8 @@
 namespace softrdma::ccl::detail {
 
 namespace {
-// Tag phases of this algorithm.
-constexpr uint8_t kFold = 0;
-constexpr uint8_t kExchange = 1;
-constexpr uint8_t kUnfold = 2;
+// Tag phase of this algorithm's exchange (the fold has its own, ccl/fold.h).
+constexpr uint8_t kExchangePhase = kFirstOwnPhase;
 }  // namespace
 
 void all_reduce_recursive_doubling(Context& ctx, const void* send, void* recv, size_t count,
@@ -31,7 +29,7 @@ void all_reduce_recursive_doubling(Context& ctx, const void* send, void* recv, s
   if (send != recv) std::memcpy(recv, send, bytes);
   const Region tmp = ctx.scratch(bytes);
 
-  const FoldShape f = all_reduce_fold_in(ctx, acc, tmp, bytes, count, type, op, kFold);
+  const FoldShape f = all_reduce_fold_in(ctx, acc, tmp, bytes, count, type, op, kFoldPhase);
   const int pof2 = f.pof2;
   const int newrank = f.newrank;
 
@@ -40,8 +38,8 @@ void all_reduce_recursive_doubling(Context& ctx, const void* send, void* recv, s
     for (int mask = 1; mask < pof2; mask <<= 1, ++round) {
       const int pn = newrank ^ mask;
       const int partner = f.real_rank(pn);
-      const RequestId rq = ctx.recv(partner, tmp, bytes, ctx.tag(kExchange, round));
-      const RequestId sq = ctx.send(partner, acc, bytes, ctx.tag(kExchange, round));
+      const RequestId rq = ctx.recv(partner, tmp, bytes, ctx.tag(kExchangePhase, round));
+      const RequestId sq = ctx.send(partner, acc, bytes, ctx.tag(kExchangePhase, round));
       ctx.wait(rq);
       ctx.wait(sq);
       reduce_into(acc.ptr, tmp.ptr, count, type, op);
@@ -49,7 +47,7 @@ void all_reduce_recursive_doubling(Context& ctx, const void* send, void* recv, s
     if (op == RedOp::kAvg) scale_avg(acc.ptr, count, type, n);
   }
 
-  all_reduce_fold_out(ctx, f, acc, bytes, kUnfold);
+  all_reduce_fold_out(ctx, f, acc, bytes, kUnfoldPhase);
 }
 
 }  // namespace softrdma::ccl::detail

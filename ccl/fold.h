@@ -7,11 +7,18 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 
 #include "ccl/ccl.h"
 #include "ccl/context.h"
 
 namespace softrdma::ccl::detail {
+
+/// Tag phases (Context::tag) of the fold into and out of the power-of-two group, the same in
+/// every algorithm that folds; an algorithm numbers its own phases from kFirstOwnPhase.
+inline constexpr uint8_t kFoldPhase = 0;
+inline constexpr uint8_t kUnfoldPhase = 1;
+inline constexpr uint8_t kFirstOwnPhase = 2;
 
 /// Where rank `rank` of `n` stands in the fold.
 struct FoldShape {

@@ -41,7 +41,7 @@ struct Posted {
   RequestId id;
 };
 
-size_t chunks_of(size_t elems, size_t chunk_elems) {
+size_t chunk_count(size_t elems, size_t chunk_elems) {
   return (elems + chunk_elems - 1) / chunk_elems;
 }
 
@@ -62,7 +62,7 @@ void post_next(Stream& s, std::deque<Posted>& fifo) {
   const RequestId id = c.op == Collective::kSend ? g.ctx.send(c.root, at, bytes, tag)
                                                  : g.ctx.recv(c.root, at, bytes, tag);
   fifo.push_back({&s, &g, id});
-  if (++s.chunk == chunks_of(c.count, s.chunk_elems)) {
+  if (++s.chunk == chunk_count(c.count, s.chunk_elems)) {
     s.chunk = 0;
     ++s.transfer;
   }

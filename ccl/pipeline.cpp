@@ -11,7 +11,8 @@ namespace softrdma::ccl::detail {
 
 namespace {
 
-size_t chunks_of(size_t elems, size_t chunk_elems) {
+// Chunks of a step of `elems` elements: an empty step still moves one (empty) chunk.
+size_t step_chunks(size_t elems, size_t chunk_elems) {
   return elems == 0 ? 1 : (elems + chunk_elems - 1) / chunk_elems;
 }
 
@@ -120,7 +121,7 @@ class PipelineRun {
     return v;
   }
 
-  size_t chunks(size_t elems) const { return chunks_of(elems, ce_); }
+  size_t chunks(size_t elems) const { return step_chunks(elems, ce_); }
   size_t chunk_bytes(size_t elems, size_t chunk) const {
     return elems == 0 ? 0 : std::min(ce_, elems - chunk * ce_) * ts_;
   }

@@ -21,10 +21,8 @@
 namespace softrdma::ccl::detail {
 
 namespace {
-// Tag phases of this algorithm.
-constexpr uint8_t kFold = 0;
-constexpr uint8_t kHalving = 1;
-constexpr uint8_t kUnfold = 2;
+// Tag phase of this algorithm's halving rounds (the fold has its own, ccl/fold.h).
+constexpr uint8_t kHalvingPhase = kFirstOwnPhase;
 }  // namespace
 
 void reduce_scatter_recursive_halving(Context& ctx, const void* send, void* recv, size_t count,
@@ -40,8 +38,8 @@ void reduce_scatter_recursive_halving(Context& ctx, const void* send, void* recv
 
   if (f.newrank < 0) {  // folded out: hand the input over, get the block back
     const Region in = ctx.user(send, total);
-    ctx.wait(ctx.send(r + 1, in, total, ctx.tag(kFold, 0)));
-    ctx.wait(ctx.recv(r + 1, ctx.user(recv, bytes), bytes, ctx.tag(kUnfold, 0)));
+    ctx.wait(ctx.send(r + 1, in, total, ctx.tag(kFoldPhase, 0)));
+    ctx.wait(ctx.recv(r + 1, ctx.user(recv, bytes), bytes, ctx.tag(kUnfoldPhase, 0)));
     return;
   }
   // acc: the working copy of the whole input; tmp: what a partner sends (≤ total).
@@ -50,7 +48,7 @@ void reduce_scatter_recursive_halving(Context& ctx, const void* send, void* recv
   const Region tmp = work.at(total);
   std::memcpy(acc.ptr, send, total);
   if (f.folded(r)) {
-    ctx.wait(ctx.recv(r - 1, tmp, total, ctx.tag(kFold, 0)));
+    ctx.wait(ctx.recv(r - 1, tmp, total, ctx.tag(kFoldPhase, 0)));
     reduce_into(acc.ptr, tmp.ptr, static_cast<size_t>(n) * count, type, op);
   }
   const int newrank = f.newrank;
@@ -66,8 +64,8 @@ void reduce_scatter_recursive_halving(Context& ctx, const void* send, void* recv
     const size_t keep = (group(lower ? mid : hi)) * bytes - keep_at;
     const size_t give_at = group(lower ? mid : lo) * bytes;
     const size_t give = (group(lower ? hi : mid)) * bytes - give_at;
-    const RequestId rq = ctx.recv(partner, tmp, keep, ctx.tag(kHalving, round));
-    const RequestId sq = ctx.send(partner, acc.at(give_at), give, ctx.tag(kHalving, round));
+    const RequestId rq = ctx.recv(partner, tmp, keep, ctx.tag(kHalvingPhase, round));
+    const RequestId sq = ctx.send(partner, acc.at(give_at), give, ctx.tag(kHalvingPhase, round));
     ctx.wait(rq);
     ctx.wait(sq);
     reduce_into(acc.ptr + keep_at, tmp.ptr, keep / type_size(type), type, op);
@@ -83,7 +81,7 @@ void reduce_scatter_recursive_halving(Context& ctx, const void* send, void* recv
   }
   if (f.folded(r))
     ctx.wait(
-        ctx.send(r - 1, acc.at(static_cast<size_t>(r - 1) * bytes), bytes, ctx.tag(kUnfold, 0)));
+        ctx.send(r - 1, acc.at(static_cast<size_t>(r - 1) * bytes), bytes, ctx.tag(kUnfoldPhase, 0)));
   std::memcpy(recv, acc.ptr + static_cast<size_t>(r) * bytes, bytes);
 }
 

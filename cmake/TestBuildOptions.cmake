@@ -1,13 +1,17 @@
-# softrdma_tests_line_tables_only(): every target under the source tree that links GoogleTest
-# (the test executables and their helper libraries) compiles with line tables only (-g1)
-# instead of full debug information. A failing test's backtrace (gdb, ASan, UBSan) still
-# names functions, files and lines; only variable inspection in a debugger is lost, for test
-# code alone — the product's libraries and tools keep the build type's -g. Measured on a
-# 2-core machine (transport_test.cpp, -O2): 16.9 s with -g, 11.3 s with -g1; test code is
-# ~40 % of a from-scratch build's compile time, and CI builds two presets from nothing.
+# softrdma_tests_build_options(): every target under the source tree that links GoogleTest
+# (the test executables and their helper libraries)
+# - compiles with line tables only (-g1) instead of full debug information. A failing test's
+#   backtrace (gdb, ASan, UBSan) still names functions, files and lines; only variable
+#   inspection in a debugger is lost, for test code alone. Measured on a 2-core machine
+#   (transport_test.cpp, -O2): 16.9 s with -g, 11.3 s with -g1; test code is ~40 % of a
+#   from-scratch build's compile time, and CI builds two presets from nothing.
+# - is never a unity build (CMAKE_UNITY_BUILD, on in the asan preset): test files gain little
+#   from it (gtest's template expansion is per test, not per file: engine_tests 75 -> 63 s
+#   under ASan) and their file-local helpers share names across files. The product's
+#   libraries and tools are unity-built there (CMakePresets.json, CMakeLists.txt).
 # GCC and Clang take the last -g level given, and target options follow the build type's
 # flags on the command line.
-function(_softrdma_line_tables_in dir)
+function(_softrdma_test_options_in dir)
   get_property(targets DIRECTORY ${dir} PROPERTY BUILDSYSTEM_TARGETS)
   foreach(t ${targets})
     get_target_property(type ${t} TYPE)
@@ -17,16 +21,17 @@ function(_softrdma_line_tables_in dir)
     get_target_property(libs ${t} LINK_LIBRARIES)
     if(libs MATCHES "GTest::")
       target_compile_options(${t} PRIVATE $<$<CONFIG:RelWithDebInfo,Debug>:-g1>)
+      set_target_properties(${t} PROPERTIES UNITY_BUILD OFF)
     endif()
   endforeach()
   get_property(subdirs DIRECTORY ${dir} PROPERTY SUBDIRECTORIES)
   foreach(d ${subdirs})
-    _softrdma_line_tables_in(${d})
+    _softrdma_test_options_in(${d})
   endforeach()
 endfunction()
 
-function(softrdma_tests_line_tables_only)
+function(softrdma_tests_build_options)
   if(SOFTRDMA_TESTS)
-    _softrdma_line_tables_in(${PROJECT_SOURCE_DIR})
+    _softrdma_test_options_in(${PROJECT_SOURCE_DIR})
   endif()
 endfunction()

@@ -4,6 +4,7 @@
 #include "base/ipv4_text.h"
 
 #include "net/netns.h"
+#include "net/unix_address.h"
 
 #include <arpa/inet.h>
 #include <dirent.h>
@@ -32,21 +33,12 @@ struct Registry {
   uint32_t pid[kShareSlots];    // the process holding each slot (0: none); under flock
   std::atomic<uint32_t> owner;  // slot + 1 of the process owning UDP 4791 (0: none known)
 };
-constexpr uint32_t kMagic = 0x53524131;  // "SRA1"
+constexpr uint32_t kRegistryMagic = 0x53524131;  // "SRA1"
 constexpr size_t kFileBytes = 4096;
 static_assert(sizeof(Registry) <= kFileBytes);
 static_assert(std::atomic<uint32_t>::is_always_lock_free);
 
 using base::ipv4_text;
-
-/// The abstract address of `name` (no leading NUL in `name`) and its length.
-socklen_t abstract_addr(const std::string& name, sockaddr_un& a) {
-  a = sockaddr_un{};
-  a.sun_family = AF_UNIX;
-  const size_t n = std::min(name.size(), sizeof a.sun_path - 1);
-  std::memcpy(a.sun_path + 1, name.data(), n);
-  return static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + n);
-}
 
 bool pid_dead(uint32_t pid) {
   return pid == 0 || (::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH);
@@ -96,7 +88,7 @@ uint32_t share_slot_pid(uint32_t ip, uint32_t slot, const std::string& dir,
   if (fd < 0) return 0;
   uint32_t magic = 0, pid = 0;
   const bool ok = ::pread(fd, &magic, sizeof magic, offsetof(Registry, magic)) == sizeof magic &&
-                  magic == kMagic &&
+                  magic == kRegistryMagic &&
                   ::pread(fd, &pid, sizeof pid,
                           offsetof(Registry, pid) + slot * sizeof(uint32_t)) == sizeof pid;
   ::close(fd);
@@ -127,9 +119,9 @@ int AddressShare::join(uint32_t ip, const std::string& dir, const std::string& p
     return e;
   }
   auto* reg = static_cast<Registry*>(m);
-  if (reg->magic != kMagic) {  // a new (zeroed) file, or one of another layout
+  if (reg->magic != kRegistryMagic) {  // a new (zeroed) file, or one of another layout
     std::memset(static_cast<void*>(reg), 0, sizeof *reg);
-    reg->magic = kMagic;
+    reg->magic = kRegistryMagic;
   }
   name_prefix_ = prefix + "slot-" + ipv4_text(ip) + "-";
   fwd_prefix_ = prefix + "fwd-" + ipv4_text(ip) + "-";
@@ -152,7 +144,7 @@ int AddressShare::join(uint32_t ip, const std::string& dir, const std::string& p
       break;
     }
     sockaddr_un a;
-    const socklen_t len = abstract_addr(name_prefix_ + std::to_string(k), a);
+    const socklen_t len = abstract_unix_address(name_prefix_ + std::to_string(k), a);
     if (::bind(s, reinterpret_cast<sockaddr*>(&a), len) != 0) {
       err = errno;
       ::close(s);
@@ -208,7 +200,7 @@ bool AddressShare::follow_owner() {
   if (owner == 0 || owner == slot_ + 1) return false;  // none yet, or ourselves (stale)
   sockaddr_un a;
   const socklen_t len =
-      abstract_addr(fwd_prefix_ + std::to_string(owner - 1) + "-" + std::to_string(slot_), a);
+      abstract_unix_address(fwd_prefix_ + std::to_string(owner - 1) + "-" + std::to_string(slot_), a);
   if (::connect(fd_, reinterpret_cast<sockaddr*>(&a), len) != 0) return false;  // retried
   following_ = owner;
   return true;
@@ -257,7 +249,7 @@ int AddressShare::out_fd(uint32_t slot) {
   if (s < 0) return fd_;
   sockaddr_un a;
   const socklen_t len =
-      abstract_addr(fwd_prefix_ + std::to_string(slot_) + "-" + std::to_string(slot), a);
+      abstract_unix_address(fwd_prefix_ + std::to_string(slot_) + "-" + std::to_string(slot), a);
   if (::bind(s, reinterpret_cast<sockaddr*>(&a), len) != 0) {
     ::close(s);
     return fd_;  // unconnected sends from the slot socket (the queue limit applies)
@@ -269,7 +261,7 @@ int AddressShare::out_fd(uint32_t slot) {
   // packets for this process's QPNs) passes the queue limit too; refused while it still
   // follows a previous owner (then this socket only sends).
   sockaddr_un peer;
-  const socklen_t peer_len = abstract_addr(name_prefix_ + std::to_string(slot), peer);
+  const socklen_t peer_len = abstract_unix_address(name_prefix_ + std::to_string(slot), peer);
   ::connect(s, reinterpret_cast<sockaddr*>(&peer), peer_len);
   if (epoll_fd_ >= 0) {
     epoll_event ev{};
@@ -297,7 +289,7 @@ void AddressShare::close_out() {
 
 int AddressShare::send_to(uint32_t slot, const Batch& b) {
   sockaddr_un a;
-  const socklen_t len = abstract_addr(name_prefix_ + std::to_string(slot), a);
+  const socklen_t len = abstract_unix_address(name_prefix_ + std::to_string(slot), a);
   iovec iov{const_cast<uint8_t*>(b.bytes.data()), b.bytes.size()};
   msghdr h{};
   h.msg_iov = &iov;
@@ -328,7 +320,7 @@ void AddressShare::forget_slot(uint32_t slot) {
 
 namespace {
 /// A record's header in a forwarded datagram: the meta, then the packet's length.
-constexpr size_t kRecordHeader = sizeof(ForwardedMeta) + sizeof(uint32_t);
+constexpr size_t kForwardRecordHeader = sizeof(ForwardedMeta) + sizeof(uint32_t);
 size_t padded(size_t n) {
   return (n + 3) & ~size_t{3};
 }
@@ -338,7 +330,7 @@ bool AddressShare::forward(uint32_t slot, const ForwardedMeta& meta,
                            std::span<const uint8_t> packet) {
   if (!joined() || slot >= kShareSlots) return false;
   Batch& b = batch_[slot];
-  const size_t record = kRecordHeader + padded(packet.size());
+  const size_t record = kForwardRecordHeader + padded(packet.size());
   if (b.packets != 0 && b.bytes.size() + record > batch_bytes_) send_slot(slot);
   const size_t at = b.bytes.size();
   b.bytes.resize(at + record);
@@ -346,7 +338,7 @@ bool AddressShare::forward(uint32_t slot, const ForwardedMeta& meta,
   const auto length = static_cast<uint32_t>(packet.size());
   std::memcpy(b.bytes.data() + at + sizeof meta, &length, sizeof length);
   if (!packet.empty())
-    std::memcpy(b.bytes.data() + at + kRecordHeader, packet.data(), packet.size());
+    std::memcpy(b.bytes.data() + at + kForwardRecordHeader, packet.data(), packet.size());
   ++b.packets;
   backlog_mask_.fetch_or(1u << slot, std::memory_order_relaxed);
   return true;
@@ -417,14 +409,14 @@ std::span<uint8_t> AddressShare::next(ForwardedMeta& meta) {
       }
     }
     uint32_t length = 0;
-    if (rx_len_ - rx_at_ < kRecordHeader) {
+    if (rx_len_ - rx_at_ < kForwardRecordHeader) {
       ++stats_.malformed;
       rx_at_ = rx_len_;
       continue;
     }
     std::memcpy(&meta, rx_.data() + rx_at_, sizeof meta);
     std::memcpy(&length, rx_.data() + rx_at_ + sizeof meta, sizeof length);
-    const size_t at = rx_at_ + kRecordHeader;
+    const size_t at = rx_at_ + kForwardRecordHeader;
     if (length == 0 || length > rx_len_ - at) {
       ++stats_.malformed;
       rx_at_ = rx_len_;  // the rest of this datagram cannot be trusted

@@ -19,7 +19,6 @@ constexpr uint64_t kPinMask = 0xFFFF;
 constexpr uint64_t kValid = 1ull << 16;
 constexpr uint64_t kGenOne = 1ull << 32;
 constexpr uint64_t kTableMagic = 0x31454341504d5253ull;  // "SRMPACE1"
-constexpr uint64_t kPage = 4096;
 
 constexpr uint64_t ident_of(PlaceKind kind, uint32_t key) {
   return uint64_t{static_cast<uint8_t>(kind)} << 32 | key;
@@ -61,7 +60,7 @@ static_assert(sizeof(detail::PlacementSlot) == 64);
 
 size_t PlacementTable::region_bytes() {
   const size_t b = sizeof(detail::PlacementHeader) + size_t{kSlots} * sizeof(Slot);
-  return (b + kPage - 1) / kPage * kPage;
+  return (b + kMailboxPageBytes - 1) / kMailboxPageBytes * kMailboxPageBytes;
 }
 
 PlacementTable::Slot* PlacementTable::slot(uint32_t i) const {

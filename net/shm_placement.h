@@ -40,6 +40,10 @@
 
 namespace softrdma::net {
 
+/// The unit the same-host mailbox aligns its parts to (its header, ring controls, this table),
+/// and to which PlacementTable::region_bytes() rounds: bytes.
+inline constexpr uint64_t kMailboxPageBytes = 4096;
+
 namespace detail {
 struct PlacementHeader;
 struct PlacementSlot;

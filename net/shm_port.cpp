@@ -29,6 +29,7 @@
 #include "net/fault_guard.h"
 #include "net/netns.h"
 #include "net/peer_liveness.h"
+#include "net/unix_address.h"
 
 #include <arpa/inet.h>
 #include <dirent.h>
@@ -57,7 +58,7 @@ namespace softrdma::net {
 
 namespace {
 
-constexpr uint64_t kMagic = 0x314d48534d445253ull;  // "SRDMSHM1"
+constexpr uint64_t kMailboxMagic = 0x314d48534d445253ull;  // "SRDMSHM1"
 // 2: records carry no ICRC (the engine computes it only for packets that cross a wire or a
 // capture file), so a version-1 peer must not be talked to over shared memory.
 // 3: bit 31 of a record's length word is the ECN CE mark (kRecordCe); a version-2 reader
@@ -67,9 +68,8 @@ constexpr uint64_t kMagic = 0x314d48534d445253ull;  // "SRDMSHM1"
 // 5: a direct-placement table (net/shm_placement.h) follows the ring control pages, and
 // records may carry a WRITE's headers only (the payload placed by the sender).
 constexpr uint32_t kVersion = 5;
-constexpr uint64_t kPage = 4096;
 constexpr uint64_t kAlign = 64;  // record alignment, bytes
-constexpr uint64_t kRecordHeader = 8;
+constexpr uint64_t kRingRecordHeader = 8;
 constexpr uint32_t kWrapMarker = 0xFFFFFFFFu;
 // Record header word 0: the packet length (≤ 1 GiB / 4) | this bit when CE-marked.
 constexpr uint32_t kRecordCe = 0x80000000u;
@@ -128,16 +128,6 @@ bool valid_geometry(uint64_t ring_count, uint64_t ring_bytes) {
   return ring_count >= 1 && ring_count <= 64 && std::has_single_bit(ring_bytes) &&
          ring_bytes >= kMinRingBytes && ring_bytes <= kMaxRingBytes;
 }
-
-// Fills an abstract unix address; returns its length, or 0 when the name is too long.
-socklen_t abstract_addr(const std::string& name, sockaddr_un& sa) {
-  sa = sockaddr_un{};
-  sa.sun_family = AF_UNIX;
-  if (name.size() + 1 > sizeof sa.sun_path) return 0;
-  std::memcpy(sa.sun_path + 1, name.data(), name.size());
-  return static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + name.size());
-}
-
 }  // namespace
 
 // ---- shared layout ---------------------------------------------------------------------
@@ -174,7 +164,7 @@ struct detail::ShmRingCtl {
   alignas(64) std::atomic<uint64_t> head;  // consumer-written byte counter
 };
 
-static_assert(sizeof(detail::ShmMailboxHeader) <= kPage);
+static_assert(sizeof(detail::ShmMailboxHeader) <= kMailboxPageBytes);
 static_assert(sizeof(detail::ShmRingCtl) == 192);
 
 namespace {
@@ -183,8 +173,8 @@ struct Geometry {
 };
 Geometry geometry(uint64_t ring_count, uint64_t ring_bytes) {
   Geometry g;
-  g.ctl_offset = kPage;
-  g.place_offset = g.ctl_offset + align_up(ring_count * sizeof(detail::ShmRingCtl), kPage);
+  g.ctl_offset = kMailboxPageBytes;
+  g.place_offset = g.ctl_offset + align_up(ring_count * sizeof(detail::ShmRingCtl), kMailboxPageBytes);
   g.data_offset = g.place_offset + PlacementTable::region_bytes();
   g.total_bytes = g.data_offset + ring_count * ring_bytes;
   return g;
@@ -299,7 +289,7 @@ int ShmPort::open(uint32_t ip, const ShmConfig& cfg) {
 
   // 1. The address lock: the receiver's doorbell socket.
   sockaddr_un sa;
-  socklen_t sl = abstract_addr(shm_doorbell_name(cfg_, ip), sa);
+  socklen_t sl = abstract_unix_address(shm_doorbell_name(cfg_, ip), sa);
   if (sl == 0) return ENAMETOOLONG;
   int bell = ::socket(AF_UNIX, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   if (bell < 0) return errno;
@@ -331,7 +321,7 @@ int ShmPort::open(uint32_t ip, const ShmConfig& cfg) {
       std::memcpy(&magic, raw + offsetof(MailboxHeader, magic), sizeof magic);
       std::memcpy(&pid, raw + offsetof(MailboxHeader, owner_pid), sizeof pid);
       std::memcpy(&closed, raw + offsetof(MailboxHeader, closed), sizeof closed);
-      const bool valid = n == static_cast<ssize_t>(sizeof raw) && magic == kMagic;
+      const bool valid = n == static_cast<ssize_t>(sizeof raw) && magic == kMailboxMagic;
       if (valid && closed == 0 && pid_alive(pid)) {
         ::close(fd);
         return fail(EADDRINUSE);
@@ -339,7 +329,7 @@ int ShmPort::open(uint32_t ip, const ShmConfig& cfg) {
       struct stat st;
       if (valid && closed == 0 && (::fcntl(fd, F_GETFL) & O_ACCMODE) == O_RDWR &&
           ::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) &&
-          static_cast<uint64_t>(st.st_size) >= kPage)
+          static_cast<uint64_t>(st.st_size) >= kMailboxPageBytes)
         stale_fd = fd;
       else
         ::close(fd);
@@ -348,10 +338,10 @@ int ShmPort::open(uint32_t ip, const ShmConfig& cfg) {
   }
   auto close_stale = [&] {
     if (stale_fd < 0) return;
-    if (void* old = ::mmap(nullptr, kPage, PROT_READ | PROT_WRITE, MAP_SHARED, stale_fd, 0);
+    if (void* old = ::mmap(nullptr, kMailboxPageBytes, PROT_READ | PROT_WRITE, MAP_SHARED, stale_fd, 0);
         old != MAP_FAILED) {
       static_cast<MailboxHeader*>(old)->closed.store(1, std::memory_order_release);
-      ::munmap(old, kPage);
+      ::munmap(old, kMailboxPageBytes);
     }
     ::close(stale_fd);
     stale_fd = -1;
@@ -394,7 +384,7 @@ int ShmPort::open(uint32_t ip, const ShmConfig& cfg) {
   h->last_poll_ns.store(0, std::memory_order_relaxed);
   h->doorbell_after_ns.store(0, std::memory_order_relaxed);
   h->claimed.store(0, std::memory_order_relaxed);
-  h->magic.store(kMagic, std::memory_order_release);
+  h->magic.store(kMailboxMagic, std::memory_order_release);
   if (::rename(tmp.c_str(), path_.c_str()) != 0) {
     int e = errno;
     placement_.reset();
@@ -458,7 +448,7 @@ ShmPort::Peer& ShmPort::peer_for(uint32_t dst_ip) {
   if (!slot) {
     slot = std::make_unique<Peer>();
     slot->ip = dst_ip;
-    slot->bell_len = abstract_addr(shm_doorbell_name(cfg_, dst_ip), slot->bell);
+    slot->bell_len = abstract_unix_address(shm_doorbell_name(cfg_, dst_ip), slot->bell);
   }
   last_peer_ = slot.get();
   return *slot;
@@ -470,7 +460,7 @@ bool ShmPort::lookup_peer(Peer& p, uint64_t now) {
   int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW);
   if (fd < 0) return false;
   struct stat st;
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || static_cast<uint64_t>(st.st_size) < kPage) {
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || static_cast<uint64_t>(st.st_size) < kMailboxPageBytes) {
     ::close(fd);
     return false;
   }
@@ -481,7 +471,7 @@ bool ShmPort::lookup_peer(Peer& p, uint64_t now) {
     return false;
   }
   auto* h = static_cast<MailboxHeader*>(m);
-  bool ok = h->magic.load(std::memory_order_acquire) == kMagic && h->version == kVersion &&
+  bool ok = h->magic.load(std::memory_order_acquire) == kMailboxMagic && h->version == kVersion &&
             h->ip == p.ip && h->netns == cfg_.netns && valid_geometry(h->ring_count, h->ring_bytes);
   if (ok) {
     Geometry g = geometry(h->ring_count, h->ring_bytes);
@@ -702,7 +692,7 @@ ShmSendResult ShmPort::send(uint32_t dst_ip, const iovec* iov, size_t iovcnt, bo
 bool ShmPort::write_record(Peer& p, const iovec* iov, size_t iovcnt, uint64_t len, bool ecn_ce,
                            bool* faulted) {
   const uint64_t cap = p.ring_bytes;
-  const uint64_t need = align_up(kRecordHeader + len, kAlign);
+  const uint64_t need = align_up(kRingRecordHeader + len, kAlign);
   uint64_t pos = p.tail & (cap - 1);
   uint64_t pad = pos + need > cap ? cap - pos : 0;
   if (p.tail + pad + need - p.head_cache > cap) {
@@ -718,7 +708,7 @@ bool ShmPort::write_record(Peer& p, const iovec* iov, size_t iovcnt, uint64_t le
   uint32_t rh[2] = {static_cast<uint32_t>(len) | (ecn_ce ? kRecordCe : 0), ip_};
   uint8_t* dst = p.data + pos;
   std::memcpy(dst, rh, sizeof rh);
-  dst += kRecordHeader;
+  dst += kRingRecordHeader;
   for (size_t i = 0; i < iovcnt; ++i) {
     if (iov[i].iov_len == 0) continue;
     // Payload comes straight from registered memory, which may have been unmapped: the
@@ -952,7 +942,7 @@ size_t ShmPort::poll_impl(PacketFn fn, void* ctx, size_t budget) {
         continue;
       }
       uint64_t len = rh[0] & ~kRecordCe;
-      uint64_t need = align_up(kRecordHeader + len, kAlign);
+      uint64_t need = align_up(kRingRecordHeader + len, kAlign);
       if (len > max_len || pos + need > cap || need > avail) {
         broken = true;
         break;
@@ -961,7 +951,7 @@ size_t ShmPort::poll_impl(PacketFn fn, void* ctx, size_t budget) {
       // the miss overlaps with this packet's handling (its payload copy) instead of
       // stalling the next parse.
       if (need < avail) __builtin_prefetch(d + ((head + need) & (cap - 1)));
-      fn(ctx, rh[1], std::span<const uint8_t>(d + pos + kRecordHeader, len),
+      fn(ctx, rh[1], std::span<const uint8_t>(d + pos + kRingRecordHeader, len),
          (rh[0] & kRecordCe) != 0);
       ++done;
       ++stats_.packets_in;
