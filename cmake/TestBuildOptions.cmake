@@ -9,6 +9,10 @@
 #   from it (gtest's template expansion is per test, not per file: engine_tests 75 -> 63 s
 #   under ASan) and their file-local helpers share names across files. The product's
 #   libraries and tools are unity-built there (CMakePresets.json, CMakeLists.txt).
+# - in a sanitizer build, compiles at -O0 (the product's code stays at the preset's -O1):
+#   instrumented test code compiles 2.6x faster so (transport_test.cpp 40 -> 15 s, api_test.cpp
+#   17 -> 7 s) and runs on the product's code, which is where the time goes. Warnings that
+#   need the optimiser still see the test code in the default preset (-O2).
 # GCC and Clang take the last -g level given, and target options follow the build type's
 # flags on the command line.
 function(_softrdma_test_options_in dir)
@@ -22,6 +26,9 @@ function(_softrdma_test_options_in dir)
     if(libs MATCHES "GTest::")
       target_compile_options(${t} PRIVATE $<$<CONFIG:RelWithDebInfo,Debug>:-g1>)
       set_target_properties(${t} PROPERTIES UNITY_BUILD OFF)
+      if(SOFTRDMA_SANITIZE)
+        target_compile_options(${t} PRIVATE -O0)
+      endif()
     endif()
   endforeach()
   get_property(subdirs DIRECTORY ${dir} PROPERTY SUBDIRECTORIES)

@@ -13,8 +13,10 @@
 #   mpi_ofi  Open MPI over libfabric: `mpirun -np 2 --mca pml cm --mca mtl ofi` with
 #            FI_PROVIDER=verbs, rank r at 127.0.96.(40+r), running mpi_ofi_ring (a checked ring
 #            of 8 B .. 1 MiB messages and an allreduce, then 2 s alive after MPI_Finalize,
-#            which unloads libfabric with librdmacm.so.1 and libibverbs.so.1) 10 times: every
-#            run must exit 0 (they died of SIGSEGV after MPI_Finalize in 5 of 6 runs)
+#            which unloads libfabric with librdmacm.so.1 and libibverbs.so.1) 4 times: every
+#            run must exit 0 (they died of SIGSEGV after MPI_Finalize in 5 of 6 runs: four
+#            runs all pass with that bug back with probability (1/6)^4 < 0.1 %; cm.dlclose
+#            covers the same unloading in one process)
 #
 # Addresses 127.0.96.x, ports 1865x: each case its own, so ctest may run them in parallel.
 # A missing fi_pingpong or mpirun is a failure (install libfabric-bin and openmpi-bin:
@@ -78,15 +80,15 @@ export SOFTRDMA_ADDR=127.0.96.\$((40 + OMPI_COMM_WORLD_RANK))
 exec "$SOFTRDMA" run -- "\$@"
 RANK
     chmod +x "$WORK/rank.sh"
-    for run in $(seq 1 10); do
+    for run in $(seq 1 4); do
       log="$WORK/run.$run.log"
       rc=0
       timeout -k 5 "$STEP_TIMEOUT" mpirun -np 2 --oversubscribe --allow-run-as-root --bind-to none \
         --mca pml cm --mca mtl ofi -x FI_PROVIDER=verbs "$WORK/rank.sh" "$RING" >"$log" 2>&1 || rc=$?
-      ((rc == 0)) || { show_logs "$log"; fail "run $run of 10: mpirun exited with $(status_text $rc)"; }
+      ((rc == 0)) || { show_logs "$log"; fail "run $run of 4: mpirun exited with $(status_text $rc)"; }
       grep -q "mpi_ofi_ring: 2 ranks, ok" "$log" || { show_logs "$log"; fail "run $run: no 'ok' line"; }
     done
-    echo "mpi_ofi: 10 of 10 runs exited 0"
+    echo "mpi_ofi: 4 of 4 runs exited 0"
     ;;
 esac
 echo "PASS [$TEST_NAME]"
