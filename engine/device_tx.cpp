@@ -90,9 +90,12 @@ void Device::transmit(const wire::Headers& h, uint32_t dst_ip, std::span<const i
 bool Device::place_write(uint32_t dst_ip, uint32_t dest_qpn, uint32_t rkey, uint64_t remote_va,
                          std::span<const iovec> local, uint64_t len,
                          const std::function<void()>& commit) {
-  // A capture wants every payload on the record; this process's own address may be shared
-  // with other processes (address_share.h), whose packets do not take the rings.
-  if (!place_enabled_ || pcap_ || dst_ip == ip() || len == 0 || local.size() > IOV_MAX)
+  // A capture wants every payload on the record, and link emulation (SOFTRDMA_WAN,
+  // SOFTRDMA_NETEM) times, queues and drops each packet by its size: a placed packet would
+  // cross the emulated link as a header. This process's own address may be shared with other
+  // processes (address_share.h), whose packets do not take the rings.
+  if (!place_enabled_ || pcap_ || wan_.is_open() || netem_ || dst_ip == ip() || len == 0 ||
+      local.size() > IOV_MAX)
     return false;
   const net::PlacementTable* table = shm_.placement_to(dst_ip);
   if (!table) {  // not mapped yet (its first packets), refused, or closed
