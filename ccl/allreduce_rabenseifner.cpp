@@ -69,7 +69,8 @@ void all_reduce_rabenseifner(Context& ctx, const void* send, void* recv, size_t 
       const bool lower = (newrank & mask) == 0;
       const Span keep = lower ? blocks(count, pof2, lo, mid) : blocks(count, pof2, mid, hi);
       const Span give = lower ? blocks(count, pof2, mid, hi) : blocks(count, pof2, lo, mid);
-      const RequestId rq = ctx.recv(partner, tmp, keep.elems * esize, ctx.tag(kReduceScatterPhase, round));
+      const RequestId rq =
+          ctx.recv(partner, tmp, keep.elems * esize, ctx.tag(kReduceScatterPhase, round));
       const RequestId sq = ctx.send(partner, acc.at(give.first * esize), give.elems * esize,
                                     ctx.tag(kReduceScatterPhase, round));
       ctx.wait(rq);

@@ -80,8 +80,8 @@ void reduce_scatter_recursive_halving(Context& ctx, const void* send, void* recv
     scale_avg(acc.ptr + first * bytes, (group(lo + 1) - first) * count, type, n);
   }
   if (f.folded(r))
-    ctx.wait(
-        ctx.send(r - 1, acc.at(static_cast<size_t>(r - 1) * bytes), bytes, ctx.tag(kUnfoldPhase, 0)));
+    ctx.wait(ctx.send(r - 1, acc.at(static_cast<size_t>(r - 1) * bytes), bytes,
+                      ctx.tag(kUnfoldPhase, 0)));
   std::memcpy(recv, acc.ptr + static_cast<size_t>(r) * bytes, bytes);
 }
 

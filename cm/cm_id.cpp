@@ -85,6 +85,14 @@ uint32_t source_for(uint32_t dst, int& err) {
   return src;
 }
 
+/// Whether one of the process's own RDMA-CM devices is bound at `ip` (no need to ask the
+/// host then).
+bool endpoint_open_locked(uint32_t ip) {
+  for (CmDevice* d : CmDevice::all_locked())
+    if (d->ip() == ip) return true;
+  return false;
+}
+
 /// Whether `ip` (not 0) is an address of one of the process's devices, so that a bind there
 /// attaches that device: one the RDMA-CM has open there, or an entry of SOFTRDMA_ADDR (the
 /// devices `softrdma run --addr` gave the process). Without SOFTRDMA_ADDR the process has
@@ -93,21 +101,12 @@ uint32_t source_for(uint32_t dst, int& err) {
 /// process — 127.0.0.1, which libfabric's verbs provider binds to find its interfaces, or a
 /// NIC's address — where the kernel's rdma_cm binds without a device (id->verbs NULL).
 bool owned_locked(uint32_t ip) {
-  for (CmDevice* d : CmDevice::all_locked())
-    if (d->ip() == ip) return true;
+  if (endpoint_open_locked(ip)) return true;
   std::vector<uint32_t> configured;
   std::string malformed;
   if (!params::raw(params::kAddr) || !params::read_ipv4_list(params::kAddr, configured, malformed))
     return true;
   return std::find(configured.begin(), configured.end(), ip) != configured.end();
-}
-
-/// Whether one of the process's own RDMA-CM devices is bound at `ip` (no need to ask the
-/// host then).
-bool endpoint_open_locked(uint32_t ip) {
-  for (CmDevice* d : CmDevice::all_locked())
-    if (d->ip() == ip) return true;
-  return false;
 }
 
 }  // namespace

@@ -199,8 +199,8 @@ bool AddressShare::follow_owner() {
   if (owner == following_) return owner != 0;
   if (owner == 0 || owner == slot_ + 1) return false;  // none yet, or ourselves (stale)
   sockaddr_un a;
-  const socklen_t len =
-      abstract_unix_address(fwd_prefix_ + std::to_string(owner - 1) + "-" + std::to_string(slot_), a);
+  const socklen_t len = abstract_unix_address(
+      fwd_prefix_ + std::to_string(owner - 1) + "-" + std::to_string(slot_), a);
   if (::connect(fd_, reinterpret_cast<sockaddr*>(&a), len) != 0) return false;  // retried
   following_ = owner;
   return true;

@@ -174,7 +174,8 @@ struct Geometry {
 Geometry geometry(uint64_t ring_count, uint64_t ring_bytes) {
   Geometry g;
   g.ctl_offset = kMailboxPageBytes;
-  g.place_offset = g.ctl_offset + align_up(ring_count * sizeof(detail::ShmRingCtl), kMailboxPageBytes);
+  g.place_offset =
+      g.ctl_offset + align_up(ring_count * sizeof(detail::ShmRingCtl), kMailboxPageBytes);
   g.data_offset = g.place_offset + PlacementTable::region_bytes();
   g.total_bytes = g.data_offset + ring_count * ring_bytes;
   return g;
@@ -338,7 +339,8 @@ int ShmPort::open(uint32_t ip, const ShmConfig& cfg) {
   }
   auto close_stale = [&] {
     if (stale_fd < 0) return;
-    if (void* old = ::mmap(nullptr, kMailboxPageBytes, PROT_READ | PROT_WRITE, MAP_SHARED, stale_fd, 0);
+    if (void* old =
+            ::mmap(nullptr, kMailboxPageBytes, PROT_READ | PROT_WRITE, MAP_SHARED, stale_fd, 0);
         old != MAP_FAILED) {
       static_cast<MailboxHeader*>(old)->closed.store(1, std::memory_order_release);
       ::munmap(old, kMailboxPageBytes);
@@ -460,7 +462,8 @@ bool ShmPort::lookup_peer(Peer& p, uint64_t now) {
   int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW);
   if (fd < 0) return false;
   struct stat st;
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || static_cast<uint64_t>(st.st_size) < kMailboxPageBytes) {
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) ||
+      static_cast<uint64_t>(st.st_size) < kMailboxPageBytes) {
     ::close(fd);
     return false;
   }
