@@ -5,17 +5,17 @@
 #   inspection in a debugger is lost, for test code alone. Measured on a 2-core machine
 #   (transport_test.cpp, -O2): 16.9 s with -g, 11.3 s with -g1; test code is ~40 % of a
 #   from-scratch build's compile time, and CI builds two presets from nothing.
-# - is never a unity build (CMAKE_UNITY_BUILD, on in the asan preset): test files gain little
+# - is never a unity build (CMAKE_UNITY_BUILD, on in both presets): test files gain little
 #   from it (gtest's template expansion is per test, not per file: engine_tests 75 -> 63 s
 #   under ASan) and their file-local helpers share names across files. The product's
-#   libraries and tools are unity-built there (CMakePresets.json, CMakeLists.txt).
+#   libraries and tools are (CMakePresets.json, CMakeLists.txt).
 # - in the default preset, compiles at -O1 (the product keeps -O2): 25-35 % less compile
 #   time (transport_test.cpp 18-20 -> 13-16 s, api_test.cpp 8-9 -> 5.5-6 s); test code is not
 #   what the tests time.
 # - in a sanitizer build, compiles at -O0 (the product's code stays at the preset's -O1):
 #   instrumented test code compiles 2.6x faster so (transport_test.cpp 40 -> 15 s, api_test.cpp
 #   17 -> 7 s) and runs on the product's code, which is where the time goes. Warnings that
-#   need the optimiser still see the test code in the default preset (-O2). A target whose
+#   need the optimiser still see the test code in the default preset (-O1). A target whose
 #   test code itself does heavy work sets the property SOFTRDMA_SANITIZE_OPTIMIZED and keeps
 #   the preset's -O1 (ccl_verbs_tests).
 # GCC and Clang take the last -g level given, and target options follow the build type's
