@@ -1,6 +1,7 @@
 # softrdma_tests_build_options(): every target under the source tree that links GoogleTest
 # (the test executables and their helper libraries)
-# - compiles with line tables only (-g1) instead of full debug information. A failing test's
+# - compiles with line tables only (-g1) instead of full debug information, in a Debug build
+#   too (both presets build everything with -g1, CMakePresets.json). A failing test's
 #   backtrace (gdb, ASan, UBSan) still names functions, files and lines; only variable
 #   inspection in a debugger is lost, for test code alone. Measured on a 2-core machine
 #   (transport_test.cpp, -O2): 16.9 s with -g, 11.3 s with -g1; test code is ~40 % of a
@@ -48,5 +49,36 @@ endfunction()
 function(softrdma_tests_build_options)
   if(SOFTRDMA_TESTS)
     _softrdma_test_options_in(${PROJECT_SOURCE_DIR})
+  endif()
+endfunction()
+
+# softrdma_tools_build_options(): in a sanitizer build, the programs under tools/ (softrdma,
+# wan_study, kv-bench, kv-demo, the nccl-tests-style *_perf and their helper libraries)
+# compile at -O0, as test code does above. Their own code parses arguments, forks peers and
+# prints reports; the data paths they drive are the product's libraries, which keep the
+# preset's -O1. What makes them expensive is CLI11 2.1 (Debian 12's libcli11-dev, header-only
+# with no precompiled mode): one translation unit including <CLI/CLI.hpp> costs ~21 s at -O1
+# under ASan and ~8 s at -O0. Measured on a 2-core machine: kv_bench.cpp 33.6 -> 20.4 s;
+# the tools took 192 CPU-s of an asan build from nothing. The default preset is unchanged.
+function(_softrdma_tools_options_in dir)
+  get_property(targets DIRECTORY ${dir} PROPERTY BUILDSYSTEM_TARGETS)
+  foreach(t ${targets})
+    get_target_property(type ${t} TYPE)
+    if(type MATCHES "^(EXECUTABLE|STATIC_LIBRARY|OBJECT_LIBRARY)$")
+      get_target_property(libs ${t} LINK_LIBRARIES)
+      if(NOT libs MATCHES "GTest::")  # test targets: softrdma_tests_build_options()
+        target_compile_options(${t} PRIVATE -O0)
+      endif()
+    endif()
+  endforeach()
+  get_property(subdirs DIRECTORY ${dir} PROPERTY SUBDIRECTORIES)
+  foreach(d ${subdirs})
+    _softrdma_tools_options_in(${d})
+  endforeach()
+endfunction()
+
+function(softrdma_tools_build_options)
+  if(SOFTRDMA_SANITIZE)
+    _softrdma_tools_options_in(${PROJECT_SOURCE_DIR}/tools)
   endif()
 endfunction()
