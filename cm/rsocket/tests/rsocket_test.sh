@@ -9,7 +9,9 @@
 #   rstream        rstream -b S -p P / rstream -s S -p P: the full default test (64 B, 4 KiB,
 #                  64 KiB, 1 MiB, latency and bandwidth: eight result lines)
 #   rstream_async  the same with -T a -T v: rpoll before each call, data verified
-#   rstream_nonblocking  the same with -T n -T v: O_NONBLOCK (rfcntl), EAGAIN loops, verified
+#   rstream_nonblocking  the same with -T n -T v: O_NONBLOCK (rfcntl), EAGAIN loops, verified;
+#                  with RSOCKET_SWEEP=short instead of the sweep one 64 KiB stream of 20,000
+#                  transfers (-S 65536 -C 20000: one "custom" result line)
 #   riostream      riostream -b S -p P / riostream -s S -p P: the full default test (riomap'd
 #                  window, riowrite = RDMA WRITE into it)
 #   preload        cm/rsocket/tests/socket_transfer.py (python3's socket module) under
@@ -114,9 +116,15 @@ expect_ok() {
   fi
 }
 
-# expect_sweep LOG: the eight result lines of rstream/riostream's default test.
+# expect_sweep LOG: the eight result lines of rstream/riostream's default test, or the one
+# of a custom test (SHORT).
 expect_sweep() {
   local name n=0
+  if ((SHORT)); then
+    grep -qE "^custom +64k +20k " "$1" ||
+      { show_logs "$SLOG" "$CLOG"; fail "$(basename "$1"): no custom 64k result line"; }
+    return
+  fi
   for name in 64_lat 4k_lat 64k_lat 1m_lat 64_bw 4k_bw 64k_bw 1m_bw; do
     grep -qE "^$name +" "$1" && n=$((n + 1))
   done
@@ -130,6 +138,11 @@ case "$CASE" in
     more=()
     [[ $CASE == rstream_async ]] && more=(-T a -T v)
     [[ $CASE == rstream_nonblocking ]] && more=(-T n -T v)
+    SHORT=0
+    if [[ $CASE == rstream_nonblocking && ${RSOCKET_SWEEP:-} == short ]]; then
+      SHORT=1
+      more+=(-S 65536 -C 20000)
+    fi
     need_tool "$prog"
     start_server "$prog" -b "$S" -p "$PORT" "${more[@]}"
     run_client "$prog" -s "$S" -p "$PORT" "${more[@]}"
