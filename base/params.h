@@ -129,7 +129,9 @@ inline constexpr Param kParams[] = {
      .doc = "selective retransmission between softrdma peers (IRN-style, docs/wide-area.md): "
             "requests carry a reserved BTH bit; a responder with it on keeps WRITE segments "
             "that arrive out of order, NAKs only the missing PSNs and says how many it holds "
-            "(selective ACKs), so the requester's window counts only what is in flight. 0: "
+            "(selective ACKs), so the requester's window counts only what is in flight; a "
+            "requester places READ responses that arrive out of order and asks for the lost "
+            "ones alone. 0: "
             "go-back-N only, as with any other RoCE peer"},
     {.name = "SOFTRDMA_FAULT_GUARD",
      .group = Group::kDevice,

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Goodput of a large RDMA WRITE stream over an emulated wide-area link (issue 9, item 2):
-# go-back-N against selective retransmission, at several loss rates.
+# Goodput of a large RDMA WRITE (or READ) stream over an emulated wide-area link (issue 9,
+# item 2; issue 23): go-back-N against selective retransmission, at several loss rates.
 #
 #   bash bench/wan_bench.sh            (needs a built build/ tree and perftest's ib_write_bw)
 #
@@ -9,6 +9,9 @@
 #   WAN_DELAY    one-way delay (10ms: a 20 ms round trip)
 #   WAN_LOSSES   random loss rates in %, each direction (ACKs and NAKs are lost too) ("0 0.1 1")
 #   WAN_MB       MiB written per run: WAN_MB messages of 1 MiB (256)
+#   WAN_OP       write (ib_write_bw) or read (ib_read_bw: the client READs from the server, so
+#                the data crosses the link as READ responses; lost responses are what
+#                selective mode places around and asks for alone) (write)
 #   WAN_MODES    recovery and congestion control ("gbn sel gbn+dcqcn sel+dcqcn"): gbn / sel =
 #                SOFTRDMA_SELECTIVE_RETX=0 / 1 on both sides; +dcqcn adds SOFTRDMA_CC=dcqcn and
 #                ECN marking on the link above WAN_ECN of backlog (the others: SOFTRDMA_CC=none,
@@ -43,6 +46,9 @@ RATE=${WAN_RATE:-1gbit}
 DELAY=${WAN_DELAY:-10ms}
 LOSSES=${WAN_LOSSES:-"0 0.1 1"}
 MB=${WAN_MB:-256}
+OP=${WAN_OP:-write}
+[[ $OP == write || $OP == read ]] || { echo "WAN_OP: write or read, not $OP" >&2; exit 1; }
+PERF=ib_${OP}_bw
 MODES=${WAN_MODES:-"gbn sel gbn+dcqcn sel+dcqcn"}
 ECN=${WAN_ECN:-0.25bdp}
 TDF=${WAN_TDF:-1}
@@ -51,7 +57,7 @@ tdf_args=()
 [[ $TDF != 1 ]] && tdf_args=(--tdf "$TDF")
 B=build
 [[ -x $B/bin/softrdma ]] || { echo "build first: cmake --build build --target softrdma" >&2; exit 1; }
-command -v ib_write_bw >/dev/null || { echo "needs perftest (ib_write_bw)" >&2; exit 1; }
+command -v "$PERF" >/dev/null || { echo "needs perftest ($PERF)" >&2; exit 1; }
 if [[ -n ${WAN_OUT:-} ]]; then
   OUT=$WAN_OUT
   mkdir -p "$OUT"
@@ -89,12 +95,12 @@ run() {
   port=$((port + 1))
   local args=(-d srdma0 -x 0 -s 1048576 -n "$MB" -m 4096 -u "$QP_TIMEOUT" -t "$TX_DEPTH" -F -p "$port")
   SOFTRDMA_CC=$cc SOFTRDMA_SELECTIVE_RETX=$sel SOFTRDMA_TRANSPORT=udp timeout "$RUN_TIMEOUT" \
-    $B/bin/softrdma run "${tdf_args[@]}" --addr 127.0.33.1 --wan "$wan" -- ib_write_bw "${args[@]}" >"$log.srv" 2>&1 &
+    $B/bin/softrdma run "${tdf_args[@]}" --addr 127.0.33.1 --wan "$wan" -- "$PERF" "${args[@]}" >"$log.srv" 2>&1 &
   local spid=$!
   sleep 0.5
   local t0=$(date +%s.%N)
   SOFTRDMA_CC=$cc SOFTRDMA_SELECTIVE_RETX=$sel SOFTRDMA_TRANSPORT=udp timeout "$RUN_TIMEOUT" \
-    $B/bin/softrdma run "${tdf_args[@]}" --addr 127.0.33.2 --wan "$wan" -- ib_write_bw "${args[@]}" 127.0.0.1 \
+    $B/bin/softrdma run "${tdf_args[@]}" --addr 127.0.33.2 --wan "$wan" -- "$PERF" "${args[@]}" 127.0.0.1 \
     >"$log.cli" 2>&1 &
   local cpid=$!
   # The counters of the client's device while it runs: the last snapshot that still lists
@@ -123,17 +129,17 @@ print(devs[-1]["counters"].get(name, 0) if devs else 0)
 PY
 }
 
-echo "WAN link: $RATE, one-way delay $DELAY (RTT $RTT_MS ms), queue 1 BDP; $MB MiB of 1 MiB RDMA WRITEs; tx depth $TX_DEPTH, QP timeout $QP_TIMEOUT; time dilation K = $TDF (figures virtual)"
+echo "WAN link: $RATE, one-way delay $DELAY (RTT $RTT_MS ms), queue 1 BDP; $MB MiB of 1 MiB RDMA ${OP^^}s ($PERF); tx depth $TX_DEPTH, QP timeout $QP_TIMEOUT; time dilation K = $TDF (figures virtual)"
 echo
-echo "| loss | recovery | CC | goodput MB/s | % of link | virtual s | packets sent again | resends sent again | selective NAKs | timeouts | queue drops | CNPs |"
-echo "|---|---|---|---|---|---|---|---|---|---|---|---|"
+echo "| loss | recovery | CC | goodput MB/s | % of link | virtual s | packets sent again | resends sent again | selective NAKs | READ responses placed ahead | READ gap requests | timeouts | queue drops | CNPs |"
+echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
 for loss in $LOSSES; do
   for mode in $MODES; do
     read -r mbps pct secs < <(run "$mode" "$loss")
     st="$OUT/$mode-$loss.stat"
     name=$([[ $mode == gbn* ]] && echo "go-back-N" || echo "selective")
     cc=$([[ $mode == *+dcqcn ]] && echo "DCQCN" || echo "none")
-    echo "| $loss % | $name | $cc | $mbps | $pct | $secs | $(counter retransmitted_pkts "$st") | $(counter resend_again_pkts "$st") | $(counter selective_nak_rcvd "$st") | $(counter retransmit_timeouts "$st") | $(counter wan_dropped_queue "$st") | $(counter cnp_rcvd "$st") |"
+    echo "| $loss % | $name | $cc | $mbps | $pct | $secs | $(counter retransmitted_pkts "$st") | $(counter resend_again_pkts "$st") | $(counter selective_nak_rcvd "$st") | $(counter ooo_read_responses "$st") | $(counter read_gap_requests "$st") | $(counter retransmit_timeouts "$st") | $(counter wan_dropped_queue "$st") | $(counter cnp_rcvd "$st") |"
   done
 done
 echo

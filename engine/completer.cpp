@@ -2,6 +2,7 @@
 // (IBTA vol 1, 9.7.5.2 requester side of ACK/NAK protocol, 9.7.6 retries; rxe_comp.c).
 #include <algorithm>
 #include <cstring>
+#include <span>
 #include <vector>
 
 #include "engine/cq.h"
@@ -15,6 +16,8 @@ namespace {
 
 using wire::psn_add;
 using wire::psn_diff;
+
+bool ask_for_unanswered(QueuePair& qp, Transport& t, uint32_t upto);
 
 // Go-back-N from `psn` (`why`: a string literal, logged); the recovery state becomes `state`
 // (go-back-N, or the RNR wait before it).
@@ -117,6 +120,11 @@ void note_progress(QueuePair& qp, Transport& t, uint32_t old_psn) {
   }
   if (qp.comp.recovery_psn != kNoPsn && psn_diff(qp.comp.psn, qp.comp.recovery_psn) >= 0)
     qp.comp.recovery_psn = kNoPsn;  // everything sent before the loss is acknowledged
+  // Passed marks are dropped, so that none is read against PSNs 2^23 later (serial numbers).
+  if (qp.comp.read_gap_end != kNoPsn && psn_diff(qp.comp.psn, qp.comp.read_gap_end) >= 0)
+    qp.comp.read_gap_end = kNoPsn;
+  if (qp.comp.acked_beyond != kNoPsn && psn_diff(qp.comp.psn, qp.comp.acked_beyond) > 0)
+    qp.comp.acked_beyond = kNoPsn;
   auto& inflight = qp.comp.rd_atomic_inflight;
   while (!inflight.empty() && psn_diff(inflight.front(), qp.comp.psn) < 0) inflight.pop_front();
   qp.comp.head_since_ns = now;
@@ -307,7 +315,7 @@ void on_ack(QueuePair& qp, const wire::Packet& pkt, Transport& t) {
   }
   switch (wire::aeth_kind(syn)) {
     case wire::AckKind::kAck:
-      if (!complete_acked(qp, t, psn)) fast_retry(qp, t);
+      if (!complete_acked(qp, t, psn) && !ask_for_unanswered(qp, t, psn)) fast_retry(qp, t);
       return;
     case wire::AckKind::kRnrNak: {
       bump(t.counters().rcvd_rnr_err);
@@ -383,6 +391,36 @@ bool scatter(SendWqe& w, uint64_t offset, std::span<const uint8_t> data) {
   return true;
 }
 
+// Whether the WQE's local buffers hold `data` at byte `offset` (false as well when a buffer
+// was unmapped since registration).
+bool holds(const SendWqe& w, uint64_t offset, std::span<const uint8_t> data) {
+  struct Args {
+    const SendWqe* w;
+    uint64_t offset;
+    std::span<const uint8_t> data;
+    bool same = true;
+  } args{&w, offset, data};
+  const bool ran = net::guarded_call(
+      [](void* v) {
+        Args& a = *static_cast<Args*>(v);
+        size_t done = 0;
+        for (const iovec& io : a.w->local) {
+          if (done == a.data.size()) break;
+          if (a.offset >= io.iov_len) {
+            a.offset -= io.iov_len;
+            continue;
+          }
+          const size_t n = std::min<size_t>(io.iov_len - a.offset, a.data.size() - done);
+          a.same &= std::memcmp(static_cast<const uint8_t*>(io.iov_base) + a.offset,
+                                a.data.data() + done, n) == 0;
+          done += n;
+          a.offset = 0;
+        }
+      },
+      &args);
+  return ran && args.same;
+}
+
 // A READ response or atomic result found its local buffer unmapped: a local protection
 // error of that WQE (IBTA 10.6.3; rxe's copy_data failure), the QP to ERR.
 void fail_local_buffer(QueuePair& qp, Transport& t) {
@@ -409,21 +447,154 @@ SendWqe* answered_wqe(QueuePair& qp, const wire::Packet& pkt, Transport& t, WrCl
   return &w;
 }
 
+// The byte offset in `w` of the READ response at `psn`, or UINT64_MAX (counted malformed)
+// when `pkt`'s payload is not the size that PSN carries.
+uint64_t read_response_offset(const QueuePair& qp, const SendWqe& w, const wire::Packet& pkt,
+                              Transport& t) {
+  const uint32_t psn = pkt.hdr.bth.psn;
+  const uint64_t offset = uint64_t(psn_diff(psn, w.first_psn)) * qp.mtu;
+  const uint64_t expect = psn == w.last_psn() ? w.length - offset : qp.mtu;
+  if (pkt.payload.size() == expect) return offset;
+  bump(t.counters().rcvd_malformed);  // wrong size for its PSN: drop, the timer recovers
+  return UINT64_MAX;
+}
+
+// Asks for the READ responses at [from, to) that were not placed
+// (requester::ask_read_responses), and watches them: asked for again when none came for
+// resend_check_ns (check_resends).
+void ask_read(QueuePair& qp, Transport& t, uint32_t from, uint32_t to) {
+  if (requester::ask_read_responses(qp, t, from, to) == 0) return;
+  const uint64_t now = t.now_ns();
+  qp.comp.read_asked_ns = now;
+  if (const uint64_t check = resend_check_ns(qp); check && !qp.comp.resend_check_ns) {
+    qp.comp.resend_check_ns = now + check;
+    t.timer_armed(qp, qp.comp.resend_check_ns);
+  }
+}
+
+// Selective mode: `upto` and every PSN before it are known executed at the responder — a
+// cumulative ACK named it, or a READ response for the PSN after it came (responses and ACKs
+// leave the responder in PSN order; it executes no READ beyond a gap) — while a READ before
+// it is unanswered: its missing responses were lost, not late. Asks for those alone
+// (requester::ask_read_responses), from where the last such request ended
+// (CompleterState::read_gap_end) on, and remembers that SEND/WRITEs up to `upto` are
+// acknowledged (acked_beyond) for when the READs before them complete. False, for go-back-N,
+// outside selective mode or when an atomic lies unanswered before `upto` (its result is
+// asked for by a go-back).
+bool ask_for_unanswered(QueuePair& qp, Transport& t, uint32_t upto) {
+  if (!t.selective_retransmit()) return false;
+  for (uint64_t idx = qp.sq_base; idx < qp.sq_end(); ++idx) {
+    const SendWqe& w = qp.wqe(idx);
+    if (!w.started || psn_diff(w.first_psn, upto) > 0) break;
+    if (w.info().cls == WrClass::kAtomic) return false;
+  }
+  uint32_t from = qp.comp.psn;
+  if (qp.comp.read_gap_end != kNoPsn && psn_diff(qp.comp.read_gap_end, from) > 0)
+    from = qp.comp.read_gap_end;
+  const uint32_t end = psn_add(upto, 1);
+  if (psn_diff(end, from) > 0 &&
+      (qp.comp.recovery_psn == kNoPsn || psn_diff(from, qp.comp.recovery_psn) >= 0)) {
+    // Lost responses are a loss like a selective NAK's range, judged the same way (once per
+    // recovery episode): without it the window grew on, and each READ request drew its chunk
+    // of responses into a full queue (bench/wan_bench.sh WAN_OP=read, 0 % loss: the
+    // responder's emulated queue dropped 19,284 of 59,263 packets).
+    judge_loss(qp, t, uint32_t(psn_diff(end, from)));
+    if (qp.req.recovery == Recovery::kNone || qp.req.recovery == Recovery::kProbe)
+      requester::enter_recovery(qp, Recovery::kSelective, "READ responses missing");
+  }
+  for (uint64_t idx = qp.sq_base; idx < qp.sq_end() && psn_diff(end, from) > 0; ++idx) {
+    const SendWqe& w = qp.wqe(idx);
+    if (!w.started || psn_diff(w.first_psn, upto) > 0) break;
+    if (w.info().cls != WrClass::kRead || psn_diff(w.last_psn(), from) < 0) continue;
+    const uint32_t first = psn_diff(w.first_psn, from) > 0 ? w.first_psn : from;
+    const uint32_t stop = psn_diff(w.last_psn(), upto) < 0 ? psn_add(w.last_psn(), 1) : end;
+    log().debug("qp {:#x}: psn {:#x} executed, READ unanswered from {:#x}: asking for {:#x}…{:#x}",
+                qp.qpn(), upto, qp.comp.psn, first, psn_add(stop, wire::kPsnMask));
+    ask_read(qp, t, first, stop);
+  }
+  if (qp.comp.read_gap_end == kNoPsn || psn_diff(end, qp.comp.read_gap_end) > 0)
+    qp.comp.read_gap_end = end;
+  if (qp.comp.acked_beyond == kNoPsn || psn_diff(upto, qp.comp.acked_beyond) > 0)
+    qp.comp.acked_beyond = upto;
+  return true;
+}
+
+// Selective mode (Transport::selective_retransmit): a READ response ahead of the oldest
+// unanswered PSN is placed now, and only what is missing before it is asked for again
+// (ask_for_unanswered), where go-back-N re-requested everything from the gap on — IRN's
+// out-of-order READ responses (Mittal et al., SIGCOMM 2018, 3.2 and 3.4: the requester
+// places them and asks for the lost ones by a READ for their range). A second copy of a
+// placed response that differs from it is contested, as the responder contests WRITEs
+// (responder.cpp contest()): which one is forged cannot be told, so that response is asked
+// for again. Returns false when the response is left to the in-order path (go-back-N).
+bool read_response_ahead(QueuePair& qp, const wire::Packet& pkt, Transport& t) {
+  const uint32_t psn = pkt.hdr.bth.psn;
+  if (!t.selective_retransmit() || psn_diff(psn, qp.comp.psn) <= 0) return false;
+  complete_acked(qp, t, psn_add(psn, wire::kPsnMask));  // SEND/WRITEs before the first READ
+  if (qp.attr.state == QpState::kErr) return true;
+  if (psn_diff(psn, qp.comp.psn) <= 0) return false;
+  const uint64_t idx = requester::find_wqe(qp, psn);
+  if (idx == qp.sq_end() || qp.wqe(idx).info().cls != WrClass::kRead) return false;
+  SendWqe& w = qp.wqe(idx);
+  const uint64_t offset = read_response_offset(qp, w, pkt, t);
+  if (offset == UINT64_MAX) return true;
+  if (w.read_placed_at(psn)) {
+    bump(t.counters().rcvd_stale_response);
+    if (!holds(w, offset, pkt.payload)) {
+      bump(t.counters().ooo_contested);
+      w.mark_read_placed(psn, false);
+      ask_read(qp, t, psn, psn_add(psn, 1));
+    }
+    return true;
+  }
+  if (!ask_for_unanswered(qp, t, psn_add(psn, wire::kPsnMask))) return false;
+  if (!scatter(w, offset, pkt.payload)) {
+    fail_local_buffer(qp, t);
+    return true;
+  }
+  w.mark_read_placed(psn, true);
+  bump(t.counters().ooo_read_responses);
+  if (psn_diff(psn_add(psn, 1), qp.comp.read_gap_end) > 0) qp.comp.read_gap_end = psn_add(psn, 1);
+  return true;
+}
+
+// After the oldest unanswered PSN has moved: moves on past READ responses placed out of order
+// and SEND/WRITEs acknowledged while a READ before them was unanswered (acked_beyond),
+// completing each WQE it passes the end of, in order.
+void pass_answered(QueuePair& qp) {
+  while (!qp.sq.empty()) {
+    SendWqe& w = qp.sq.front();
+    if (!w.started || psn_diff(qp.comp.psn, w.first_psn) < 0) break;
+    if (w.info().cls == WrClass::kRead) {
+      if (!w.read_placed_at(qp.comp.psn)) break;
+      const bool last = qp.comp.psn == w.last_psn();
+      qp.comp.psn = psn_add(qp.comp.psn, 1);
+      if (last) qp.retire_send(WcStatus::kSuccess, static_cast<uint32_t>(w.length));
+      continue;
+    }
+    const uint32_t acked = qp.comp.acked_beyond;
+    if (w.info().read_or_atomic || acked == kNoPsn || psn_diff(acked, qp.comp.psn) < 0) break;
+    if (psn_diff(acked, w.last_psn()) < 0) {
+      qp.comp.psn = psn_add(acked, 1);  // part of a multi-packet message
+      break;
+    }
+    qp.comp.psn = psn_add(w.last_psn(), 1);
+    qp.retire_send(WcStatus::kSuccess, static_cast<uint32_t>(w.length));
+  }
+}
+
 void on_read_response(QueuePair& qp, const wire::Packet& pkt, Transport& t) {
+  if (read_response_ahead(qp, pkt, t)) return;
   SendWqe* w = answered_wqe(qp, pkt, t, WrClass::kRead);
   if (!w) return;
   const uint32_t psn = pkt.hdr.bth.psn;
-  const uint64_t offset = uint64_t(psn_diff(psn, w->first_psn)) * qp.mtu;
-  const bool last = psn == w->last_psn();
-  const uint64_t expect = last ? w->length - offset : qp.mtu;
-  if (pkt.payload.size() != expect) {
-    bump(t.counters().rcvd_malformed);  // wrong size for its PSN: drop, the timer recovers
-    return;
-  }
+  const uint64_t offset = read_response_offset(qp, *w, pkt, t);
+  if (offset == UINT64_MAX) return;
   if (!scatter(*w, offset, pkt.payload)) return fail_local_buffer(qp, t);
   qp.comp.psn = psn_add(psn, 1);
+  if (psn == w->last_psn()) qp.retire_send(WcStatus::kSuccess, static_cast<uint32_t>(w->length));
+  pass_answered(qp);
   note_progress(qp, t, psn);
-  if (last) qp.retire_send(WcStatus::kSuccess, static_cast<uint32_t>(w->length));
 }
 
 void on_atomic_ack(QueuePair& qp, const wire::Packet& pkt, Transport& t) {
@@ -516,15 +687,31 @@ void check_resends(QueuePair& qp, Transport& t, uint64_t now) {
                 [&](const CompleterState::Resent& r) { return psn_diff(r.psn, qp.comp.psn) < 0; });
   const bool outstanding =
       psn_diff(qp.req.psn, qp.comp.psn) > 0 && !qp.sq.empty() && qp.sq.front().started;
-  if (!check || !outstanding || qp.req.rnr_wait() || !qp.comp.peer_selective) return;
-  // A READ or atomic at the head is left to its own recovery (a response out of order goes
-  // back to it; the retransmit timer): resending its request draws a duplicate READ's whole
-  // chunk of responses each time (measured: retry_cnt exhausted under periodic loss).
+  if (!check || !outstanding || qp.req.rnr_wait()) return;
+  // A READ or atomic at the head is not resent whole: its request draws a duplicate READ's
+  // whole chunk of responses each time (measured: retry_cnt exhausted under periodic loss).
+  // A READ whose missing responses were asked for (ask_read) is asked for once more when
+  // none came for resend_check_ns: that request or its responses were lost too. Otherwise
+  // its own recovery (a response or ACK beyond it, the probe, the retransmit timer).
   if (qp.sq.front().info().read_or_atomic) {
-    qp.comp.resend_check_ns = now + check;
-    t.timer_armed(qp, qp.comp.resend_check_ns);
+    const bool asked = t.selective_retransmit() && qp.sq.front().info().cls == WrClass::kRead &&
+                       qp.comp.read_asked_ns && qp.comp.read_gap_end != kNoPsn &&
+                       psn_diff(qp.comp.read_gap_end, qp.comp.psn) > 0;
+    if (!asked && !qp.comp.peer_selective) return;
+    if (asked && now >= std::max(qp.comp.head_since_ns, qp.comp.read_asked_ns) + check) {
+      log().debug("qp {:#x}: READ responses from psn {:#x} missing {} us after they were asked for: "
+                  "again",
+                  qp.qpn(), qp.comp.psn, (now - qp.comp.read_asked_ns) / 1000);
+      bump(t.counters().resend_again_pkts);
+      ask_read(qp, t, qp.comp.psn, qp.comp.read_gap_end);
+    }
+    if (!qp.comp.resend_check_ns) {
+      qp.comp.resend_check_ns = now + check;
+      t.timer_armed(qp, qp.comp.resend_check_ns);
+    }
     return;
   }
+  if (!qp.comp.peer_selective) return;
   uint64_t last = qp.comp.head_since_ns;
   for (const CompleterState::Resent& r : resent)
     if (r.psn == qp.comp.psn) last = std::max(last, r.sent_ns);

@@ -69,7 +69,23 @@ struct SendWqe {
   /// Bytes [placed_from, placed_end) of the message are in the responder's memory (the last
   /// run the device placed; requester.cpp placed_run()).
   uint64_t placed_from = 0, placed_end = 0;
+  /// READ, selective mode: bit i set when the response at PSN first_psn + i was placed while
+  /// an earlier one was missing (completer.cpp read_response_ahead). Allocated at the first
+  /// such response: npsn / 8 bytes, for READs that met a loss only.
+  std::vector<uint64_t> read_placed;
   uint32_t last_psn() const { return wire::psn_add(first_psn, npsn - 1); }
+  /// READ: whether the response at `psn` (one of this WQE's) was placed out of order.
+  bool read_placed_at(uint32_t psn) const {
+    const uint32_t i = static_cast<uint32_t>(wire::psn_diff(psn, first_psn));
+    return i / 64 < read_placed.size() && (read_placed[i / 64] >> (i % 64) & 1);
+  }
+  /// READ: records (or, `on` false, forgets) the response at `psn` as placed out of order.
+  void mark_read_placed(uint32_t psn, bool on) {
+    const uint32_t i = static_cast<uint32_t>(wire::psn_diff(psn, first_psn));
+    if (read_placed.empty()) read_placed.assign((npsn + 63) / 64, 0);
+    const uint64_t bit = uint64_t{1} << (i % 64);
+    read_placed[i / 64] = on ? read_placed[i / 64] | bit : read_placed[i / 64] & ~bit;
+  }
   /// The work-request table's row for this WQE's opcode.
   const WrOpcodeInfo& info() const { return wr_info(wr.opcode); }
 };
@@ -175,6 +191,17 @@ struct CompleterState {
   /// requester counts them out of what it has in flight (requester.cpp window_room).
   uint32_t sack_epsn = kNoPsn;
   uint32_t sack_held = 0;
+  /// Selective mode, READs: one past the last PSN whose missing responses were asked for
+  /// again (completer.cpp ask_for_gap; kNoPsn: none). A go-back-N rewind sets it to
+  /// req.max_psn: it asks for all of that again anyway.
+  uint32_t read_gap_end = kNoPsn;
+  /// Selective mode: the highest PSN known acknowledged while a READ before it was unanswered
+  /// (a cumulative ACK or a READ response beyond it; kNoPsn: none). SEND/WRITEs up to it
+  /// complete once the READs before them do (completer.cpp pass_answered).
+  uint32_t acked_beyond = kNoPsn;
+  /// When READ responses were last asked for so (completer.cpp ask_read), ns (0: not since
+  /// the last go-back-N rewind).
+  uint64_t read_asked_ns = 0;
   /// requester::held_psns when the window was last told of deliveries (completer.cpp
   /// newly_delivered): what an ACK or a selective ACK newly delivered is the change of
   /// comp.psn plus the change of held_psns since.

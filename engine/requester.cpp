@@ -368,9 +368,8 @@ void send_atomic(QueuePair& qp, SendWqe& w, Transport& t) {
   note_sent(qp, t, 1);
 }
 
-// SQ index of the started WQE whose PSNs hold `psn`, or sq_end() when none does. Binary
-// search: started WQEs sit in PSN order from sq_base, so a retransmission costs
-// O(log WQEs in flight), not a walk over the window.
+}  // namespace
+
 uint64_t find_wqe(QueuePair& qp, uint32_t psn) {
   // Started WQEs are a prefix of the SQ (WQEs start in order; a rewind keeps their PSNs).
   uint64_t lo = qp.sq_base, hi = qp.sq_end();
@@ -397,6 +396,8 @@ uint64_t find_wqe(QueuePair& qp, uint32_t psn) {
     return qp.sq_end();
   return lo;
 }
+
+namespace {
 
 // UC and UD: every WQE goes out whole, at once, each packet once — no window, no ACK, no
 // timer (IBTA 9.8, 9.9: unreliable services). The QP completes the WQEs sent whole after the
@@ -623,6 +624,8 @@ void rewind(QueuePair& qp, uint32_t psn) {
   qp.comp.sack_counted = 0;
   qp.comp.resent.clear();
   qp.comp.again_psn = kNoPsn;
+  qp.comp.read_gap_end = qp.req.max_psn;  // READ responses from `psn` on are asked for again
+  qp.comp.read_asked_ns = 0;
   qp.req.timed_psn = kNoPsn;
   // Requests at or after `psn` will be sent again; their credits return now.
   auto& inflight = qp.comp.rd_atomic_inflight;
@@ -684,6 +687,37 @@ uint32_t resend(QueuePair& qp, Transport& t, uint32_t psn, bool ack_req) {
     t.timer_armed(qp, qp.comp.resend_check_ns);
   }
   return n;
+}
+
+uint32_t ask_read_responses(QueuePair& qp, Transport& t, uint32_t from, uint32_t to) {
+  uint32_t requests = 0;
+  while (wire::psn_diff(to, from) > 0) {
+    const uint64_t idx = find_wqe(qp, from);
+    if (idx == qp.sq_end() || qp.wqe(idx).info().cls != WrClass::kRead) break;
+    SendWqe& w = qp.wqe(idx);
+    const uint32_t end = wire::psn_diff(to, w.last_psn()) > 0 ? wire::psn_add(w.last_psn(), 1) : to;
+    if (w.read_placed_at(from)) {  // arrived already: the run starts after it
+      from = wire::psn_add(from, 1);
+      continue;
+    }
+    uint32_t run_end = wire::psn_add(from, 1);
+    while (run_end != end && !w.read_placed_at(run_end)) run_end = wire::psn_add(run_end, 1);
+    const uint64_t off = uint64_t(wire::psn_diff(from, w.first_psn)) * qp.mtu;
+    const uint64_t bytes =
+        std::min<uint64_t>(uint64_t(wire::psn_diff(run_end, from)) * qp.mtu, w.length - off);
+    // A request for PSNs sent before must not move back where in-band requests end.
+    const uint32_t inband_end = qp.req.inband_end;
+    const uint64_t chunk = emit_read_request(qp, w, t, from, off, bytes);  // may stop short
+    qp.req.inband_end = inband_end;
+    if (chunk == 0) break;
+    note_paced(qp, t, 0);
+    bump(t.counters().retransmitted_pkts);
+    bump(t.counters().read_gap_requests);
+    ++requests;
+    from = wire::psn_add(from, psns_for(chunk, qp.mtu));
+  }
+  if (requests) qp.req.timed_psn = kNoPsn;  // Karn's rule, as for any resend
+  return requests;
 }
 
 bool probe(QueuePair& qp, Transport& t) {

@@ -29,6 +29,10 @@ void enter_recovery(QueuePair& qp, Recovery to, const char* cause);
 bool on_local_drop(QueuePair& qp, uint32_t psn);
 /// Sends as many request packets as window, credits, fences and state allow.
 void run(QueuePair& qp, Transport& t);
+/// SQ index of the started WQE whose PSNs hold `psn`, or qp.sq_end() when none does. Binary
+/// search: started WQEs sit in PSN order from sq_base, so a retransmission costs
+/// O(log WQEs in flight), not a walk over the window.
+uint64_t find_wqe(QueuePair& qp, uint32_t psn);
 /// Positions the requester at `psn` (go-back-N): the WQE holding it and the byte offset
 /// of that PSN become the next to transmit; READ/ATOMIC credits after it are returned.
 void rewind(QueuePair& qp, uint32_t psn);
@@ -55,6 +59,12 @@ inline constexpr uint32_t kSpanPerWindow = 4;
 /// responder that already had them (their ACK was lost) answers (IBTA 9.7.5.1.3). Returns
 /// the PSNs that packet covers (≥ 1), or 0 when no started WQE holds `psn`.
 uint32_t resend(QueuePair& qp, Transport& t, uint32_t psn, bool ack_req);
+/// Selective mode: asks again for the READ responses at PSNs [from, to) that were not placed
+/// (SendWqe::read_placed) — a duplicate READ request for each run of them, cut at its WQE's and
+/// chunk's ends and at SendWqe::read_cuts (IBTA 9.7.5.1.3.1: a duplicate lies within the READ
+/// executed), leaving the requester's position alone. Every PSN in the range must belong to a
+/// started READ WQE. Returns the requests sent.
+uint32_t ask_read_responses(QueuePair& qp, Transport& t, uint32_t from, uint32_t to);
 /// The tail-loss probe (completer::probe_timeout_ns): the last PSN sent goes out again with
 /// AckReq, leaving the requester's position alone. Any IBTA responder answers it: a duplicate
 /// with an ACK (the ACK was lost), the expected PSN with an ACK (the tail was lost), a PSN

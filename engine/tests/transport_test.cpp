@@ -1432,6 +1432,62 @@ TEST_P(SelectiveLossTest, WritesAndSendsSurviveRandomLoss) {
 
 INSTANTIATE_TEST_SUITE_P(Seeds, SelectiveLossTest, ::testing::Range(1, 17));
 
+// READs among WRITEs under random loss both ways, in selective mode: lost READ responses are
+// asked for again by range, responses beyond them placed (read_response_ahead); every byte
+// lands, completions stay in order, and re-sending stays in proportion to the loss.
+class SelectiveReadLossTest : public TransportTest, public ::testing::WithParamInterface<int> {};
+
+TEST_P(SelectiveReadLossTest, ReadsAndWritesSurviveRandomLoss) {
+  ta->selective = tb->selective = true;
+  std::mt19937 rng(static_cast<unsigned>(GetParam()));
+  for (QueuePair* q : {a.get(), b.get()}) q->attr.retry_cnt = q->comp.retry_left = 7;
+  constexpr int kMessages = 60;
+  constexpr uint32_t kLen = 7 * kMtu + 100;
+  std::memset(dst.data(), 0, dst.size());
+  int posted = 0, completed = 0, lost = 0;
+  auto lossy = [&](FakeTransport& from, QueuePair& to, FakeTransport& to_t, int pct) {
+    std::deque<std::vector<uint8_t>> kept;
+    for (auto& p : from.sent) {
+      if (int(rng() % 100) >= pct)
+        kept.push_back(std::move(p));
+      else
+        ++lost;
+    }
+    from.sent = std::move(kept);
+    deliver(from, to, to_t);
+  };
+  for (int round = 0; round < 20000 && completed < kMessages; ++round) {
+    while (posted < kMessages && posted - completed < 16) {
+      // Odd messages READ src[m·kLen…] into dst's slot m+1, even ones WRITE it there.
+      const WrOpcode op = posted % 2 ? WrOpcode::kRdmaRead : WrOpcode::kRdmaWrite;
+      const uint64_t s_off = uint64_t(posted) * kLen % (src.size() - kLen);
+      const uint64_t d_off = uint64_t(posted + 1) * kLen;
+      ASSERT_EQ(op == WrOpcode::kRdmaRead ? post(*a, op, d_off, kLen, s_off, uint64_t(posted))
+                                          : post(*a, op, s_off, kLen, d_off, uint64_t(posted)),
+                kOk);
+      ++posted;
+    }
+    lossy(*ta, *b, *tb, 3);
+    lossy(*tb, *a, *ta, 5);
+    for (const Cqe& c : drain()) {
+      ASSERT_EQ(c.status, WcStatus::kSuccess) << "wr " << c.wr_id;
+      ASSERT_EQ(c.wr_id, uint64_t(completed)) << "completions out of order";
+      ++completed;
+    }
+    fire_timers_when_quiet();
+  }
+  ASSERT_EQ(completed, kMessages);
+  for (int m = 0; m < kMessages; ++m) {
+    const uint64_t so = uint64_t(m) * kLen % (src.size() - kLen), dof = uint64_t(m + 1) * kLen;
+    ASSERT_EQ(std::memcmp(dst.data() + dof, src.data() + so, kLen), 0) << "message " << m;
+  }
+  EXPECT_GT(ta->counters_.ooo_read_responses.load(), 0u);
+  EXPECT_GT(ta->counters_.read_gap_requests.load(), 0u);
+  EXPECT_LE(ta->counters_.retransmitted_pkts.load(), uint64_t(8 * lost + 16)) << "lost " << lost;
+}
+
+INSTANTIATE_TEST_SUITE_P(Seeds, SelectiveReadLossTest, ::testing::Range(1, 17));
+
 // ---- Forged out-of-order packets (issue 21 item 1) --------------------------------------
 
 // A copy of genuine packet `g` with a different payload (what a blind forger sends at a
@@ -1535,6 +1591,173 @@ TEST_F(TransportTest, AZeroLengthWriteIsNeverPlacedOutOfOrder) {
 
 // Tail-loss probe (RACK-TLP, RFC 8985 7; issue 23 item 2). A plain (go-back-N) pair that has
 // measured its round trip with a first one-packet WRITE.
+// Selective mode: READ responses that arrive beyond lost ones are placed, and only the lost
+// ones are asked for again, by one READ request for their range (IRN, Mittal et al. 2018,
+// 3.2); go-back-N asks for everything from the gap on (ReadIsChunkedAndLostResponseIs
+// ReRequested). No timeout, no probe.
+TEST_F(TransportTest, ReadResponsesBeyondALossArePlacedAndOnlyTheLostOnesAskedForAgain) {
+  ta->selective = tb->selective = true;
+  constexpr uint32_t kLen = 8 * kMtu - 100;
+  ASSERT_EQ(post(*a, WrOpcode::kRdmaRead, 0, kLen, 0, 2), kOk);
+  deliver(*ta, *b, *tb);
+  ASSERT_EQ(tb->sent.size(), 8u);
+  lose(*tb, {2, 3});
+  deliver(*tb, *a, *ta);
+  EXPECT_EQ(ta->counters_.ooo_read_responses.load(), 4u);  // +4 … +7
+  EXPECT_TRUE(drain().empty());
+  ASSERT_EQ(ta->sent.size(), 1u) << "one READ request for the gap";
+  const wire::Packet rr = parse(ta->sent[0]);
+  EXPECT_EQ(rr.hdr.bth.psn, wire::psn_add(kSqPsn, 2));
+  EXPECT_EQ(rr.hdr.reth.va, reinterpret_cast<uintptr_t>(src.data()) + 2 * kMtu);
+  EXPECT_EQ(rr.hdr.reth.dma_length, 2 * kMtu);
+  deliver(*ta, *b, *tb);
+  EXPECT_EQ(tb->sent.size(), 2u) << "the responder sends the two lost responses, no more";
+  settle();
+  auto c = drain();
+  ASSERT_EQ(c.size(), 1u);
+  EXPECT_EQ(c[0].status, WcStatus::kSuccess);
+  EXPECT_EQ(c[0].opcode, WcOpcode::kRdmaRead);
+  EXPECT_EQ(c[0].byte_len, kLen);
+  EXPECT_EQ(std::memcmp(dst.data(), src.data(), kLen), 0);
+  EXPECT_EQ(a->comp.psn, wire::psn_add(kSqPsn, 8));
+  EXPECT_EQ(ta->counters_.read_gap_requests.load(), 1u);
+  EXPECT_EQ(ta->counters_.retransmitted_pkts.load(), 1u);
+  EXPECT_EQ(ta->counters_.retransmit_timeouts.load(), 0u);
+  EXPECT_EQ(a->attr.state, QpState::kRts);
+}
+
+// The request for a gap's READ responses is lost as well: 1.5 SRTT later the responses still
+// missing are asked for once more (the resend check, IRN's RTO_low for READs) — no probe's
+// go-back-N, no retransmit timeout.
+TEST_F(TransportTest, ALostRequestForMissingReadResponsesIsSentAgainAfterOneAndAHalfRtts) {
+  constexpr uint64_t kRtt = 1'000'000;
+  start_selective_after_one_rtt(kRtt);
+  ASSERT_EQ(drain().size(), 1u);
+  ASSERT_EQ(post(*a, WrOpcode::kRdmaRead, 0, 8 * kMtu, 0, 2), kOk);  // PSNs +1 … +8
+  deliver(*ta, *b, *tb);
+  lose(*tb, {3});
+  deliver(*tb, *a, *ta);
+  ASSERT_EQ(ta->sent.size(), 1u);
+  EXPECT_EQ(parse(ta->sent[0]).hdr.bth.psn, wire::psn_add(kSqPsn, 3));
+  ta->sent.clear();  // the request for +3 is lost
+  ta->advance(completer::resend_check_ns(*a) - 1000);
+  run_requester_timers();
+  EXPECT_TRUE(ta->sent.empty()) << "not before 1.5 SRTT";
+  ta->advance(2000);
+  run_requester_timers();
+  ASSERT_EQ(ta->sent.size(), 1u);
+  const wire::Packet again = parse(ta->sent[0]);
+  EXPECT_EQ(again.hdr.bth.psn, wire::psn_add(kSqPsn, 3));
+  EXPECT_EQ(again.hdr.reth.dma_length, kMtu);
+  settle();
+  auto c = drain();
+  ASSERT_EQ(c.size(), 1u);
+  EXPECT_EQ(c[0].status, WcStatus::kSuccess);
+  EXPECT_EQ(std::memcmp(dst.data(), src.data(), 8 * kMtu), 0);
+  EXPECT_EQ(ta->counters_.retransmit_timeouts.load(), 0u);
+  EXPECT_EQ(ta->counters_.tail_loss_probes.load(), 0u);
+  EXPECT_EQ(ta->counters_.read_gap_requests.load(), 2u);
+}
+
+// A cumulative ACK for a WRITE posted after a READ whose last responses were lost: only those
+// responses are asked for, and the WRITE completes after the READ without being sent again.
+TEST_F(TransportTest, AnAckBeyondAReadMissingResponsesAsksForThemAloneAndKeepsTheWrite) {
+  ta->selective = tb->selective = true;
+  ASSERT_EQ(post(*a, WrOpcode::kRdmaRead, 0, 4 * kMtu, 0, 1), kOk);         // +0 … +3
+  ASSERT_EQ(post(*a, WrOpcode::kRdmaWrite, 0, 2 * kMtu, 4 * kMtu, 2), kOk);  // +4, +5
+  deliver(*ta, *b, *tb);
+  lose(*tb, {3});  // the READ's last response; the WRITE's ACK comes
+  deliver(*tb, *a, *ta);
+  ASSERT_EQ(ta->sent.size(), 1u) << "a READ request for +3 alone, the WRITE not resent";
+  const wire::Packet rr = parse(ta->sent[0]);
+  EXPECT_EQ(rr.hdr.bth.psn, wire::psn_add(kSqPsn, 3));
+  EXPECT_EQ(rr.hdr.reth.dma_length, kMtu);
+  EXPECT_TRUE(drain().empty()) << "the WRITE completes after the READ";
+  settle();
+  auto c = drain();
+  ASSERT_EQ(c.size(), 2u);
+  EXPECT_EQ(c[0].wr_id, 1u);
+  EXPECT_EQ(c[1].wr_id, 2u);
+  EXPECT_EQ(c[1].status, WcStatus::kSuccess);
+  EXPECT_EQ(std::memcmp(dst.data(), src.data(), 4 * kMtu), 0);
+  EXPECT_EQ(ta->counters_.retransmitted_pkts.load(), 1u);
+  EXPECT_EQ(a->comp.psn, wire::psn_add(kSqPsn, 6));
+}
+
+// A gap across two READs (the first one's last response and the second one's first): one
+// request per READ, each within the READ it re-asks for (a duplicate lies within the READ
+// executed, IBTA 9.7.5.1.3.1); completions stay in order.
+TEST_F(TransportTest, AReadResponseGapAcrossTwoReadsIsAskedForReadByRead) {
+  ta->selective = tb->selective = true;
+  ASSERT_EQ(post(*a, WrOpcode::kRdmaRead, 0, 4 * kMtu, 0, 1), kOk);
+  ASSERT_EQ(post(*a, WrOpcode::kRdmaRead, 4 * kMtu, 4 * kMtu, 4 * kMtu, 2), kOk);
+  deliver(*ta, *b, *tb);
+  ASSERT_EQ(tb->sent.size(), 8u);
+  lose(*tb, {3, 4});
+  deliver(*tb, *a, *ta);
+  EXPECT_EQ(ta->counters_.ooo_read_responses.load(), 3u);  // +5 … +7
+  ASSERT_EQ(ta->sent.size(), 2u);
+  const wire::Packet r1 = parse(ta->sent[0]), r2 = parse(ta->sent[1]);
+  EXPECT_EQ(r1.hdr.bth.psn, wire::psn_add(kSqPsn, 3));
+  EXPECT_EQ(r1.hdr.reth.va, reinterpret_cast<uintptr_t>(src.data()) + 3 * kMtu);
+  EXPECT_EQ(r1.hdr.reth.dma_length, kMtu);
+  EXPECT_EQ(r2.hdr.bth.psn, wire::psn_add(kSqPsn, 4));
+  EXPECT_EQ(r2.hdr.reth.va, reinterpret_cast<uintptr_t>(src.data()) + 4 * kMtu);
+  EXPECT_EQ(r2.hdr.reth.dma_length, kMtu);
+  settle();
+  auto c = drain();
+  ASSERT_EQ(c.size(), 2u);
+  EXPECT_EQ(c[0].wr_id, 1u);
+  EXPECT_EQ(c[1].wr_id, 2u);
+  EXPECT_EQ(c[1].status, WcStatus::kSuccess);
+  EXPECT_EQ(std::memcmp(dst.data(), src.data(), 8 * kMtu), 0);
+  EXPECT_EQ(ta->counters_.retransmit_timeouts.load(), 0u);
+}
+
+// A second copy of a READ response placed out of order that differs from it (a forgery, or
+// the forgery came first): which is genuine cannot be told, so that response is asked for
+// again, and the responder's copy is what stays. An identical copy is only a duplicate.
+TEST_F(TransportTest, ADifferentCopyOfAReadResponsePlacedOutOfOrderIsAskedForAgain) {
+  ta->selective = tb->selective = true;
+  ASSERT_EQ(post(*a, WrOpcode::kRdmaRead, 0, 8 * kMtu, 0, 2), kOk);
+  deliver(*ta, *b, *tb);
+  auto g = take(*tb);
+  ASSERT_EQ(g.size(), 8u);
+  for (int i : {0, 1, 3, 4}) tb->sent.push_back(g[i]);  // +2 lost
+  tb->sent.push_back(forged_copy(g[5]));               // the forgery reaches +5 first
+  tb->sent.push_back(g[5]);
+  tb->sent.push_back(g[4]);  // a true duplicate of +4
+  for (int i : {6, 7}) tb->sent.push_back(g[i]);
+  deliver(*tb, *a, *ta);
+  EXPECT_EQ(ta->counters_.ooo_contested.load(), 1u);
+  ASSERT_EQ(ta->sent.size(), 2u) << "the gap at +2, then +5 alone";
+  EXPECT_EQ(parse(ta->sent[0]).hdr.bth.psn, wire::psn_add(kSqPsn, 2));
+  const wire::Packet again = parse(ta->sent[1]);
+  EXPECT_EQ(again.hdr.bth.psn, wire::psn_add(kSqPsn, 5));
+  EXPECT_EQ(again.hdr.reth.dma_length, kMtu);
+  settle();
+  ASSERT_EQ(drain().size(), 1u);
+  EXPECT_EQ(std::memcmp(dst.data(), src.data(), 8 * kMtu), 0) << "forged data kept";
+  EXPECT_EQ(ta->counters_.retransmit_timeouts.load(), 0u);
+}
+
+// Without selective mode a READ response ahead of the expected one still means go-back-N
+// from the gap (the IBTA requester; rdma-core's rxe does the same), nothing placed ahead.
+TEST_F(TransportTest, WithoutSelectiveModeReadResponsesAheadAreNotPlaced) {
+  ASSERT_EQ(post(*a, WrOpcode::kRdmaRead, 0, 8 * kMtu, 0, 2), kOk);
+  deliver(*ta, *b, *tb);
+  lose(*tb, {2});
+  deliver(*tb, *a, *ta);
+  EXPECT_EQ(ta->counters_.ooo_read_responses.load(), 0u);
+  ASSERT_FALSE(ta->sent.empty());
+  const wire::Packet rr = parse(ta->sent[0]);
+  EXPECT_EQ(rr.hdr.bth.psn, wire::psn_add(kSqPsn, 2));
+  EXPECT_EQ(rr.hdr.reth.dma_length, 6 * kMtu) << "everything from the gap to the chunk's end";
+  settle();
+  ASSERT_EQ(drain().size(), 1u);
+  EXPECT_EQ(std::memcmp(dst.data(), src.data(), 8 * kMtu), 0);
+}
+
 class TailLossTest : public TransportTest {
  protected:
   static constexpr uint64_t kRtt = 10'000'000;  // 10 ms; the retransmit timeout is 67 ms
