@@ -306,9 +306,11 @@ bool send_data_packet(QueuePair& qp, SendWqe& w, Transport& t, std::vector<iovec
 // kReadChunkPsns packets from the start of the message), so a READ re-requested from the
 // middle of a chunk never asks for PSNs beyond what the original request covered (the
 // responder's expected PSN stays right); a shorter one is a duplicate READ for the start
-// of that rest (IBTA 9.7.5.1.3.1). Returns the request's bytes.
+// of that rest (IBTA 9.7.5.1.3.1). `may_be_new`: the responder may not have executed these
+// PSNs' original request, so where this one stops short becomes a cut (read_cuts). Returns
+// the request's bytes.
 uint64_t emit_read_request(QueuePair& qp, SendWqe& w, Transport& t, uint32_t psn, uint64_t off,
-                           uint64_t max_bytes = UINT64_MAX) {
+                           uint64_t max_bytes = UINT64_MAX, bool may_be_new = true) {
   const uint64_t chunk_bytes = uint64_t{kReadChunkPsns} * qp.mtu;
   uint64_t end = std::min<uint64_t>(w.length, (off / chunk_bytes + 1) * chunk_bytes);
   // Nor past where an earlier request of this chunk ended short: the responder may have
@@ -318,7 +320,7 @@ uint64_t emit_read_request(QueuePair& qp, SendWqe& w, Transport& t, uint32_t psn
   for (const uint64_t cut : w.read_cuts)
     if (cut > off && cut < end) end = cut;
   const uint64_t chunk = std::min<uint64_t>(max_bytes, end - off);
-  if (off + chunk < end) w.read_cuts.push_back(off + chunk);
+  if (off + chunk < end && may_be_new) w.read_cuts.push_back(off + chunk);
   wire::Headers h = base_headers(qp, w, t, w.info().only, psn);
   h.reth.va = w.wr.remote_addr + off;
   h.reth.rkey = w.wr.rkey;
@@ -707,7 +709,11 @@ uint32_t ask_read_responses(QueuePair& qp, Transport& t, uint32_t from, uint32_t
         std::min<uint64_t>(uint64_t(wire::psn_diff(run_end, from)) * qp.mtu, w.length - off);
     // A request for PSNs sent before must not move back where in-band requests end.
     const uint32_t inband_end = qp.req.inband_end;
-    const uint64_t chunk = emit_read_request(qp, w, t, from, off, bytes);  // may stop short
+    // Never new to the responder: a response or ACK beyond these PSNs came, and no responder
+    // executes a READ beyond one it has not (a softrdma responder in selective mode takes a
+    // READ beyond a gap as lost), so no cut is needed where this request stops short.
+    const uint64_t chunk =
+        emit_read_request(qp, w, t, from, off, bytes, /*may_be_new=*/false);  // may stop short
     qp.req.inband_end = inband_end;
     if (chunk == 0) break;
     note_paced(qp, t, 0);
