@@ -699,9 +699,10 @@ void check_resends(QueuePair& qp, Transport& t, uint64_t now) {
                        psn_diff(qp.comp.read_gap_end, qp.comp.psn) > 0;
     if (!asked && !qp.comp.peer_selective) return;
     if (asked && now >= std::max(qp.comp.head_since_ns, qp.comp.read_asked_ns) + check) {
-      log().debug("qp {:#x}: READ responses from psn {:#x} missing {} us after they were asked for: "
-                  "again",
-                  qp.qpn(), qp.comp.psn, (now - qp.comp.read_asked_ns) / 1000);
+      log().debug(
+          "qp {:#x}: READ responses from psn {:#x} missing {} us after they were asked for: "
+          "again",
+          qp.qpn(), qp.comp.psn, (now - qp.comp.read_asked_ns) / 1000);
       bump(t.counters().resend_again_pkts);
       ask_read(qp, t, qp.comp.psn, qp.comp.read_gap_end);
     }

@@ -111,6 +111,22 @@ class TransportTest : public ::testing::Test {
   size_t deliver(FakeTransport& from, QueuePair& to, FakeTransport& to_t) {
     return deliver_all(*dev, from, to, to_t);
   }
+  // Delivers what `from` has sent to `to`, each packet lost with probability `pct` % (one
+  // draw of `rng` per packet); returns how many were lost.
+  int deliver_lossy(FakeTransport& from, QueuePair& to, FakeTransport& to_t, int pct,
+                    std::mt19937& rng) {
+    std::deque<std::vector<uint8_t>> kept;
+    int lost = 0;
+    for (auto& p : from.sent) {
+      if (int(rng() % 100) >= pct)
+        kept.push_back(std::move(p));
+      else
+        ++lost;
+    }
+    from.sent = std::move(kept);
+    deliver(from, to, to_t);
+    return lost;
+  }
   // When neither side has a packet on the way, moves both clocks past the retransmit
   // timeout and fires the timers (what a lost packet waits for).
   void fire_timers_when_quiet() {
@@ -139,6 +155,17 @@ class TransportTest : public ::testing::Test {
     for (int i = 0; i < 1000; ++i)
       if (deliver(*ta, *b, *tb) + deliver(*tb, *a, *ta) == 0) return;
     FAIL() << "did not settle";
+  }
+  // Drains the CQ: exactly the WQEs `wr_ids`, in that order, each successful.
+  void expect_completed(std::initializer_list<uint64_t> wr_ids) {
+    const std::vector<Cqe> c = drain();
+    ASSERT_EQ(c.size(), wr_ids.size());
+    size_t i = 0;
+    for (uint64_t id : wr_ids) {
+      EXPECT_EQ(c[i].wr_id, id) << "completion " << i;
+      EXPECT_EQ(c[i].status, WcStatus::kSuccess) << "wr " << id;
+      ++i;
+    }
   }
   std::vector<Cqe> drain() {
     std::vector<Cqe> out(256);
@@ -636,13 +663,6 @@ TEST_P(LossyTransportTest, SendsSurviveRandomLossInBothDirections) {
       ++posted_recv;
     }
   };
-  auto lossy = [&](FakeTransport& from, QueuePair& to, FakeTransport& to_t) {
-    std::deque<std::vector<uint8_t>> kept;
-    for (auto& p : from.sent)
-      if (rng() % 100 >= 10) kept.push_back(std::move(p));  // 10 % loss
-    from.sent = std::move(kept);
-    deliver(from, to, to_t);
-  };
   for (int round = 0; round < 20000 && received < kMessages; ++round) {
     post_recvs();
     while (posted < kMessages && posted - sent_ok < 8) {
@@ -651,8 +671,8 @@ TEST_P(LossyTransportTest, SendsSurviveRandomLossInBothDirections) {
           kOk);
       ++posted;
     }
-    lossy(*ta, *b, *tb);
-    lossy(*tb, *a, *ta);
+    deliver_lossy(*ta, *b, *tb, 10, rng);  // 10 % loss each way
+    deliver_lossy(*tb, *a, *ta, 10, rng);
     for (const Cqe& c : drain()) {
       ASSERT_EQ(c.status, WcStatus::kSuccess) << "wr " << c.wr_id;
       if (c.opcode == WcOpcode::kRecv) {
@@ -1375,28 +1395,23 @@ TEST_F(TransportTest, SelectiveNakFromAPeerWeDidNotAskIsIgnored) {
 // Property: under random loss both ways, with timers, WRITEs and SENDs interleaved all land
 // byte for byte and complete in order, in selective mode; and the packets sent again stay
 // a small multiple of the packets lost.
-class SelectiveLossTest : public TransportTest, public ::testing::WithParamInterface<int> {};
+// (The parameter: the loss pattern's seed.)
+class SelectiveLossTest : public TransportTest, public ::testing::WithParamInterface<int> {
+ protected:
+  static constexpr int kMessages = 60;
+  static constexpr uint32_t kLen = 7 * kMtu + 100;
+  void SetUp() override {
+    TransportTest::SetUp();
+    ta->selective = tb->selective = true;
+    for (QueuePair* q : {a.get(), b.get()}) q->attr.retry_cnt = q->comp.retry_left = 7;
+    std::memset(dst.data(), 0, dst.size());
+  }
+  std::mt19937 rng{static_cast<unsigned>(GetParam())};
+};
 
 TEST_P(SelectiveLossTest, WritesAndSendsSurviveRandomLoss) {
-  ta->selective = tb->selective = true;
-  std::mt19937 rng(static_cast<unsigned>(GetParam()));
-  for (QueuePair* q : {a.get(), b.get()}) q->attr.retry_cnt = q->comp.retry_left = 7;
-  constexpr int kMessages = 60;
-  constexpr uint32_t kLen = 7 * kMtu + 100;
-  std::memset(dst.data(), 0, dst.size());
   int posted = 0, completed = 0, received = 0, lost = 0;
   for (int m = 0; m < 20; ++m) post_recv(*b, kLen, 1000 + m);
-  auto lossy = [&](FakeTransport& from, QueuePair& to, FakeTransport& to_t, int pct) {
-    std::deque<std::vector<uint8_t>> kept;
-    for (auto& p : from.sent) {
-      if (int(rng() % 100) >= pct)
-        kept.push_back(std::move(p));
-      else
-        ++lost;
-    }
-    from.sent = std::move(kept);
-    deliver(from, to, to_t);
-  };
   for (int round = 0; round < 20000 && completed < kMessages; ++round) {
     while (posted < kMessages && posted - completed < 16) {
       // Every third message is a SEND (into dst's tail), the others WRITEs to their slot.
@@ -1406,8 +1421,8 @@ TEST_P(SelectiveLossTest, WritesAndSendsSurviveRandomLoss) {
                 kOk);
       ++posted;
     }
-    lossy(*ta, *b, *tb, 5);
-    lossy(*tb, *a, *ta, 2);
+    lost += deliver_lossy(*ta, *b, *tb, 5, rng);
+    lost += deliver_lossy(*tb, *a, *ta, 2, rng);
     for (const Cqe& c : drain()) {
       ASSERT_EQ(c.status, WcStatus::kSuccess) << "wr " << c.wr_id;
       if (c.opcode == WcOpcode::kRecv) {
@@ -1435,27 +1450,10 @@ INSTANTIATE_TEST_SUITE_P(Seeds, SelectiveLossTest, ::testing::Range(1, 17));
 // READs among WRITEs under random loss both ways, in selective mode: lost READ responses are
 // asked for again by range, responses beyond them placed (read_response_ahead); every byte
 // lands, completions stay in order, and re-sending stays in proportion to the loss.
-class SelectiveReadLossTest : public TransportTest, public ::testing::WithParamInterface<int> {};
+class SelectiveReadLossTest : public SelectiveLossTest {};
 
 TEST_P(SelectiveReadLossTest, ReadsAndWritesSurviveRandomLoss) {
-  ta->selective = tb->selective = true;
-  std::mt19937 rng(static_cast<unsigned>(GetParam()));
-  for (QueuePair* q : {a.get(), b.get()}) q->attr.retry_cnt = q->comp.retry_left = 7;
-  constexpr int kMessages = 60;
-  constexpr uint32_t kLen = 7 * kMtu + 100;
-  std::memset(dst.data(), 0, dst.size());
   int posted = 0, completed = 0, lost = 0;
-  auto lossy = [&](FakeTransport& from, QueuePair& to, FakeTransport& to_t, int pct) {
-    std::deque<std::vector<uint8_t>> kept;
-    for (auto& p : from.sent) {
-      if (int(rng() % 100) >= pct)
-        kept.push_back(std::move(p));
-      else
-        ++lost;
-    }
-    from.sent = std::move(kept);
-    deliver(from, to, to_t);
-  };
   for (int round = 0; round < 20000 && completed < kMessages; ++round) {
     while (posted < kMessages && posted - completed < 16) {
       // Odd messages READ src[m·kLen…] into dst's slot m+1, even ones WRITE it there.
@@ -1467,8 +1465,8 @@ TEST_P(SelectiveReadLossTest, ReadsAndWritesSurviveRandomLoss) {
                 kOk);
       ++posted;
     }
-    lossy(*ta, *b, *tb, 3);
-    lossy(*tb, *a, *ta, 5);
+    lost += deliver_lossy(*ta, *b, *tb, 3, rng);
+    lost += deliver_lossy(*tb, *a, *ta, 5, rng);
     for (const Cqe& c : drain()) {
       ASSERT_EQ(c.status, WcStatus::kSuccess) << "wr " << c.wr_id;
       ASSERT_EQ(c.wr_id, uint64_t(completed)) << "completions out of order";
@@ -1663,7 +1661,7 @@ TEST_F(TransportTest, ALostRequestForMissingReadResponsesIsSentAgainAfterOneAndA
 // responses are asked for, and the WRITE completes after the READ without being sent again.
 TEST_F(TransportTest, AnAckBeyondAReadMissingResponsesAsksForThemAloneAndKeepsTheWrite) {
   ta->selective = tb->selective = true;
-  ASSERT_EQ(post(*a, WrOpcode::kRdmaRead, 0, 4 * kMtu, 0, 1), kOk);         // +0 … +3
+  ASSERT_EQ(post(*a, WrOpcode::kRdmaRead, 0, 4 * kMtu, 0, 1), kOk);          // +0 … +3
   ASSERT_EQ(post(*a, WrOpcode::kRdmaWrite, 0, 2 * kMtu, 4 * kMtu, 2), kOk);  // +4, +5
   deliver(*ta, *b, *tb);
   lose(*tb, {3});  // the READ's last response; the WRITE's ACK comes
@@ -1674,11 +1672,7 @@ TEST_F(TransportTest, AnAckBeyondAReadMissingResponsesAsksForThemAloneAndKeepsTh
   EXPECT_EQ(rr.hdr.reth.dma_length, kMtu);
   EXPECT_TRUE(drain().empty()) << "the WRITE completes after the READ";
   settle();
-  auto c = drain();
-  ASSERT_EQ(c.size(), 2u);
-  EXPECT_EQ(c[0].wr_id, 1u);
-  EXPECT_EQ(c[1].wr_id, 2u);
-  EXPECT_EQ(c[1].status, WcStatus::kSuccess);
+  expect_completed({1, 2});
   EXPECT_EQ(std::memcmp(dst.data(), src.data(), 4 * kMtu), 0);
   EXPECT_EQ(ta->counters_.retransmitted_pkts.load(), 1u);
   EXPECT_EQ(a->comp.psn, wire::psn_add(kSqPsn, 6));
@@ -1705,11 +1699,7 @@ TEST_F(TransportTest, AReadResponseGapAcrossTwoReadsIsAskedForReadByRead) {
   EXPECT_EQ(r2.hdr.reth.va, reinterpret_cast<uintptr_t>(src.data()) + 4 * kMtu);
   EXPECT_EQ(r2.hdr.reth.dma_length, kMtu);
   settle();
-  auto c = drain();
-  ASSERT_EQ(c.size(), 2u);
-  EXPECT_EQ(c[0].wr_id, 1u);
-  EXPECT_EQ(c[1].wr_id, 2u);
-  EXPECT_EQ(c[1].status, WcStatus::kSuccess);
+  expect_completed({1, 2});
   EXPECT_EQ(std::memcmp(dst.data(), src.data(), 8 * kMtu), 0);
   EXPECT_EQ(ta->counters_.retransmit_timeouts.load(), 0u);
 }
@@ -1724,7 +1714,7 @@ TEST_F(TransportTest, ADifferentCopyOfAReadResponsePlacedOutOfOrderIsAskedForAga
   auto g = take(*tb);
   ASSERT_EQ(g.size(), 8u);
   for (int i : {0, 1, 3, 4}) tb->sent.push_back(g[i]);  // +2 lost
-  tb->sent.push_back(forged_copy(g[5]));               // the forgery reaches +5 first
+  tb->sent.push_back(forged_copy(g[5]));                // the forgery reaches +5 first
   tb->sent.push_back(g[5]);
   tb->sent.push_back(g[4]);  // a true duplicate of +4
   for (int i : {6, 7}) tb->sent.push_back(g[i]);
