@@ -720,9 +720,14 @@ uint32_t ask_read_responses(QueuePair& qp, Transport& t, uint32_t from, uint32_t
     bump(t.counters().retransmitted_pkts);
     bump(t.counters().read_gap_requests);
     ++requests;
-    from = wire::psn_add(from, psns_for(chunk, qp.mtu));
+    const uint32_t asked_end = wire::psn_add(from, psns_for(chunk, qp.mtu));
+    // Karn's rule for the PSNs asked for again only: a round trip timed on one of them would
+    // be ambiguous.
+    if (qp.req.timed_psn != kNoPsn && wire::psn_diff(qp.req.timed_psn, from) >= 0 &&
+        wire::psn_diff(qp.req.timed_psn, asked_end) < 0)
+      qp.req.timed_psn = kNoPsn;
+    from = asked_end;
   }
-  if (requests) qp.req.timed_psn = kNoPsn;  // Karn's rule, as for any resend
   return requests;
 }
 
