@@ -19,6 +19,11 @@ using wire::psn_diff;
 
 bool ask_for_unanswered(QueuePair& qp, Transport& t, uint32_t upto);
 
+// Moves `mark` (a PSN, or kNoPsn for none) forward to `psn` unless it lies beyond already.
+void raise_mark(uint32_t& mark, uint32_t psn) {
+  if (mark == kNoPsn || psn_diff(psn, mark) > 0) mark = psn;
+}
+
 // Go-back-N from `psn` (`why`: a string literal, logged); the recovery state becomes `state`
 // (go-back-N, or the RNR wait before it).
 void retry_from(QueuePair& qp, uint32_t psn, const char* why, Recovery state = Recovery::kGoBackN) {
@@ -372,23 +377,32 @@ void on_ack(QueuePair& qp, const wire::Packet& pkt, Transport& t) {
   }
 }
 
-// Copies `data` into the WQE's local buffers at byte `offset`. False when a buffer was
-// unmapped since registration (the copy faulted; net/fault_guard.h).
-bool scatter(SendWqe& w, uint64_t offset, std::span<const uint8_t> data) {
+// Calls f(address, at, n) for each piece of the WQE's local buffers that bytes
+// [offset, offset + len) of its message occupy, in order: `n` bytes at `address`, which are
+// bytes [at, at + n) of the range. Stops and returns false at the first f that does.
+template <class F>
+bool for_local_pieces(const SendWqe& w, uint64_t offset, size_t len, F&& f) {
   size_t done = 0;
   for (const iovec& v : w.local) {
-    if (done == data.size()) break;
+    if (done == len) break;
     if (offset >= v.iov_len) {
       offset -= v.iov_len;
       continue;
     }
-    size_t take = std::min<size_t>(v.iov_len - offset, data.size() - done);
-    if (!net::guarded_copy(static_cast<uint8_t*>(v.iov_base) + offset, data.data() + done, take))
-      return false;
-    done += take;
+    const size_t n = std::min<size_t>(v.iov_len - offset, len - done);
+    if (!f(static_cast<uint8_t*>(v.iov_base) + offset, done, n)) return false;
+    done += n;
     offset = 0;
   }
   return true;
+}
+
+// Copies `data` into the WQE's local buffers at byte `offset`. False when a buffer was
+// unmapped since registration (the copy faulted; net/fault_guard.h).
+bool scatter(SendWqe& w, uint64_t offset, std::span<const uint8_t> data) {
+  return for_local_pieces(w, offset, data.size(), [&](uint8_t* p, size_t at, size_t n) {
+    return net::guarded_copy(p, data.data() + at, n);
+  });
 }
 
 // Whether the WQE's local buffers hold `data` at byte `offset` (false as well when a buffer
@@ -398,24 +412,15 @@ bool holds(const SendWqe& w, uint64_t offset, std::span<const uint8_t> data) {
     const SendWqe* w;
     uint64_t offset;
     std::span<const uint8_t> data;
-    bool same = true;
+    bool same = false;
   } args{&w, offset, data};
   const bool ran = net::guarded_call(
       [](void* v) {
         Args& a = *static_cast<Args*>(v);
-        size_t done = 0;
-        for (const iovec& io : a.w->local) {
-          if (done == a.data.size()) break;
-          if (a.offset >= io.iov_len) {
-            a.offset -= io.iov_len;
-            continue;
-          }
-          const size_t n = std::min<size_t>(io.iov_len - a.offset, a.data.size() - done);
-          a.same &= std::memcmp(static_cast<const uint8_t*>(io.iov_base) + a.offset,
-                                a.data.data() + done, n) == 0;
-          done += n;
-          a.offset = 0;
-        }
+        a.same = for_local_pieces(*a.w, a.offset, a.data.size(),
+                                  [&a](const uint8_t* p, size_t at, size_t n) {
+                                    return std::memcmp(p, a.data.data() + at, n) == 0;
+                                  });
       },
       &args);
   return ran && args.same;
@@ -512,10 +517,8 @@ bool ask_for_unanswered(QueuePair& qp, Transport& t, uint32_t upto) {
                 qp.qpn(), upto, qp.comp.psn, first, psn_add(stop, wire::kPsnMask));
     ask_read(qp, t, first, stop);
   }
-  if (qp.comp.read_gap_end == kNoPsn || psn_diff(end, qp.comp.read_gap_end) > 0)
-    qp.comp.read_gap_end = end;
-  if (qp.comp.acked_beyond == kNoPsn || psn_diff(upto, qp.comp.acked_beyond) > 0)
-    qp.comp.acked_beyond = upto;
+  raise_mark(qp.comp.read_gap_end, end);
+  raise_mark(qp.comp.acked_beyond, upto);
   return true;
 }
 
@@ -554,7 +557,7 @@ bool read_response_ahead(QueuePair& qp, const wire::Packet& pkt, Transport& t) {
   }
   w.mark_read_placed(psn, true);
   bump(t.counters().ooo_read_responses);
-  if (psn_diff(psn_add(psn, 1), qp.comp.read_gap_end) > 0) qp.comp.read_gap_end = psn_add(psn, 1);
+  raise_mark(qp.comp.read_gap_end, psn_add(psn, 1));
   return true;
 }
 

@@ -192,7 +192,7 @@ struct CompleterState {
   uint32_t sack_epsn = kNoPsn;
   uint32_t sack_held = 0;
   /// Selective mode, READs: one past the last PSN whose missing responses were asked for
-  /// again (completer.cpp ask_for_gap; kNoPsn: none). A go-back-N rewind sets it to
+  /// again (completer.cpp ask_for_unanswered; kNoPsn: none). A go-back-N rewind sets it to
   /// req.max_psn: it asks for all of that again anyway.
   uint32_t read_gap_end = kNoPsn;
   /// Selective mode: the highest PSN known acknowledged while a READ before it was unanswered
