@@ -38,7 +38,9 @@
 # bandwidth-delay product, rate × round trip). Goodput = perftest's BW average (MB/sec =
 # 2^20 B/s), as % of the link rate (the link carries headers too: 4096 B of payload per
 # ~4,150 B on the link, so ~98.7 % is the ceiling). Prints a markdown table, then the
-# counters that explain it (packets sent again, selective NAKs, timeouts, emulator drops).
+# counters that explain it (packets sent again, selective NAKs, timeouts, emulator drops; the
+# last column is the server's device: for READs, the responses it put onto the link and
+# its emulated queue dropped).
 # Nothing here is a test: figures depend on the machine and its load.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 1
@@ -118,28 +120,28 @@ run() {
       END { if (!f) printf "nan nan %.2f\n", t / k }' "$log.cli"
 }
 
-# counter NAME FILE → the client device's (127.0.33.2) counter in a `softrdma stat --json`
-# snapshot (0 if absent)
+# counter NAME FILE [ADDRESS] → a device's counter in a `softrdma stat --json` snapshot
+# (0 if absent); the client's (127.0.33.2) unless ADDRESS names the server's (127.0.33.1)
 counter() {
-  python3 - "$1" "$2" <<'PY' 2>/dev/null || echo 0
+  python3 - "$1" "$2" "${3:-127.0.33.2}" <<'PY' 2>/dev/null || echo 0
 import json, sys
-name, path = sys.argv[1], sys.argv[2]
-devs = [d for d in json.load(open(path))["devices"] if d["address"] == "127.0.33.2"]
+name, path, addr = sys.argv[1], sys.argv[2], sys.argv[3]
+devs = [d for d in json.load(open(path))["devices"] if d["address"] == addr]
 print(devs[-1]["counters"].get(name, 0) if devs else 0)
 PY
 }
 
 echo "WAN link: $RATE, one-way delay $DELAY (RTT $RTT_MS ms), queue 1 BDP; $MB MiB of 1 MiB RDMA ${OP^^}s ($PERF); tx depth $TX_DEPTH, QP timeout $QP_TIMEOUT; time dilation K = $TDF (figures virtual)"
 echo
-echo "| loss | recovery | CC | goodput MB/s | % of link | virtual s | packets sent again | resends sent again | selective NAKs | READ responses placed ahead | READ gap requests | timeouts | queue drops | CNPs |"
-echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+echo "| loss | recovery | CC | goodput MB/s | % of link | virtual s | packets sent again | resends sent again | selective NAKs | READ responses placed ahead | READ gap requests | timeouts | queue drops | CNPs | server's packets onto the link / dropped by its queue |"
+echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
 for loss in $LOSSES; do
   for mode in $MODES; do
     read -r mbps pct secs < <(run "$mode" "$loss")
     st="$OUT/$mode-$loss.stat"
     name=$([[ $mode == gbn* ]] && echo "go-back-N" || echo "selective")
     cc=$([[ $mode == *+dcqcn ]] && echo "DCQCN" || echo "none")
-    echo "| $loss % | $name | $cc | $mbps | $pct | $secs | $(counter retransmitted_pkts "$st") | $(counter resend_again_pkts "$st") | $(counter selective_nak_rcvd "$st") | $(counter ooo_read_responses "$st") | $(counter read_gap_requests "$st") | $(counter retransmit_timeouts "$st") | $(counter wan_dropped_queue "$st") | $(counter cnp_rcvd "$st") |"
+    echo "| $loss % | $name | $cc | $mbps | $pct | $secs | $(counter retransmitted_pkts "$st") | $(counter resend_again_pkts "$st") | $(counter selective_nak_rcvd "$st") | $(counter ooo_read_responses "$st") | $(counter read_gap_requests "$st") | $(counter retransmit_timeouts "$st") | $(counter wan_dropped_queue "$st") | $(counter cnp_rcvd "$st") | $(counter wan_shaped "$st" 127.0.33.1) / $(counter wan_dropped_queue "$st" 127.0.33.1) |"
   done
 done
 echo

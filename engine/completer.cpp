@@ -82,28 +82,39 @@ bool resend_lost_resends(QueuePair& qp, Transport& t, uint32_t again_psn) {
 }
 
 // PSNs newly delivered, for the window's delivery rate and growth, when the oldest
-// unacknowledged PSN has just moved `advanced` PSNs (0 for a selective ACK): what it moved
-// over plus the change of what the responder holds beyond it (requester::held_psns) since
-// last counted — PSNs held beyond a gap arrived when a selective ACK said so, and the gap's
-// repair alone is new. BBR's delivery rate counts SACKed packets so (Cardwell et al. 2016),
-// and Linux grows the window by acked + sacked; a repaired gap's whole cumulative jump,
-// counted at once, is a delivery rate sample the link never carried.
+// unacknowledged PSN has just moved `advanced` PSNs (0 for a selective ACK or a READ response
+// placed ahead): what it moved over plus the change, since last counted, of what arrived
+// beyond it — the PSNs the responder holds beyond a gap (requester::held_psns) and the READ
+// responses placed beyond one (CompleterState::read_ahead). Those arrived when the selective
+// ACK said so or the response came, and the gap's repair alone is new. BBR's delivery rate
+// counts SACKed packets so (Cardwell et al. 2016), and Linux grows the window by acked +
+// sacked; a repaired gap's whole cumulative jump, counted at once, is a delivery rate sample
+// the link never carried (a READ stream on a 125 MB/s link measured 186-210 MB/s so).
 uint32_t newly_delivered(QueuePair& qp, uint32_t advanced) {
-  const uint32_t held = requester::held_psns(qp);
+  const uint32_t held = requester::held_psns(qp) + qp.comp.read_ahead;
   const int64_t delivered = int64_t{advanced} + held - qp.comp.sack_counted;
   qp.comp.sack_counted = held;
   return uint32_t(std::max<int64_t>(delivered, 0));
 }
 
+// Tells the window what newly_delivered counts (after a round-trip sample, if any) and
+// restarts the tail-loss probe's wait when something was delivered.
+void count_delivered(QueuePair& qp, Transport& t, uint32_t advanced) {
+  const uint32_t n = newly_delivered(qp, advanced);
+  if (!n) return;
+  const uint64_t now = t.now_ns();
+  qp.req.window.on_delivered(n, now);
+  qp.req.window.on_acked(n);
+  qp.comp.last_delivery_ns = now;
+}
+
 void note_progress(QueuePair& qp, Transport& t, uint32_t old_psn) {
   const uint64_t now = t.now_ns();
-  const uint32_t acked = newly_delivered(qp, uint32_t(psn_diff(qp.comp.psn, old_psn)));
   if (qp.req.timed_psn != kNoPsn && psn_diff(qp.comp.psn, qp.req.timed_psn) > 0) {
     qp.req.window.on_rtt_sample(now - qp.req.timed_ns);
     qp.req.timed_psn = kNoPsn;
   }
-  qp.req.window.on_delivered(acked, now);
-  qp.req.window.on_acked(acked);
+  count_delivered(qp, t, uint32_t(psn_diff(qp.comp.psn, old_psn)));
   qp.comp.retry_left = qp.attr.retry_cnt;
   qp.comp.rnr_retry_left = qp.attr.rnr_retry;
   qp.comp.nak_retry_started = false;
@@ -299,10 +310,7 @@ void on_selective_ack(QueuePair& qp, const wire::Packet& pkt, Transport& t) {
   qp.comp.peer_selective = true;
   qp.comp.sack_epsn = epsn;
   qp.comp.sack_held = held;
-  if (const uint32_t n = newly_delivered(qp, 0)) {
-    qp.req.window.on_delivered(n, t.now_ns());
-    qp.req.window.on_acked(n);
-  }
+  count_delivered(qp, t, 0);
 }
 
 void on_ack(QueuePair& qp, const wire::Packet& pkt, Transport& t) {
@@ -464,19 +472,6 @@ uint64_t read_response_offset(const QueuePair& qp, const SendWqe& w, const wire:
   return UINT64_MAX;
 }
 
-// Asks for the READ responses at [from, to) that were not placed
-// (requester::ask_read_responses), and watches them: asked for again when none came for
-// resend_check_ns (check_resends).
-void ask_read(QueuePair& qp, Transport& t, uint32_t from, uint32_t to) {
-  if (requester::ask_read_responses(qp, t, from, to) == 0) return;
-  const uint64_t now = t.now_ns();
-  qp.comp.read_asked_ns = now;
-  if (const uint64_t check = resend_check_ns(qp); check && !qp.comp.resend_check_ns) {
-    qp.comp.resend_check_ns = now + check;
-    t.timer_armed(qp, qp.comp.resend_check_ns);
-  }
-}
-
 // Selective mode: `upto` and every PSN before it are known executed at the responder — a
 // cumulative ACK named it, or a READ response for the PSN after it came (responses and ACKs
 // leave the responder in PSN order; it executes no READ beyond a gap) — while a READ before
@@ -515,7 +510,7 @@ bool ask_for_unanswered(QueuePair& qp, Transport& t, uint32_t upto) {
     const uint32_t stop = psn_diff(w.last_psn(), upto) < 0 ? psn_add(w.last_psn(), 1) : end;
     log().debug("qp {:#x}: psn {:#x} executed, READ unanswered from {:#x}: asking for {:#x}…{:#x}",
                 qp.qpn(), upto, qp.comp.psn, first, psn_add(stop, wire::kPsnMask));
-    ask_read(qp, t, first, stop);
+    requester::ask_read_responses(qp, t, first, stop);
   }
   raise_mark(qp.comp.read_gap_end, end);
   raise_mark(qp.comp.acked_beyond, upto);
@@ -546,7 +541,8 @@ bool read_response_ahead(QueuePair& qp, const wire::Packet& pkt, Transport& t) {
     if (!holds(w, offset, pkt.payload)) {
       bump(t.counters().ooo_contested);
       w.mark_read_placed(psn, false);
-      ask_read(qp, t, psn, psn_add(psn, 1));
+      --qp.comp.read_ahead;
+      requester::ask_read_responses(qp, t, psn, psn_add(psn, 1));
     }
     return true;
   }
@@ -556,8 +552,10 @@ bool read_response_ahead(QueuePair& qp, const wire::Packet& pkt, Transport& t) {
     return true;
   }
   w.mark_read_placed(psn, true);
+  ++qp.comp.read_ahead;
   bump(t.counters().ooo_read_responses);
   raise_mark(qp.comp.read_gap_end, psn_add(psn, 1));
+  count_delivered(qp, t, 0);
   return true;
 }
 
@@ -572,6 +570,7 @@ void pass_answered(QueuePair& qp) {
       if (!w.read_placed_at(qp.comp.psn)) break;
       const bool last = qp.comp.psn == w.last_psn();
       qp.comp.psn = psn_add(qp.comp.psn, 1);
+      --qp.comp.read_ahead;  // counted delivered when it was placed
       if (last) qp.retire_send(WcStatus::kSuccess, static_cast<uint32_t>(w.length));
       continue;
     }
@@ -648,7 +647,10 @@ uint64_t probe_timeout_ns(const QueuePair& qp) {
   const uint64_t srtt = qp.req.window.srtt_ns();
   const uint64_t rto = qp.retransmit_timeout_ns();
   if (!srtt || !rto) return 0;
-  const uint64_t pto = std::max<uint64_t>(10'000'000, 2 * srtt);
+  // Two round trips (RFC 8985 7.2), but at most half the retransmit timeout: a queue that
+  // doubles the round trip brought 2 SRTT up to the timeout itself (a 134 ms timeout on a
+  // 20 ms path), and a probe sent with the timeout recovers nothing before it.
+  const uint64_t pto = std::max<uint64_t>(10'000'000, std::min(2 * srtt, rto / 2));
   return pto < rto ? pto : 0;
 }
 
@@ -682,6 +684,34 @@ namespace {
 // order — the ACK cannot tell, and resending all of those fed the queue that dropped them
 // (measured: as many resends again as tail drops at 0 % loss). When the ACK moves on, the
 // next head is judged in its turn.
+// The resend check, READs: the oldest READ request resent for a selective NAK
+// (requester::resend) whose first response has not come resend_check_ns after it was sent
+// was lost again — a responder in selective mode defers every later READ behind it, so
+// nothing else reveals it — and is sent once more, as the oldest SEND/WRITE resend is. Only
+// the oldest: the responder reports the deferred ones again once it has it.
+void resend_unanswered_read(QueuePair& qp, Transport& t, uint64_t now, uint64_t check) {
+  uint32_t psn = kNoPsn;
+  uint64_t sent_ns = 0;
+  for (const CompleterState::Resent& r : qp.comp.resent) {
+    if (psn_diff(r.psn, qp.comp.psn) < 0) continue;
+    if (psn != kNoPsn && psn_diff(r.psn, psn) > 0) continue;
+    if (r.psn != psn) {
+      const uint64_t idx = requester::find_wqe(qp, r.psn);
+      if (idx == qp.sq_end() || qp.wqe(idx).info().cls != WrClass::kRead ||
+          qp.wqe(idx).read_placed_at(r.psn))
+        continue;
+      sent_ns = 0;
+    }
+    psn = r.psn;
+    sent_ns = std::max(sent_ns, r.sent_ns);
+  }
+  if (psn == kNoPsn || now < sent_ns + check) return;
+  log().debug("qp {:#x}: READ request psn {:#x} unanswered {} us after it was resent: again",
+              qp.qpn(), psn, (now - sent_ns) / 1000);
+  bump(t.counters().resend_again_pkts);
+  requester::resend(qp, t, psn, /*ack_req=*/true);  // records it: watched again
+}
+
 void check_resends(QueuePair& qp, Transport& t, uint64_t now) {
   qp.comp.resend_check_ns = 0;
   const uint64_t check = resend_check_ns(qp);
@@ -693,21 +723,42 @@ void check_resends(QueuePair& qp, Transport& t, uint64_t now) {
   if (!check || !outstanding || qp.req.rnr_wait()) return;
   // A READ or atomic at the head is not resent whole: its request draws a duplicate READ's
   // whole chunk of responses each time (measured: retry_cnt exhausted under periodic loss).
-  // A READ whose missing responses were asked for (ask_read) is asked for once more when
+  // A READ whose missing responses were asked for (requester::ask_read_responses) is asked for once more when
   // none came for resend_check_ns: that request or its responses were lost too. Otherwise
   // its own recovery (a response or ACK beyond it, the probe, the retransmit timer).
   if (qp.sq.front().info().read_or_atomic) {
+    auto& asks = qp.comp.read_asks;
+    const uint32_t head = qp.comp.psn;
+    std::erase_if(asks,
+                  [head](const CompleterState::ReadAsk& a) { return psn_diff(a.end, head) <= 0; });
     const bool asked = t.selective_retransmit() && qp.sq.front().info().cls == WrClass::kRead &&
-                       qp.comp.read_asked_ns && qp.comp.read_gap_end != kNoPsn &&
-                       psn_diff(qp.comp.read_gap_end, qp.comp.psn) > 0;
+                       !asks.empty();
     if (!asked && !qp.comp.peer_selective) return;
-    if (asked && now >= std::max(qp.comp.head_since_ns, qp.comp.read_asked_ns) + check) {
-      log().debug(
-          "qp {:#x}: READ responses from psn {:#x} missing {} us after they were asked for: "
-          "again",
-          qp.qpn(), qp.comp.psn, (now - qp.comp.read_asked_ns) / 1000);
-      bump(t.counters().resend_again_pkts);
-      ask_read(qp, t, qp.comp.psn, qp.comp.read_gap_end);
+    if (t.selective_retransmit()) resend_unanswered_read(qp, t, now, check);
+    if (asked) {
+      // Each request is watched on its own: a later one does not postpone an earlier one's
+      // repeat (one deadline for all kept the head waiting behind a stream of new requests
+      // until the retransmit timer fired: bench/wan_bench.sh WAN_OP=read at 1 % loss).
+      std::vector<CompleterState::ReadAsk> due;
+      for (const CompleterState::ReadAsk& a : asks)
+        if (now >= a.sent_ns + check) due.push_back(a);
+      std::erase_if(asks,
+                    [&](const CompleterState::ReadAsk& a) { return now >= a.sent_ns + check; });
+      for (const CompleterState::ReadAsk& a : due) {
+        const uint32_t from = psn_diff(a.first, head) > 0 ? a.first : head;
+        // Watched again; nothing is sent when all of them came meanwhile.
+        if (requester::ask_read_responses(qp, t, from, a.end) == 0) continue;
+        log().debug("qp {:#x}: READ responses {:#x}…{:#x} missing {} us after they were asked "
+                    "for: again",
+                    qp.qpn(), from, psn_add(a.end, wire::kPsnMask), (now - a.sent_ns) / 1000);
+        bump(t.counters().resend_again_pkts);
+      }
+      uint64_t next = UINT64_MAX;
+      for (const CompleterState::ReadAsk& a : asks) next = std::min(next, a.sent_ns + check);
+      if (next != UINT64_MAX && (!qp.comp.resend_check_ns || next < qp.comp.resend_check_ns)) {
+        qp.comp.resend_check_ns = std::max(now + 1, next);
+        t.timer_armed(qp, qp.comp.resend_check_ns);
+      }
     }
     if (!qp.comp.resend_check_ns) {
       qp.comp.resend_check_ns = now + check;
@@ -745,8 +796,9 @@ void check_tail(QueuePair& qp, Transport& t, uint64_t now) {
   if (!pto || !outstanding || qp.req.rnr_wait() || qp.comp.probe_sent ||
       qp.attr.state != QpState::kRts)
     return;
-  if (now < qp.comp.last_progress_ns + pto) {
-    qp.comp.probe_ns = qp.comp.last_progress_ns + pto;
+  const uint64_t since = std::max(qp.comp.last_progress_ns, qp.comp.last_delivery_ns);
+  if (now < since + pto) {
+    qp.comp.probe_ns = since + pto;
     t.timer_armed(qp, qp.comp.probe_ns);
     return;
   }

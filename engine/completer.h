@@ -28,9 +28,10 @@ void on_cnp(QueuePair& qp, Transport& t);
 /// (at least 1 ms; 0 before any round trip is measured, when only the retransmit timer
 /// recovers).
 uint64_t resend_check_ns(const QueuePair& qp);
-/// The tail-loss probe timeout, ns: 2 × the smoothed round trip, at least 10 ms (Linux's
-/// TLP floor: a loaded host delays ACKs by milliseconds without any loss, and a spurious
-/// probe is a duplicate packet), and only when that is below the retransmit timeout; 0 (no probe)
+/// The tail-loss probe timeout, ns: 2 × the smoothed round trip but at most half the
+/// retransmit timeout, at least 10 ms (Linux's TLP floor: a loaded host delays ACKs by
+/// milliseconds without any loss, and a spurious probe is a duplicate packet), and only when
+/// that is below the retransmit timeout; 0 (no probe)
 /// before any round trip is measured or with the retransmit timer off. A message's last packets
 /// lost (no later packet reveals the gap, so no NAK comes) then cost about one probe timeout plus a
 /// round trip, not the retransmit timeout (537 ms at the CM's default ACK timeout of 17).

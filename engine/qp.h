@@ -139,6 +139,10 @@ struct CompleterState {
   uint8_t rnr_retry_left = 0;
   uint64_t timer_ns = 0;          ///< retransmit check time (0: not armed); lazily re-armed
   uint64_t last_progress_ns = 0;  ///< last transmission or forward progress
+  /// Last time an ACK, a selective ACK or a READ response placed ahead delivered PSNs
+  /// (completer.cpp count_delivered), ns: the tail-loss probe waits from it, as RACK-TLP
+  /// re-arms its probe timeout on an ACK that delivers, SACKed data included (RFC 8985 7.2).
+  uint64_t last_delivery_ns = 0;
   /// First retransmit timeout, since the last ACK progress, at which the peer was found
   /// stalled (Transport::peer_liveness; 0: none): such timeouts cost no retry until
   /// kMaxPeerStallNs after it.
@@ -199,13 +203,27 @@ struct CompleterState {
   /// (a cumulative ACK or a READ response beyond it; kNoPsn: none). SEND/WRITEs up to it
   /// complete once the READs before them do (completer.cpp pass_answered).
   uint32_t acked_beyond = kNoPsn;
-  /// When READ responses were last asked for so (completer.cpp ask_read), ns (0: not since
-  /// the last go-back-N rewind).
-  uint64_t read_asked_ns = 0;
+  /// Selective mode: READ responses asked for again (requester::ask_read_responses), oldest
+  /// first: PSNs [first, end) and when, ns. Those still missing resend_check_ns() after
+  /// their request are asked for once more (completer.cpp check_resends): that request or
+  /// its responses were lost too. Dropped once `psn` passes `end`; a go-back-N rewind
+  /// clears them (it asks for everything again). At most one per request sent, each gone
+  /// within a few round trips.
+  struct ReadAsk {
+    uint32_t first;
+    uint32_t end;
+    uint64_t sent_ns;
+  };
+  std::deque<ReadAsk> read_asks;
   /// requester::held_psns when the window was last told of deliveries (completer.cpp
   /// newly_delivered): what an ACK or a selective ACK newly delivered is the change of
   /// comp.psn plus the change of held_psns since.
   uint32_t sack_counted = 0;
+  /// Selective mode: READ response PSNs placed beyond comp.psn (completer.cpp
+  /// read_response_ahead) and not yet passed by it. They count as delivered for the window's
+  /// delivery rate and growth when they arrive (newly_delivered), as held PSNs do, and stay in
+  /// flight for window_room until comp.psn passes them.
+  uint32_t read_ahead = 0;
 };
 
 /// What the responder executed for one READ or ATOMIC request, kept so a duplicate of it

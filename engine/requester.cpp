@@ -623,11 +623,12 @@ void rewind(QueuePair& qp, uint32_t psn) {
   qp.req.noack_pkts = 0;
   qp.req.retx.clear();         // go-back-N sends everything from `psn` again anyway
   qp.comp.sack_epsn = kNoPsn;  // what the responder held may be sent again: count it in flight
-  qp.comp.sack_counted = 0;
+  // Placed READ responses stay placed (pass_answered moves over them) and were counted.
+  qp.comp.sack_counted = qp.comp.read_ahead;
   qp.comp.resent.clear();
   qp.comp.again_psn = kNoPsn;
   qp.comp.read_gap_end = qp.req.max_psn;  // READ responses from `psn` on are asked for again
-  qp.comp.read_asked_ns = 0;
+  qp.comp.read_asks.clear();
   qp.req.timed_psn = kNoPsn;
   // Requests at or after `psn` will be sent again; their credits return now.
   auto& inflight = qp.comp.rd_atomic_inflight;
@@ -691,7 +692,9 @@ uint32_t resend(QueuePair& qp, Transport& t, uint32_t psn, bool ack_req) {
   return n;
 }
 
-uint32_t ask_read_responses(QueuePair& qp, Transport& t, uint32_t from, uint32_t to) {
+uint32_t ask_read_responses(QueuePair& qp, Transport& t, uint32_t from, uint32_t to,
+                            bool may_be_new) {
+  const uint32_t first = from;
   uint32_t requests = 0;
   while (wire::psn_diff(to, from) > 0) {
     const uint64_t idx = find_wqe(qp, from);
@@ -709,11 +712,10 @@ uint32_t ask_read_responses(QueuePair& qp, Transport& t, uint32_t from, uint32_t
         std::min<uint64_t>(uint64_t(wire::psn_diff(run_end, from)) * qp.mtu, w.length - off);
     // A request for PSNs sent before must not move back where in-band requests end.
     const uint32_t inband_end = qp.req.inband_end;
-    // Never new to the responder: a response or ACK beyond these PSNs came, and no responder
-    // executes a READ beyond one it has not (a softrdma responder in selective mode takes a
-    // READ beyond a gap as lost), so no cut is needed where this request stops short.
-    const uint64_t chunk =
-        emit_read_request(qp, w, t, from, off, bytes, /*may_be_new=*/false);  // may stop short
+    // Not new to the responder when a response or ACK beyond these PSNs came (no responder
+    // executes a READ beyond one it has not; a softrdma responder in selective mode takes a
+    // READ beyond a gap as lost): then no cut is needed where this request stops short.
+    const uint64_t chunk = emit_read_request(qp, w, t, from, off, bytes, may_be_new);
     qp.req.inband_end = inband_end;
     if (chunk == 0) break;
     note_paced(qp, t, 0);
@@ -728,6 +730,14 @@ uint32_t ask_read_responses(QueuePair& qp, Transport& t, uint32_t from, uint32_t
       qp.req.timed_psn = kNoPsn;
     from = asked_end;
   }
+  if (requests == 0) return 0;
+  // Watch them: asked for once more when none came (completer::on_timer).
+  const uint64_t now = t.now_ns();
+  qp.comp.read_asks.push_back({first, to, now});
+  if (const uint64_t check = completer::resend_check_ns(qp); check && !qp.comp.resend_check_ns) {
+    qp.comp.resend_check_ns = now + check;
+    t.timer_armed(qp, qp.comp.resend_check_ns);
+  }
   return requests;
 }
 
@@ -738,7 +748,32 @@ bool probe(QueuePair& qp, Transport& t) {
   const uint64_t idx = find_wqe(qp, last);
   if (idx == qp.sq_end()) return false;
   bump(t.counters().tail_loss_probes);
-  if (qp.wqe(idx).info().read_or_atomic) {
+  const uint64_t head_idx = find_wqe(qp, qp.comp.psn);
+  if (t.selective_retransmit() && head_idx != qp.sq_end() &&
+      qp.wqe(head_idx).info().cls == WrClass::kRead) {
+    // Selective mode, a READ at the oldest unanswered PSN: nothing came for two round trips,
+    // so what its chunk still misses from there was lost — its responses, or the request
+    // itself (or its resend) — and is asked for alone (may_be_new: the responder may not
+    // have executed it). A responder in selective mode answers it whichever was lost, where
+    // the tail's request would only be deferred behind the gap, unanswered (responder.cpp
+    // on_out_of_order). Going back instead re-requested every response from the gap on
+    // (bench/wan_bench.sh WAN_OP=read: half the recovery episodes of a lossless 1 Gbit/s ×
+    // 20 ms stream ended so, each drawing ~900 PSNs again).
+    const SendWqe& head = qp.wqe(head_idx);
+    const uint32_t into = static_cast<uint32_t>(wire::psn_diff(qp.comp.psn, head.first_psn));
+    uint32_t end = wire::psn_add(head.first_psn, (into / kReadChunkPsns + 1) * kReadChunkPsns);
+    if (wire::psn_diff(end, head.last_psn()) > 0) end = wire::psn_add(head.last_psn(), 1);
+    if (wire::psn_diff(end, qp.req.psn) > 0) end = qp.req.psn;
+    if (ask_read_responses(qp, t, qp.comp.psn, end, /*may_be_new=*/true) != 0) {
+      log().debug("qp {:#x}: tail-loss probe: READ responses {:#x}…{:#x} asked for", qp.qpn(),
+                  qp.comp.psn, wire::psn_add(end, wire::kPsnMask));
+      if (qp.req.recovery == Recovery::kNone)
+        enter_recovery(qp, Recovery::kProbe, "no response for the probe timeout");
+      return true;
+    }
+  }
+  const SendWqe& tail = qp.wqe(idx);
+  if (tail.info().read_or_atomic) {
     log().debug("qp {:#x}: tail-loss probe: back to psn {:#x} (a READ or atomic at the tail)",
                 qp.qpn(), qp.comp.psn);
     enter_recovery(qp, Recovery::kGoBackN, "tail-loss probe with a READ or atomic at the tail");

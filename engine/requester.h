@@ -63,15 +63,20 @@ uint32_t resend(QueuePair& qp, Transport& t, uint32_t psn, bool ack_req);
 /// (SendWqe::read_placed) — a duplicate READ request for each run of them, cut at its WQE's and
 /// chunk's ends and at SendWqe::read_cuts (IBTA 9.7.5.1.3.1: a duplicate lies within the READ
 /// executed), leaving the requester's position alone. Every PSN in the range must belong to a
-/// started READ WQE. Returns the requests sent.
-uint32_t ask_read_responses(QueuePair& qp, Transport& t, uint32_t from, uint32_t to);
+/// started READ WQE. `may_be_new`: the responder may not have executed the original request
+/// (the tail-loss probe), so where a request stops short inside a chunk becomes a cut
+/// (SendWqe::read_cuts). Returns the requests sent.
+uint32_t ask_read_responses(QueuePair& qp, Transport& t, uint32_t from, uint32_t to,
+                            bool may_be_new = false);
 /// The tail-loss probe (completer::probe_timeout_ns): the last PSN sent goes out again with
 /// AckReq, leaving the requester's position alone. Any IBTA responder answers it: a duplicate
 /// with an ACK (the ACK was lost), the expected PSN with an ACK (the tail was lost), a PSN
-/// beyond a gap with a sequence or selective NAK (more was lost). When that PSN belongs to a
-/// READ or atomic, whose request resent would draw the whole chunk of responses again, the
-/// requester goes back to the oldest unacknowledged PSN instead (a READ then asks only for
-/// the responses it misses). No window collapse and no retry counted: the retransmit timer
+/// beyond a gap with a sequence or selective NAK (more was lost). In selective mode, when the
+/// oldest unanswered PSN belongs to a READ, the responses its chunk misses from there are
+/// asked for instead (ask_read_responses). When the last PSN belongs to a READ or atomic
+/// otherwise — its request resent would draw the whole chunk of responses again — the
+/// requester goes back to the oldest unacknowledged PSN (a READ then asks only for the
+/// responses it misses). No window collapse and no retry counted: the retransmit timer
 /// still runs. Returns false when nothing was outstanding to probe.
 bool probe(QueuePair& qp, Transport& t);
 /// Packets between AckReq bits inside a long message.

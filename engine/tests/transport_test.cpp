@@ -1748,6 +1748,99 @@ TEST_F(TransportTest, WithoutSelectiveModeReadResponsesAheadAreNotPlaced) {
   EXPECT_EQ(std::memcmp(dst.data(), src.data(), 8 * kMtu), 0);
 }
 
+// READ responses placed ahead count as delivered when they arrive (the window grows by them
+// in slow start then), and the gap's repair counts only the repaired PSNs: counted at the
+// repair instead, the whole jump made one delivery-rate sample the link never carried
+// (docs/wide-area.md, "READ responses out of order").
+TEST_F(TransportTest, ReadResponsesPlacedAheadCountAsDeliveredWhenTheyArrive) {
+  // A 2 ms path without a queue: one lost response is random loss, the window stays in slow
+  // start (+1 per delivered PSN) and shows what was counted when.
+  start_selective_after_one_rtt(2'000'000);
+  ASSERT_EQ(drain().size(), 1u);
+  ASSERT_TRUE(a->req.window.long_path());
+  const uint32_t start = a->req.window.psns();
+  ASSERT_LT(start + 8, a->req.window.threshold());
+  ASSERT_EQ(post(*a, WrOpcode::kRdmaRead, 0, 8 * kMtu, 0, 2), kOk);  // PSNs +1 … +8
+  deliver(*ta, *b, *tb);
+  lose(*tb, {3});
+  deliver(*tb, *a, *ta);
+  EXPECT_EQ(ta->counters_.random_losses.load(), 1u);
+  EXPECT_EQ(a->comp.read_ahead, 5u) << "+4 … +8 placed beyond the gap";
+  EXPECT_EQ(a->req.window.psns(), start + 7) << "+1, +2 in order and the five placed ahead";
+  settle();
+  expect_completed({2});
+  EXPECT_EQ(a->comp.read_ahead, 0u);
+  EXPECT_EQ(a->req.window.psns(), start + 8) << "the repair delivered one PSN, not six";
+}
+
+// Two requests for missing READ responses, the first one lost: it is asked for again
+// resend_check_ns after it was sent, however recently the second one went (one deadline for
+// all asks kept the head waiting behind newer asks until the retransmit timer fired).
+TEST_F(TransportTest, EachRequestForMissingReadResponsesIsWatchedOnItsOwn) {
+  constexpr uint64_t kRtt = 1'000'000;
+  start_selective_after_one_rtt(kRtt);
+  ASSERT_EQ(drain().size(), 1u);
+  ASSERT_EQ(post(*a, WrOpcode::kRdmaRead, 0, 8 * kMtu, 0, 2), kOk);  // PSNs +1 … +8
+  deliver(*ta, *b, *tb);
+  auto g = take(*tb);
+  ASSERT_EQ(g.size(), 8u);
+  for (int i : {0, 1, 3}) tb->sent.push_back(g[i]);  // +3 lost: asked for at once
+  deliver(*tb, *a, *ta);
+  ASSERT_EQ(ta->sent.size(), 1u);
+  ta->sent.clear();  // that request is lost
+  const uint64_t check = completer::resend_check_ns(*a);
+  ta->advance(check / 2);
+  for (int i : {4, 6, 7}) tb->sent.push_back(g[i]);  // +6 lost: asked for now
+  deliver(*tb, *a, *ta);
+  ASSERT_EQ(ta->sent.size(), 1u);
+  EXPECT_EQ(parse(ta->sent[0]).hdr.bth.psn, wire::psn_add(kSqPsn, 6));
+  deliver(*ta, *b, *tb);
+  deliver(*tb, *a, *ta);  // +6 answered
+  ta->advance(check / 2 + 1000);
+  run_requester_timers();
+  ASSERT_EQ(ta->sent.size(), 1u) << "+3 again, one check after its own request";
+  const wire::Packet again = parse(ta->sent[0]);
+  EXPECT_EQ(again.hdr.bth.psn, wire::psn_add(kSqPsn, 3));
+  EXPECT_EQ(again.hdr.reth.dma_length, kMtu);
+  settle();
+  expect_completed({2});
+  EXPECT_EQ(std::memcmp(dst.data(), src.data(), 8 * kMtu), 0);
+  EXPECT_EQ(ta->counters_.retransmit_timeouts.load(), 0u);
+  EXPECT_EQ(ta->counters_.tail_loss_probes.load(), 0u);
+}
+
+// A READ request lost, the later ones deferred by the responder behind it (it executes no
+// READ beyond a gap) and NAKed; the requester resends them, and the resend of the first is
+// lost too. Nothing else would reveal it: 1.5 SRTT later it goes once more (the resend check,
+// as for a SEND/WRITE resend) — no probe, no retransmit timeout.
+TEST_F(TransportTest, AResentReadRequestLostAgainIsSentOnceMore) {
+  constexpr uint64_t kRtt = 1'000'000;
+  start_selective_after_one_rtt(kRtt);
+  ASSERT_EQ(drain().size(), 1u);
+  for (uint64_t i = 0; i < 3; ++i)  // PSNs +1, +2, +3: one response each
+    ASSERT_EQ(post(*a, WrOpcode::kRdmaRead, i * kMtu, kMtu, i * kMtu, 10 + i), kOk);
+  lose(*ta, {1});
+  deliver(*ta, *b, *tb);
+  EXPECT_TRUE(b->resp.ooo) << "the responder saw the gap";
+  deliver(*tb, *a, *ta);  // its selective NAKs: the requester resends
+  ASSERT_FALSE(ta->sent.empty());
+  EXPECT_EQ(parse(ta->sent[0]).hdr.bth.psn, wire::psn_add(kSqPsn, 1));
+  lose(*ta, {1});  // the first resend is lost again
+  deliver(*ta, *b, *tb);
+  deliver(*tb, *a, *ta);
+  EXPECT_TRUE(drain().empty());
+  ta->sent.clear();
+  ta->advance(completer::resend_check_ns(*a) + 1000);
+  run_requester_timers();
+  ASSERT_FALSE(ta->sent.empty());
+  EXPECT_EQ(parse(ta->sent[0]).hdr.bth.psn, wire::psn_add(kSqPsn, 1)) << "the oldest, again";
+  settle();
+  expect_completed({10, 11, 12});
+  EXPECT_EQ(std::memcmp(dst.data(), src.data(), 3 * kMtu), 0);
+  EXPECT_EQ(ta->counters_.retransmit_timeouts.load(), 0u);
+  EXPECT_EQ(ta->counters_.tail_loss_probes.load(), 0u);
+}
+
 class TailLossTest : public TransportTest {
  protected:
   static constexpr uint64_t kRtt = 10'000'000;  // 10 ms; the retransmit timeout is 67 ms
@@ -1829,6 +1922,49 @@ TEST_F(TailLossTest, LostLastReadResponsesAreRequestedAgainAfterTheProbe) {
   EXPECT_EQ(c[0].opcode, WcOpcode::kRdmaRead);
   EXPECT_EQ(std::memcmp(dst.data(), src.data(), kLen), 0);
   EXPECT_EQ(ta->counters_.retransmit_timeouts.load(), 0u);
+}
+
+// Selective mode, a READ at the oldest unanswered PSN: the probe asks for what that READ's
+// chunk misses, not everything from it (go-back-N re-requested every response still on the
+// path). Here READ 2's request was lost as well: a second probe, after the first one's
+// answer moved the head, asks for READ 2 (executed as new), still without a timeout.
+TEST_F(TailLossTest, WithSelectiveModeTheProbeAsksForTheHeadReadsMissingResponsesAlone) {
+  ta->selective = tb->selective = true;
+  ASSERT_EQ(post(*a, WrOpcode::kRdmaRead, 0, 4 * kMtu, 0, 2), kOk);             // +1 … +4
+  ASSERT_EQ(post(*a, WrOpcode::kRdmaRead, 4 * kMtu, 4 * kMtu, 4 * kMtu, 3), kOk);  // +5 … +8
+  lose(*ta, {5});  // READ 2's request
+  deliver(*ta, *b, *tb);
+  lose(*tb, {3, 4});  // READ 1's last two responses
+  deliver(*tb, *a, *ta);
+  EXPECT_TRUE(ta->sent.empty()) << "nothing beyond the gap came";
+  wait(completer::probe_timeout_ns(*a) + 1000);
+  ASSERT_EQ(ta->sent.size(), 1u);
+  const wire::Packet rr = parse(ta->sent[0]);
+  EXPECT_EQ(rr.hdr.bth.psn, wire::psn_add(kSqPsn, 3));
+  EXPECT_EQ(rr.hdr.reth.dma_length, 2 * kMtu) << "READ 1's missing responses, not READ 2";
+  EXPECT_EQ(a->req.recovery, Recovery::kProbe);
+  settle();
+  expect_completed({2});
+  wait(completer::probe_timeout_ns(*a) + 1000);
+  ASSERT_EQ(ta->sent.size(), 1u);
+  const wire::Packet r2 = parse(ta->sent[0]);
+  EXPECT_EQ(r2.hdr.bth.psn, wire::psn_add(kSqPsn, 5));
+  EXPECT_EQ(r2.hdr.reth.dma_length, 4 * kMtu);
+  settle();
+  expect_completed({3});
+  EXPECT_EQ(std::memcmp(dst.data(), src.data(), 8 * kMtu), 0);
+  EXPECT_EQ(ta->counters_.tail_loss_probes.load(), 2u);
+  EXPECT_EQ(ta->counters_.retransmit_timeouts.load(), 0u);
+}
+
+// A standing queue can double the round trip: the probe then comes at half the retransmit
+// timeout, not with it (2 SRTT reached the timeout itself at 1 Gbit/s × 20 ms with a full
+// one-BDP queue, and the probe recovered nothing before it).
+TEST_F(TailLossTest, TheProbeComesAtHalfTheRetransmitTimeoutAtTheLatest) {
+  const uint64_t rto = a->retransmit_timeout_ns();
+  for (int i = 0; i < 64; ++i) a->req.window.on_rtt_sample(rto * 3 / 4);
+  ASSERT_GT(2 * a->req.window.srtt_ns(), rto);
+  EXPECT_EQ(completer::probe_timeout_ns(*a), rto / 2);
 }
 
 TEST_F(TailLossTest, OneProbePerStallThenTheRetransmitTimerRecovers) {
