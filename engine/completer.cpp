@@ -723,16 +723,18 @@ void check_resends(QueuePair& qp, Transport& t, uint64_t now) {
   if (!check || !outstanding || qp.req.rnr_wait()) return;
   // A READ or atomic at the head is not resent whole: its request draws a duplicate READ's
   // whole chunk of responses each time (measured: retry_cnt exhausted under periodic loss).
-  // A READ whose missing responses were asked for (requester::ask_read_responses) is asked for once more when
-  // none came for resend_check_ns: that request or its responses were lost too. Otherwise
-  // its own recovery (a response or ACK beyond it, the probe, the retransmit timer).
+  // Missing READ responses asked for (requester::ask_read_responses) are asked for once
+  // more when none came for resend_check_ns after that request: it or its responses were
+  // lost too; a READ request resent for a selective NAK likewise (resend_unanswered_read).
+  // Otherwise its own recovery (a response or ACK beyond it, the probe, the retransmit
+  // timer).
   if (qp.sq.front().info().read_or_atomic) {
     auto& asks = qp.comp.read_asks;
     const uint32_t head = qp.comp.psn;
     std::erase_if(asks,
                   [head](const CompleterState::ReadAsk& a) { return psn_diff(a.end, head) <= 0; });
-    const bool asked = t.selective_retransmit() && qp.sq.front().info().cls == WrClass::kRead &&
-                       !asks.empty();
+    const bool asked =
+        t.selective_retransmit() && qp.sq.front().info().cls == WrClass::kRead && !asks.empty();
     if (!asked && !qp.comp.peer_selective) return;
     if (t.selective_retransmit()) resend_unanswered_read(qp, t, now, check);
     if (asked) {
@@ -748,9 +750,10 @@ void check_resends(QueuePair& qp, Transport& t, uint64_t now) {
         const uint32_t from = psn_diff(a.first, head) > 0 ? a.first : head;
         // Watched again; nothing is sent when all of them came meanwhile.
         if (requester::ask_read_responses(qp, t, from, a.end) == 0) continue;
-        log().debug("qp {:#x}: READ responses {:#x}…{:#x} missing {} us after they were asked "
-                    "for: again",
-                    qp.qpn(), from, psn_add(a.end, wire::kPsnMask), (now - a.sent_ns) / 1000);
+        log().debug(
+            "qp {:#x}: READ responses {:#x}…{:#x} missing {} us after they were asked "
+            "for: again",
+            qp.qpn(), from, psn_add(a.end, wire::kPsnMask), (now - a.sent_ns) / 1000);
         bump(t.counters().resend_again_pkts);
       }
       uint64_t next = UINT64_MAX;

@@ -221,8 +221,8 @@ struct CompleterState {
   uint32_t sack_counted = 0;
   /// Selective mode: READ response PSNs placed beyond comp.psn (completer.cpp
   /// read_response_ahead) and not yet passed by it. They count as delivered for the window's
-  /// delivery rate and growth when they arrive (newly_delivered), as held PSNs do, and stay in
-  /// flight for window_room until comp.psn passes them.
+  /// delivery rate and growth when they arrive (newly_delivered) and are out of flight
+  /// (requester.cpp window_room), as the PSNs a selective ACK says are held.
   uint32_t read_ahead = 0;
 };
 

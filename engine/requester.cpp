@@ -167,19 +167,23 @@ void note_sent(QueuePair& qp, Transport& t, uint32_t psn_count) {
 
 // PSNs the window lets out (≤ 0: none). The window bounds what is in flight: the PSNs from
 // the oldest unacknowledged one on, less those the responder's latest selective ACK said it
-// holds beyond its expected PSN (held_psns) — TCP's pipe (RFC 6675 4) with IRN's SACK
-// (Mittal et al. 2018, 3.2). So a gap at the head, which takes one or two round trips to
-// repair, no longer holds the whole window: the span from the oldest unacknowledged PSN may
-// reach kSpanPerWindow windows (at most kWindowPsns, what the responder can track), and the
-// responder's memory for out-of-order PSNs stays proportional to the window
-// (ReceivedPsns: 4.5 bytes per PSN of span). Without selective ACKs (a go-back-N peer, or
-// no gap) held_psns is 0 and the window is the span, as before.
+// holds beyond its expected PSN (held_psns) and the READ responses placed beyond it
+// (CompleterState::read_ahead) — TCP's pipe (RFC 6675 4) with IRN's SACK (Mittal et al.
+// 2018, 3.2). So a gap at the head, which takes one or two round trips to repair, no longer
+// holds the whole window: the span from the oldest unacknowledged PSN may reach
+// kSpanPerWindow windows (at most kWindowPsns, what the responder can track), and the
+// responder's memory for out-of-order PSNs stays proportional to the window (ReceivedPsns:
+// 4.5 bytes per PSN of span). Without selective ACKs (a go-back-N peer, or no gap) nothing
+// is held and the window is the span, as before. Counted in flight, placed READ responses
+// kept the window shut while the gap before them was repaired, then let a burst of requests
+// out at once whose responses overflowed the path's queue (bench/wan_bench.sh WAN_OP=read,
+// 0 % loss: 46 -> 72-80 % of the link; the responder's queue drops 11,000 -> 900-1,400).
 int32_t window_room(const QueuePair& qp) {
   const uint32_t window = std::min(qp.req.window.psns(), kWindowPsns);
   const int32_t span = wire::psn_diff(qp.req.psn, qp.comp.psn);
   const int64_t cap = std::min<int64_t>(kWindowPsns, int64_t{kSpanPerWindow} * window);
-  const int64_t room =
-      std::min<int64_t>(int64_t{window} - (span - int64_t{held_psns(qp)}), cap - span);
+  const int64_t in_flight = int64_t{span} - held_psns(qp) - qp.comp.read_ahead;
+  const int64_t room = std::min<int64_t>(int64_t{window} - in_flight, cap - span);
   return static_cast<int32_t>(std::clamp<int64_t>(room, INT32_MIN, INT32_MAX));
 }
 

@@ -1930,7 +1930,7 @@ TEST_F(TailLossTest, LostLastReadResponsesAreRequestedAgainAfterTheProbe) {
 // answer moved the head, asks for READ 2 (executed as new), still without a timeout.
 TEST_F(TailLossTest, WithSelectiveModeTheProbeAsksForTheHeadReadsMissingResponsesAlone) {
   ta->selective = tb->selective = true;
-  ASSERT_EQ(post(*a, WrOpcode::kRdmaRead, 0, 4 * kMtu, 0, 2), kOk);             // +1 … +4
+  ASSERT_EQ(post(*a, WrOpcode::kRdmaRead, 0, 4 * kMtu, 0, 2), kOk);                // +1 … +4
   ASSERT_EQ(post(*a, WrOpcode::kRdmaRead, 4 * kMtu, 4 * kMtu, 4 * kMtu, 3), kOk);  // +5 … +8
   lose(*ta, {5});  // READ 2's request
   deliver(*ta, *b, *tb);
