@@ -553,6 +553,13 @@ bool read_response_ahead(QueuePair& qp, const wire::Packet& pkt, Transport& t) {
   }
   w.mark_read_placed(psn, true);
   ++qp.comp.read_ahead;
+  if (psn == qp.req.timed_psn) {
+    // The timed request's first response came (placed ahead): its round trip, now — not
+    // when the repair of an earlier gap lets the oldest PSN pass it, which added that
+    // repair's round trips to the sample (and to the pacing that divides by SRTT).
+    qp.req.window.on_rtt_sample(t.now_ns() - qp.req.timed_ns);
+    qp.req.timed_psn = kNoPsn;
+  }
   bump(t.counters().ooo_read_responses);
   raise_mark(qp.comp.read_gap_end, psn_add(psn, 1));
   count_delivered(qp, t, 0);

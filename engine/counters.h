@@ -81,7 +81,7 @@ namespace softrdma::engine {
   X(cnp_sent, "RoCEv2 CNPs sent (a CE-marked request; at most one per QP per 50 us)")              \
   X(cnp_rcvd, "RoCEv2 CNPs received by a requester")                                               \
   X(dcqcn_rate_cuts, "DCQCN rate cuts (CNPs that lowered a QP's rate)")                            \
-  X(paced_waits, "times a requester waited for its DCQCN pacer")                                   \
+  X(paced_waits, "times a requester waited for its pacer (DCQCN, or the window without it)")       \
   X(resend_again_pkts, "lost resends sent again ~1.5 RTT after the resend (selective)")            \
   X(tail_loss_probes, "tail-loss probes: the last PSN sent again ~2 RTT after the last ACK")       \
   X(partial_ack_rewinds, "go-back-N after an ACK stopped at a resent PSN (the rest was lost)")     \

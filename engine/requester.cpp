@@ -90,13 +90,32 @@ void gather(const std::vector<iovec>& local, uint64_t offset, uint64_t len,
 // IPv4 and UDP headers, left ~1.4 % of the link unused.)
 constexpr uint64_t kPacketOverheadBytes = 20;
 
-// DCQCN pacing: whether the pacer holds the next packet now. If it does, the QP's timer is
-// armed for when it may go (completer::on_timer runs the requester again then).
+// The rate the requester paces at, B/ns (0: unpaced). With DCQCN (SOFTRDMA_CC=dcqcn) its
+// rate. Without (none), on a long path (CongestionWindow::long_path) in congestion
+// avoidance: 1.2 × the window per smoothed round trip — Linux TCP's own pacing in congestion
+// avoidance (tcp_update_pacing_rate, net.ipv4.tcp_pacing_ca_ratio 120). The window still
+// bounds what is in flight; the pacer spreads it over the round trip, so a window that opens
+// at once (a repaired gap, placed READ responses passed) leaves at about the path's pace
+// instead of as one burst into the bottleneck's queue (bench/wan_bench.sh, 1 Gbit/s × 20 ms,
+// 0.1 % loss, selective: WRITE 41 -> 78 %, READ 77 -> 86 % of the link). Slow start stays
+// unpaced: its window-limited flights leave as bursts on purpose, for the ACK trains that
+// measure the path (CongestionWindow; paced at Linux's 2 × in slow start, the trains measured
+// the pacer and a 10 Gbit/s × 10 ms KV hand-off took 186 ms instead of ~80).
+double pacing_rate(QueuePair& qp, uint64_t now) {
+  if (qp.req.cc_on) {
+    qp.req.rate.advance(now);
+    return qp.req.rate.rate();
+  }
+  const CongestionWindow& w = qp.req.window;
+  if (!w.long_path() || !w.srtt_ns() || w.psns() < w.threshold()) return 0;
+  return 1.2 * double(w.psns()) * double(qp.mtu + kPacketOverheadBytes) / double(w.srtt_ns());
+}
+
+// Pacing: whether the pacer holds the next packet now. If it does, the QP's timer is armed
+// for when it may go (completer::on_timer runs the requester again then).
 bool paced_out(QueuePair& qp, Transport& t) {
-  if (!qp.req.cc_on) return false;
   const uint64_t now = t.now_ns();
-  qp.req.rate.advance(now);
-  const double rate = qp.req.rate.rate();
+  const double rate = pacing_rate(qp, now);
   if (qp.req.pacer.may_send(rate, now)) return false;
   const uint64_t at = qp.req.pacer.next_send_ns(rate);
   if (qp.comp.pace_ns != at) {
@@ -115,13 +134,20 @@ bool held_back(QueuePair& qp, Transport& t) {
   return true;
 }
 
-// A packet of `payload` bytes left: the pacer's bucket and DCQCN's byte counter.
-void note_paced(QueuePair& qp, Transport& t, uint64_t payload) {
-  if (!qp.req.cc_on) return;
+// A packet of `payload` bytes left: the pacer's bucket and DCQCN's byte counter. `drawn`:
+// the bytes of READ responses it asks for, which cross the path the other way — counted by
+// the window's pacer (pacing_rate without DCQCN), not by DCQCN, which paces what this side
+// sends.
+void note_paced(QueuePair& qp, Transport& t, uint64_t payload, uint64_t drawn = 0) {
   const uint64_t now = t.now_ns();
   const uint64_t bytes = payload + kPacketOverheadBytes;
-  qp.req.pacer.on_sent(bytes, qp.req.rate.rate(), now);
-  qp.req.rate.on_sent(bytes, now);
+  if (qp.req.cc_on) {
+    qp.req.pacer.on_sent(bytes, qp.req.rate.rate(), now);
+    qp.req.rate.on_sent(bytes, now);
+    return;
+  }
+  const double rate = pacing_rate(qp, now);
+  if (rate > 0) qp.req.pacer.on_sent(bytes + drawn, rate, now);
 }
 
 // The headers every request packet of WQE `w` carries: the opcode in the QP's service, the
@@ -347,7 +373,7 @@ bool send_read_request(QueuePair& qp, SendWqe& w, Transport& t) {
   if (wire::psn_diff(qp.req.psn, qp.req.max_psn) < 0)
     max_bytes = uint64_t(std::max(1, window_room(qp))) * qp.mtu;
   const uint64_t chunk = emit_read_request(qp, w, t, qp.req.psn, off, max_bytes);
-  note_paced(qp, t, 0);
+  note_paced(qp, t, 0, chunk);
   const uint32_t n = psns_for(chunk, qp.mtu);
   qp.comp.rd_atomic_inflight.push_back(wire::psn_add(qp.req.psn, n - 1));
   note_sent(qp, t, n);
@@ -591,9 +617,11 @@ void enter_recovery(QueuePair& qp, Recovery to, const char* cause) {
     qp.req.recovery_end = qp.req.max_psn;  // ends once all sent so far is acknowledged
   if (from == to) return;
   qp.req.recovery = to;
-  log().debug("qp {:#x}: recovery {} -> {} ({}; comp.psn {:#x} req.psn {:#x} cwnd {})", qp.qpn(),
-              recovery_name(from), recovery_name(to), cause, qp.comp.psn, qp.req.psn,
-              qp.req.window.psns());
+  log().debug(
+      "qp {:#x}: recovery {} -> {} ({}; comp.psn {:#x} req.psn {:#x} cwnd {} srtt {} us "
+      "min_rtt {} us)",
+      qp.qpn(), recovery_name(from), recovery_name(to), cause, qp.comp.psn, qp.req.psn,
+      qp.req.window.psns(), qp.req.window.srtt_ns() / 1000, qp.req.window.min_rtt_ns() / 1000);
 }
 
 bool on_local_drop(QueuePair& qp, uint32_t psn) {
