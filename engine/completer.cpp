@@ -697,21 +697,17 @@ namespace {
 // nothing else reveals it — and is sent once more, as the oldest SEND/WRITE resend is. Only
 // the oldest: the responder reports the deferred ones again once it has it.
 void resend_unanswered_read(QueuePair& qp, Transport& t, uint64_t now, uint64_t check) {
-  uint32_t psn = kNoPsn;
-  uint64_t sent_ns = 0;
+  uint32_t psn = kNoPsn;  // the oldest resent READ PSN whose response has not come
   for (const CompleterState::Resent& r : qp.comp.resent) {
-    if (psn_diff(r.psn, qp.comp.psn) < 0) continue;
-    if (psn != kNoPsn && psn_diff(r.psn, psn) > 0) continue;
-    if (r.psn != psn) {
-      const uint64_t idx = requester::find_wqe(qp, r.psn);
-      if (idx == qp.sq_end() || qp.wqe(idx).info().cls != WrClass::kRead ||
-          qp.wqe(idx).read_placed_at(r.psn))
-        continue;
-      sent_ns = 0;
-    }
-    psn = r.psn;
-    sent_ns = std::max(sent_ns, r.sent_ns);
+    if (psn_diff(r.psn, qp.comp.psn) < 0 || (psn != kNoPsn && psn_diff(r.psn, psn) >= 0)) continue;
+    const uint64_t idx = requester::find_wqe(qp, r.psn);
+    if (idx != qp.sq_end() && qp.wqe(idx).info().cls == WrClass::kRead &&
+        !qp.wqe(idx).read_placed_at(r.psn))
+      psn = r.psn;
   }
+  uint64_t sent_ns = 0;  // its latest resend
+  for (const CompleterState::Resent& r : qp.comp.resent)
+    if (r.psn == psn) sent_ns = std::max(sent_ns, r.sent_ns);
   if (psn == kNoPsn || now < sent_ns + check) return;
   log().debug("qp {:#x}: READ request psn {:#x} unanswered {} us after it was resent: again",
               qp.qpn(), psn, (now - sent_ns) / 1000);

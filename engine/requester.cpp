@@ -90,6 +90,14 @@ void gather(const std::vector<iovec>& local, uint64_t offset, uint64_t len,
 // IPv4 and UDP headers, left ~1.4 % of the link unused.)
 constexpr uint64_t kPacketOverheadBytes = 20;
 
+// Whether the window paces the QP (pacing_rate): no DCQCN, a long path with a measured round
+// trip, congestion avoidance. Checked before the clock is read, so that the same-host path's
+// per-packet work stays what it was.
+bool window_paces(const QueuePair& qp) {
+  const CongestionWindow& w = qp.req.window;
+  return !qp.req.cc_on && w.long_path() && w.srtt_ns() && w.psns() >= w.threshold();
+}
+
 // The rate the requester paces at, B/ns (0: unpaced). With DCQCN (SOFTRDMA_CC=dcqcn) its
 // rate. Without (none), on a long path (CongestionWindow::long_path) in congestion
 // avoidance: 1.2 × the window per smoothed round trip — Linux TCP's own pacing in congestion
@@ -107,13 +115,14 @@ double pacing_rate(QueuePair& qp, uint64_t now) {
     return qp.req.rate.rate();
   }
   const CongestionWindow& w = qp.req.window;
-  if (!w.long_path() || !w.srtt_ns() || w.psns() < w.threshold()) return 0;
+  if (!window_paces(qp)) return 0;
   return 1.2 * double(w.psns()) * double(qp.mtu + kPacketOverheadBytes) / double(w.srtt_ns());
 }
 
 // Pacing: whether the pacer holds the next packet now. If it does, the QP's timer is armed
 // for when it may go (completer::on_timer runs the requester again then).
 bool paced_out(QueuePair& qp, Transport& t) {
+  if (!qp.req.cc_on && !window_paces(qp)) return false;
   const uint64_t now = t.now_ns();
   const double rate = pacing_rate(qp, now);
   if (qp.req.pacer.may_send(rate, now)) return false;
@@ -139,6 +148,7 @@ bool held_back(QueuePair& qp, Transport& t) {
 // the window's pacer (pacing_rate without DCQCN), not by DCQCN, which paces what this side
 // sends.
 void note_paced(QueuePair& qp, Transport& t, uint64_t payload, uint64_t drawn = 0) {
+  if (!qp.req.cc_on && !window_paces(qp)) return;
   const uint64_t now = t.now_ns();
   const uint64_t bytes = payload + kPacketOverheadBytes;
   if (qp.req.cc_on) {
@@ -146,8 +156,7 @@ void note_paced(QueuePair& qp, Transport& t, uint64_t payload, uint64_t drawn = 
     qp.req.rate.on_sent(bytes, now);
     return;
   }
-  const double rate = pacing_rate(qp, now);
-  if (rate > 0) qp.req.pacer.on_sent(bytes + drawn, rate, now);
+  qp.req.pacer.on_sent(bytes + drawn, pacing_rate(qp, now), now);
 }
 
 // The headers every request packet of WQE `w` carries: the opcode in the QP's service, the
@@ -331,6 +340,13 @@ bool send_data_packet(QueuePair& qp, SendWqe& w, Transport& t, std::vector<iovec
   return qp.req.offset == w.length;
 }
 
+// The end of the READ chunk of `w` that holds byte `off`, bytes: chunks are kReadChunkPsns
+// packets from the start of the message, the last one ends with it.
+uint64_t read_chunk_end(const QueuePair& qp, const SendWqe& w, uint64_t off) {
+  const uint64_t chunk_bytes = uint64_t{kReadChunkPsns} * qp.mtu;
+  return std::min<uint64_t>(w.length, (off / chunk_bytes + 1) * chunk_bytes);
+}
+
 // The READ request for the chunk that holds byte `off`, from `off` to the chunk's end (at
 // most `max_bytes`), at PSN `psn`. Chunks keep fixed boundaries (multiples of
 // kReadChunkPsns packets from the start of the message), so a READ re-requested from the
@@ -341,8 +357,7 @@ bool send_data_packet(QueuePair& qp, SendWqe& w, Transport& t, std::vector<iovec
 // the request's bytes.
 uint64_t emit_read_request(QueuePair& qp, SendWqe& w, Transport& t, uint32_t psn, uint64_t off,
                            uint64_t max_bytes = UINT64_MAX, bool may_be_new = true) {
-  const uint64_t chunk_bytes = uint64_t{kReadChunkPsns} * qp.mtu;
-  uint64_t end = std::min<uint64_t>(w.length, (off / chunk_bytes + 1) * chunk_bytes);
+  uint64_t end = read_chunk_end(qp, w, off);
   // Nor past where an earlier request of this chunk ended short: the responder may have
   // executed that one as new (its first request was lost), and a duplicate reaching past it
   // matches no executed READ — dropped at every retry until retry_cnt ran out (a READ in
@@ -792,9 +807,8 @@ bool probe(QueuePair& qp, Transport& t) {
     // (bench/wan_bench.sh WAN_OP=read: half the recovery episodes of a lossless 1 Gbit/s ×
     // 20 ms stream ended so, each drawing ~900 PSNs again).
     const SendWqe& head = qp.wqe(head_idx);
-    const uint32_t into = static_cast<uint32_t>(wire::psn_diff(qp.comp.psn, head.first_psn));
-    uint32_t end = wire::psn_add(head.first_psn, (into / kReadChunkPsns + 1) * kReadChunkPsns);
-    if (wire::psn_diff(end, head.last_psn()) > 0) end = wire::psn_add(head.last_psn(), 1);
+    const uint64_t off = uint64_t(wire::psn_diff(qp.comp.psn, head.first_psn)) * qp.mtu;
+    uint32_t end = wire::psn_add(head.first_psn, psns_for(read_chunk_end(qp, head, off), qp.mtu));
     if (wire::psn_diff(end, qp.req.psn) > 0) end = qp.req.psn;
     if (ask_read_responses(qp, t, qp.comp.psn, end, /*may_be_new=*/true) != 0) {
       log().debug("qp {:#x}: tail-loss probe: READ responses {:#x}…{:#x} asked for", qp.qpn(),
