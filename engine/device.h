@@ -222,6 +222,7 @@ class Device final : public Transport, public ObjectRegistry {
   bool place_write(uint32_t dst_ip, uint32_t dest_qpn, uint32_t rkey, uint64_t remote_va,
                    std::span<const iovec> local, uint64_t len,
                    const std::function<void()>& commit) override;
+  bool can_place(uint32_t dst_ip) override;
   MemoryRegion* find_mr(uint32_t key) override;
   MemoryWindow* find_mw(uint32_t rkey) override;
   SharedReceiveQueue* find_srq(uint32_t srqn) override;
@@ -447,6 +448,10 @@ class Device final : public Transport, public ObjectRegistry {
   /// this device's writable regions and QPs published (publish_mr / publish_qp).
   bool place_enabled_ = false;
   uint64_t placement_refusals_logged_ = 0;  // ShmStats::placement_refused_peers last logged
+  /// The placement table of same-host peer `dst_ip` when WRITEs to it may be placed (placement
+  /// on, no capture or link emulation, not this process's own address, the table mapped and
+  /// verified; a refusal is logged once), else nullptr.
+  const net::PlacementTable* placement_path(uint32_t dst_ip);
   struct HeldCompletion {
     CompletionQueue* cq;
     Cqe cqe;

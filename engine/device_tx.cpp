@@ -87,27 +87,33 @@ void Device::transmit(const wire::Headers& h, uint32_t dst_ip, std::span<const i
   bump_locked(counters_->sent_bytes, udp_len);
 }
 
-bool Device::place_write(uint32_t dst_ip, uint32_t dest_qpn, uint32_t rkey, uint64_t remote_va,
-                         std::span<const iovec> local, uint64_t len,
-                         const std::function<void()>& commit) {
+const net::PlacementTable* Device::placement_path(uint32_t dst_ip) {
   // A capture wants every payload on the record, and link emulation (SOFTRDMA_WAN,
   // SOFTRDMA_NETEM) times, queues and drops each packet by its size: a placed packet would
   // cross the emulated link as a header. This process's own address may be shared with other
   // processes (address_share.h), whose packets do not take the rings.
-  if (!place_enabled_ || pcap_ || wan_.is_open() || netem_ || dst_ip == ip() || len == 0 ||
-      local.size() > IOV_MAX)
-    return false;
+  if (!place_enabled_ || pcap_ || wan_.is_open() || netem_ || dst_ip == ip()) return nullptr;
   const net::PlacementTable* table = shm_.placement_to(dst_ip);
-  if (!table) {  // not mapped yet (its first packets), refused, or closed
-    if (shm_.stats().placement_refused_peers != placement_refusals_logged_) {
-      placement_refusals_logged_ = shm_.stats().placement_refused_peers;
-      log().info(
-          "same-host peer {}: cross-memory attach refused (ptrace rules or seccomp; "
-          "process_vm_writev): its WRITEs cross the ring with their payloads",
-          net::ipv4_to_string(dst_ip));
-    }
-    return false;
+  if (!table && shm_.stats().placement_refused_peers != placement_refusals_logged_) {
+    placement_refusals_logged_ = shm_.stats().placement_refused_peers;
+    log().info(
+        "same-host peer {}: cross-memory attach refused (ptrace rules or seccomp; "
+        "process_vm_writev): its WRITEs cross the ring with their payloads",
+        net::ipv4_to_string(dst_ip));
   }
+  return table;  // nullptr: not mapped yet (no mailbox), refused, or closed
+}
+
+bool Device::can_place(uint32_t dst_ip) {
+  return placement_path(dst_ip) != nullptr;
+}
+
+bool Device::place_write(uint32_t dst_ip, uint32_t dest_qpn, uint32_t rkey, uint64_t remote_va,
+                         std::span<const iovec> local, uint64_t len,
+                         const std::function<void()>& commit) {
+  if (len == 0 || local.size() > IOV_MAX) return false;
+  const net::PlacementTable* table = placement_path(dst_ip);
+  if (!table) return false;
   net::PlacementTable::Pinned pin;
   int err = 0;
   // `commit` sends: a peer found gone there is dropped, and its mapping (the table, the pins)

@@ -98,11 +98,20 @@ struct RequesterState {
   uint32_t max_psn = 0;  ///< one past the highest PSN ever sent (for late ACKs)
   uint32_t noack_pkts = 0;
   /// One past the last PSN sent with its payload, or without one (every request packet but a
-  /// placed one); kNoPsn: none yet. A WRITE packet is placed only once the completer has
+  /// placed one); kNoPsn: all acknowledged. A WRITE packet is placed only once the completer has
   /// passed it: a request the responder may still refuse (RNR, an access error, a sequence
   /// error) leaves the WRITE behind it unexecuted on the wire, and placing it would write
   /// memory that the responder never lets a NAKed stream reach.
   uint32_t inband_end = kNoPsn;
+  /// Payload bytes of placeable WRITE packets (first transmissions) sent in-band although the
+  /// path could place them, only because in-band requests before them were unacknowledged;
+  /// 0 again once one is placed. A requester that keeps the path full never sees its in-band
+  /// tail acknowledged, so a stream that began in-band (behind a SEND, or before the peer's
+  /// table was mapped) would stay there: at kPlaceRunBytes the packet goes with AckReq and
+  /// placeable WRITEs wait (place_hold) until the tail is acknowledged, one round trip per
+  /// kPlaceRunBytes at most.
+  uint64_t inband_starved = 0;
+  bool place_hold = false;
   /// Scratch for the local pieces of one placed run.
   std::vector<iovec> place_iov;
   /// Where loss recovery stands (requester::enter_recovery changes it, logging each

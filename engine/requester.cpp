@@ -235,9 +235,19 @@ bool placeable(const QueuePair& qp, const SendWqe& w) {
 }
 
 // Whether every request sent with its payload (or none) is acknowledged: the condition for
-// placing a WRITE packet (RequesterState::inband_end).
-bool inband_acked(const QueuePair& qp) {
-  return qp.req.inband_end == kNoPsn || wire::psn_diff(qp.comp.psn, qp.req.inband_end) >= 0;
+// placing a WRITE packet (RequesterState::inband_end). Forgets an acknowledged end, so that
+// a long placed stream never compares against a PSN half the space behind.
+bool inband_acked(QueuePair& qp) {
+  if (qp.req.inband_end != kNoPsn && wire::psn_diff(qp.comp.psn, qp.req.inband_end) >= 0)
+    qp.req.inband_end = kNoPsn;
+  return qp.req.inband_end == kNoPsn;
+}
+
+// Records that the request packets before PSN `end` went with their payloads (or had none).
+// Only ever forward: a resend of an older PSN (a go-back, a READ asked for again) leaves the
+// in-band packets sent after it unacknowledged.
+void note_inband(QueuePair& qp, uint32_t end) {
+  if (inband_acked(qp) || wire::psn_diff(end, qp.req.inband_end) > 0) qp.req.inband_end = end;
 }
 
 // Queues packet `h` with the placed mark and its payload's length, `pay` bytes, in place of
@@ -316,12 +326,23 @@ uint32_t emit_data_packet(QueuePair& qp, SendWqe& w, Transport& t, std::vector<i
   const bool placeable_now = w.placeable && wire::psn_diff(psn, qp.req.max_psn) >= 0;
   if (placeable_now && !last && placed_run(qp, w, t, off, pay)) {
     transmit_placed(t, h, destination(qp, w), pay);
+    qp.req.inband_starved = 0;
     return pay;
   }
   gather(w.local, off, pay, iov);
-  if (placeable_now && last && place_last(qp, w, t, h, iov, off, pay)) return pay;
+  if (placeable_now && last && place_last(qp, w, t, h, iov, off, pay)) {
+    qp.req.inband_starved = 0;
+    return pay;
+  }
+  if (placeable_now && !inband_acked(qp) && t.can_place(destination(qp, w))) {
+    qp.req.inband_starved += pay;
+    if (qp.req.inband_starved >= kPlaceRunBytes) {
+      h.bth.ack_req = qp.type_info().reliable;  // the ACK that ends the hold
+      qp.req.place_hold = true;
+    }
+  }
   t.transmit(h, destination(qp, w), iov, pay);
-  qp.req.inband_end = wire::psn_add(psn, 1);
+  note_inband(qp, wire::psn_add(psn, 1));
   return pay;
 }
 
@@ -372,7 +393,7 @@ uint64_t emit_read_request(QueuePair& qp, SendWqe& w, Transport& t, uint32_t psn
   h.reth.dma_length = static_cast<uint32_t>(chunk);
   h.bth.ack_req = true;
   t.transmit(h, qp.remote_ip, {}, 0);
-  qp.req.inband_end = wire::psn_add(psn, psns_for(chunk, qp.mtu));
+  note_inband(qp, wire::psn_add(psn, psns_for(chunk, qp.mtu)));
   return chunk;
 }
 
@@ -405,7 +426,7 @@ void emit_atomic(QueuePair& qp, SendWqe& w, Transport& t, uint32_t psn) {
   h.atomic.compare = cas ? w.wr.compare_add : 0;
   h.bth.ack_req = true;
   t.transmit(h, qp.remote_ip, {}, 0);
-  qp.req.inband_end = wire::psn_add(psn, 1);
+  note_inband(qp, wire::psn_add(psn, 1));
 }
 
 void send_atomic(QueuePair& qp, SendWqe& w, Transport& t) {
@@ -573,6 +594,14 @@ void run(QueuePair& qp, Transport& t) {
     const WrOpcodeInfo& info = w.info();
     if (info.takes_rd_atomic_credit() && qp.comp.rd_atomic_inflight.size() >= max_rd) break;
     if (paced_out(qp, t) || held_back(qp, t)) break;
+    if (qp.req.place_hold) {  // RequesterState::inband_starved
+      if (inband_acked(qp)) {
+        qp.req.place_hold = false;
+        qp.req.inband_starved = 0;
+      } else if (w.placeable) {
+        break;  // the ACK of the in-band tail runs the requester again
+      }
+    }
     switch (info.cls) {
       case WrClass::kRead:
         done = send_read_request(qp, w, t);
@@ -757,13 +786,10 @@ uint32_t ask_read_responses(QueuePair& qp, Transport& t, uint32_t from, uint32_t
     const uint64_t off = uint64_t(wire::psn_diff(from, w.first_psn)) * qp.mtu;
     const uint64_t bytes =
         std::min<uint64_t>(uint64_t(wire::psn_diff(run_end, from)) * qp.mtu, w.length - off);
-    // A request for PSNs sent before must not move back where in-band requests end.
-    const uint32_t inband_end = qp.req.inband_end;
     // Not new to the responder when a response or ACK beyond these PSNs came (no responder
     // executes a READ beyond one it has not; a softrdma responder in selective mode takes a
     // READ beyond a gap as lost): then no cut is needed where this request stops short.
     const uint64_t chunk = emit_read_request(qp, w, t, from, off, bytes, may_be_new);
-    qp.req.inband_end = inband_end;
     if (chunk == 0) break;
     note_paced(qp, t, 0);
     bump(t.counters().retransmitted_pkts);

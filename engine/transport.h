@@ -81,6 +81,14 @@ class Transport {
     (void)commit;
     return false;
   }
+  /// Whether place_write() to `dst_ip` (host order) can place now: the path to it is the
+  /// same-host one and the peer's placement table is mapped and verified. The requester asks
+  /// it only while its WRITEs go in-band behind unacknowledged requests (requester.cpp,
+  /// RequesterState::inband_starved). The default: false.
+  virtual bool can_place(uint32_t dst_ip) {
+    (void)dst_ip;
+    return false;
+  }
   /// Sends everything transmit() queued.
   virtual void flush() = 0;
   /// Sends what transmit() queued so far, without flush()'s end-of-round work (coalesced

@@ -515,13 +515,16 @@ bool ShmPort::lookup_peer(Peer& p, uint64_t now) {
 }
 
 const PlacementTable* ShmPort::placement_to(uint32_t dst_ip) {
-  Peer* p = last_peer_ && last_peer_->ip == dst_ip ? last_peer_ : nullptr;
-  if (!p) {
-    auto it = peers_.find(dst_ip);
-    if (it == peers_.end()) return nullptr;
-    p = it->second.get();
+  if (hdr_ == nullptr) return nullptr;
+  Peer* p = &peer_for(dst_ip);
+  // Not mapped yet: look it up now (as send() would, rate-limited), so that a stream's very
+  // first WRITE is placed — sent with its payload, it would keep every later one in-band
+  // for as long as the requester keeps the path full (requester.cpp, placed_run()).
+  if (p->hdr == nullptr) {
+    const uint64_t now = coarse_ns();
+    if (now < p->next_lookup || !lookup_peer(*p, now)) return nullptr;
   }
-  if (p->hdr == nullptr || p->place_state < 0 || !p->placement.attached() ||
+  if (p->place_state < 0 || !p->placement.attached() ||
       p->hdr->closed.load(std::memory_order_acquire) != 0)
     return nullptr;
   if (p->place_state == 0) {

@@ -212,9 +212,10 @@ class ShmPort {
   /// engine publishes its remotely writable regions and QPs. Unattached while closed.
   PlacementTable& placement() { return placement_; }
   /// Sender side: the direct-placement table of the peer at `dst_ip` (host order), when its
-  /// mailbox is mapped (a send() went there) and its owner was verified as the process the
-  /// pid names and reachable by process_vm_writev (checked once per mapping; a refusal is
-  /// counted in stats().placement_refused_peers and final for that mapping); else nullptr.
+  /// mailbox is mapped (looked up here as by send(), at most every peer_retry_ns) and its owner was
+  /// verified as the process the pid names and reachable by process_vm_writev (checked once per
+  /// mapping; a refusal is counted in stats().placement_refused_peers and final for that mapping);
+  /// else nullptr.
   const PlacementTable* placement_to(uint32_t dst_ip);
   /// Sender side: while held (calls nest), peers dropped by send() or ring_doorbells() keep
   /// their mappings until the last release_mappings(), so that a PlacementTable* from

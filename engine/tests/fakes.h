@@ -5,7 +5,11 @@
 
 #include <gtest/gtest.h>
 
+#include <endian.h>
+#include <algorithm>
+#include <cstring>
 #include <deque>
+#include <functional>
 #include <mutex>
 #include <unordered_map>
 #include <vector>
@@ -108,6 +112,19 @@ class FakeTransport : public Transport {
     return dcqcn;
   }
 
+  /// With `placing`, the same-host path's direct placement: the payload copied to `remote_va`
+  /// (this process's memory), `commit` run, true.
+  bool place_write(uint32_t, uint32_t, uint32_t, uint64_t remote_va, std::span<const iovec> local,
+                   uint64_t len, const std::function<void()>& commit) override {
+    if (!placing || len == 0) return false;
+    auto* d = reinterpret_cast<uint8_t*>(remote_va);
+    for (const iovec& v : local) d = std::copy_n(static_cast<uint8_t*>(v.iov_base), v.iov_len, d);
+    placed_bytes += len;
+    if (commit) commit();
+    return true;
+  }
+  bool can_place(uint32_t) override { return placing; }
+
   bool path_busy(uint32_t) override { return sent.size() >= busy_after; }
   void wait_for_path(QueuePair& qp) override { path_waiters.push_back(&qp); }
 
@@ -117,8 +134,10 @@ class FakeTransport : public Transport {
   size_t busy_after = SIZE_MAX;
   std::vector<QueuePair*> path_waiters;  ///< wait_for_path() calls
   Counters counters_;
-  bool selective = false;  ///< SOFTRDMA_SELECTIVE_RETX of this side
-  bool dcqcn = false;      ///< SOFTRDMA_CC=dcqcn on this side
+  bool placing = false;       ///< place_write() places (a same-host peer's table is mapped)
+  uint64_t placed_bytes = 0;  ///< bytes place_write() copied
+  bool selective = false;     ///< SOFTRDMA_SELECTIVE_RETX of this side
+  bool dcqcn = false;         ///< SOFTRDMA_CC=dcqcn on this side
   /// The responder's largest out-of-order span, PSNs (Transport::ooo_max_psns).
   uint32_t ooo_max = CongestionWindow::kMaxPsns;
   DcqcnParams dcqcn_params;
@@ -146,6 +165,13 @@ inline size_t deliver_all(FakeDevice& dev, FakeTransport& from, QueuePair& to,
     auto bytes = std::move(from.sent.front());
     from.sent.pop_front();
     wire::Packet p = parse(bytes);
+    if (p.hdr.bth.placed) {  // as Device::check_placed: the payload is its length only
+      static const uint8_t kPlaced[4096] = {};
+      uint32_t len = 0;
+      EXPECT_EQ(sizeof len, p.payload.size());
+      std::memcpy(&len, p.payload.data(), sizeof len);
+      p.payload = {kPlaced, std::min<size_t>(le32toh(len), sizeof kPlaced)};
+    }
     if (p.info->mask & wire::kIsRequest) {
       const RxMeta meta{0x0a000001, 0x0a000002, 0, 64, 0x1234, uint16_t(bytes.size())};
       to.type_info().on_request(to, p, meta, to_t);

@@ -1587,6 +1587,46 @@ TEST_F(TransportTest, AZeroLengthWriteIsNeverPlacedOutOfOrder) {
   EXPECT_EQ(b->attr.state, QpState::kRts);
 }
 
+// Same-host placement (Transport::place_write) of a stream that began in-band, behind a SEND:
+// a requester that keeps the path full never has its in-band tail acknowledged, and without
+// RequesterState::place_hold its WRITEs went in-band for as long as the stream lasted (the
+// CI failure of MrChange.NothingIsWrittenAfterDeregWhileAPeerStreamsWrites). The pipeline:
+// each round delivers the older half of what is on the way, then the ACKs.
+TEST_F(TransportTest, AStreamThatBeganInBandIsPlacedAfterOneRunOfInBandBytes) {
+  constexpr uint32_t kLen = 256 << 10;
+  constexpr int kWrites = 16;
+  ta->placing = true;
+  post_recv(*b, 64);
+  ASSERT_EQ(post(*a, WrOpcode::kSend, 0, 64, 0, 1), kOk);
+  for (int i = 0; i < kWrites; ++i)
+    ASSERT_EQ(post(*a, WrOpcode::kRdmaWrite, uint64_t(i % 4) * kLen, kLen, uint64_t(i % 4) * kLen,
+                   uint64_t(2 + i)),
+              kOk);
+  FakeTransport half(*dev);
+  uint64_t inband_write_bytes = 0;
+  for (int round = 0; round < 100000 && !(ta->sent.empty() && tb->sent.empty()); ++round) {
+    const size_t n = (ta->sent.size() + 1) / 2;
+    for (size_t i = 0; i < n; ++i) {
+      const wire::Packet p = parse(ta->sent.front());
+      if (!p.hdr.bth.placed && p.hdr.bth.opcode != uint8_t(Opcode::kSendOnly))
+        inband_write_bytes += p.payload.size();
+      half.sent.push_back(std::move(ta->sent.front()));
+      ta->sent.pop_front();
+    }
+    deliver(half, *b, *tb);
+    deliver(*tb, *a, *ta);
+  }
+  const std::vector<Cqe> c = drain();  // the SEND's, its receive's, the WRITEs'
+  ASSERT_EQ(c.size(), kWrites + 2u);
+  for (size_t i = 0; i < c.size(); ++i) EXPECT_EQ(c[i].status, WcStatus::kSuccess) << i;
+  EXPECT_TRUE(std::equal(src.begin(), src.end(), dst.begin()));
+  // One run of in-band bytes, and at most a window's worth sent before its hold took effect.
+  EXPECT_GE(inband_write_bytes, requester::kPlaceRunBytes);
+  EXPECT_LE(inband_write_bytes, requester::kPlaceRunBytes + 2 * kLen)
+      << "placed " << ta->placed_bytes;
+  EXPECT_EQ(ta->placed_bytes + inband_write_bytes, uint64_t(kWrites) * kLen);
+}
+
 // Tail-loss probe (RACK-TLP, RFC 8985 7; issue 23 item 2). A plain (go-back-N) pair that has
 // measured its round trip with a first one-packet WRITE.
 // Selective mode: READ responses that arrive beyond lost ones are placed, and only the lost
