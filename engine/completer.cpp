@@ -111,7 +111,7 @@ void count_delivered(QueuePair& qp, Transport& t, uint32_t advanced) {
 void note_progress(QueuePair& qp, Transport& t, uint32_t old_psn) {
   const uint64_t now = t.now_ns();
   if (qp.req.timed_psn != kNoPsn && psn_diff(qp.comp.psn, qp.req.timed_psn) > 0) {
-    qp.req.window.on_rtt_sample(now - qp.req.timed_ns);
+    if (!qp.req.timed_behind_gap) qp.req.window.on_rtt_sample(now - qp.req.timed_ns);
     qp.req.timed_psn = kNoPsn;
   }
   count_delivered(qp, t, uint32_t(psn_diff(qp.comp.psn, old_psn)));
@@ -310,6 +310,18 @@ void on_selective_ack(QueuePair& qp, const wire::Packet& pkt, Transport& t) {
   qp.comp.peer_selective = true;
   qp.comp.sack_epsn = epsn;
   qp.comp.sack_held = held;
+  // The timed PSN is d beyond the expected one, which is missing: once the responder holds
+  // d PSNs beyond it, the timed one or one sent just after it has arrived (the link keeps
+  // order; d - 1 PSNs lie between) — its round trip, now, rather than after the repair of
+  // the gap lets the cumulative ACK pass it. Under 1 % loss a gap comes every round trip
+  // and the cumulative samples stopped: SRTT froze and queue_building() went blind.
+  if (qp.req.timed_psn != kNoPsn) {
+    const int32_t d = psn_diff(qp.req.timed_psn, epsn);
+    if (d > 0 && held >= uint32_t(d)) {
+      qp.req.window.on_rtt_sample(t.now_ns() - qp.req.timed_ns);
+      qp.req.timed_psn = kNoPsn;
+    }
+  }
   count_delivered(qp, t, 0);
 }
 

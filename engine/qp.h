@@ -127,10 +127,14 @@ struct RequesterState {
   /// PSN ranges selective NAKs named, oldest first: sent again before any new PSN, without
   /// moving `psn` back (IRN, Mittal et al. 2018, 3.2). Cleared by a go-back-N rewind.
   std::deque<PsnRange> retx;
-  /// The PSN whose round trip is being timed (kNoPsn: none) and when it was sent; any
-  /// resend cancels the measurement (Karn's rule).
+  /// The PSN whose round trip is being timed (kNoPsn: none) and when it was sent; a resend
+  /// of it (or a go-back over it) cancels the measurement (Karn's rule). `timed_behind_gap`:
+  /// an earlier PSN was sent again since, so the cumulative ACK that passes the timed one
+  /// waits for that repair and is no sample; a selective ACK that holds it still is
+  /// (completer.cpp, on_selective_ack).
   uint32_t timed_psn = kNoPsn;
   uint64_t timed_ns = 0;
+  bool timed_behind_gap = false;
   /// DCQCN (Transport::congestion_control): the reaction point's rate and the pacer that
   /// holds packets to it. `cc_checked`: the transport was asked (at the first run in RTS),
   /// as it was whether the path is host-local (the window's set_host_local).

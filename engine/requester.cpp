@@ -195,6 +195,7 @@ void note_sent(QueuePair& qp, Transport& t, uint32_t psn_count) {
   } else if (qp.req.timed_psn == kNoPsn) {
     qp.req.timed_psn = qp.req.psn;  // a first transmission: time its round trip
     qp.req.timed_ns = t.now_ns();
+    qp.req.timed_behind_gap = false;
   }
   qp.req.psn = wire::psn_add(qp.req.psn, psn_count);
   if (wire::psn_diff(qp.req.psn, qp.req.max_psn) > 0) qp.req.max_psn = qp.req.psn;
@@ -748,7 +749,16 @@ uint32_t emit_again(QueuePair& qp, Transport& t, uint32_t psn, bool ack_req) {
   }
   note_paced(qp, t, pay);
   bump(t.counters().retransmitted_pkts);
-  qp.req.timed_psn = kNoPsn;  // Karn's rule: no round trip is timed across a resend
+  // Karn's rule for the PSNs sent again only: a round trip timed on one of them would be
+  // ambiguous. A timed PSN beyond them keeps its measurement, but the cumulative ACK that
+  // passes it now waits for this repair too: only a selective ACK times it (timed_behind_gap).
+  if (qp.req.timed_psn != kNoPsn) {
+    const int32_t d = wire::psn_diff(qp.req.timed_psn, psn);
+    if (d >= 0 && d < int32_t(n))
+      qp.req.timed_psn = kNoPsn;
+    else if (d > 0)
+      qp.req.timed_behind_gap = true;
+  }
   return n;
 }
 

@@ -1587,6 +1587,30 @@ TEST_F(TransportTest, AZeroLengthWriteIsNeverPlacedOutOfOrder) {
   EXPECT_EQ(b->attr.state, QpState::kRts);
 }
 
+// Under random loss a gap opens every round trip or so, and a repair holds the cumulative
+// ACK back: the round trip of a PSN sent after a lost one is taken from the selective ACK
+// that shows it arrived, not lost to Karn's rule (a resend of an earlier PSN used to cancel
+// every measurement: SRTT froze at 1 % loss and the window's queue signal went blind).
+TEST_F(TransportTest, ARoundTripIsTimedFromTheSelectiveAckBeyondALoss) {
+  start_selective_after_one_rtt(1'000'000);                       // PSN +0
+  ASSERT_EQ(post(*a, WrOpcode::kRdmaWrite, 0, kMtu, 0, 2), kOk);  // +1: timed
+  deliver(*ta, *b, *tb);
+  ASSERT_EQ(post(*a, WrOpcode::kRdmaWrite, 0, 8 * kMtu, 0, 3), kOk);  // +2 … +9
+  ta->advance(1'000'000);
+  deliver(*tb, *a, *ta);  // +1's ACK: a second 1 ms sample
+  ASSERT_EQ(a->req.window.srtt_ns(), 1'000'000u);
+  ASSERT_EQ(post(*a, WrOpcode::kRdmaWrite, 0, 4 * kMtu, 0, 4), kOk);  // +10 … +13: +10 timed
+  lose(*ta, {3});         // (not a WRITE's first: the rest of it could not be placed)
+  deliver(*ta, *b, *tb);  // the NAK of +3, selective ACKs at +9 (6 held) and +13 (10 held)
+  ta->advance(3'000'000);
+  deliver(*tb, *a, *ta);  // +3 sent again; the ACK at +13 holds +10
+  EXPECT_EQ(a->req.window.srtt_ns(), (7 * 1'000'000u + 3'000'000u) / 8);
+  ta->advance(10'000'000);
+  settle();  // the cumulative ACK past +10, after the repair: no sample
+  EXPECT_EQ(a->req.window.srtt_ns(), (7 * 1'000'000u + 3'000'000u) / 8);
+  EXPECT_EQ(drain().size(), 4u);
+}
+
 // Same-host placement (Transport::place_write) of a stream that began in-band, behind a SEND:
 // a requester that keeps the path full never has its in-band tail acknowledged, and without
 // RequesterState::place_hold its WRITEs went in-band for as long as the stream lasted (the
