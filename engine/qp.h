@@ -66,6 +66,12 @@ struct SendWqe {
   /// placed in the responder's memory by the device (Transport::place_write) and then carries
   /// the placed mark and its length; its resends carry the payload.
   bool placeable = false;
+  /// Sent as one RDMA WRITE Only per packet, each with its RETH (the remote address of its
+  /// own bytes): a responder that lost a packet places every one after it, where a lost
+  /// WRITE First left the MIDDLEs without an address (refused, resent). IRN carries a RETH
+  /// in every packet for this (Mittal et al. 2018, 3.3); a run of WRITE Onlys is what any
+  /// IBTA responder takes. Decided when the WQE starts (requester.cpp, reth_each()).
+  bool reth_each = false;
   /// Bytes [placed_from, placed_end) of the message are in the responder's memory (the last
   /// run the device placed; requester.cpp placed_run()).
   uint64_t placed_from = 0, placed_end = 0;

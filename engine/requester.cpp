@@ -235,6 +235,18 @@ bool placeable(const QueuePair& qp, const SendWqe& w) {
          qp.type_info().service == wire::Service::kRc;
 }
 
+// Whether WQE `w` goes as one WRITE Only per packet (SendWqe::reth_each): a plain RC RDMA
+// WRITE of more than one packet, in selective mode, on a long path (where losses are
+// random and a lost WRITE First cost the rest of the message a round trip later). Not a
+// WRITE with immediate data (its completion reports the message's length), nor on short
+// or host-local paths, where nothing is lost to place around and 16 bytes per packet buy
+// nothing.
+bool reth_each(const QueuePair& qp, const SendWqe& w, Transport& t) {
+  return w.info().cls == WrClass::kWrite && w.wr.opcode == WrOpcode::kRdmaWrite &&
+         w.length > qp.mtu && qp.type_info().service == wire::Service::kRc &&
+         t.selective_retransmit() && qp.req.window.long_path();
+}
+
 // Whether every request sent with its payload (or none) is acknowledged: the condition for
 // placing a WRITE packet (RequesterState::inband_end). Forgets an acknowledged end, so that
 // a long placed stream never compares against a PSN half the space behind.
@@ -308,8 +320,13 @@ uint32_t emit_data_packet(QueuePair& qp, SendWqe& w, Transport& t, std::vector<i
   const bool first = off == 0;
   const bool last = off + pay == w.length;
   const WrOpcodeInfo& info = w.info();
-  wire::Headers h = base_headers(qp, w, t, info.wire_opcode(first, last), psn);
-  if (first && (info.cls == WrClass::kWrite || info.cls == WrClass::kAtomicWrite)) {
+  wire::Headers h =
+      base_headers(qp, w, t, info.wire_opcode(first || w.reth_each, last || w.reth_each), psn);
+  if (w.reth_each) {
+    h.reth.va = w.wr.remote_addr + off;
+    h.reth.rkey = w.wr.rkey;
+    h.reth.dma_length = pay;
+  } else if (first && (info.cls == WrClass::kWrite || info.cls == WrClass::kAtomicWrite)) {
     h.reth.va = w.wr.remote_addr;
     h.reth.rkey = w.wr.rkey;
     h.reth.dma_length = static_cast<uint32_t>(w.length);
@@ -586,6 +603,7 @@ void run(QueuePair& qp, Transport& t) {
       w.npsn = w.info().cls == WrClass::kAtomic ? 1 : psns_for(w.length, qp.mtu);
       qp.req.offset = 0;
       w.placeable = placeable(qp, w);
+      w.reth_each = reth_each(qp, w, t);
     } else if (qp.req.offset == 0 && qp.req.psn != w.first_psn) {
       log().error("qp {:#x}: requester at psn {:#x} but WQE {} starts at {:#x}", qp.qpn(),
                   qp.req.psn, qp.req.next, w.first_psn);
