@@ -56,6 +56,11 @@ class CongestionWindow {
   static constexpr uint32_t kMaxPsns = 1u << 22;
   /// The ACK-train jump applies on paths whose smallest RTT is at least this long, ns.
   static constexpr uint64_t kTrainMinRttNs = 1'000'000;
+  /// In slow start after a train, the requester paces at this many times the train's rate
+  /// (requester.cpp pacing_rate): bursts of a raised window leave at about the path's rate,
+  /// and the next train can still show a faster path (BBR's startup paces at 2.89× its
+  /// estimate, Cardwell et al. 2016; 1.25 is its probing gain).
+  static constexpr double kTrainPacingGain = 1.25;
   /// PSNs the train must acknowledge after its first ACK before its rate counts.
   static constexpr uint32_t kTrainMinPsns = 64;
   /// Time the train must spread over after its first ACK before its rate counts, ns.
@@ -85,6 +90,12 @@ class CongestionWindow {
 
   /// PSNs that may be outstanding now.
   uint32_t psns() const { return psns_; }
+  /// Whether an ACK train has measured the path (the requester paces from then on, so that
+  /// the raises leave at about the path's rate: requester.cpp window_paces).
+  bool train_measured() const { return train_rate_ > 0; }
+  /// The path's rate as the first measured ACK train showed it (later ones may lower it),
+  /// PSNs per ns (0: none yet).
+  double train_rate() const { return train_rate_; }
   /// Slow-start threshold, PSNs.
   uint32_t threshold() const { return ssthresh_; }
   /// Smallest round trip measured, ns (0: none yet).
@@ -155,7 +166,7 @@ class CongestionWindow {
       // covers the estimate's error and the ACK clock's slack): beyond, the growth only
       // fills the bottleneck's queue, and where a random loss is not taken for congestion
       // (on_sequence_nak), nothing else would end it before the queue overflows.
-      if (train_bdp_ >= 1 && psns_ >= 1.5 * train_bdp_) ssthresh_ = psns_;
+      if (train_rate_ > 0 && psns_ >= 1.5 * train_rate_ * double(min_rtt_ns_)) ssthresh_ = psns_;
       return;
     }
     // Congestion avoidance: +1 per window of acknowledged PSNs (RFC 5681) — or, on a long
@@ -244,17 +255,26 @@ class CongestionWindow {
       train_start_ns_ = now_ns;  // what this ACK covers was sent before the train's clock
       train_psns_ = 0;
       train_base_ = psns_;
+      if (train_rate_ > 0) first_train_over_ = true;
       return;
     }
     const uint64_t spread = now_ns - train_start_ns_;
     train_psns_ += n;
     if (!long_path() || train_psns_ < kTrainMinPsns || spread < kTrainMinNs) return;
-    const double bdp = double(train_psns_) / double(spread) * double(min_rtt_ns_);
+    double rate = double(train_psns_) / double(spread);
+    // Only the first measured train's flight left as a burst into an idle path; from then on
+    // the requester paces at kTrainPacingGain × its rate, so a later train shows that pacer
+    // at most — or more, when the ACKs were bunched on the way back (a busy receiver, a
+    // late emulator: on 2 loaded CPUs a second round's train showed 150× the link's rate
+    // over 21 µs and still 2.5× over 2.9 ms, and its raise overflowed the queue). Later
+    // trains may lower the estimate (a slower sender), never raise it.
+    if (first_train_over_) rate = std::min(rate, train_rate_);
+    const double bdp = rate * double(min_rtt_ns_);
     const uint64_t cap =
         std::min<uint64_t>({ssthresh_, kMaxPsns, kTrainGain * uint64_t{train_base_}});
     const uint32_t to = static_cast<uint32_t>(std::min<double>(double(cap), bdp));
     psns_ = std::max(psns_, to);
-    train_bdp_ = std::min<double>(kMaxPsns, bdp);  // the latest (longest-spread) estimate
+    train_rate_ = rate;  // the longest-spread estimate so far
   }
 
   uint32_t psns_ = kInitialPsns;
@@ -269,10 +289,11 @@ class CongestionWindow {
   uint64_t delivered_ = 0;           // PSNs acknowledged in it
   double rates_[kRateSamples] = {};  // PSNs per ns, recent intervals
   size_t next_rate_ = 0;
-  uint64_t train_start_ns_ = 0;  // the current ACK train's first ACK, ns (0: none yet)
-  uint64_t train_psns_ = 0;      // PSNs acknowledged after it in the train
-  double train_bdp_ = 0;         // the BDP the latest ACK train measured, PSNs
-  uint32_t train_base_ = 0;      // the window when the train began, PSNs
+  uint64_t train_start_ns_ = 0;    // the current ACK train's first ACK, ns (0: none yet)
+  uint64_t train_psns_ = 0;        // PSNs acknowledged after it in the train
+  double train_rate_ = 0;          // the path's rate as the trains measured it, PSNs/ns
+  bool first_train_over_ = false;  // the first measured train has ended
+  uint32_t train_base_ = 0;        // the window when the train began, PSNs
   bool train_done_ = false;
   bool host_local_ = false;  // set_host_local()
 };

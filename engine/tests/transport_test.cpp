@@ -2287,6 +2287,39 @@ TEST(ReceivedPsnsTest, GrowsOnDemandKeepingEveryStateAcrossThePsnWrapUpToItsCap)
 // window quadruple instead of double until it holds one measured BDP; 10 Gbit/s × 50 ms at
 // MTU 4096 is 15,259 PSNs, reached in the fourth round trip instead of the seventh. A short
 // path, ACKs that arrive bunched, and a loss keep plain slow start.
+// Only the first measured train's flight left as a burst into an idle path: a later train
+// whose ACKs were bunched on the way back (a busy receiver, a late emulator) raises the
+// window no further than the first train's rate allows, and the requester's pacer in slow
+// start follows that rate (train_rate). At 1 Gbit/s × 20 ms the second round's 4× raise from
+// such a train overflowed a one-BDP queue by 1,500–1,900 packets.
+TEST(CongestionWindowTest, ALaterTrainBunchedOnTheWayBackRaisesTheWindowNoFurther) {
+  constexpr double kPsnsPerNs = 1e9 / 8 / 4096 / 1e9;  // 1 Gbit/s of 4 KiB packets
+  constexpr uint64_t kRtt = 20'000'000;
+  constexpr uint32_t kBdp = uint32_t(kPsnsPerNs * kRtt);  // 610
+  CongestionWindow w;
+  w.on_rtt_sample(kRtt);
+  uint64_t now = 1'000'000'000;
+  // ACKs of one flight, one per 32 PSNs, `stretch` ns per PSN apart.
+  const auto round = [&](double ns_per_psn) {
+    const uint32_t flight = w.psns();
+    uint64_t t = now;
+    for (uint32_t acked = 0; acked < flight; acked += 32) {
+      const uint32_t n = std::min<uint32_t>(32, flight - acked);
+      w.on_delivered(n, t);
+      w.on_acked(n);
+      t += uint64_t(n * ns_per_psn);
+    }
+    now += kRtt;
+  };
+  round(1 / kPsnsPerNs);  // spaced by the bottleneck
+  EXPECT_NEAR(w.train_rate(), kPsnsPerNs, kPsnsPerNs / 20);
+  EXPECT_LE(w.psns(), kBdp + 32);
+  round(1 / kPsnsPerNs / 50);  // bunched: 50× the link's rate
+  EXPECT_NEAR(w.train_rate(), kPsnsPerNs, kPsnsPerNs / 20);
+  EXPECT_LE(w.psns(), kBdp * 3 / 2 + 32) << "raised by a bunched train";
+  EXPECT_LE(w.threshold(), kBdp * 3 / 2 + 32) << "slow start goes on past 1.5 BDPs";
+}
+
 TEST(CongestionWindowTest, OnALongPathAckTrainsQuadrupleTheWindowUpToTheMeasuredBdp) {
   constexpr double kPsnsPerNs = 10e9 / 8 / 4096 / 1e9;  // 10 Gbit/s of 4 KiB packets
   constexpr uint64_t kRtt = 50'000'000;
