@@ -2283,10 +2283,19 @@ TEST(ReceivedPsnsTest, GrowsOnDemandKeepingEveryStateAcrossThePsnWrapUpToItsCap)
   EXPECT_EQ(o.memory_bytes(), size_t{ReceivedPsns::kMinSpanPsns} * 9 / 2);
 }
 
-// Slow start on a long path: each round's ACK train (ACKs spaced by the bottleneck) lets the
-// window quadruple instead of double until it holds one measured BDP; 10 Gbit/s × 50 ms at
-// MTU 4096 is 15,259 PSNs, reached in the fourth round trip instead of the seventh. A short
-// path, ACKs that arrive bunched, and a loss keep plain slow start.
+// The ACKs of one flight of the window `w` holds now, one per 32 PSNs, from `start_ns` on,
+// `ns_per_psn` apart (the bottleneck's spacing, or less where they came back bunched).
+void ack_flight(CongestionWindow& w, uint64_t start_ns, double ns_per_psn) {
+  const uint32_t flight = w.psns();
+  uint64_t t = start_ns;
+  for (uint32_t acked = 0; acked < flight; acked += 32) {
+    const uint32_t n = std::min<uint32_t>(32, flight - acked);
+    w.on_delivered(n, t);
+    w.on_acked(n);
+    t += uint64_t(n * ns_per_psn);
+  }
+}
+
 // Only the first measured train's flight left as a burst into an idle path: a later train
 // whose ACKs were bunched on the way back (a busy receiver, a late emulator) raises the
 // window no further than the first train's rate allows, and the requester's pacer in slow
@@ -2299,16 +2308,8 @@ TEST(CongestionWindowTest, ALaterTrainBunchedOnTheWayBackRaisesTheWindowNoFurthe
   CongestionWindow w;
   w.on_rtt_sample(kRtt);
   uint64_t now = 1'000'000'000;
-  // ACKs of one flight, one per 32 PSNs, `stretch` ns per PSN apart.
   const auto round = [&](double ns_per_psn) {
-    const uint32_t flight = w.psns();
-    uint64_t t = now;
-    for (uint32_t acked = 0; acked < flight; acked += 32) {
-      const uint32_t n = std::min<uint32_t>(32, flight - acked);
-      w.on_delivered(n, t);
-      w.on_acked(n);
-      t += uint64_t(n * ns_per_psn);
-    }
+    ack_flight(w, now, ns_per_psn);
     now += kRtt;
   };
   round(1 / kPsnsPerNs);  // spaced by the bottleneck
@@ -2320,6 +2321,10 @@ TEST(CongestionWindowTest, ALaterTrainBunchedOnTheWayBackRaisesTheWindowNoFurthe
   EXPECT_LE(w.threshold(), kBdp * 3 / 2 + 32) << "slow start goes on past 1.5 BDPs";
 }
 
+// Slow start on a long path: each round's ACK train (ACKs spaced by the bottleneck) lets the
+// window quadruple instead of double until it holds one measured BDP; 10 Gbit/s × 50 ms at
+// MTU 4096 is 15,259 PSNs, reached in the fourth round trip instead of the seventh. A short
+// path, ACKs that arrive bunched, and a loss keep plain slow start.
 TEST(CongestionWindowTest, OnALongPathAckTrainsQuadrupleTheWindowUpToTheMeasuredBdp) {
   constexpr double kPsnsPerNs = 10e9 / 8 / 4096 / 1e9;  // 10 Gbit/s of 4 KiB packets
   constexpr uint64_t kRtt = 50'000'000;
@@ -2331,14 +2336,7 @@ TEST(CongestionWindowTest, OnALongPathAckTrainsQuadrupleTheWindowUpToTheMeasured
     int rounds = 0;
     w.on_rtt_sample(rtt);
     while (w.psns() < target && rounds < 30) {
-      const uint32_t flight = w.psns();
-      uint64_t t = now;
-      for (uint32_t acked = 0; acked < flight; acked += 32) {
-        const uint32_t n = std::min<uint32_t>(32, flight - acked);
-        w.on_delivered(n, t);
-        w.on_acked(n);
-        t += uint64_t(n / kPsnsPerNs);
-      }
+      ack_flight(w, now, 1 / kPsnsPerNs);
       now += rtt;
       ++rounds;
     }
