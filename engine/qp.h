@@ -70,7 +70,8 @@ struct SendWqe {
   /// own bytes): a responder that lost a packet places every one after it, where a lost
   /// WRITE First left the MIDDLEs without an address (refused, resent). IRN carries a RETH
   /// in every packet for this (Mittal et al. 2018, 3.3); a run of WRITE Onlys is what any
-  /// IBTA responder takes. Decided when the WQE starts (requester.cpp, reth_each()).
+  /// IBTA responder takes. Only on long paths whose responder has reported a gap; decided
+  /// when the WQE starts (requester.cpp, reth_each()).
   bool reth_each = false;
   /// Bytes [placed_from, placed_end) of the message are in the responder's memory (the last
   /// run the device placed; requester.cpp placed_run()).
