@@ -627,9 +627,10 @@ void run(QueuePair& qp, Transport& t) {
       if (inband_acked(qp)) {
         qp.req.place_hold = false;
         qp.req.inband_starved = 0;
-      } else if (w.placeable) {
+      } else if (w.placeable && wire::psn_diff(qp.req.psn, qp.req.max_psn) >= 0) {
         break;  // the ACK of the in-band tail runs the requester again
       }
+      // (a go-back-N resend is never held: it may be what that ACK waits for)
     }
     switch (info.cls) {
       case WrClass::kRead:

@@ -1627,6 +1627,38 @@ TEST_F(TransportTest, OnALongPathAWriteLosingItsFirstPacketResendsThatPacketAlon
   EXPECT_EQ(parse(ta->sent[0]).hdr.bth.opcode, uint8_t(Opcode::kWriteFirst));
 }
 
+// The hold of place_hold never holds a go-back-N resend: when everything after the in-band
+// tail's AckReq packet is lost, the retransmit timeout's rewind sends it again (a held resend
+// would wait for the ACK it is itself needed for, until retry_cnt ran out).
+TEST_F(TransportTest, APlacementHoldNeverHoldsAResend) {
+  constexpr uint32_t kLen = 256 << 10;
+  ta->placing = true;
+  post_recv(*b, 64);
+  ASSERT_EQ(post(*a, WrOpcode::kSend, 0, 64, 0, 1), kOk);
+  for (int i = 0; i < 8; ++i)
+    ASSERT_EQ(post(*a, WrOpcode::kRdmaWrite, uint64_t(i % 4) * kLen, kLen, uint64_t(i % 4) * kLen,
+                   uint64_t(2 + i)),
+              kOk);
+  FakeTransport half(*dev);  // the pipeline of AStreamThatBeganInBand… until the hold
+  for (int round = 0; round < 10000 && !a->req.place_hold; ++round) {
+    for (size_t i = 0, n = (ta->sent.size() + 1) / 2; i < n; ++i) {
+      half.sent.push_back(std::move(ta->sent.front()));
+      ta->sent.pop_front();
+    }
+    deliver(half, *b, *tb);
+    deliver(*tb, *a, *ta);
+  }
+  ASSERT_TRUE(a->req.place_hold);
+  ta->sent.clear();  // all lost, the AckReq packet among them
+  tb->sent.clear();
+  for (int i = 0; i < 50 && drain().size() < 10; ++i) {
+    fire_timers_when_quiet();
+    settle();
+  }
+  EXPECT_EQ(a->attr.state, QpState::kRts);
+  EXPECT_TRUE(std::equal(src.begin(), src.end(), dst.begin()));
+}
+
 // Under random loss a gap opens every round trip or so, and a repair holds the cumulative
 // ACK back: the round trip of a PSN sent after a lost one is taken from the selective ACK
 // that shows it arrived, not lost to Karn's rule (a resend of an earlier PSN used to cancel
