@@ -1627,38 +1627,6 @@ TEST_F(TransportTest, OnALongPathAWriteLosingItsFirstPacketResendsThatPacketAlon
   EXPECT_EQ(parse(ta->sent[0]).hdr.bth.opcode, uint8_t(Opcode::kWriteFirst));
 }
 
-// The hold of place_hold never holds a go-back-N resend: when everything after the in-band
-// tail's AckReq packet is lost, the retransmit timeout's rewind sends it again (a held resend
-// would wait for the ACK it is itself needed for, until retry_cnt ran out).
-TEST_F(TransportTest, APlacementHoldNeverHoldsAResend) {
-  constexpr uint32_t kLen = 256 << 10;
-  ta->placing = true;
-  post_recv(*b, 64);
-  ASSERT_EQ(post(*a, WrOpcode::kSend, 0, 64, 0, 1), kOk);
-  for (int i = 0; i < 8; ++i)
-    ASSERT_EQ(post(*a, WrOpcode::kRdmaWrite, uint64_t(i % 4) * kLen, kLen, uint64_t(i % 4) * kLen,
-                   uint64_t(2 + i)),
-              kOk);
-  FakeTransport half(*dev);  // the pipeline of AStreamThatBeganInBand… until the hold
-  for (int round = 0; round < 10000 && !a->req.place_hold; ++round) {
-    for (size_t i = 0, n = (ta->sent.size() + 1) / 2; i < n; ++i) {
-      half.sent.push_back(std::move(ta->sent.front()));
-      ta->sent.pop_front();
-    }
-    deliver(half, *b, *tb);
-    deliver(*tb, *a, *ta);
-  }
-  ASSERT_TRUE(a->req.place_hold);
-  ta->sent.clear();  // all lost, the AckReq packet among them
-  tb->sent.clear();
-  for (int i = 0; i < 50 && drain().size() < 10; ++i) {
-    fire_timers_when_quiet();
-    settle();
-  }
-  EXPECT_EQ(a->attr.state, QpState::kRts);
-  EXPECT_TRUE(std::equal(src.begin(), src.end(), dst.begin()));
-}
-
 // Under random loss a gap opens every round trip or so, and a repair holds the cumulative
 // ACK back: the round trip of a PSN sent after a lost one is taken from the selective ACK
 // that shows it arrived, not lost to Karn's rule (a resend of an earlier PSN used to cancel
@@ -1686,32 +1654,43 @@ TEST_F(TransportTest, ARoundTripIsTimedFromTheSelectiveAckBeyondALoss) {
 // Same-host placement (Transport::place_write) of a stream that began in-band, behind a SEND:
 // a requester that keeps the path full never has its in-band tail acknowledged, and without
 // RequesterState::place_hold its WRITEs went in-band for as long as the stream lasted (the
-// CI failure of MrChange.NothingIsWrittenAfterDeregWhileAPeerStreamsWrites). The pipeline:
-// each round delivers the older half of what is on the way, then the ACKs.
-TEST_F(TransportTest, AStreamThatBeganInBandIsPlacedAfterOneRunOfInBandBytes) {
-  constexpr uint32_t kLen = 256 << 10;
-  constexpr int kWrites = 16;
-  ta->placing = true;
-  post_recv(*b, 64);
-  ASSERT_EQ(post(*a, WrOpcode::kSend, 0, 64, 0, 1), kOk);
-  for (int i = 0; i < kWrites; ++i)
-    ASSERT_EQ(post(*a, WrOpcode::kRdmaWrite, uint64_t(i % 4) * kLen, kLen, uint64_t(i % 4) * kLen,
-                   uint64_t(2 + i)),
-              kOk);
-  FakeTransport half(*dev);
-  uint64_t inband_write_bytes = 0;
-  for (int round = 0; round < 100000 && !(ta->sent.empty() && tb->sent.empty()); ++round) {
-    const size_t n = (ta->sent.size() + 1) / 2;
-    for (size_t i = 0; i < n; ++i) {
-      const wire::Packet p = parse(ta->sent.front());
-      if (!p.hdr.bth.placed && p.hdr.bth.opcode != uint8_t(Opcode::kSendOnly))
-        inband_write_bytes += p.payload.size();
+// CI failure of MrChange.NothingIsWrittenAfterDeregWhileAPeerStreamsWrites).
+class InBandStreamTest : public TransportTest {
+ protected:
+  static constexpr uint32_t kLen = 256 << 10;
+  // A SEND, then `writes` WRITEs of kLen bytes into dst's first MiB, with placement possible.
+  void start(int writes) {
+    ta->placing = true;
+    post_recv(*b, 64);
+    ASSERT_EQ(post(*a, WrOpcode::kSend, 0, 64, 0, 1), kOk);
+    for (int i = 0; i < writes; ++i)
+      ASSERT_EQ(post(*a, WrOpcode::kRdmaWrite, uint64_t(i % 4) * kLen, kLen, uint64_t(i % 4) * kLen,
+                     uint64_t(2 + i)),
+                kOk);
+  }
+  // One round of a full pipeline: the older half of what the requester has on the way is
+  // delivered (each request shown to `seen` first, when given), then the responder's answers.
+  void pipeline_round(const std::function<void(const wire::Packet&)>& seen = {}) {
+    FakeTransport half(*dev);
+    for (size_t i = 0, n = (ta->sent.size() + 1) / 2; i < n; ++i) {
+      if (seen) seen(parse(ta->sent.front()));
       half.sent.push_back(std::move(ta->sent.front()));
       ta->sent.pop_front();
     }
     deliver(half, *b, *tb);
     deliver(*tb, *a, *ta);
   }
+};
+
+TEST_F(InBandStreamTest, AStreamThatBeganInBandIsPlacedAfterOneRunOfInBandBytes) {
+  constexpr int kWrites = 16;
+  start(kWrites);
+  uint64_t inband_write_bytes = 0;
+  for (int round = 0; round < 100000 && !(ta->sent.empty() && tb->sent.empty()); ++round)
+    pipeline_round([&](const wire::Packet& p) {
+      if (!p.hdr.bth.placed && p.hdr.bth.opcode != uint8_t(Opcode::kSendOnly))
+        inband_write_bytes += p.payload.size();
+    });
   const std::vector<Cqe> c = drain();  // the SEND's, its receive's, the WRITEs'
   ASSERT_EQ(c.size(), kWrites + 2u);
   for (size_t i = 0; i < c.size(); ++i) EXPECT_EQ(c[i].status, WcStatus::kSuccess) << i;
@@ -1721,6 +1700,25 @@ TEST_F(TransportTest, AStreamThatBeganInBandIsPlacedAfterOneRunOfInBandBytes) {
   EXPECT_LE(inband_write_bytes, requester::kPlaceRunBytes + 2 * kLen)
       << "placed " << ta->placed_bytes;
   EXPECT_EQ(ta->placed_bytes + inband_write_bytes, uint64_t(kWrites) * kLen);
+}
+
+// The hold of place_hold never holds a go-back-N resend: when everything after the in-band
+// tail's AckReq packet is lost, the retransmit timeout's rewind sends it again (a held resend
+// would wait for the ACK it is itself needed for, until retry_cnt ran out).
+TEST_F(InBandStreamTest, APlacementHoldNeverHoldsAResend) {
+  start(8);
+  for (int round = 0; round < 10000 && !a->req.place_hold; ++round) pipeline_round();
+  ASSERT_TRUE(a->req.place_hold);
+  ta->sent.clear();  // all lost, the AckReq packet among them
+  tb->sent.clear();
+  size_t done = 0;  // completions: the SEND's, its receive's, the 8 WRITEs'
+  for (int i = 0; i < 50 && (done += drain().size()) < 10; ++i) {
+    fire_timers_when_quiet();
+    settle();
+  }
+  EXPECT_EQ(done, 10u);
+  EXPECT_EQ(a->attr.state, QpState::kRts);
+  EXPECT_TRUE(std::equal(src.begin(), src.end(), dst.begin()));
 }
 
 // Tail-loss probe (RACK-TLP, RFC 8985 7; issue 23 item 2). A plain (go-back-N) pair that has
