@@ -368,6 +368,10 @@ std::unique_ptr<VerbsTransport> VerbsTransport::connect(Bootstrap& bootstrap,
   impl->connect_peers(all);
   bootstrap.barrier();
   impl->measure_paths();
+  // Every rank's probes must find their peers still there: a rank that measured first and
+  // went on to finish (closing its transport) made a slower rank's probes end in its goodbye
+  // with no round trip timed, so that rank's path_bytes() read 0 (CI, UDP pass, loaded).
+  bootstrap.barrier();
   return std::unique_ptr<VerbsTransport>(new VerbsTransport(std::move(impl)));
 }
 

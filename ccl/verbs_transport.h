@@ -133,7 +133,8 @@ class VerbsTransport : public Transport {
   /// eager limit, channel count, QPNs, PSNs} through `bootstrap` (collective: every rank of the
   /// bootstrap calls connect), connects the QPs and ends with a bootstrap barrier, so every QP is
   /// ready when it returns; then times each peer's round trip (path_bytes; kPathProbes zero-
-  /// length RDMA WRITEs per peer, so connect takes about 3 RTTs more). Throws std::runtime_error
+  /// length RDMA WRITEs per peer, so connect takes about 3 RTTs more) and ends with a second
+  /// barrier, so no rank leaves (and may close) before every rank has timed its paths. Throws std::runtime_error
   /// naming the verbs call that failed (no device, port down, …) (also for options out of range:
   /// eager_bytes, channels, channel_min_bytes; the other ranks then get BootstrapError naming this
   /// rank) and BootstrapError from the exchange.
