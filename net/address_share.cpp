@@ -236,14 +236,26 @@ int AddressShare::out_fd(uint32_t slot) {
     for (int& f : out_fd_) f = -1;
     out_init_ = true;
   }
+  sockaddr_un peer;
+  const socklen_t peer_len = abstract_unix_address(name_prefix_ + std::to_string(slot), peer);
   // A socket made for a process that has left the slot since (the next process there took
-  // it: pyverbs forks a passive and an active side per test) is connected to the dead one's
-  // socket, which makes the newcomer's follow_owner() fail: made again.
+  // it: pyverbs forks a passive and an active side per test) may still be connected to the
+  // dead one's socket, which makes the newcomer's follow_owner() fail: it is connected to
+  // the newcomer instead — the same socket, never closed and made again, because the
+  // newcomer may have connected to it already (when it was connected to no one: the kernel
+  // disconnects it from a socket that a forward met dying). Made again, it left such a
+  // newcomer connected to a closed socket, every forward to it refused (EPERM), for good.
   const uint32_t pid = static_cast<Registry*>(map_)->pid[slot];
   if (out_fd_[slot] >= 0 && out_pid_[slot] == pid) return out_fd_[slot];
   if (out_fd_[slot] >= 0) {
-    ::close(out_fd_[slot]);  // (leaves the epoll set with it)
-    out_fd_[slot] = -1;
+    sockaddr none{};
+    none.sa_family = AF_UNSPEC;  // dissolves the old association first
+    ::connect(out_fd_[slot], &none, sizeof none);
+    // Refused while the newcomer still follows a previous owner: left unconnected then
+    // (sends name their receiver; the newcomer's follow_owner() can connect to it).
+    ::connect(out_fd_[slot], reinterpret_cast<sockaddr*>(&peer), peer_len);
+    out_pid_[slot] = pid;
+    return out_fd_[slot];
   }
   const int s = ::socket(AF_UNIX, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   if (s < 0) return fd_;
@@ -260,8 +272,6 @@ int AddressShare::out_fd(uint32_t slot) {
   // Connected to the slot's socket as well, so what that process sends back here (a member's
   // packets for this process's QPNs) passes the queue limit too; refused while it still
   // follows a previous owner (then this socket only sends).
-  sockaddr_un peer;
-  const socklen_t peer_len = abstract_unix_address(name_prefix_ + std::to_string(slot), peer);
   ::connect(s, reinterpret_cast<sockaddr*>(&peer), peer_len);
   if (epoll_fd_ >= 0) {
     epoll_event ev{};

@@ -192,6 +192,59 @@ TEST(AddressShare, ABurstReachesAMemberWholeAndInOrder) {
   EXPECT_FALSE(owner.backlogged());
 }
 
+// A process that takes a slot may connect its slot socket to the owner's forwarding socket
+// for that slot before the owner has noticed the change — a socket the owner made for the
+// slot's previous process (or for nobody) and that is connected to no one: the kernel
+// disconnects it when a forward meets the previous process's socket while that process
+// dies. The owner must go on using that socket for the newcomer: closed and made again, it
+// left the newcomer connected to a dead socket and every forward to it refused (EPERM) for
+// as long as it lived (pyverbs' test_rdmacm_sync_traffic: an active side that never heard
+// a REP, "stuck" after its REQ was sent 6 times). Here the owner's socket is made by a
+// forward to the slot while nobody holds it.
+TEST(AddressShare, ANewcomerThatFollowedBeforeTheOwnerNoticedItStillReceives) {
+  ShareDir d;
+  AddressShare owner;
+  ASSERT_EQ(owner.join(kIp, d.dir, d.prefix), 0);
+  owner.become_owner();
+  std::vector<uint8_t> packet(64, 0x5a);
+  ASSERT_TRUE(owner.forward(1, ForwardedMeta{}, packet));  // makes the socket for slot 1
+  owner.send_batches();
+  ASSERT_EQ(owner.stats().forward_drops, 1u) << "nobody at slot 1 yet";
+  int fds[2];  // the child's "following" byte; EOF if it exited first
+  ASSERT_EQ(::pipe(fds), 0);
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {  // takes slot 1, follows at once, waits up to 2 s for a forward
+    ::close(fds[0]);
+    AddressShare s;
+    if (s.join(kIp, d.dir, d.prefix) != 0 || s.slot() != 1) _exit(2);
+    if (!s.follow_owner()) _exit(3);
+    char c = 1;
+    if (::write(fds[1], &c, 1) != 1) _exit(2);
+    std::vector<uint8_t> buf(256);
+    ForwardedMeta got;
+    for (int i = 0; i < 2000; ++i) {
+      if (s.receive(buf, got) == 64) _exit(0);
+      ::usleep(1000);
+    }
+    _exit(4);
+  }
+  ::close(fds[1]);
+  char c;
+  int status = 0;
+  const bool following = ::read(fds[0], &c, 1) == 1;
+  ::close(fds[0]);
+  if (following) {
+    ASSERT_TRUE(owner.forward(1, ForwardedMeta{}, packet));
+    owner.send_batches();
+  }
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0)
+      << "3: it could not follow the owner; 4: no forward reached it (owner's forward drops: "
+      << owner.stats().forward_drops << ")";
+}
+
 TEST(AddressShare, StaleRegistriesAreRemovedLiveOnesStay) {
   ShareDir d;
   const pid_t child = ::fork();
