@@ -315,7 +315,16 @@ void CmDevice::run() {
     transport_->arm();  // before polling: a completion after this raises a new event
     transport_->poll(
         [this](std::span<const uint8_t> mad, const MadAddress& from) { cm_->on_mad(mad, from); });
+    const CmCounters before = cm_->counters();
     cm_->on_timer();
+    // A resend costs a response timeout (~4.8 s at Linux's defaults): worth a line where a
+    // connect took that long for no visible reason (a MAD lost on the way).
+    const CmCounters& after = cm_->counters();
+    if (after.mads_resent != before.mads_resent || after.timeouts != before.timeouts)
+      log().info("RDMA-CM on {}: {} MAD(s) sent again, {} given up, after their response "
+                 "timeout (totals {} / {})",
+                 ip_string(ip_), after.mads_resent - before.mads_resent,
+                 after.timeouts - before.timeouts, after.mads_resent, after.timeouts);
   }
 }
 

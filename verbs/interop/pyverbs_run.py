@@ -5,7 +5,8 @@
 #   --exclude PREFIX=REASON   leaves out the tests whose id starts with PREFIX (a feature
 #                             another branch delivers), listed with REASON in the summary;
 #   a summary: counts of ok / fail / error / skipped / excluded, and the skipped tests grouped
-#                             by their skip reason (docs/verbs.md keeps that table).
+#                             by their skip reason (docs/verbs.md keeps that table), and the
+#                             slowest tests of at least SLOW_S seconds.
 # Exit status 0 when every test that ran passed, 1 otherwise (a failure, an error, or no
 # test ran at all), 2 for a usage error.
 #
@@ -18,6 +19,7 @@ import os
 import shutil
 import sys
 import tempfile
+import time
 import unittest
 from importlib.machinery import SourceFileLoader
 
@@ -39,6 +41,28 @@ def flatten(suite):
             yield from flatten(t)
         else:
             yield t
+
+
+SLOW_S = 3.0  # a test at least this long is listed in the summary (most take under 1 s)
+
+
+class TimedResult(unittest.TextTestResult):
+    """Records each test's wall time (s), for the summary's slowest tests: a stall that ends
+    short of the suite's bounds (an RDMA-CM message resent after its ~5 s response timeout)
+    shows there."""
+
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.durations = []
+        self._t0 = 0.0
+
+    def startTest(self, test):
+        self._t0 = time.monotonic()
+        super().startTest(test)
+
+    def stopTest(self, test):
+        self.durations.append((time.monotonic() - self._t0, test.id()))
+        super().stopTest(test)
 
 
 def main():
@@ -85,7 +109,8 @@ def main():
                 kept.append(t)
             else:
                 left_out[reason].append(t.id())
-        result = unittest.TextTestRunner(verbosity=verbosity).run(unittest.TestSuite(kept))
+        result = unittest.TextTestRunner(verbosity=verbosity, resultclass=TimedResult).run(
+            unittest.TestSuite(kept))
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -101,6 +126,9 @@ def main():
         print(f'  skipped {len(ids):3}  {reason}')
     for reason, ids in left_out.items():
         print(f'  excluded {len(ids):2}  {reason}')
+    slow = sorted((d for d in result.durations if d[0] >= SLOW_S), reverse=True)
+    for seconds, test_id in slow[:5]:
+        print(f'  slow {seconds:6.1f} s  {test_id}')
     if verbosity > 1:
         for reason, ids in sorted(skipped.items()):
             print(f'\n{reason}:')
