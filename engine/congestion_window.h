@@ -25,16 +25,20 @@ namespace softrdma::engine {
 /// packet-train dispersion, Keshav 1991; HyStart's ACK train, Ha & Rhee 2011; BBR's delivery rate
 /// from ACKs, Cardwell et al. 2016): the PSNs acknowledged after the train's first ACK over the
 /// time since it — at least kTrainMinPsns over kTrainMinNs — are a rate the path carried.
-/// The window is raised to that rate × the smallest RTT (one measured BDP), at most
-/// kTrainGain times what it was when the train began and within the slow-start threshold,
-/// and slow start goes on from there: the window quadruples per round trip instead of
-/// doubling while it is below one measured BDP. Spread by the bottleneck or by a slower
-/// sender, the estimate is at most the bottleneck's rate, so the raise puts at most about
-/// one BDP in flight; ACK compression is what could inflate it, hence the minimum spread.
-/// 10 Gbit/s × 50 ms (15,259 PSNs) is reached in 4 round trips instead of 7, 400 Gbit/s ×
-/// 100 ms (1.22 M) in 7 instead of 13 where the trains are measurable: the 96 PSNs after the
-/// first ACK of a 128-PSN flight span 20 µs only up to ~150 Gbit/s at MTU 4096, so at
-/// 400 Gbit/s the first round doubles and the quadrupling starts at the second. Short paths
+/// While a train comes back the window is raised towards that rate × the smallest RTT (one
+/// measured BDP), at most kTrainGain times what it was when the train began and within the
+/// slow-start threshold; once the first measured train is over (the next one begins), the
+/// window jumps to one BDP of its rate — paced at kTrainPacingGain × that rate, so the jump
+/// leaves at about the path's rate rather than as a burst (Jump Start, Liu et al.,
+/// PFLDnet 2007) — and slow start goes on from there. Spread by the bottleneck or by a
+/// slower sender, the estimate is at most the bottleneck's rate, so the jump puts at most
+/// about one BDP in flight; ACK compression is what could inflate it, hence the minimum
+/// spread and the validation: a later train showing less than the first one's rate, over a
+/// quarter of a BDP of what it showed, ends slow start at 1.5 BDPs of it. 10 Gbit/s ×
+/// 50 ms (15,259 PSNs) is reached in 2 round trips instead of 7, 100 Gbit/s × 50 ms in 2
+/// instead of 11, where the trains are measurable: the 96 PSNs after the first ACK of a
+/// 128-PSN flight span 20 µs only up to ~150 Gbit/s at MTU 4096, so at 400 Gbit/s the
+/// first round doubles and the jump follows the second's train. Short paths
 /// (data centre) and host-local ones (set_host_local: a peer on this host, whatever its
 /// round trip measures under load) keep plain slow start from kInitialPsns: a round trip
 /// costs microseconds there, and a same-host ring that overflows is a local drop
@@ -65,11 +69,11 @@ class CongestionWindow {
   static constexpr uint32_t kTrainMinPsns = 64;
   /// Time the train must spread over after its first ACK before its rate counts, ns.
   static constexpr uint64_t kTrainMinNs = 20'000;
-  /// A train raises the window to at most this many times what it was when the train began:
-  /// without a pacer the requester releases the raise as one burst (an unbounded raise sent
-  /// a whole 16 MiB transfer at once and drew drops no counter saw — most likely the
-  /// receive socket buffer — in WanBulkWrite under load). Slow start doubles per round
-  /// trip; the train's estimate lets it quadruple, up to one measured BDP.
+  /// While it comes back, a train raises the window to at most this many times what it was
+  /// when the train began: the requester paces only once a train has measured the path, and
+  /// an unpaced raise leaves as one burst (an unbounded one sent a whole 16 MiB transfer at
+  /// once and drew drops no counter saw — most likely the receive socket buffer — in
+  /// WanBulkWrite under load). The jump at the first train's end is paced, so uncapped.
   static constexpr uint32_t kTrainGain = 4;
 
   /// Delivery-rate samples kept (one per interval of at least a minimum RTT); the path's
@@ -254,8 +258,16 @@ class CongestionWindow {
     if (!train_start_ns_ || !min_rtt_ns_ || now_ns - train_start_ns_ >= min_rtt_ns_) {
       train_start_ns_ = now_ns;  // what this ACK covers was sent before the train's clock
       train_psns_ = 0;
+      if (train_rate_ > 0 && !first_train_over_) {
+        // The first measured train is over, its estimate spread over the whole flight:
+        // jump to one BDP of it (paced at kTrainPacingGain × its rate, so the raise leaves
+        // at about the path's rate, not as a burst). The next train validates it (below).
+        first_train_over_ = true;
+        const double bdp = train_rate_ * double(min_rtt_ns_);
+        psns_ = std::max(psns_, static_cast<uint32_t>(std::min<double>(
+                                    std::min(ssthresh_, kMaxPsns), bdp)));
+      }
       train_base_ = psns_;
-      if (train_rate_ > 0) first_train_over_ = true;
       return;
     }
     const uint64_t spread = now_ns - train_start_ns_;
@@ -268,7 +280,24 @@ class CongestionWindow {
     // late emulator: on 2 loaded CPUs a second round's train showed 150× the link's rate
     // over 21 µs and still 2.5× over 2.9 ms, and its raise overflowed the queue). Later
     // trains may lower the estimate (a slower sender), never raise it.
-    if (first_train_over_) rate = std::min(rate, train_rate_);
+    if (first_train_over_) {
+      rate = std::min(rate, train_rate_);
+      // The jump's validation: a later train judges only once it spread over a quarter of
+      // a BDP of what it shows (kTrainMinPsns alone is 0.1 % of a 100 Gbit/s × 50 ms
+      // flight, whose first ACKs may be bunched or still paced); if it shows less than the
+      // first train's rate it lowers the estimate, and a window above 1.5 BDPs of it — a
+      // jump the first train overestimated (ACK compression) — is taken back there and
+      // slow start ends, before the standing queue overflows.
+      const double showed = rate * double(min_rtt_ns_);
+      if (double(train_psns_) < showed / 4) return;
+      if (rate < train_rate_ && psns_ > 1.5 * showed) {
+        psns_ = std::max<uint32_t>(2, static_cast<uint32_t>(1.5 * showed));
+        ssthresh_ = psns_;
+        train_rate_ = rate;
+        train_done_ = true;
+        return;
+      }
+    }
     const double bdp = rate * double(min_rtt_ns_);
     const uint64_t cap =
         std::min<uint64_t>({ssthresh_, kMaxPsns, kTrainGain * uint64_t{train_base_}});
