@@ -27,9 +27,12 @@
 #   WAN_TIMEOUT  real seconds a run may take before it is killed (600)
 #   WAN_OUT      keep each run's logs and counter snapshots in this directory (default: a
 #                temporary one, removed at exit)
-#   WAN_TX_DEPTH ib_write_bw's tx depth, 1 MiB WRITEs outstanding (default: enough for 1.5
+#   WAN_TX_DEPTH ib_write_bw's tx depth, 1 MiB WRITEs outstanding (default: enough for 3
 #                bandwidth-delay products, at least 128 — 128 MiB would cap a 100 Gbit/s ×
-#                50 ms path, 625 MB, at a fifth of its rate)
+#                50 ms path, 625 MB, at a fifth of its rate; 1.5 BDPs held it at 40.8 % of
+#                the link at 0.1 % loss, 3 at 62.9 %: a WRITE completes only once its lost
+#                packets are repaired, ~1.5 round trips after they left, so the transport's
+#                1.5 BDPs in flight need about as much again waiting for completion)
 #
 # Each run: Debian's unmodified ib_write_bw (-s 1 MiB, -n WAN_MB, tx depth WAN_TX_DEPTH, MTU 4096,
 # QP timeout exponent at least 15 = 134 ms and at least 4 round trips, so that a full 1-BDP
@@ -81,9 +84,9 @@ delay_ms() {
     print (u ~ /^us/) ? n / 1000 : (u ~ /^s/) ? n * 1000 : n }'
 }
 RTT_MS=$(awk -v d="$(delay_ms "$DELAY")" 'BEGIN { print 2 * d }')
-# 1 MiB WRITEs outstanding: 1.5 bandwidth-delay products, at least 128.
+# 1 MiB WRITEs outstanding: 3 bandwidth-delay products, at least 128.
 TX_DEPTH=${WAN_TX_DEPTH:-$(awk -v b="$BPS" -v r="$RTT_MS" 'BEGIN {
-  d = int(1.5 * b / 8 * r / 1000 / 1048576) + 1; print (d < 128) ? 128 : d }')}
+  d = int(3 * b / 8 * r / 1000 / 1048576) + 1; print (d < 128) ? 128 : d }')}
 # The QP's local ACK timeout (4.096 µs × 2^u, IBTA 12.7.34): at least 15 and 4 round trips.
 QP_TIMEOUT=$(awk -v r="$RTT_MS" 'BEGIN { u = 15; while (4.096e-3 * 2 ^ u < 4 * r && u < 31) u++; print u }')
 

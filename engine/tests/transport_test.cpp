@@ -2336,15 +2336,20 @@ void ack_flight(CongestionWindow& w, uint64_t start_ns, double ns_per_psn) {
   }
 }
 
+// The path of the train tests below: 1 Gbit/s of 4 KiB packets over a 20 ms round trip.
+namespace gig_path {
+constexpr double kPsnsPerNs = 1e9 / 8 / 4096 / 1e9;
+constexpr uint64_t kRtt = 20'000'000;
+constexpr uint32_t kBdp = uint32_t(kPsnsPerNs * kRtt);  // 610
+}  // namespace gig_path
+
 // Only the first measured train's flight left as a burst into an idle path: a later train
 // whose ACKs were bunched on the way back (a busy receiver, a late emulator) raises the
 // window no further than the first train's rate allows, and the requester's pacer in slow
 // start follows that rate (train_rate). At 1 Gbit/s × 20 ms the second round's 4× raise from
 // such a train overflowed a one-BDP queue by 1,500–1,900 packets.
 TEST(CongestionWindowTest, ALaterTrainBunchedOnTheWayBackRaisesTheWindowNoFurther) {
-  constexpr double kPsnsPerNs = 1e9 / 8 / 4096 / 1e9;  // 1 Gbit/s of 4 KiB packets
-  constexpr uint64_t kRtt = 20'000'000;
-  constexpr uint32_t kBdp = uint32_t(kPsnsPerNs * kRtt);  // 610
+  using namespace gig_path;
   CongestionWindow w;
   w.on_rtt_sample(kRtt);
   uint64_t now = 1'000'000'000;
@@ -2367,9 +2372,7 @@ TEST(CongestionWindowTest, ALaterTrainBunchedOnTheWayBackRaisesTheWindowNoFurthe
 // within the one-BDP queue's room, where unchecked the window would have gone on to 3 BDPs
 // (slow start's exit at 1.5 of the first train's BDPs) and overflowed it.
 TEST(CongestionWindowTest, AJumpTheNextTrainDisprovesIsTakenBack) {
-  constexpr double kPsnsPerNs = 1e9 / 8 / 4096 / 1e9;  // 1 Gbit/s of 4 KiB packets
-  constexpr uint64_t kRtt = 20'000'000;
-  constexpr uint32_t kBdp = uint32_t(kPsnsPerNs * kRtt);  // 610
+  using namespace gig_path;
   CongestionWindow w;
   w.on_rtt_sample(kRtt);
   uint64_t now = 1'000'000'000;
