@@ -134,10 +134,10 @@ class VerbsTransport : public Transport {
   /// bootstrap calls connect), connects the QPs and ends with a bootstrap barrier, so every QP is
   /// ready when it returns; then times each peer's round trip (path_bytes; kPathProbes zero-
   /// length RDMA WRITEs per peer, so connect takes about 3 RTTs more) and ends with a second
-  /// barrier, so no rank leaves (and may close) before every rank has timed its paths. Throws std::runtime_error
-  /// naming the verbs call that failed (no device, port down, …) (also for options out of range:
-  /// eager_bytes, channels, channel_min_bytes; the other ranks then get BootstrapError naming this
-  /// rank) and BootstrapError from the exchange.
+  /// barrier, so no rank leaves (and may close) before every rank has timed its paths.
+  /// Throws std::runtime_error naming the verbs call that failed (no device, port down, …)
+  /// (also for options out of range: eager_bytes, channels, channel_min_bytes; the other ranks
+  /// then get BootstrapError naming this rank) and BootstrapError from the exchange.
   static std::unique_ptr<VerbsTransport> connect(Bootstrap& bootstrap, const VerbsOptions& options);
   /// Says goodbye to every peer and waits (bounded) until everything posted has completed,
   /// then destroys the QPs. Buffers from register_buffer() may outlive the transport.

@@ -321,10 +321,11 @@ void CmDevice::run() {
     // connect took that long for no visible reason (a MAD lost on the way).
     const CmCounters& after = cm_->counters();
     if (after.mads_resent != before.mads_resent || after.timeouts != before.timeouts)
-      log().info("RDMA-CM on {}: {} MAD(s) sent again, {} given up, after their response "
-                 "timeout (totals {} / {})",
-                 ip_string(ip_), after.mads_resent - before.mads_resent,
-                 after.timeouts - before.timeouts, after.mads_resent, after.timeouts);
+      log().info(
+          "RDMA-CM on {}: {} MAD(s) sent again, {} given up, after their response "
+          "timeout (totals {} / {})",
+          ip_string(ip_), after.mads_resent - before.mads_resent, after.timeouts - before.timeouts,
+          after.mads_resent, after.timeouts);
   }
 }
 

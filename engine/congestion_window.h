@@ -264,8 +264,8 @@ class CongestionWindow {
         // at about the path's rate, not as a burst). The next train validates it (below).
         first_train_over_ = true;
         const double bdp = train_rate_ * double(min_rtt_ns_);
-        psns_ = std::max(psns_, static_cast<uint32_t>(std::min<double>(
-                                    std::min(ssthresh_, kMaxPsns), bdp)));
+        psns_ = std::max(
+            psns_, static_cast<uint32_t>(std::min<double>(std::min(ssthresh_, kMaxPsns), bdp)));
       }
       train_base_ = psns_;
       return;
