@@ -236,8 +236,6 @@ int AddressShare::out_fd(uint32_t slot) {
     for (int& f : out_fd_) f = -1;
     out_init_ = true;
   }
-  sockaddr_un peer;
-  const socklen_t peer_len = abstract_unix_address(name_prefix_ + std::to_string(slot), peer);
   // A socket made for a process that has left the slot since (the next process there took
   // it: pyverbs forks a passive and an active side per test) may still be connected to the
   // dead one's socket, which makes the newcomer's follow_owner() fail: it is connected to
@@ -247,6 +245,8 @@ int AddressShare::out_fd(uint32_t slot) {
   // newcomer connected to a closed socket, every forward to it refused (EPERM), for good.
   const uint32_t pid = static_cast<Registry*>(map_)->pid[slot];
   if (out_fd_[slot] >= 0 && out_pid_[slot] == pid) return out_fd_[slot];
+  sockaddr_un peer;  // the slot's socket
+  const socklen_t peer_len = abstract_unix_address(name_prefix_ + std::to_string(slot), peer);
   if (out_fd_[slot] >= 0) {
     sockaddr none{};
     none.sa_family = AF_UNSPEC;  // dissolves the old association first

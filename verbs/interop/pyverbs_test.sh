@@ -49,9 +49,9 @@ require_softrdma_built
 
 STEP_TIMEOUT=100
 # softrdma's info lines (devices opened, RDMA-CM listens, refusals, and each CM message resent
-# after its response timeout) go into the log, which a failure prints: two RDMA-CM tests
-# were "stuck" past the suite's 30 s bound once each under load (stop 37's CI and a loaded
-# local run) and passed in ~130 runs since.
+# after its response timeout) go into the log, which a failure prints: that is how two
+# RDMA-CM tests "stuck" past the suite's 30 s bound (stop 37's CI) were traced to a member
+# of the shared address stranded by its owner (net/address_share.cpp, out_fd).
 export SOFTRDMA_LOG=${SOFTRDMA_LOG:-info}
 make_work_dir softrdma-pyverbs
 LOG=$WORK/pyverbs.log
