@@ -108,6 +108,17 @@ void count_delivered(QueuePair& qp, Transport& t, uint32_t advanced) {
   qp.comp.last_delivery_ns = now;
 }
 
+// When `psn` was last resent (requester::resend), ns; 0 when it was not since the ACK last
+// passed it. Scans comp.resent (one entry per resend not yet acknowledged: the losses of
+// the window, ~450 at 100 Gbit/s x 50 ms and 0.1 %), so it runs at a resend check or when
+// the head moves onto a resent PSN, not at every ACK.
+uint64_t last_resend_ns(const QueuePair& qp, uint32_t psn) {
+  uint64_t sent = 0;
+  for (const CompleterState::Resent& r : qp.comp.resent)
+    if (r.psn == psn) sent = std::max(sent, r.sent_ns);
+  return sent;
+}
+
 void note_progress(QueuePair& qp, Transport& t, uint32_t old_psn) {
   const uint64_t now = t.now_ns();
   if (qp.req.timed_psn != kNoPsn && psn_diff(qp.comp.psn, qp.req.timed_psn) > 0) {
@@ -173,6 +184,22 @@ void note_progress(QueuePair& qp, Transport& t, uint32_t old_psn) {
     return;
   }
   while (!resent.empty() && psn_diff(resent.front().psn, qp.comp.psn) < 0) resent.pop_front();
+  // A new oldest PSN that was resent is judged from its resend (check_resends): when that
+  // is already 1.5 SRTT old, the check is due now, not where the previous head had it.
+  // Resends are recorded mostly in PSN order (selective NAKs name gaps in order), so a
+  // resent head is usually the front entry; one further back (resent again out of order)
+  // waits for the check armed already, where check_resends' scan finds it.
+  if (qp.comp.peer_selective && !resent.empty() && resent.front().psn == qp.comp.psn) {
+    const uint64_t sent = last_resend_ns(qp, qp.comp.psn);
+    const uint64_t check = resend_check_ns(qp);
+    if (sent && check) {
+      const uint64_t due = std::max(now + 1, sent + check);
+      if (!qp.comp.resend_check_ns || due < qp.comp.resend_check_ns) {
+        qp.comp.resend_check_ns = due;
+        t.timer_armed(qp, due);
+      }
+    }
+  }
   // A late ACK or response can acknowledge PSNs the requester, after a go-back-N rewind,
   // was about to send again: move it forward so its next PSN and the WQE/offset it sends
   // from stay in step.
@@ -785,12 +812,16 @@ void check_resends(QueuePair& qp, Transport& t, uint64_t now) {
     return;
   }
   if (!qp.comp.peer_selective) return;
-  uint64_t last = qp.comp.head_since_ns;
-  for (const CompleterState::Resent& r : resent)
-    if (r.psn == qp.comp.psn) last = std::max(last, r.sent_ns);
+  // A resent head is timed from its latest resend alone: the ACK that made it the oldest
+  // already said the responder lacks it, and waiting 1.5 SRTT more from that moment kept a
+  // resend lost behind other holes up to ~3 SRTT at the head (100 Gbit/s x 50 ms at 0.1 %
+  // loss: stalls of 1-2 round trips, docs/wide-area.md). A head never resent is timed from
+  // when it became the oldest (its NAK may have been lost).
+  uint64_t last = last_resend_ns(qp, qp.comp.psn);
+  if (!last) last = qp.comp.head_since_ns;
   if (now >= last + check) {
     log().debug(
-        "qp {:#x}: psn {:#x} unacknowledged {} us after it was last sent or became the "
+        "qp {:#x}: psn {:#x} unacknowledged {} us after it was last resent or became the "
         "oldest: again",
         qp.qpn(), qp.comp.psn, (now - last) / 1000);
     bump(t.counters().resend_again_pkts);

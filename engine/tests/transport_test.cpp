@@ -1173,6 +1173,44 @@ TEST_F(TransportTest, ALostResendIsSentAgainAfterOneAndAHalfRttsWithoutATimeout)
   EXPECT_TRUE(a->comp.resent.empty());
 }
 
+// A resend lost behind an earlier hole: +3 and +10 are lost, both resent for the selective
+// NAKs, and both resends are lost too. The resend check sends +3 again; once it arrives the
+// ACK moves to +10, whose resend is then 2.5 RTTs old and plainly lost: +10 goes again at
+// once. Timed from when it became the oldest it waited 1.5 RTTs more (100 Gbit/s x 50 ms at
+// 0.1 % loss: stalls of 1-2 round trips while every WRITE behind it waited).
+TEST_F(TransportTest, AResentHeadIsTimedFromItsResendNotFromWhenItBecameTheOldest) {
+  constexpr uint64_t kRtt = 10'000'000;  // 10 ms
+  start_selective_after_one_rtt(kRtt);
+  ASSERT_EQ(post(*a, WrOpcode::kRdmaWrite, kMtu, 16 * kMtu, kMtu, 2), kOk);
+  lose(*ta, {3, 10});
+  deliver(*ta, *b, *tb);
+  deliver(*tb, *a, *ta);  // the selective NAKs: +3 and +10 resent...
+  ASSERT_EQ(ta->sent.size(), 2u);
+  EXPECT_EQ(parse(ta->sent[1]).hdr.bth.psn, wire::psn_add(kSqPsn, 10));
+  ta->sent.clear();  // ...and both lost
+  ta->advance(kRtt * 3 / 2 + 1000);
+  run_requester_timers();  // the resend check: +3 again (the oldest)
+  ASSERT_EQ(ta->sent.size(), 1u);
+  EXPECT_EQ(parse(ta->sent[0]).hdr.bth.psn, wire::psn_add(kSqPsn, 3));
+  ta->advance(kRtt);
+  deliver(*ta, *b, *tb);
+  deliver(*tb, *a, *ta);  // its ACK moves to +10, resent 2.5 RTTs ago
+  EXPECT_EQ(a->comp.psn, wire::psn_add(kSqPsn, 10));
+  ASSERT_NE(a->comp.resend_check_ns, 0u);
+  EXPECT_LE(a->comp.resend_check_ns, ta->now_ns() + 1) << "due now, not in 0.5 or 1.5 RTTs";
+  ta->advance(1);
+  run_requester_timers();
+  ASSERT_EQ(ta->sent.size(), 1u);
+  EXPECT_EQ(parse(ta->sent[0]).hdr.bth.psn, wire::psn_add(kSqPsn, 10));
+  EXPECT_EQ(ta->counters_.resend_again_pkts.load(), 2u);
+  settle();
+  auto c = drain();
+  ASSERT_EQ(c.size(), 2u);
+  EXPECT_EQ(c[1].wr_id, 2u);
+  EXPECT_EQ(ta->counters_.retransmit_timeouts.load(), 0u);
+  EXPECT_EQ(std::memcmp(dst.data(), src.data(), 17 * kMtu), 0);
+}
+
 // A resend asks for an ACK (AckReq), even for a middle packet that carried none the first
 // time: when the resend arrived and only its ACK was lost, the responder holds the PSN and
 // re-acknowledges a duplicate only when asked (IBTA 9.7.5.1.3). Without AckReq the resends
