@@ -722,8 +722,9 @@ void on_cnp(QueuePair& qp, Transport& t) {
 namespace {
 
 // Selective mode: the oldest unacknowledged PSN, with no ACK moving past it for
-// resend_check_ns() since it became the oldest or was last resent, is sent (again): its
-// resend was lost, or the selective NAK naming it was (the responder reports each gap once).
+// resend_check_ns() since it was last resent (never resent: since it became the oldest), is
+// sent (again): its resend was lost, or the selective NAK naming it was (the responder
+// reports each gap once).
 // No go-back-N and no window collapse, unlike the retransmit timeout (IRN's RTO_low plays
 // this part, Mittal et al. 2018, 3.1). Only the head: the cumulative ACK stuck there says
 // the responder still misses it, while a resent PSN beyond it may have been placed out of

@@ -182,10 +182,11 @@ struct CompleterState {
   /// The pacer holds the requester until this time, ns (0: not waiting).
   uint64_t pace_ns = 0;
   /// Selective recovery: PSNs resent and when, oldest first (acknowledged ones are dropped
-  /// lazily). The oldest unacknowledged PSN, unacknowledged resend_check_ns() after it was
-  /// last resent or became the oldest, is sent once more — its resend or the selective NAK
-  /// naming it was lost — without the retransmit timer's go-back-N and window collapse
-  /// (IRN's RTO_low; the evidence is time, as RACK's, RFC 8985).
+  /// lazily). The oldest unacknowledged PSN, unacknowledged resend_check_ns() after it
+  /// was last resent (never resent: after it became the oldest), is sent once more — its
+  /// resend or the selective NAK naming it was lost — without the retransmit timer's
+  /// go-back-N and window collapse (IRN's RTO_low; the evidence is time, as RACK's, RFC
+  /// 8985).
   struct Resent {
     uint32_t psn;
     uint64_t sent_ns;
