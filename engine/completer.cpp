@@ -314,8 +314,11 @@ void on_selective_nak(QueuePair& qp, const wire::Packet& pkt, Transport& t) {
     // then no recovery episode starts, so the next loss is judged again.
     judge_loss(qp, t, uint32_t(psn_diff(r.last, r.first)) + 1);
   }
-  log().debug("qp {:#x}: selective NAK {:#x}…{:#x} (comp.psn {:#x} req.psn {:#x} cwnd {})",
-              qp.qpn(), r.first, r.last, qp.comp.psn, qp.req.psn, qp.req.window.psns());
+  log().debug(
+      "qp {:#x}: selective NAK {:#x}…{:#x} (comp.psn {:#x} req.psn {:#x} cwnd {} held {} "
+      "srtt {} us)",
+      qp.qpn(), r.first, r.last, qp.comp.psn, qp.req.psn, qp.req.window.psns(),
+      requester::held_psns(qp), qp.req.window.srtt_ns() / 1000);
   if (qp.req.recovery == Recovery::kNone || qp.req.recovery == Recovery::kProbe)
     requester::enter_recovery(qp, Recovery::kSelective, "selective NAK");
   qp.req.retx.push_back(r);
