@@ -190,6 +190,7 @@ struct CompleterState {
   struct Resent {
     uint32_t psn;
     uint64_t sent_ns;
+    uint32_t max_psn;  ///< RequesterState::max_psn then: PSNs from it on left after this resend
   };
   std::deque<Resent> resent;
   /// Time of the next check of the oldest unacknowledged PSN, ns (0: none armed).
@@ -199,6 +200,12 @@ struct CompleterState {
   /// The oldest PSN as the resend check last sent it again (kNoPsn: none since the ACK moved
   /// past it). An ACK that then stops right after it says the next PSN is missing too.
   uint32_t again_psn = kNoPsn;
+  /// The oldest unacknowledged PSN's latest resend went out when req.max_psn was this
+  /// (kNoPsn: it was not resent since it became the oldest). A selective ACK that still
+  /// expects it but holds more PSNs beyond it than were sent before that resend holds one
+  /// sent after it: the path keeps order, so the resend was lost (completer.cpp
+  /// on_selective_ack) — known about one round trip after the resend, not 1.5 SRTT.
+  uint32_t head_resent_before = kNoPsn;
   /// Tail-loss probe (RACK-TLP, RFC 8985 7; IRN's RTO_low plays the same part, Mittal et al.
   /// 2018, 3.1): when the probe timeout (completer::probe_timeout_ns) passes with PSNs
   /// outstanding and neither an ACK nor a transmission since, the last PSN sent goes out once

@@ -733,6 +733,7 @@ void rewind(QueuePair& qp, uint32_t psn) {
   qp.comp.sack_counted = qp.comp.read_ahead;
   qp.comp.resent.clear();
   qp.comp.again_psn = kNoPsn;
+  qp.comp.head_resent_before = kNoPsn;
   qp.comp.read_gap_end = qp.req.max_psn;  // READ responses from `psn` on are asked for again
   qp.comp.read_asks.clear();
   qp.req.timed_psn = kNoPsn;
@@ -799,7 +800,8 @@ uint32_t resend(QueuePair& qp, Transport& t, uint32_t psn, bool ack_req) {
   bump(t.counters().selective_retransmitted_pkts);
   // Watch it: a resend lost too is sent again (completer::on_timer).
   const uint64_t now = t.now_ns();
-  qp.comp.resent.push_back({psn, now});
+  qp.comp.resent.push_back({psn, now, qp.req.max_psn});
+  if (psn == qp.comp.psn) qp.comp.head_resent_before = qp.req.max_psn;
   if (const uint64_t check = completer::resend_check_ns(qp); check && !qp.comp.resend_check_ns) {
     qp.comp.resend_check_ns = now + check;
     t.timer_armed(qp, qp.comp.resend_check_ns);

@@ -1211,6 +1211,67 @@ TEST_F(TransportTest, AResentHeadIsTimedFromItsResendNotFromWhenItBecameTheOldes
   EXPECT_EQ(std::memcmp(dst.data(), src.data(), 17 * kMtu), 0);
 }
 
+// A lost resend proven by a selective ACK: +3 is lost and its resend too. A second WRITE
+// leaves after that resend; when it arrives, the responder's selective ACK still expects +3
+// but holds more PSNs beyond it (+4 ... +16 and the new ones) than were sent before the
+// resend — one sent after it arrived, and the path keeps order: +3 goes again at once, a
+// round trip after its resend instead of the resend check's 1.5.
+TEST_F(TransportTest, ASelectiveAckHoldingPsnsSentAfterAResendProvesItLost) {
+  constexpr uint64_t kRtt = 10'000'000;  // 10 ms
+  start_selective_after_one_rtt(kRtt);
+  ASSERT_EQ(post(*a, WrOpcode::kRdmaWrite, kMtu, 16 * kMtu, kMtu, 2), kOk);
+  lose(*ta, {3});
+  deliver(*ta, *b, *tb);
+  deliver(*tb, *a, *ta);  // the selective NAK: +3 resent...
+  ASSERT_EQ(ta->sent.size(), 1u);
+  ta->sent.clear();  // ...and lost
+  ASSERT_EQ(a->comp.psn, wire::psn_add(kSqPsn, 3));
+  ta->advance(kRtt / 2);
+  ASSERT_EQ(post(*a, WrOpcode::kRdmaWrite, 17 * kMtu, 4 * kMtu, 17 * kMtu, 3), kOk);
+  ASSERT_EQ(ta->sent.size(), 4u);  // +17 ... +20, after the resend
+  deliver(*ta, *b, *tb);
+  ta->advance(kRtt / 2);
+  const uint64_t sacks = ta->counters_.selective_ack_rcvd.load();
+  deliver(*tb, *a, *ta);  // the selective ACK of +20: expects +3, holds 17
+  EXPECT_EQ(ta->counters_.selective_ack_rcvd.load(), sacks + 1);
+  ASSERT_EQ(ta->sent.size(), 1u) << "+3 again, without waiting for the resend check";
+  EXPECT_EQ(parse(ta->sent[0]).hdr.bth.psn, wire::psn_add(kSqPsn, 3));
+  EXPECT_EQ(ta->counters_.resend_again_pkts.load(), 1u);
+  deliver(*tb, *a, *ta);  // nothing more: a second selective ACK would not resend it again
+  settle();
+  expect_completed({1, 2, 3});
+  EXPECT_EQ(ta->counters_.resend_again_pkts.load(), 1u);
+  EXPECT_EQ(ta->counters_.retransmit_timeouts.load(), 0u);
+  EXPECT_EQ(std::memcmp(dst.data(), src.data(), 21 * kMtu), 0);
+}
+
+// The same selective ACK when the resend was not lost but is still on its way: the
+// responder holds only PSNs sent before the resend, which proves nothing, and nothing is
+// sent again.
+TEST_F(TransportTest, ASelectiveAckHoldingOnlyPsnsSentBeforeAResendProvesNothing) {
+  constexpr uint64_t kRtt = 10'000'000;  // 10 ms
+  start_selective_after_one_rtt(kRtt);
+  ASSERT_EQ(post(*a, WrOpcode::kRdmaWrite, kMtu, 16 * kMtu, kMtu, 2), kOk);
+  lose(*ta, {3});
+  // Deliver up to +8 only: the selective NAK of +3 comes back while +9 ... +16 are on the way.
+  std::deque<std::vector<uint8_t>> later(ta->sent.begin() + 5, ta->sent.end());
+  ta->sent.erase(ta->sent.begin() + 5, ta->sent.end());
+  deliver(*ta, *b, *tb);
+  deliver(*tb, *a, *ta);  // +3 resent
+  ASSERT_EQ(ta->sent.size(), 1u);
+  std::deque<std::vector<uint8_t>> resend(ta->sent.begin(), ta->sent.end());
+  ta->sent = later;  // +9 ... +16 arrive first (sent before the resend); its SACK holds 13
+  deliver(*ta, *b, *tb);
+  deliver(*tb, *a, *ta);
+  EXPECT_GE(ta->counters_.selective_ack_rcvd.load(), 1u);
+  EXPECT_TRUE(ta->sent.empty()) << "nothing proves the resend lost";
+  EXPECT_EQ(ta->counters_.resend_again_pkts.load(), 0u);
+  ta->sent = resend;
+  settle();
+  expect_completed({1, 2});
+  EXPECT_EQ(std::memcmp(dst.data(), src.data(), 17 * kMtu), 0);
+}
+
 // A resend asks for an ACK (AckReq), even for a middle packet that carried none the first
 // time: when the resend arrived and only its ACK was lost, the responder holds the PSN and
 // re-acknowledges a duplicate only when asked (IBTA 9.7.5.1.3). Without AckReq the resends
