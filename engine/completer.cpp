@@ -118,9 +118,15 @@ const CompleterState::Resent* last_resend(const QueuePair& qp, uint32_t psn) {
     if (r.psn == psn && (!last || r.sent_ns >= last->sent_ns)) last = &r;
   return last;
 }
-uint64_t last_resend_ns(const QueuePair& qp, uint32_t psn) {
-  const CompleterState::Resent* r = last_resend(qp, psn);
-  return r ? r->sent_ns : 0;
+
+// The oldest unacknowledged PSN once more, asking for its ACK: its resend or the selective
+// NAK naming it was lost (check_resends, resend_if_sack_proves_lost). Recorded by
+// requester::resend, so it is watched again; an ACK that then stops right after it says the
+// next PSN is missing too (again_psn, note_progress).
+void resend_head_again(QueuePair& qp, Transport& t) {
+  bump(t.counters().resend_again_pkts);
+  requester::resend(qp, t, qp.comp.psn, /*ack_req=*/true);
+  qp.comp.again_psn = qp.comp.psn;
 }
 
 void note_progress(QueuePair& qp, Transport& t, uint32_t old_psn) {
@@ -196,11 +202,10 @@ void note_progress(QueuePair& qp, Transport& t, uint32_t old_psn) {
   qp.comp.head_resent_before = kNoPsn;
   if (qp.comp.peer_selective && !resent.empty() && resent.front().psn == qp.comp.psn) {
     const CompleterState::Resent* r = last_resend(qp, qp.comp.psn);
-    const uint64_t sent = r ? r->sent_ns : 0;
     if (r) qp.comp.head_resent_before = r->max_psn;
     const uint64_t check = resend_check_ns(qp);
-    if (sent && check) {
-      const uint64_t due = std::max(now + 1, sent + check);
+    if (r && check) {
+      const uint64_t due = std::max(now + 1, r->sent_ns + check);
       if (!qp.comp.resend_check_ns || due < qp.comp.resend_check_ns) {
         qp.comp.resend_check_ns = due;
         t.timer_armed(qp, due);
@@ -351,9 +356,7 @@ void resend_if_sack_proves_lost(QueuePair& qp, Transport& t, uint32_t epsn, uint
       "qp {:#x}: psn {:#x}'s resend lost: the responder holds {} PSNs beyond it, {} "
       "were sent before the resend: again",
       qp.qpn(), epsn, held, sent_before);
-  bump(t.counters().resend_again_pkts);
-  requester::resend(qp, t, epsn, /*ack_req=*/true);  // sets head_resent_before anew
-  qp.comp.again_psn = epsn;
+  resend_head_again(qp, t);  // sets head_resent_before anew
 }
 
 // A selective ACK: the responder expected BTH.PSN and held AETH.MSN PSNs beyond it. Kept
@@ -854,16 +857,14 @@ void check_resends(QueuePair& qp, Transport& t, uint64_t now) {
   // resend lost behind other holes up to ~3 SRTT at the head (100 Gbit/s x 50 ms at 0.1 %
   // loss: stalls of 1-2 round trips, docs/wide-area.md). A head never resent is timed from
   // when it became the oldest (its NAK may have been lost).
-  uint64_t last = last_resend_ns(qp, qp.comp.psn);
-  if (!last) last = qp.comp.head_since_ns;
+  const CompleterState::Resent* r = last_resend(qp, qp.comp.psn);
+  uint64_t last = r ? r->sent_ns : qp.comp.head_since_ns;
   if (now >= last + check) {
     log().debug(
         "qp {:#x}: psn {:#x} unacknowledged {} us after it was last resent or became the "
         "oldest: again",
         qp.qpn(), qp.comp.psn, (now - last) / 1000);
-    bump(t.counters().resend_again_pkts);
-    requester::resend(qp, t, qp.comp.psn, /*ack_req=*/true);  // records it: re-arms
-    qp.comp.again_psn = qp.comp.psn;
+    resend_head_again(qp, t);
     last = now;
   }
   qp.comp.resend_check_ns = std::max(now + 1, last + check);
