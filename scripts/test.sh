@@ -45,10 +45,14 @@ run_preset() {
   local dir=build names=""
   [[ $preset == default ]] || dir=build-$preset
   if [[ $step == ctest* && -s $dir/Testing/Temporary/LastTestsFailed.log ]]; then
-    names=$(cut -d: -f2- "$dir/Testing/Temporary/LastTestsFailed.log" | head -20 | paste -sd' ')
+    # One name per line: a parameterised gtest's ctest name carries its parameter
+    # ("Suite/Test/Case  # GetParam() = ..."), spaces included.
+    local -a failed_names
+    mapfile -t failed_names < <(cut -d: -f2- "$dir/Testing/Temporary/LastTestsFailed.log" | head -20)
+    names=$(printf '%s\n' "${failed_names[@]}" | paste -sd';')
     # Their output from this run (ctest printed it mid-log; the rerun below overwrites the
     # log), kept for the diagnostic section at the end.
-    first_output "$dir/Testing/Temporary/LastTest.log" $names >"$dir/first-failures.log"
+    first_output "$dir/Testing/Temporary/LastTest.log" "${failed_names[@]}" >"$dir/first-failures.log"
   fi
   results+=("$preset: FAILED at $step ($((SECONDS - t0)) s)${names:+ [$names]}")
   [[ -n $names ]] && rerun+=("$preset|$step")
@@ -63,7 +67,9 @@ first_output() {
   shift
   for name in "$@"; do
     echo "---- $name: output of the failed run (last 120 lines) ----"
-    awk -v n="$name" '$0 ~ "^[0-9]+/[0-9]+ Testing: " && $3 == n { on = 1 }
+    # Whole-name matches (names may hold spaces, '#', '=' and quotes): the line is exactly
+    # "N/M Testing: NAME", and the section ends at "\"NAME\" end time:".
+    awk -v n="$name" '!on && $0 ~ /^[0-9]+\/[0-9]+ Testing: / && substr($0, index($0, "Testing: ") + 9) == n { on = 1 }
       on { print } on && index($0, "\"" n "\" end time:") == 1 { on = 0 }' "$log" | tail -120
   done
 }
