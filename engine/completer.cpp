@@ -142,6 +142,11 @@ void note_progress(QueuePair& qp, Transport& t, uint32_t old_psn) {
   qp.comp.last_progress_ns = now;
   qp.comp.stalled_since_ns = 0;
   qp.comp.probe_sent = false;
+  // The go-back-N probe's answer (requester::probe): PSNs sent before the probe, two round
+  // trips old, still unacknowledged — the responder dropped them behind a gap.
+  const bool probe_short =
+      qp.comp.head_probe_end != kNoPsn && psn_diff(qp.comp.head_probe_end, qp.comp.psn) > 0;
+  qp.comp.head_probe_end = kNoPsn;
   const Recovery rec = qp.req.recovery;
   if (rec == Recovery::kProbe)
     requester::enter_recovery(qp, Recovery::kNone, "ACK progress after the tail-loss probe");
@@ -180,6 +185,14 @@ void note_progress(QueuePair& qp, Transport& t, uint32_t old_psn) {
                          qp.sq.front().started && !qp.sq.front().info().read_or_atomic;
   const uint32_t again_psn = qp.comp.again_psn;
   qp.comp.again_psn = kNoPsn;
+  if (probe_short && psn_diff(qp.req.psn, qp.comp.psn) > 0 && !qp.sq.empty() &&
+      qp.sq.front().started && !qp.sq.front().info().read_or_atomic) {
+    // As the sequence NAK that was lost would have (on_ack's kPsnSequenceError).
+    bump(t.counters().partial_ack_rewinds);
+    if (!qp.req.window.on_sequence_nak(now)) bump(t.counters().random_losses);
+    retry_from(qp, qp.comp.psn, "the probe's ACK stopped short: the responder dropped the rest");
+    return;
+  }
   if (tail_lost) {
     if (resend_lost_resends(qp, t, again_psn)) return;
     bump(t.counters().partial_ack_rewinds);

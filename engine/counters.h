@@ -83,8 +83,9 @@ namespace softrdma::engine {
   X(dcqcn_rate_cuts, "DCQCN rate cuts (CNPs that lowered a QP's rate)")                            \
   X(paced_waits, "times a requester waited for its pacer (DCQCN, or the window without it)")       \
   X(resend_again_pkts, "lost resends sent again ~1.5 RTT after the resend (selective)")            \
-  X(tail_loss_probes, "tail-loss probes (~2 RTT after the last delivery): last PSN or head READ")  \
-  X(partial_ack_rewinds, "go-back-N after an ACK stopped at a resent PSN (the rest was lost)")     \
+  X(tail_loss_probes,                                                                              \
+    "tail-loss probes (~2 RTT after the last delivery): last PSN, oldest, or head READ")           \
+  X(partial_ack_rewinds, "go-back-N after an ACK answering a resend or probe stopped short")       \
   X(partial_ack_resends,                                                                           \
     "resends again after an ACK stopped at a resent PSN, a selective peer's gaps (no go-back-N)")  \
   X(random_losses, "losses on a long path with no standing queue: the window kept")                \

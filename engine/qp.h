@@ -208,12 +208,18 @@ struct CompleterState {
   uint32_t head_resent_before = kNoPsn;
   /// Tail-loss probe (RACK-TLP, RFC 8985 7; IRN's RTO_low plays the same part, Mittal et al.
   /// 2018, 3.1): when the probe timeout (completer::probe_timeout_ns) passes with PSNs
-  /// outstanding and neither an ACK nor a transmission since, the last PSN sent goes out once
-  /// more. `probe_ns`: that check's time (0: not armed; lazily moved on, as timer_ns).
-  /// `probe_sent`: a probe went out and no ACK has moved since (one per stall: then the
-  /// retransmit timer recovers).
+  /// outstanding and neither an ACK nor a transmission since, one PSN goes out once more —
+  /// the last sent to a responder known to keep what arrives beyond a gap, the oldest
+  /// unacknowledged to a go-back-N one (requester::probe says why). `probe_ns`: that check's
+  /// time (0: not armed; lazily moved on, as timer_ns). `probe_sent`: a probe went out and
+  /// no ACK has moved since (one per stall: then the retransmit timer recovers).
   uint64_t probe_ns = 0;
   bool probe_sent = false;
+  /// The probe resent the oldest unacknowledged PSN when req.max_psn was this (kNoPsn: no
+  /// such probe since the ACK last moved). The ACK that answers it and stops short of this
+  /// says the responder dropped the rest: go-back-N from there (completer.cpp
+  /// note_progress).
+  uint32_t head_probe_end = kNoPsn;
   /// The responder has sent a selective NAK: it keeps what arrives around a gap, so resending
   /// the oldest PSN alone (resend_check_ns) can fill it. Against a go-back-N responder that
   /// resend would only be dropped again; recovery stays IBTA's (NAK or timeout).

@@ -15,7 +15,9 @@ namespace softrdma::engine {
 ///   Mittal et al. 2018); kSelective → kGoBackN when a go-back-N cause comes on top;
 /// - any → kRnrWait: an RNR NAK (IBTA 9.7.5.2.8); kRnrWait → kGoBackN when the RNR timer
 ///   expires (the requester resends from the NAKed PSN);
-/// - kNone → kProbe: the tail-loss probe sent the last PSN again (RACK-TLP, RFC 8985 7);
+/// - kNone → kProbe: the tail-loss probe sent a PSN again (RACK-TLP, RFC 8985 7): the last,
+///   or the oldest to a go-back-N responder; kProbe → kGoBackN when the ACK answering that
+///   oldest PSN stops short of what was sent before it;
 /// - any but kRnrWait → kNone: ACK progress covered everything sent before the recovery
 ///   began (RequesterState::recovery_end), or, for kProbe, any ACK progress.
 enum class Recovery : uint8_t { kNone, kGoBackN, kSelective, kRnrWait, kProbe };

@@ -734,6 +734,7 @@ void rewind(QueuePair& qp, uint32_t psn) {
   qp.comp.resent.clear();
   qp.comp.again_psn = kNoPsn;
   qp.comp.head_resent_before = kNoPsn;
+  qp.comp.head_probe_end = kNoPsn;
   qp.comp.read_gap_end = qp.req.max_psn;  // READ responses from `psn` on are asked for again
   qp.comp.read_asks.clear();
   qp.req.timed_psn = kNoPsn;
@@ -892,6 +893,23 @@ bool probe(QueuePair& qp, Transport& t) {
     enter_recovery(qp, Recovery::kGoBackN, "tail-loss probe with a READ or atomic at the tail");
     rewind(qp, qp.comp.psn);
     run(qp, t);
+    return true;
+  }
+  if (!qp.comp.peer_selective && head_idx != qp.sq_end() &&
+      !qp.wqe(head_idx).info().read_or_atomic) {
+    // No selective NAK came: the responder may be go-back-N (IBTA 9.7.5.1.2, rxe, a NIC),
+    // which NAKs a gap once and then drops what follows in silence. If that NAK was lost,
+    // the last PSN draws nothing (not below the highest it saw since), and only the
+    // retransmit timeout would recover. The oldest unacknowledged PSN draws an answer
+    // whatever was lost: a duplicate is ACKed with the responder's expected PSN - 1, the
+    // expected one itself is taken and ACKed; an ACK that stops short of what was sent
+    // before the probe then starts go-back-N from there (note_progress).
+    log().debug("qp {:#x}: tail-loss probe: oldest unacknowledged psn {:#x} again (last {:#x})",
+                qp.qpn(), qp.comp.psn, last);
+    if (emit_again(qp, t, qp.comp.psn, /*ack_req=*/true) == 0) return false;
+    qp.comp.head_probe_end = qp.req.max_psn;
+    if (qp.req.recovery == Recovery::kNone)
+      enter_recovery(qp, Recovery::kProbe, "no ACK for the probe timeout");
     return true;
   }
   log().debug("qp {:#x}: tail-loss probe: psn {:#x} again (oldest unacknowledged {:#x})", qp.qpn(),

@@ -68,16 +68,19 @@ uint32_t resend(QueuePair& qp, Transport& t, uint32_t psn, bool ack_req);
 /// (SendWqe::read_cuts). Returns the requests sent.
 uint32_t ask_read_responses(QueuePair& qp, Transport& t, uint32_t from, uint32_t to,
                             bool may_be_new = false);
-/// The tail-loss probe (completer::probe_timeout_ns): the last PSN sent goes out again with
-/// AckReq, leaving the requester's position alone. Any IBTA responder answers it: a duplicate
-/// with an ACK (the ACK was lost), the expected PSN with an ACK (the tail was lost), a PSN
-/// beyond a gap with a sequence or selective NAK (more was lost). In selective mode, when the
-/// oldest unanswered PSN belongs to a READ, the responses its chunk misses from there are
-/// asked for instead (ask_read_responses). When the last PSN belongs to a READ or atomic
-/// otherwise — its request resent would draw the whole chunk of responses again — the
-/// requester goes back to the oldest unacknowledged PSN (a READ then asks only for the
-/// responses it misses). No window collapse and no retry counted: the retransmit timer
-/// still runs. Returns false when nothing was outstanding to probe.
+/// The tail-loss probe (completer::probe_timeout_ns): one PSN goes out again with AckReq,
+/// leaving the requester's position alone. To a responder that has sent selective NAKs, the
+/// last PSN sent: a duplicate draws an ACK (the ACK was lost), a PSN beyond a gap a selective
+/// NAK. To any other, the oldest unacknowledged PSN (CompleterState::head_probe_end): a
+/// go-back-N responder whose sequence NAK was lost drops the last PSN in silence, but answers
+/// a duplicate with an ACK and takes its expected PSN; an ACK stopping short of what was sent
+/// before the probe then starts go-back-N (completer.cpp note_progress). In selective mode, when
+/// the oldest unanswered PSN belongs to a READ, the responses its chunk misses from there are asked
+/// for instead (ask_read_responses). When the last PSN belongs to a READ or atomic otherwise — its
+/// request resent would draw the whole chunk of responses again — the requester goes back to the
+/// oldest unacknowledged PSN (a READ then asks only for the responses it misses). No window
+/// collapse (the go-back-N after a short ACK halves it, as the lost NAK would have) and no retry
+/// counted: the retransmit timer still runs. Returns false when nothing was outstanding to probe.
 bool probe(QueuePair& qp, Transport& t);
 /// Packets between AckReq bits inside a long message.
 inline constexpr uint32_t kAckEvery = 32;

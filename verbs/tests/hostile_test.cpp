@@ -971,9 +971,9 @@ TEST(HostilePackets, APlacedMarkOverUdpIsDroppedAsMalformed) {
 // use up retry_cnt (rxe's started_retry rule) — else retry_cnt + 1 copies, or the genuine
 // NAKs a responder sends for forged far-ahead requests, failed the QP with
 // IBV_WC_RETRY_EXC_ERR. The requester resends once, then completes when ACKed. The fake
-// peer answers slowly, so the requester's tail-loss probe (the last PSN again, 2 RTT or 10 ms
-// after the last transmission with no ACK) may go out too, once: it is told apart by the
-// tail_loss_probes counter.
+// peer answers slowly, so the requester's tail-loss probe (2 RTT or 10 ms after the last
+// transmission with no ACK; to this peer, which sent no selective NAK, the oldest PSN again)
+// may go out too, once: it is told apart by the tail_loss_probes counter.
 TEST(HostilePackets, RepeatedSequenceNaksForTheOldestPsnCostOneRetransmissionNotTheConnection) {
   in_one_process([](Role& r) {
     FakeRig g(r);
@@ -990,15 +990,15 @@ TEST(HostilePackets, RepeatedSequenceNaksForTheOldestPsnCostOneRetransmissionNot
     const Counters before = r.counters();
     for (int k = 0; k < 20; ++k) ASSERT_TRUE(g.peer.send_to(g.dev_ip(), g.ack(g.dev_psn, kNakSeq)));
     EXPECT_GE(wait_counter_growth(r.dev().addr, getpid(), {"rcvd_seq_err"}, before, 20, 5s), 20u);
-    // One go-back-N: both SENDs once more, nothing else (but a tail-loss probe of the last).
+    // One go-back-N: both SENDs once more, nothing else (but a tail-loss probe of the oldest).
     std::vector<uint32_t> psns;
     for (int k = 0; k < 8 && g.next(b, pkt, psns.size() < 2 ? 3s : 300ms); ++k)
       psns.push_back(b.psn);
     const Counters after = r.counters();
     const uint64_t probes = after["tail_loss_probes"] - before["tail_loss_probes"];
     EXPECT_LE(probes, 1u);
-    EXPECT_EQ(1, std::count(psns.begin(), psns.end(), g.dev_psn)) << "one go-back-N";
-    EXPECT_EQ(int(1 + probes), std::count(psns.begin(), psns.end(), psn_add(g.dev_psn, 1)));
+    EXPECT_EQ(int(1 + probes), std::count(psns.begin(), psns.end(), g.dev_psn)) << "one go-back-N";
+    EXPECT_EQ(1, std::count(psns.begin(), psns.end(), psn_add(g.dev_psn, 1)));
     EXPECT_EQ(2 + probes, psns.size());
     EXPECT_EQ(2u + probes, after["retransmitted_pkts"] - before["retransmitted_pkts"]);
     EXPECT_EQ(0u, after["retry_exceeded_err"] - before["retry_exceeded_err"]);
