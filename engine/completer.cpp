@@ -171,6 +171,10 @@ void note_progress(QueuePair& qp, Transport& t, uint32_t old_psn) {
   while (!inflight.empty() && psn_diff(inflight.front(), qp.comp.psn) < 0) inflight.pop_front();
   qp.comp.head_since_ns = now;
   auto& resent = qp.comp.resent;
+  // PSNs sent and unacknowledged, the oldest a SEND/WRITE's: what a go-back-N from the head
+  // would send again (an unanswered READ or atomic has its own recovery).
+  const bool writes_outstanding = psn_diff(qp.req.psn, qp.comp.psn) > 0 && !qp.sq.empty() &&
+                                  qp.sq.front().started && !qp.sq.front().info().read_or_atomic;
   // A partial ACK that answers the oldest PSN's resend-again (below) and stops right after
   // it: the responder misses the next PSN as well, although it was sent — and, in a burst
   // loss, resent too — before that resend. The burst was lost (a full socket buffer drops
@@ -180,13 +184,10 @@ void note_progress(QueuePair& qp, Transport& t, uint32_t old_psn) {
   // per resend check (1.5 SRTT) crawled (ib_write_bw 8 MiB over UDP: 5-70 MB/s against
   // ~3 GB/s). NewReno's partial-ACK rule (RFC 6582 3.2), with go-back-N for its one resend.
   const bool tail_lost = qp.comp.again_psn != kNoPsn &&
-                         qp.comp.psn == psn_add(qp.comp.again_psn, 1) &&
-                         psn_diff(qp.req.psn, qp.comp.psn) > 0 && !qp.sq.empty() &&
-                         qp.sq.front().started && !qp.sq.front().info().read_or_atomic;
+                         qp.comp.psn == psn_add(qp.comp.again_psn, 1) && writes_outstanding;
   const uint32_t again_psn = qp.comp.again_psn;
   qp.comp.again_psn = kNoPsn;
-  if (probe_short && psn_diff(qp.req.psn, qp.comp.psn) > 0 && !qp.sq.empty() &&
-      qp.sq.front().started && !qp.sq.front().info().read_or_atomic) {
+  if (probe_short && writes_outstanding) {
     // As the sequence NAK that was lost would have (on_ack's kPsnSequenceError).
     bump(t.counters().partial_ack_rewinds);
     if (!qp.req.window.on_sequence_nak(now)) bump(t.counters().random_losses);

@@ -895,26 +895,22 @@ bool probe(QueuePair& qp, Transport& t) {
     run(qp, t);
     return true;
   }
-  if (!qp.comp.peer_selective && head_idx != qp.sq_end() &&
-      !qp.wqe(head_idx).info().read_or_atomic) {
-    // No selective NAK came: the responder may be go-back-N (IBTA 9.7.5.1.2, rxe, a NIC),
-    // which NAKs a gap once and then drops what follows in silence. If that NAK was lost,
-    // the last PSN draws nothing (not below the highest it saw since), and only the
-    // retransmit timeout would recover. The oldest unacknowledged PSN draws an answer
-    // whatever was lost: a duplicate is ACKed with the responder's expected PSN - 1, the
-    // expected one itself is taken and ACKed; an ACK that stops short of what was sent
-    // before the probe then starts go-back-N from there (note_progress).
-    log().debug("qp {:#x}: tail-loss probe: oldest unacknowledged psn {:#x} again (last {:#x})",
-                qp.qpn(), qp.comp.psn, last);
-    if (emit_again(qp, t, qp.comp.psn, /*ack_req=*/true) == 0) return false;
-    qp.comp.head_probe_end = qp.req.max_psn;
-    if (qp.req.recovery == Recovery::kNone)
-      enter_recovery(qp, Recovery::kProbe, "no ACK for the probe timeout");
-    return true;
-  }
-  log().debug("qp {:#x}: tail-loss probe: psn {:#x} again (oldest unacknowledged {:#x})", qp.qpn(),
-              last, qp.comp.psn);
-  if (emit_again(qp, t, last, /*ack_req=*/true) == 0) return false;
+  // To a responder that has sent selective NAKs, the last PSN (RACK-TLP): its selective ACK
+  // names every hole. No selective NAK came otherwise: the responder may be go-back-N (IBTA
+  // 9.7.5.1.2, rxe, a NIC), which NAKs a gap once and then drops what follows in silence. If
+  // that NAK was lost, the last PSN draws nothing (not below the highest it saw since), and
+  // only the retransmit timeout would recover. The oldest unacknowledged PSN draws an answer
+  // whatever was lost: a duplicate is ACKed with the responder's expected PSN - 1, the
+  // expected one itself is taken and ACKed; an ACK that stops short of what was sent before
+  // the probe then starts go-back-N from there (note_progress).
+  const bool to_head =
+      !qp.comp.peer_selective && head_idx != qp.sq_end() && !qp.wqe(head_idx).info().read_or_atomic;
+  const uint32_t psn = to_head ? qp.comp.psn : last;
+  log().debug(
+      "qp {:#x}: tail-loss probe: psn {:#x} again (oldest unacknowledged {:#x}, last {:#x})",
+      qp.qpn(), psn, qp.comp.psn, last);
+  if (emit_again(qp, t, psn, /*ack_req=*/true) == 0) return false;
+  if (to_head) qp.comp.head_probe_end = qp.req.max_psn;
   if (qp.req.recovery == Recovery::kNone)
     enter_recovery(qp, Recovery::kProbe, "no ACK for the probe timeout");
   return true;
