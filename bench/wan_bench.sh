@@ -26,7 +26,17 @@
 #                (docs/wide-area.md, Time dilation)
 #   WAN_TIMEOUT  real seconds a run may take before it is killed (600)
 #   WAN_OUT      keep each run's logs and counter snapshots in this directory (default: a
-#                temporary one, removed at exit)
+#                temporary one, removed at exit), and append one CSV row per run to
+#                WAN_OUT/wan_bench.csv (header written when the file is new; runs of several
+#                invocations accumulate): op (write / read), rate (WAN_RATE as given),
+#                rtt_ms (round trip, ms), tdf (K), mb (MiB per run), loss_pct (random loss,
+#                % each direction), mode (as in WAN_MODES), goodput_mbs (perftest's BW
+#                average, MB/s = 10^6 B/s, virtual), pct_of_link (% of WAN_RATE), virtual_s
+#                (wall seconds ÷ K), resent_pkts, timeouts, queue_drops (the client's
+#                retransmitted_pkts, retransmit_timeouts, wan_dropped_queue). A field that
+#                was not measured (perftest printed no BW average, no counter snapshot) is
+#                empty, never 0. `python3 bench/plot_wan.py -o out.png WAN_OUT/wan_bench.csv`
+#                draws it
 #   WAN_TX_DEPTH ib_write_bw's tx depth, 1 MiB WRITEs outstanding (default: enough for 3
 #                bandwidth-delay products, at least 128 — 128 MiB would cap a 100 Gbit/s ×
 #                50 ms path, 625 MB, at a fifth of its rate; 1.5 BDPs held it at 40.8 % of
@@ -123,15 +133,38 @@ run() {
       END { if (!f) printf "nan nan %.2f\n", t / k }' "$log.cli"
 }
 
-# counter NAME FILE [ADDRESS] → a device's counter in a `softrdma stat --json` snapshot
-# (0 if absent); the client's (127.0.33.2) unless ADDRESS names the server's (127.0.33.1)
+# counter NAME FILE [ADDRESS [ABSENT]] → a device's counter in a `softrdma stat --json`
+# snapshot; the client's (127.0.33.2) unless ADDRESS names the server's (127.0.33.1). ABSENT
+# (default 0) if the snapshot, the device or the counter is missing: the CSV passes "" (not
+# measured), the markdown table keeps 0.
 counter() {
-  python3 - "$1" "$2" "${3:-127.0.33.2}" <<'PY' 2>/dev/null || echo 0
+  local absent=${4-0}
+  python3 - "$1" "$2" "${3:-127.0.33.2}" "$absent" <<'PY' 2>/dev/null || echo "$absent"
 import json, sys
-name, path, addr = sys.argv[1], sys.argv[2], sys.argv[3]
+name, path, addr, absent = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
 devs = [d for d in json.load(open(path))["devices"] if d["address"] == addr]
-print(devs[-1]["counters"].get(name, 0) if devs else 0)
+print(devs[-1]["counters"].get(name, absent) if devs else absent)
 PY
+}
+
+# One CSV row per run in $WAN_OUT/wan_bench.csv (only when WAN_OUT is set: the temporary
+# directory is removed at exit); "nan" (no BW average) becomes an empty field.
+CSV=
+CSV_COLUMNS=op,rate,rtt_ms,tdf,mb,loss_pct,mode,goodput_mbs,pct_of_link,virtual_s,resent_pkts,timeouts,queue_drops
+if [[ -n ${WAN_OUT:-} ]]; then
+  CSV=$OUT/wan_bench.csv
+  [[ -s $CSV ]] || echo "$CSV_COLUMNS" >"$CSV"
+fi
+csv_row() {  # MODE LOSS MBPS PCT SECS STATFILE
+  [[ -n $CSV ]] || return 0
+  local mbps=$3 pct=$4
+  [[ $mbps == nan ]] && mbps=
+  [[ $pct == nan ]] && pct=
+  local resent timeouts drops
+  resent=$(counter retransmitted_pkts "$6" 127.0.33.2 "")
+  timeouts=$(counter retransmit_timeouts "$6" 127.0.33.2 "")
+  drops=$(counter wan_dropped_queue "$6" 127.0.33.2 "")
+  echo "$OP,$RATE,$RTT_MS,$TDF,$MB,$2,$1,$mbps,$pct,$5,$resent,$timeouts,$drops" >>"$CSV"
 }
 
 echo "WAN link: $RATE, one-way delay $DELAY (RTT $RTT_MS ms), queue 1 BDP; $MB MiB of 1 MiB RDMA ${OP^^}s ($PERF); tx depth $TX_DEPTH, QP timeout $QP_TIMEOUT; time dilation K = $TDF (figures virtual)"
@@ -145,7 +178,13 @@ for loss in $LOSSES; do
     name=$([[ $mode == gbn* ]] && echo "go-back-N" || echo "selective")
     cc=$([[ $mode == *+dcqcn ]] && echo "DCQCN" || echo "none")
     echo "| $loss % | $name | $cc | $mbps | $pct | $secs | $(counter retransmitted_pkts "$st") | $(counter resend_again_pkts "$st") | $(counter selective_nak_rcvd "$st") | $(counter ooo_read_responses "$st") | $(counter read_gap_requests "$st") | $(counter retransmit_timeouts "$st") | $(counter wan_dropped_queue "$st") | $(counter cnp_rcvd "$st") | $(counter wan_shaped "$st" 127.0.33.1) / $(counter wan_dropped_queue "$st" 127.0.33.1) |"
+    csv_row "$mode" "$loss" "$mbps" "$pct" "$secs" "$st"
   done
 done
 echo
 echo "$(date -u +%F) $(nproc) CPUs, load $(cut -d' ' -f1-3 /proc/loadavg)"
+if [[ -n $CSV ]]; then
+  echo "CSV: $CSV"
+else
+  echo "CSV: none written (set WAN_OUT=DIR for DIR/wan_bench.csv)"
+fi
