@@ -103,7 +103,14 @@ void count_delivered(QueuePair& qp, Transport& t, uint32_t advanced) {
   const uint32_t n = newly_delivered(qp, advanced);
   if (!n) return;
   const uint64_t now = t.now_ns();
-  qp.req.window.on_delivered(n, now);
+  // An ACK of nothing but what left before the sender ran dry and paused (RequesterState::
+  // flight_psn) starts no ACK train.
+  bool before_flight = false;
+  if (qp.req.flight_pending) {
+    before_flight = psn_diff(qp.comp.psn, qp.req.flight_psn) <= 0;
+    if (!before_flight) qp.req.flight_pending = false;
+  }
+  qp.req.window.on_delivered(n, now, /*train_origin=*/!before_flight);
   qp.req.window.on_acked(n);
   qp.comp.last_delivery_ns = now;
 }

@@ -34,7 +34,10 @@ namespace softrdma::engine {
 /// slower sender, the estimate is at most the bottleneck's rate, so the jump puts at most
 /// about one BDP in flight; ACK compression is what could inflate it, hence the minimum
 /// spread and the validation: a later train showing less than the first one's rate, over a
-/// quarter of a BDP of what it showed, ends slow start at 1.5 BDPs of it. 10 Gbit/s ×
+/// quarter of a BDP of what it showed, ends slow start at 1.5 BDPs of it. A train is the
+/// dispersion of one flight, so a pause bounds it at both ends: an ACK of a lone packet sent
+/// before the sender ran dry and paused does not start one (on_delivered's train_origin),
+/// and an ACK after a pause in the train's ACKs ends it (note_train). 10 Gbit/s ×
 /// 50 ms (15,259 PSNs) is reached in 2 round trips instead of 7, 100 Gbit/s × 50 ms in 2
 /// instead of 11, where the trains are measurable: the 96 PSNs after the first ACK of a
 /// 128-PSN flight span 20 µs only up to ~150 Gbit/s at MTU 4096, so at 400 Gbit/s the
@@ -88,6 +91,8 @@ class CongestionWindow {
   /// congestion even without a measured queue (1.6 %: a 1 % random loss stays below it; a
   /// queue overflowing under slow start drops up to half a window).
   static constexpr uint32_t kRandomLossFraction = 64;
+  /// A pause of more than 1/this of the smallest RTT separates two flights (idle_gap_ns).
+  static constexpr uint64_t kIdleGapDivisor = 8;
   /// Congestion avoidance on a long path with no queue grows the window by 1/this of itself
   /// per round trip (on_acked).
   static constexpr uint32_t kFreeGrowthDivisor = 8;
@@ -149,10 +154,23 @@ class CongestionWindow {
     train_done_ = true;
     ssthresh_ = std::max<uint32_t>(2, std::min(ssthresh_, psns_));
   }
+  /// A pause longer than this, ns, separates two flights (a sender's that ran dry, or a
+  /// train's ACKs: note_train); 0 until the smallest RTT is measured: an eighth of the
+  /// smallest RTT, at least kTrainMinNs.
+  uint64_t idle_gap_ns() const {
+    return min_rtt_ns_ ? std::max<uint64_t>(min_rtt_ns_ / kIdleGapDivisor, kTrainMinNs) : 0;
+  }
   /// `n` PSNs newly acknowledged at `now_ns` (after its RTT sample, before on_acked): the
   /// delivery rate sample, and the slow-start round's ACK train (see the class comment).
-  void on_delivered(uint32_t n, uint64_t now_ns) {
-    note_train(n, now_ns);
+  /// `train_origin` false: the ACK covers only PSNs sent before the sender last ran out of
+  /// work and paused for longer than idle_gap_ns() (the requester tells, RequesterState::
+  /// flight_psn), so it may not start a train — the flight behind it left after the pause,
+  /// and its train timed from this ACK would spread over the pause and show the idle
+  /// sender's rate (kv's zero-length path probe, ACKed 26 ms before a 128-PSN flight on a
+  /// 50 ms path, made a 10 Gbit/s train read 80 Mbit/s: slow start ended at 196 PSNs and
+  /// the first KV hand-off took 1.8 s instead of 0.4 s).
+  void on_delivered(uint32_t n, uint64_t now_ns, bool train_origin = true) {
+    note_train(n, now_ns, train_origin);
     if (!interval_start_ns_) interval_start_ns_ = now_ns;
     delivered_ += n;
     const uint64_t elapsed = now_ns - interval_start_ns_;
@@ -249,15 +267,19 @@ class CongestionWindow {
   // leaves as a burst, so its train shows the bottleneck's rate; later rounds' trains,
   // clocked by ACKs, show about the doubled window that slow start gives anyway. A loss, a
   // CNP or the end of slow start ends the trains for good.
-  void note_train(uint32_t n, uint64_t now_ns) {
+  void note_train(uint32_t n, uint64_t now_ns, bool origin_ok) {
     if (train_done_) return;
     if (psns_ >= ssthresh_) {
       train_done_ = true;
       return;
     }
     if (!train_start_ns_ || !min_rtt_ns_ || now_ns - train_start_ns_ >= min_rtt_ns_) {
+      if (!origin_ok) return;    // the next ACK, of the flight itself, starts the train
       train_start_ns_ = now_ns;  // what this ACK covers was sent before the train's clock
+      train_last_ns_ = now_ns;
       train_psns_ = 0;
+      train_acks_ = 0;
+      train_closed_ = false;
       if (train_rate_ > 0 && !first_train_over_) {
         // The first measured train is over, its estimate spread over the whole flight:
         // jump to one BDP of it (paced at kTrainPacingGain × its rate, so the raise leaves
@@ -270,7 +292,20 @@ class CongestionWindow {
       train_base_ = psns_;
       return;
     }
+    if (train_closed_) return;
     const uint64_t spread = now_ns - train_start_ns_;
+    // The flight's ACKs came back together; one after a pause of more than idle_gap_ns() and
+    // 8 times the train's mean spacing is for PSNs sent after a pause of the sender's own
+    // (kv: 2 PSNs the path probe's ACK let out 24 ms after a 128-PSN flight, whose ACKs took
+    // 0.5 ms — counted, the train read 4.4 PSNs/ms on a 305 PSNs/ms path). The train ends
+    // with what it measured.
+    const uint64_t pause = now_ns - train_last_ns_;
+    if (train_acks_ && pause > idle_gap_ns() && pause > 8 * (spread - pause) / train_acks_) {
+      train_closed_ = true;
+      return;
+    }
+    train_last_ns_ = now_ns;
+    ++train_acks_;
     train_psns_ += n;
     if (!long_path() || train_psns_ < kTrainMinPsns || spread < kTrainMinNs) return;
     double rate = double(train_psns_) / double(spread);
@@ -320,6 +355,9 @@ class CongestionWindow {
   size_t next_rate_ = 0;
   uint64_t train_start_ns_ = 0;    // the current ACK train's first ACK, ns (0: none yet)
   uint64_t train_psns_ = 0;        // PSNs acknowledged after it in the train
+  uint64_t train_last_ns_ = 0;     // the train's latest ACK, ns
+  uint32_t train_acks_ = 0;        // ACKs counted in the train after its first
+  bool train_closed_ = false;      // a pause in the ACKs ended the train (note_train)
   double train_rate_ = 0;          // the path's rate as the trains measured it, PSNs/ns
   bool first_train_over_ = false;  // the first measured train has ended
   uint32_t train_base_ = 0;        // the window when the train began, PSNs

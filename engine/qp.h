@@ -131,6 +131,19 @@ struct RequesterState {
   bool rnr_wait() const { return recovery == Recovery::kRnrWait; }
   /// Congestion window (the completer reports ACKs, NAKs and timeouts to it).
   CongestionWindow window;
+  /// When the requester last sent a packet, ns (0: never); see flight_psn.
+  uint64_t last_send_ns = 0;
+  /// The requester's last run ended with every posted WQE started: the application, not the
+  /// window, held it back (BBR's app-limited); see flight_psn.
+  bool ran_dry = false;
+  /// The first PSN of the latest flight: PSNs sent after the requester had run dry (ran_dry)
+  /// and sent nothing for more than an eighth of the smallest RTT (CongestionWindow::
+  /// idle_gap_ns); valid while flight_pending (until an ACK passes it). An ACK that covers
+  /// only PSNs before it starts no ACK train: timed from a lone packet sent before the pause
+  /// (kv's zero-length path probe), the flight's train spread over the pause and measured the
+  /// idle sender, not the path (CongestionWindow::on_delivered).
+  uint32_t flight_psn = 0;
+  bool flight_pending = false;
   /// PSN ranges selective NAKs named, oldest first: sent again before any new PSN, without
   /// moving `psn` back (IRN, Mittal et al. 2018, 3.2). Cleared by a go-back-N rewind.
   std::deque<PsnRange> retx;

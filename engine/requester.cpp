@@ -545,6 +545,26 @@ uint32_t held_psns(const QueuePair& qp) {
   return static_cast<uint32_t>(std::clamp<int64_t>(held, 0, std::max<int64_t>(span, 0)));
 }
 
+namespace {
+
+// After a run of run() that sent something at `now`: new PSNs sent by a sender that had run
+// out of work (RequesterState::ran_dry) and sent nothing for longer than
+// CongestionWindow::idle_gap_ns() start a flight (RequesterState::flight_psn), whose ACK
+// train is timed from its own first ACK, not from an ACK of what left before the pause. A
+// sender held by its window is not idle: what it sends as the ACKs come back is the next
+// round's flight, whose train begins a smallest RTT after the last one (note_train).
+void note_flight(QueuePair& qp, uint32_t psn_before, uint64_t now) {
+  const uint64_t gap = qp.req.window.idle_gap_ns();
+  if (qp.req.psn != psn_before && qp.req.ran_dry && qp.req.last_send_ns && gap &&
+      now - qp.req.last_send_ns > gap) {
+    qp.req.flight_psn = psn_before;
+    qp.req.flight_pending = true;
+  }
+  qp.req.last_send_ns = now;
+}
+
+}  // namespace
+
 void run(QueuePair& qp, Transport& t) {
   if (qp.attr.state != QpState::kRts && qp.attr.state != QpState::kSqd) return;
   if (qp.req.rnr_wait()) return;
@@ -560,6 +580,7 @@ void run(QueuePair& qp, Transport& t) {
   const size_t max_rd = std::max<size_t>(1, qp.attr.max_rd_atomic);
   std::vector<iovec> iov;
   bool sent = false, paced = false;
+  const uint32_t psn_before = qp.req.psn;
   // What selective NAKs reported missing goes first; it is inside the window already.
   while (!qp.req.retx.empty()) {
     PsnRange& r = qp.req.retx.front();
@@ -662,6 +683,7 @@ void run(QueuePair& qp, Transport& t) {
   if (sent) {
     const uint64_t now = t.now_ns();
     qp.comp.last_progress_ns = now;
+    note_flight(qp, psn_before, now);
     if (wire::psn_diff(qp.req.psn, qp.comp.psn) > 0 && !qp.comp.resend_check_ns &&
         qp.comp.peer_selective) {
       // Watch the oldest PSN (completer::on_timer): lost resends and lost selective NAKs.
@@ -681,6 +703,7 @@ void run(QueuePair& qp, Transport& t) {
       t.timer_armed(qp, qp.comp.probe_ns);
     }
   }
+  qp.req.ran_dry = qp.req.next == qp.sq_end();
 }
 
 void enter_recovery(QueuePair& qp, Recovery to, const char* cause) {

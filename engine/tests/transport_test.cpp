@@ -2548,6 +2548,54 @@ TEST(CongestionWindowTest, ALaterTrainBunchedOnTheWayBackRaisesTheWindowNoFurthe
   EXPECT_LE(w.threshold(), kBdp * 3 / 2 + 32) << "slow start goes on past 1.5 BDPs";
 }
 
+// An ACK of a lone packet sent before the sender went idle (kv's zero-length path probe) is
+// not the origin of the ACK train of the flight sent after the gap: timed from it, that
+// train spread over the idle gap and read a 1 Gbit/s path at a fraction of its rate (kv-demo
+// over 10 Gbit/s × 50 ms: 80 Mbit/s, slow start over at 196 PSNs, the hand-off 1.8 s).
+TEST(CongestionWindowTest, AnAckOfAPacketSentBeforeAnIdleGapStartsNoTrain) {
+  using namespace gig_path;
+  for (const bool told : {true, false}) {
+    CongestionWindow w;
+    w.on_rtt_sample(kRtt);
+    ASSERT_EQ(w.idle_gap_ns(), kRtt / CongestionWindow::kIdleGapDivisor);
+    uint64_t now = 1'000'000'000;
+    w.on_delivered(1, now, /*train_origin=*/!told);  // the probe's ACK, sent before the gap
+    now += kRtt / 2;  // the flight left half a round trip after the probe
+    ack_flight(w, now, 1 / kPsnsPerNs);
+    if (told) {
+      EXPECT_NEAR(w.train_rate(), kPsnsPerNs, kPsnsPerNs / 20);
+      EXPECT_GE(w.psns(), 4 * CongestionWindow::kInitialPsns) << "the train's ×4";
+    } else {
+      EXPECT_LT(w.train_rate(), kPsnsPerNs / 2) << "timed from the probe's ACK: the gap";
+    }
+  }
+}
+
+// A train ends at a pause in its ACKs: an ACK a pause longer than idle_gap_ns() and 8 mean
+// spacings after the flight's is for PSNs sent after a pause of the sender's own (kv: 2 PSNs
+// that a late ACK let out 24 ms after the flight), and counted it would stretch the train
+// over the pause — the first train's estimate, and so slow start's exit at 1.5 BDPs of it,
+// would fall to a third of the path.
+TEST(CongestionWindowTest, AnAckAfterAPauseInTheTrainEndsItWithWhatItMeasured) {
+  using namespace gig_path;
+  CongestionWindow w;
+  w.on_rtt_sample(kRtt);
+  const uint64_t now = 1'000'000'000;
+  ack_flight(w, now, 1 / kPsnsPerNs);  // 128 PSNs in 4.2 ms, an ACK per 32
+  const double rate = w.train_rate();
+  ASSERT_NEAR(rate, kPsnsPerNs, kPsnsPerNs / 20);
+  // Within the round (20 ms), 14 ms after the flight's last ACK: more than idle_gap_ns()
+  // (2.5 ms) and 8 mean spacings (the flight's ACKs came 1 ms apart).
+  const uint64_t straggler = now + kRtt * 9 / 10;
+  ASSERT_GT(straggler - now - uint64_t(128 / kPsnsPerNs), w.idle_gap_ns());
+  w.on_delivered(2, straggler);
+  w.on_acked(2);
+  EXPECT_EQ(w.train_rate(), rate) << "the train was stretched over the pause";
+  w.on_delivered(32, straggler + 1'000'000);  // nor does it count what follows
+  w.on_acked(32);
+  EXPECT_EQ(w.train_rate(), rate);
+}
+
 // The first train's ACKs came back compressed (at twice the link's rate: a busy receiver, a
 // late emulator), so the jump at its end puts two BDPs in flight; the next train, spaced by
 // the bottleneck, takes it back to 1.5 BDPs of what it showed and ends slow start there —
@@ -2688,6 +2736,53 @@ TEST_F(TransportTest, OnALongPathAckTrainsOpenTheWindowToTheBdpInTwoRoundTrips) 
     run_requester_timers();
   }
   EXPECT_EQ(done, 16u);
+}
+
+// The same through the transport units: a lone zero-length WRITE (kv's path probe) leaves
+// half a round trip before a flight of 1 MiB WRITEs; its ACK arrives half a round trip before
+// the flight's. The requester marks the flight (it left after an idle gap), so the probe's
+// ACK starts no train and the flight's train, timed from its own first ACK, measures the
+// 1 Gbit/s bottleneck: ×4 in the first round trip, as on a path never idle.
+TEST_F(TransportTest, TheFlightAfterAnIdleGapIsTimedFromItsOwnFirstAck) {
+  constexpr uint64_t kRtt = 50'000'000, kPerPsn = 8'192;  // 1 Gbit/s of 1 KiB packets
+  ASSERT_EQ(post(*a, WrOpcode::kRdmaWrite, 0, kMtu, 0, 1), kOk);
+  ta->advance(kRtt);
+  settle();
+  ASSERT_EQ(drain().size(), 1u);
+  ASSERT_EQ(a->req.window.min_rtt_ns(), kRtt);
+  ta->advance(kRtt);
+  ASSERT_EQ(post(*a, WrOpcode::kRdmaWrite, 0, 0, 0, 2), kOk);  // the probe
+  const uint32_t probe = a->req.psn - 1;
+  ta->advance(kRtt / 2);
+  deliver(*ta, *b, *tb);  // the probe reaches the responder; its ACK is on the way back
+  std::deque<std::vector<uint8_t>> probe_ack = std::move(tb->sent);
+  tb->sent.clear();
+  ASSERT_EQ(probe_ack.size(), 1u);
+  for (int i = 0; i < 16; ++i)
+    ASSERT_EQ(post(*a, WrOpcode::kRdmaWrite, 0, 1 << 20, 0, uint64_t(i + 3)), kOk);
+  ASSERT_TRUE(a->req.flight_pending);
+  EXPECT_EQ(a->req.flight_psn, probe + 1);
+  ASSERT_EQ(ta->sent.size(), CongestionWindow::kInitialPsns);
+  ta->advance(kRtt / 2);
+  tb->sent = std::move(probe_ack);
+  deliver(*tb, *a, *ta);  // the probe's ACK, half a round trip before the flight's
+  EXPECT_EQ(drain().size(), 1u);
+  EXPECT_TRUE(a->req.flight_pending) << "the probe's ACK covers nothing of the flight";
+  ta->advance(kRtt / 2);
+  deliver(*ta, *b, *tb);
+  std::deque<std::vector<uint8_t>> acks = std::move(tb->sent);
+  tb->sent.clear();
+  uint32_t acked = probe;
+  for (auto& ack : acks) {  // each as long after the one before as its PSNs took
+    const uint32_t psn = parse(ack).hdr.bth.psn;
+    ta->advance(uint64_t(wire::psn_diff(psn, acked)) * kPerPsn);
+    acked = psn;
+    tb->sent.push_back(std::move(ack));
+    deliver(*tb, *a, *ta);
+  }
+  EXPECT_FALSE(a->req.flight_pending);
+  EXPECT_NEAR(a->req.window.train_rate(), 1.0 / kPerPsn, 0.05 / kPerPsn);
+  EXPECT_GE(a->req.window.psns(), 4 * CongestionWindow::kInitialPsns) << "×4 by the train";
 }
 
 }  // namespace
