@@ -161,6 +161,21 @@ class TransportTest : public ::testing::Test {
     deliver(*ta, *b, *tb);
     deliver(*tb, *a, *ta);
   }
+  // A flight reaches the responder and its ACKs come back to the requester, each
+  // `ns_per_psn` × the PSNs it covers after the one before (spaced by a bottleneck).
+  // `acked`: the PSN the previous ACK named; updated.
+  void ack_spaced(uint32_t& acked, uint64_t ns_per_psn) {
+    deliver(*ta, *b, *tb);
+    std::deque<std::vector<uint8_t>> acks = std::move(tb->sent);
+    tb->sent.clear();
+    for (auto& ack : acks) {
+      const uint32_t psn = parse(ack).hdr.bth.psn;
+      ta->advance(uint64_t(wire::psn_diff(psn, acked)) * ns_per_psn);
+      acked = psn;
+      tb->sent.push_back(std::move(ack));
+      deliver(*tb, *a, *ta);
+    }
+  }
   // Runs both directions until nothing moves.
   void settle() {
     for (int i = 0; i < 1000; ++i)
@@ -2710,16 +2725,7 @@ TEST_F(TransportTest, OnALongPathAckTrainsOpenTheWindowToTheBdpInTwoRoundTrips) 
   std::vector<uint32_t> windows;
   while (a->req.window.psns() < kBdp && windows.size() < 10) {
     ta->advance(kRtt);  // a round trip: the flight reaches the responder, the ACKs return
-    deliver(*ta, *b, *tb);
-    std::deque<std::vector<uint8_t>> acks = std::move(tb->sent);
-    tb->sent.clear();
-    for (auto& ack : acks) {  // each as long after the one before as its PSNs took
-      const uint32_t psn = parse(ack).hdr.bth.psn;
-      ta->advance(uint64_t(wire::psn_diff(psn, acked)) * kPerPsn);
-      acked = psn;
-      tb->sent.push_back(std::move(ack));
-      deliver(*tb, *a, *ta);
-    }
+    ack_spaced(acked, kPerPsn);
     windows.push_back(a->req.window.psns());
   }
   EXPECT_EQ(windows.size(), 2u) << "plain doubling: 129 → 258 → … → 8,256 in six";
@@ -2769,17 +2775,8 @@ TEST_F(TransportTest, TheFlightAfterAnIdleGapIsTimedFromItsOwnFirstAck) {
   EXPECT_EQ(drain().size(), 1u);
   EXPECT_TRUE(a->req.flight_pending) << "the probe's ACK covers nothing of the flight";
   ta->advance(kRtt / 2);
-  deliver(*ta, *b, *tb);
-  std::deque<std::vector<uint8_t>> acks = std::move(tb->sent);
-  tb->sent.clear();
   uint32_t acked = probe;
-  for (auto& ack : acks) {  // each as long after the one before as its PSNs took
-    const uint32_t psn = parse(ack).hdr.bth.psn;
-    ta->advance(uint64_t(wire::psn_diff(psn, acked)) * kPerPsn);
-    acked = psn;
-    tb->sent.push_back(std::move(ack));
-    deliver(*tb, *a, *ta);
-  }
+  ack_spaced(acked, kPerPsn);
   EXPECT_FALSE(a->req.flight_pending);
   EXPECT_NEAR(a->req.window.train_rate(), 1.0 / kPerPsn, 0.05 / kPerPsn);
   EXPECT_GE(a->req.window.psns(), 4 * CongestionWindow::kInitialPsns) << "×4 by the train";
