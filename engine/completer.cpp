@@ -106,9 +106,9 @@ void count_delivered(QueuePair& qp, Transport& t, uint32_t advanced) {
   // An ACK of nothing but what left before the sender ran dry and paused (RequesterState::
   // flight_psn) starts no ACK train.
   bool before_flight = false;
-  if (qp.req.flight_pending) {
+  if (qp.req.flight_psn != kNoPsn) {
     before_flight = psn_diff(qp.comp.psn, qp.req.flight_psn) <= 0;
-    if (!before_flight) qp.req.flight_pending = false;
+    if (!before_flight) qp.req.flight_psn = kNoPsn;
   }
   qp.req.window.on_delivered(n, now, /*train_origin=*/!before_flight);
   qp.req.window.on_acked(n);

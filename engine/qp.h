@@ -138,12 +138,11 @@ struct RequesterState {
   bool ran_dry = false;
   /// The first PSN of the latest flight: PSNs sent after the requester had run dry (ran_dry)
   /// and sent nothing for more than an eighth of the smallest RTT (CongestionWindow::
-  /// idle_gap_ns); valid while flight_pending (until an ACK passes it). An ACK that covers
+  /// idle_gap_ns); kNoPsn once an ACK has passed it (or before any). An ACK that covers
   /// only PSNs before it starts no ACK train: timed from a lone packet sent before the pause
   /// (kv's zero-length path probe), the flight's train spread over the pause and measured the
   /// idle sender, not the path (CongestionWindow::on_delivered).
-  uint32_t flight_psn = 0;
-  bool flight_pending = false;
+  uint32_t flight_psn = kNoPsn;
   /// PSN ranges selective NAKs named, oldest first: sent again before any new PSN, without
   /// moving `psn` back (IRN, Mittal et al. 2018, 3.2). Cleared by a go-back-N rewind.
   std::deque<PsnRange> retx;

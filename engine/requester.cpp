@@ -558,7 +558,6 @@ void note_flight(QueuePair& qp, uint32_t psn_before, uint64_t now) {
   if (qp.req.psn != psn_before && qp.req.ran_dry && qp.req.last_send_ns && gap &&
       now - qp.req.last_send_ns > gap) {
     qp.req.flight_psn = psn_before;
-    qp.req.flight_pending = true;
   }
   qp.req.last_send_ns = now;
 }

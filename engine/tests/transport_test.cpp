@@ -2766,18 +2766,17 @@ TEST_F(TransportTest, TheFlightAfterAnIdleGapIsTimedFromItsOwnFirstAck) {
   ASSERT_EQ(probe_ack.size(), 1u);
   for (int i = 0; i < 16; ++i)
     ASSERT_EQ(post(*a, WrOpcode::kRdmaWrite, 0, 1 << 20, 0, uint64_t(i + 3)), kOk);
-  ASSERT_TRUE(a->req.flight_pending);
-  EXPECT_EQ(a->req.flight_psn, probe + 1);
+  ASSERT_EQ(a->req.flight_psn, probe + 1);
   ASSERT_EQ(ta->sent.size(), CongestionWindow::kInitialPsns);
   ta->advance(kRtt / 2);
   tb->sent = std::move(probe_ack);
   deliver(*tb, *a, *ta);  // the probe's ACK, half a round trip before the flight's
   EXPECT_EQ(drain().size(), 1u);
-  EXPECT_TRUE(a->req.flight_pending) << "the probe's ACK covers nothing of the flight";
+  EXPECT_EQ(a->req.flight_psn, probe + 1) << "the probe's ACK covers nothing of the flight";
   ta->advance(kRtt / 2);
   uint32_t acked = probe;
   ack_spaced(acked, kPerPsn);
-  EXPECT_FALSE(a->req.flight_pending);
+  EXPECT_EQ(a->req.flight_psn, kNoPsn);
   EXPECT_NEAR(a->req.window.train_rate(), 1.0 / kPerPsn, 0.05 / kPerPsn);
   EXPECT_GE(a->req.window.psns(), 4 * CongestionWindow::kInitialPsns) << "×4 by the train";
 }
