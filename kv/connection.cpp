@@ -427,6 +427,7 @@ void Engine::Impl::install_qps(Peer& p, const std::vector<Qp*>& set, const QpSet
   p.qps = set;
   p.state = PeerState::kConnected;
   p.broken_reason.clear();
+  p.lost = false;
   for (uint32_t s = 0; s < detail::kNotifySlots; ++s) post_recv(*set[0], s);
   // The new connection's path: its RTT sizes the windows (EngineOptions::max_wr_from_path).
   p.path_probes = 0;

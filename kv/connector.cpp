@@ -102,7 +102,6 @@ void KvConsumer::wait_for_layer(uint64_t request, uint32_t layer, const std::str
   using Clock = clock::Steady;
   const auto until = Clock::now() + timeout;
   auto next_probe = Clock::now() + probe_interval;
-  bool was_connected = false;
   while (!layer_ready(request, layer)) {
     const auto now = Clock::now();
     if (now >= until)
@@ -111,11 +110,7 @@ void KvConsumer::wait_for_layer(uint64_t request, uint32_t layer, const std::str
                         "' did not arrive within " + std::to_string(timeout.count()) + " ms",
                     peer);
     if (now >= next_probe) {
-      const bool up = engine_.connected(peer);
-      if (up) engine_.check_peer(peer);  // throws KvError naming a dead peer
-      if (!up && was_connected)
-        engine_.check_peer(peer);  // not connected any more: throws with the reason
-      was_connected = was_connected || up;
+      engine_.watch_peer(peer);  // throws KvError naming a dead peer
       next_probe = Clock::now() + probe_interval;
     }
     const auto wait = std::min(next_probe, until) - Clock::now();

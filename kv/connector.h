@@ -59,9 +59,10 @@ class KvProducer {
 class KvConsumer {
  public:
   explicit KvConsumer(Engine& engine);
-  /// Blocks until `layer` of `request` from `peer` has landed. While waiting it probes the
-  /// peer every `probe_interval` once connected: a dead producer gives KvError naming it
-  /// within about the RC retry bound. Throws KvError on `timeout` too.
+  /// Blocks until `layer` of `request` from `peer` has landed. While waiting it watches the
+  /// peer every `probe_interval` (Engine::watch_peer): a dead producer gives KvError naming
+  /// it within about the RC retry bound, also when the connection failed before this wait
+  /// began. Throws KvError on `timeout` too.
   void wait_for_layer(uint64_t request, uint32_t layer, const std::string& peer,
                       std::chrono::milliseconds timeout,
                       std::chrono::milliseconds probe_interval = std::chrono::milliseconds(200));

@@ -386,6 +386,25 @@ void Engine::close_segment(SegmentHandle handle) {
                                 std::to_string(handle));
 }
 
+void Engine::watch_peer(std::string_view peer) {
+  {
+    std::lock_guard lk(impl_->mu);
+    auto it = impl_->peers.find(peer);
+    if (it == impl_->peers.end()) return;
+    const Peer& p = *it->second;
+    if (p.state != detail::PeerState::kConnected) {
+      // A wait that starts after the connection failed (its own flag could not know it was
+      // ever up) still ends: before, kv-demo's decode waited 120 s for the next request of a
+      // prefill killed while decode's last notification to it was in flight.
+      if (p.lost && p.state != detail::PeerState::kConnecting)
+        throw KvError("kv engine '" + impl_->name + "': peer " + p.desc + ": " + p.broken_reason,
+                      p.name);
+      return;
+    }
+  }
+  check_peer(peer);  // connected: a probe (throws naming the peer when it does not answer)
+}
+
 bool Engine::connected(std::string_view peer) const {
   std::lock_guard lk(impl_->mu);
   auto it = impl_->peers.find(peer);

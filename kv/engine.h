@@ -254,6 +254,12 @@ class Engine {
   /// Probes `peer` with a zero-length RDMA WRITE and waits for its ACK. Throws KvError naming
   /// the peer if it is not connected or does not answer within the RC retry bound.
   void check_peer(std::string_view peer);
+  /// For a wait on a message from `peer`: probes it when connected (check_peer), and throws
+  /// KvError naming it and why when its last established connection failed (it died,
+  /// restarted or stopped answering within the RC retry bound) and no new one replaced it.
+  /// A peer never connected, or connecting, passes: it may still be starting. Call it every
+  /// ~200 ms while waiting; a dead peer then ends the wait within about the retry bound.
+  void watch_peer(std::string_view peer);
   /// Whether this engine has a working connection to `peer`.
   bool connected(std::string_view peer) const;
   /// The QPs of this engine's working connection to `peer`, in stripe order, as the verbs

@@ -121,6 +121,9 @@ struct Peer {
   std::string desc;  ///< "'decode' (127.0.0.3)" for messages
   PeerState state = PeerState::kIdle;
   std::string broken_reason;
+  /// The last established connection failed (fail_peer) and no handshake replaced it: the
+  /// peer died, restarted or stopped answering (Engine::watch_peer).
+  bool lost = false;
   std::vector<Qp*> qps;  ///< the current set (empty unless connected)
   uint32_t stripe = 0;   ///< next QP for a slice
   // Notification buffers (registered once, reused across reconnections).

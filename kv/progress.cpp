@@ -346,6 +346,7 @@ void Engine::Impl::batch_finished(Batch& b, DueCallbacks& due) {
 void Engine::Impl::fail_peer(Peer& p, const std::string& reason, DueCallbacks& due) {
   if (p.state == PeerState::kConnected) p.state = PeerState::kBroken;
   p.broken_reason = reason;
+  p.lost = true;
   std::vector<Qp*> set = std::move(p.qps);
   p.qps.clear();
   for (Qp* q : set) {

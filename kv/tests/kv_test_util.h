@@ -37,14 +37,19 @@ class TempStore {
   std::shared_ptr<MetadataStore> store_;
 };
 
-/// Options for tests: several QPs and small slices (striping is exercised), a short ACK
-/// timeout (4.096 µs·2^10 ≈ 4 ms; 8 tries ≈ 34 ms) so a dead peer shows quickly.
+/// Options for tests: several QPs and small slices (striping is exercised), and the engine's
+/// own ACK timeout and retry count (4.096 µs·2^14 ≈ 67 ms, 8 tries ≈ 537 ms). A killed peer
+/// still shows at the first timeout (the engine names a dead same-host process at once:
+/// net/peer_liveness.h). A shorter timeout is wrong here, not just slow: with 4 QPs of READs
+/// in flight the same-host path's queue (its lossless backlog) holds megabytes, and on a
+/// loaded 2-core machine the peer drains it in tens of ms — 4.096 µs·2^10 (8 tries ≈ 34 ms)
+/// exhausted retry_cnt with both peers alive (kv_devices under ctest -j2, CI stop 39).
 inline EngineOptions test_options() {
   EngineOptions o = EngineOptions::from_environment();
   o.qps_per_peer = 3;
   o.slice_bytes = 64 * 1024;
   o.max_wr = 16;
-  o.ib_timeout = 10;
+  o.ib_timeout = 14;
   o.retry_cnt = 7;
   o.spin = std::chrono::microseconds(20);
   o.connect_timeout = std::chrono::milliseconds(5000);

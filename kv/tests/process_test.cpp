@@ -15,6 +15,7 @@
 #include <functional>
 #include <thread>
 
+#include "kv/connector.h"
 #include "kv/engine.h"
 #include "kv/tests/kv_fork_util.h"
 #include "kv/tests/kv_test_util.h"
@@ -111,6 +112,20 @@ void peer_killed_mid_batch(const std::string& victim_addrs, const std::string& s
       threw = err.peer() == "victim";
     }
     if (!threw) throw std::runtime_error("check_peer did not name the dead peer");
+    // A wait that begins after the connection failed ends at its first look as well (before,
+    // it watched only a connection it had seen up itself and waited out its timeout: kv-demo's
+    // decode, its prefill killed while decode's notification to it was in flight).
+    const auto t1 = Clock::now();
+    std::string why;
+    try {
+      KvConsumer(e).wait_for_layer(1, 0, "victim", 30s, 50ms);
+    } catch (const KvError& err) {
+      why = err.peer() == "victim" ? err.what() : "";
+    }
+    const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t1);
+    if (why.empty() || waited > 5s)
+      throw std::runtime_error("wait_for_layer after the loss: " + std::to_string(waited.count()) +
+                               " ms, error '" + why + "'");
   });
   ASSERT_TRUE(in_flight.wait(30s));
   kill(target.pid, SIGKILL);

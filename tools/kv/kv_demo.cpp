@@ -102,21 +102,18 @@ Setup make_setup(const Options& o) {
 }
 
 // Waits up to `timeout` for what `next(slice)` returns (a notification), probing `peer` every
-// 200 ms while it is connected (Engine::check_peer throws KvError naming it when it died or
-// stopped answering): a dead peer ends the wait within the RC retry bound, not after
-// `timeout` (issue 21: prefill hung 95 s after decode was killed).
+// 200 ms (Engine::watch_peer throws KvError naming it when it died or stopped answering): a
+// dead peer ends the wait within the RC retry bound, not after `timeout` (issue 21: prefill
+// hung 95 s after decode was killed).
 template <class Next>
 auto wait_watching(Engine& e, const std::string& peer, std::chrono::milliseconds timeout,
                    Next&& next) -> decltype(next(timeout)) {
   const auto until = Clock::now() + timeout;
-  bool was_connected = false;
   for (;;) {
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - Clock::now());
     if (left.count() <= 0) return std::nullopt;
     if (auto n = next(std::min<std::chrono::milliseconds>(left, 200ms))) return n;
-    const bool up = e.connected(peer);
-    if (up || was_connected) e.check_peer(peer);  // throws KvError naming a dead peer
-    was_connected = was_connected || up;
+    e.watch_peer(peer);  // throws KvError naming a dead peer
   }
 }
 
