@@ -93,6 +93,10 @@ class CongestionWindow {
   static constexpr uint32_t kRandomLossFraction = 64;
   /// A pause of more than 1/this of the smallest RTT separates two flights (idle_gap_ns).
   static constexpr uint64_t kIdleGapDivisor = 8;
+  /// An ACK after a pause longer than idle_gap_ns() and this many times the train's mean ACK
+  /// spacing ends the slow-start round's train (note_train): it is for PSNs sent after a
+  /// pause of the sender's own, not part of the flight the train times.
+  static constexpr uint64_t kTrainPauseSpacings = 8;
   /// Congestion avoidance on a long path with no queue grows the window by 1/this of itself
   /// per round trip (on_acked).
   static constexpr uint32_t kFreeGrowthDivisor = 8;
@@ -295,12 +299,14 @@ class CongestionWindow {
     if (train_closed_) return;
     const uint64_t spread = now_ns - train_start_ns_;
     // The flight's ACKs came back together; one after a pause of more than idle_gap_ns() and
-    // 8 times the train's mean spacing is for PSNs sent after a pause of the sender's own
+    // kTrainPauseSpacings times the train's mean spacing is for PSNs sent after a pause of
+    // the sender's own
     // (kv: 2 PSNs the path probe's ACK let out 24 ms after a 128-PSN flight, whose ACKs took
     // 0.5 ms — counted, the train read 4.4 PSNs/ms on a 305 PSNs/ms path). The train ends
     // with what it measured.
     const uint64_t pause = now_ns - train_last_ns_;
-    if (train_acks_ && pause > idle_gap_ns() && pause > 8 * (spread - pause) / train_acks_) {
+    if (train_acks_ && pause > idle_gap_ns() &&
+        pause > kTrainPauseSpacings * (spread - pause) / train_acks_) {
       train_closed_ = true;
       return;
     }
