@@ -489,17 +489,19 @@ inline constexpr Param kParams[] = {
             "the bytes outstanding (max_wr × QPs × slice or block size) must cover the "
             "bandwidth-delay product: a Llama-3-8B hand-off of scattered 32 KiB blocks over 10 "
             "Gbit/s and 50 ms RTT took 857 ms at 256 (16 MiB outstanding over 2 QPs), 391 ms "
-            "at 1024 (64 MiB, one BDP); with 32, 10 ms RTT ran at 1.5 Gbit/s. The floor: see "
-            "SOFTRDMA_KV_MAX_WR_FROM_PATH"},
+            "at 1024 (64 MiB, one BDP); with 32, 10 ms RTT ran at 1.5 Gbit/s. The floor: "
+            "SOFTRDMA_KV_MAX_WR_FROM_PATH raises it from the measured path"},
     {.name = "SOFTRDMA_KV_MAX_WR_FROM_PATH",
      .group = Group::kKv,
      .kind = Kind::kFlag,
      .default_value = 1,
      .default_text = "1",
-     .doc = "raise each QP's slices outstanding to the path's bandwidth-delay product once "
-            "connected: RTT (5 zero-length RDMA WRITEs, the smallest) × port rate ÷ QPs ÷ "
-            "slice, at most 8192 (the send queue's depth) and as the CQ allows (docs/kv.md, "
-            "\"Slices in flight\"); 0 keeps SOFTRDMA_KV_MAX_WR"},
+     .doc = "raise each QP's slices outstanding to cover twice the path's bandwidth-delay "
+            "product once connected (one in flight, one behind a loss being repaired): 2 × "
+            "RTT (5 zero-length RDMA WRITEs, the smallest) × port rate ÷ QPs in bytes, in "
+            "slices of whatever size the transfers have, at most 8192 (the send queue's "
+            "depth) and as the CQ allows (docs/kv.md, \"Slices in flight\"); 0 keeps "
+            "SOFTRDMA_KV_MAX_WR"},
     {.name = "SOFTRDMA_KV_IB_TIMEOUT",
      .group = Group::kKv,
      .kind = Kind::kInteger,

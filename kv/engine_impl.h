@@ -50,6 +50,12 @@ constexpr uint32_t kPathProbes = 5;
 /// The most data slices a QP may have outstanding when the path raises its window (the
 /// largest SOFTRDMA_KV_MAX_WR), and so the send queue's depth for data when max_wr_from_path.
 constexpr uint32_t kMaxPathWindow = 8192;
+/// Bandwidth-delay products of data a QP keeps outstanding (Qp::byte_target): one in flight,
+/// and one posted behind a lost packet while its repair takes a round trip — RC completes in
+/// order, so nothing after the hole completes (and frees its slot) until then. With one, a
+/// 0.1 % loss stopped the sender for most of every repair: Llama-3-8B 2 K tokens over
+/// 10 Gbit/s × 50 ms took 477–490 ms instead of 326–334 (docs/kv.md, "Slices in flight").
+constexpr uint64_t kRepairRounds = 2;
 
 struct Batch;
 struct Qp;
@@ -103,9 +109,14 @@ struct Qp {
   uint32_t remote_dev = 0;        ///< the peer's device at the other end (its rkey index)
   uint32_t outstanding = 0;       ///< send work requests posted and not yet completed
   uint32_t data_outstanding = 0;  ///< of which data slices (bounded by window)
-  /// Data slices it may have outstanding: EngineOptions::max_wr, raised towards the path's
-  /// bandwidth-delay product once its RTT is measured (apply_path_window), at most sq_slices.
+  uint64_t data_bytes = 0;        ///< bytes of those data slices
+  /// Data slices it may have outstanding: EngineOptions::max_wr, raised towards byte_target
+  /// once the path's RTT is measured (apply_path_window, pump), at most sq_slices.
   uint32_t window = 0;
+  /// Bytes of data the path wants outstanding on this QP (apply_path_window: kRepairRounds ×
+  /// its share of the bandwidth-delay product); while fewer are, a full window grows (pump) —
+  /// slices smaller than slice_bytes need more of them. 0: not measured.
+  uint64_t byte_target = 0;
   uint32_t sq_slices = 0;  ///< the send queue's room for data slices
   int cq_share = 0;        ///< entries of its device's CQ reserved for it
   uint32_t recvs_posted = 0;
@@ -332,10 +343,13 @@ struct Engine::Impl {
   void post_probe(Peer& p);
   /// Posts the next path probe on the peer's QP 0 (kPathProbe) and notes when.
   void post_path_probe(Peer& p);
-  /// After the last path probe: raises each of the peer's QPs' window to ⌈RTT × port rate ÷
-  /// QPs ÷ slice_bytes⌉ slices (within max_wr..sq_slices, as far as the CQ has entries left;
-  /// reserving them), then pumps them.
+  /// After the last path probe: sets each of the peer's QPs' byte_target to kRepairRounds ×
+  /// RTT × port rate ÷ QPs and raises its window to ⌈that ÷ slice_bytes⌉ slices (within
+  /// max_wr..sq_slices, as far as the CQ has entries left; reserving them), then pumps them.
   void apply_path_window(Peer& p, detail::DueCallbacks& due);
+  /// Raises q's window towards `target` slices (at most sq_slices), as far as its device's CQ
+  /// has entries left, reserving them. Whether it grew.
+  bool grow_window(detail::Qp& q, uint32_t target);
   void slice_done(detail::Slice& s, bool ok, const std::string& error, const std::string& peer,
                   detail::DueCallbacks& due);
   void batch_finished(Batch& b, detail::DueCallbacks& due);

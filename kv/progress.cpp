@@ -119,6 +119,7 @@ void Engine::Impl::handle_completions(uint32_t dev, const ibv_wc* wc, int n, Due
         Slice& s = *reinterpret_cast<Slice*>(w.wr_id & ~detail::kKindMask);
         --q.outstanding;
         --q.data_outstanding;
+        q.data_bytes -= s.length;
         worker.data_busy.fetch_sub(1, std::memory_order_relaxed);
         if (ok) {
           slice_done(s, true, {}, {}, due);
@@ -189,7 +190,12 @@ void Engine::Impl::pump(Qp& q, DueCallbacks& due) {
   constexpr size_t kChain = 16;
   ibv_send_wr wrs[kChain];
   ibv_sge sges[kChain];
-  while (q.data_outstanding < q.window && !q.queue.empty()) {
+  while (!q.queue.empty()) {
+    // A full window of slices smaller than slice_bytes holds fewer bytes than the path wants
+    // outstanding (a paged cache's 32 KiB blocks: an eighth): it grows instead.
+    if (q.data_outstanding >= q.window &&
+        (q.data_bytes >= q.byte_target || !grow_window(q, q.window + kChain)))
+      break;
     const size_t k = std::min<size_t>({kChain, q.window - q.data_outstanding, q.queue.size()});
     for (size_t i = 0; i < k; ++i) {
       Slice& s = *q.queue[i];
@@ -207,6 +213,7 @@ void Engine::Impl::pump(Qp& q, DueCallbacks& due) {
     ibv_send_wr* bad = nullptr;
     const int e = ibv_post_send(q.qp, wrs, &bad);
     const size_t posted = e ? static_cast<size_t>(bad - wrs) : k;
+    for (size_t i = 0; i < posted; ++i) q.data_bytes += q.queue[i]->length;
     q.queue.erase(q.queue.begin(), q.queue.begin() + static_cast<ptrdiff_t>(posted));
     q.outstanding += static_cast<uint32_t>(posted);
     q.data_outstanding += static_cast<uint32_t>(posted);
@@ -289,19 +296,25 @@ void Engine::Impl::apply_path_window(Peer& p, DueCallbacks& due) {
   if (p.qps.empty()) return;
   const uint64_t bdp =
       link_rate::bandwidth_delay_bytes(context.devs[p.qps[0]->dev].port_bits, p.path_rtt);
-  const uint64_t per_qp = (bdp + p.qps.size() - 1) / p.qps.size();
+  const uint64_t per_qp = detail::kRepairRounds * ((bdp + p.qps.size() - 1) / p.qps.size());
   const uint64_t want = (per_qp + opt.slice_bytes - 1) / opt.slice_bytes;
   for (Qp* q : p.qps) {
-    const auto target = static_cast<uint32_t>(std::clamp<uint64_t>(want, opt.max_wr, q->sq_slices));
-    if (target <= q->window) continue;
-    detail::Device& d = context.devs[q->dev];
-    const int room = std::max(d.cq_capacity - d.cq_reserved, 0);
-    const auto grant = std::min<uint32_t>(target - q->window, static_cast<uint32_t>(room));
-    q->window += grant;
-    q->cq_share += static_cast<int>(grant);
-    d.cq_reserved += static_cast<int>(grant);
+    q->byte_target = per_qp;
+    grow_window(*q, static_cast<uint32_t>(std::min<uint64_t>(want, q->sq_slices)));
     pump(*q, due);
   }
+}
+
+bool Engine::Impl::grow_window(Qp& q, uint32_t target) {
+  target = std::min(target, q.sq_slices);
+  if (target <= q.window) return false;
+  detail::Device& d = context.devs[q.dev];
+  const int room = std::max(d.cq_capacity - d.cq_reserved, 0);
+  const auto grant = std::min<uint32_t>(target - q.window, static_cast<uint32_t>(room));
+  q.window += grant;
+  q.cq_share += static_cast<int>(grant);
+  d.cq_reserved += static_cast<int>(grant);
+  return grant > 0;
 }
 
 void Engine::Impl::post_probe(Peer& p) {

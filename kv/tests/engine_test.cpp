@@ -304,16 +304,17 @@ TEST(Handshake, ReadsInFlightAreTheSmallerOfBothSidesLimits) {
 }
 
 // EngineOptions::max_wr_from_path: once connected, 5 zero-length WRITEs time the path and
-// each QP may keep ⌈RTT × 100 Gbit/s (softrdma's port) ÷ QPs ÷ slice⌉ slices in flight, at
-// least max_wr. Two engines in a forked child, on two devices (127.0.44.1 and .2) 2 ms apart
-// each way (SOFTRDMA_WAN): with 4 KiB slices over 2 QPs an RTT of 4 ms asks for 6,104 slices
-// per QP, so the window must grow past max_wr = 4 (to the formula's value for the RTT it
-// measured); off, it stays at 4 and no RTT is measured. Every byte arrives either way.
+// each QP may keep ⌈2 × RTT × 100 Gbit/s (softrdma's port) ÷ QPs ÷ slice⌉ slices in flight
+// (kRepairRounds = 2), at least max_wr. Two engines in a forked child, on two devices
+// (127.0.44.1 and .2) 1 ms apart each way (SOFTRDMA_WAN): with 4 KiB slices over 2 QPs an
+// RTT of 2 ms asks for 6,104 slices per QP, so the window must grow past max_wr = 4 (to the
+// formula's value for the RTT it measured, at most 8,192); off, it stays at 4 and no RTT is
+// measured. Every byte arrives either way.
 TEST(PathWindow, SlicesInFlightCoverTheMeasuredBandwidthDelayProduct) {
   for (const bool from_path : {true, false}) {
     SCOPED_TRACE(from_path ? "from the path" : "fixed");
     test::Child child("127.0.44.1,127.0.44.2", [from_path] {
-      setenv("SOFTRDMA_WAN", "delay=2ms", 1);
+      setenv("SOFTRDMA_WAN", "delay=1ms", 1);
       test::TempStore store;
       auto options = [&](const char* device) {
         EngineOptions o = test::test_options();
@@ -359,16 +360,82 @@ TEST(PathWindow, SlicesInFlightCoverTheMeasuredBandwidthDelayProduct) {
           check(q.window == 4 && q.path_rtt.count() == 0, "fixed: " + got);
           continue;
         }
-        check(q.path_rtt >= 4ms, "an RTT under the emulated 4 ms: " + got);
-        // 100 Gbit/s is 12.5 bytes per ns; whole bytes, shared over 2 QPs, in 4 KiB slices.
+        check(q.path_rtt >= 2ms, "an RTT under the emulated 2 ms: " + got);
+        // 100 Gbit/s is 12.5 bytes per ns; whole bytes, shared over 2 QPs, twice, in 4 KiB
+        // slices.
         const auto bdp = static_cast<uint64_t>(12.5 * static_cast<double>(q.path_rtt.count()));
-        const auto want = std::clamp<uint64_t>(((bdp + 1) / 2 + 4095) / 4096, 4, 8192);
+        const auto want = std::clamp<uint64_t>((2 * ((bdp + 1) / 2) + 4095) / 4096, 4, 8192);
         check(q.window == want, "expected " + std::to_string(want) + ": " + got);
       }
       write_all(2);  // with the raised window
     });
     EXPECT_EQ(0, child.wait_for(120s));
   }
+}
+
+// The window counts slices, the path asks for bytes: transfers smaller than slice_bytes (a
+// paged cache's blocks) grow a full window further, until the QP has the path's bytes
+// outstanding (or nothing more is queued). 64 KiB slices over 2 QPs at an RTT of 2 ms ask
+// for ⌈25 MB ÷ 64 KiB⌉ = 382 slices per QP; 16 MiB written as 4,096 transfers of 4 KiB
+// (2,048 per QP, 8 MiB: less than the 25 MB wanted) must leave a window above that (a loaded
+// machine's RTT of up to 10 ms still asks for fewer than 2,048). Before, it stayed at 382
+// slices — 1.5 MiB where the path wanted 25 MB.
+TEST(PathWindow, SmallTransfersGrowTheWindowToTheBytesThePathWants) {
+  test::Child child("127.0.44.3,127.0.44.4", [] {
+    setenv("SOFTRDMA_WAN", "delay=1ms", 1);
+    test::TempStore store;
+    auto options = [&](const char* device) {
+      EngineOptions o = test::test_options();
+      o.device = device;
+      o.qps_per_peer = 2;
+      o.slice_bytes = 64 * 1024;
+      o.max_wr = 4;
+      return o;
+    };
+    auto check = [](bool ok, const std::string& what) {
+      if (!ok) throw std::runtime_error(what);
+    };
+    Engine a("a", store.store(), options("srdma0"));
+    Engine b("b", store.store(), options("srdma1"));
+    constexpr size_t kBlock = 4096, kBytes = 16 << 20;
+    std::vector<uint8_t> src(kBytes), dst(kBytes);
+    a.register_memory(src.data(), src.size(), "cpu:0", "src");
+    b.register_memory(dst.data(), dst.size(), "cpu:0", "dst");
+    const SegmentHandle h = a.open_segment("b", "dst");
+    auto write_blocks = [&](uint64_t seed) {
+      fill(src.data(), src.size(), seed);
+      std::vector<TransferRequest> reqs;
+      for (size_t off = 0; off < kBytes; off += kBlock)
+        reqs.push_back({Opcode::kWrite, src.data() + off, h, off, kBlock});
+      const BatchId id = a.allocate_batch(reqs.size());
+      a.submit_transfer(id, reqs);
+      const BatchStatus s = a.wait(id, 60s);
+      check(s.state == BatchState::kCompleted, "batch failed: " + s.error);
+      a.free_batch(id);
+      check(first_mismatch(dst.data(), dst.size(), seed) == -1, "bytes differ");
+    };
+    write_blocks(1);  // connects; the path probes follow
+    std::vector<PeerQp> qa = a.peer_qps("b");
+    const auto until = std::chrono::steady_clock::now() + 30s;
+    while (!qa.empty() && qa[0].path_rtt.count() == 0 && std::chrono::steady_clock::now() < until) {
+      std::this_thread::sleep_for(5ms);
+      qa = a.peer_qps("b");
+    }
+    write_blocks(2);  // with the path measured: 2,048 slices of 4 KiB queued per QP at once
+    qa = a.peer_qps("b");
+    check(qa.size() == 2, "QPs: " + std::to_string(qa.size()));
+    for (const PeerQp& q : qa) {
+      const auto bdp = static_cast<uint64_t>(12.5 * static_cast<double>(q.path_rtt.count()));
+      const uint64_t slices = (2 * ((bdp + 1) / 2) + 65535) / 65536;
+      const std::string got = "window " + std::to_string(q.window) + ", RTT " +
+                              std::to_string(q.path_rtt.count()) + " ns, " +
+                              std::to_string(slices) + " slices of 64 KiB wanted";
+      check(q.path_rtt >= 2ms, "an RTT under the emulated 2 ms: " + got);
+      check(slices < 2048, "the RTT asks for more than the test queues: " + got);
+      check(q.window > slices, "the window did not grow past its slice count: " + got);
+    }
+  });
+  EXPECT_EQ(0, child.wait_for(120s));
 }
 
 }  // namespace
