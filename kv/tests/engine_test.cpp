@@ -303,6 +303,23 @@ TEST(Handshake, ReadsInFlightAreTheSmallerOfBothSidesLimits) {
   }
 }
 
+/// The PathWindow tests' engine options: on `device`, 2 QPs, slices of `slice_bytes`, max_wr 4
+/// (so that the path's window shows), max_wr_from_path `from_path`.
+EngineOptions path_options(const char* device, uint64_t slice_bytes, bool from_path) {
+  EngineOptions o = test::test_options();
+  o.device = device;
+  o.qps_per_peer = 2;
+  o.slice_bytes = slice_bytes;
+  o.max_wr = 4;
+  o.max_wr_from_path = from_path;
+  return o;
+}
+
+/// In a forked child: fails it with `what` unless `ok`.
+void check(bool ok, const std::string& what) {
+  if (!ok) throw std::runtime_error(what);
+}
+
 // EngineOptions::max_wr_from_path: once connected, 5 zero-length WRITEs time the path and
 // each QP may keep ⌈2 × RTT × 100 Gbit/s (softrdma's port) ÷ QPs ÷ slice⌉ slices in flight
 // (kRepairRounds = 2), at least max_wr. Two engines in a forked child, on two devices
@@ -316,18 +333,7 @@ TEST(PathWindow, SlicesInFlightCoverTheMeasuredBandwidthDelayProduct) {
     test::Child child("127.0.44.1,127.0.44.2", [from_path] {
       setenv("SOFTRDMA_WAN", "delay=1ms", 1);
       test::TempStore store;
-      auto options = [&](const char* device) {
-        EngineOptions o = test::test_options();
-        o.device = device;
-        o.qps_per_peer = 2;
-        o.slice_bytes = 4096;
-        o.max_wr = 4;
-        o.max_wr_from_path = from_path;
-        return o;
-      };
-      auto check = [](bool ok, const std::string& what) {
-        if (!ok) throw std::runtime_error(what);
-      };
+      auto options = [&](const char* device) { return path_options(device, 4096, from_path); };
       Engine a("a", store.store(), options("srdma0"));
       Engine b("b", store.store(), options("srdma1"));
       std::vector<uint8_t> src(4 << 20), dst(4 << 20);
@@ -384,17 +390,7 @@ TEST(PathWindow, SmallTransfersGrowTheWindowToTheBytesThePathWants) {
   test::Child child("127.0.44.3,127.0.44.4", [] {
     setenv("SOFTRDMA_WAN", "delay=1ms", 1);
     test::TempStore store;
-    auto options = [&](const char* device) {
-      EngineOptions o = test::test_options();
-      o.device = device;
-      o.qps_per_peer = 2;
-      o.slice_bytes = 64 * 1024;
-      o.max_wr = 4;
-      return o;
-    };
-    auto check = [](bool ok, const std::string& what) {
-      if (!ok) throw std::runtime_error(what);
-    };
+    auto options = [&](const char* device) { return path_options(device, 64 * 1024, true); };
     Engine a("a", store.store(), options("srdma0"));
     Engine b("b", store.store(), options("srdma1"));
     constexpr size_t kBlock = 4096, kBytes = 16 << 20;
