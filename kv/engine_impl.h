@@ -54,7 +54,9 @@ constexpr uint32_t kMaxPathWindow = 8192;
 /// and one posted behind a lost packet while its repair takes a round trip — RC completes in
 /// order, so nothing after the hole completes (and frees its slot) until then. With one, a
 /// 0.1 % loss stopped the sender for most of every repair: Llama-3-8B 2 K tokens over
-/// 10 Gbit/s × 50 ms took 477–490 ms instead of 326–334 (docs/kv.md, "Slices in flight").
+/// 10 Gbit/s × 50 ms took 475–608 ms instead of 315–334 (docs/kv.md, "Slices in flight
+/// count bytes"). The growth holds CQ entries for the connection's life: peers added later
+/// are refused once the CQ is reserved (connection.cpp, "too many connections").
 constexpr uint64_t kRepairRounds = 2;
 
 struct Batch;
