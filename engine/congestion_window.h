@@ -300,10 +300,9 @@ class CongestionWindow {
     const uint64_t spread = now_ns - train_start_ns_;
     // The flight's ACKs came back together; one after a pause of more than idle_gap_ns() and
     // kTrainPauseSpacings times the train's mean spacing is for PSNs sent after a pause of
-    // the sender's own
-    // (kv: 2 PSNs the path probe's ACK let out 24 ms after a 128-PSN flight, whose ACKs took
-    // 0.5 ms — counted, the train read 4.4 PSNs/ms on a 305 PSNs/ms path). The train ends
-    // with what it measured.
+    // the sender's own (kv: 2 PSNs the path probe's ACK let out 24 ms after a 128-PSN
+    // flight, whose ACKs took 0.5 ms — counted, the train read 4.4 PSNs/ms on a 305 PSNs/ms
+    // path). The train ends with what it measured.
     const uint64_t pause = now_ns - train_last_ns_;
     if (train_acks_ && pause > idle_gap_ns() &&
         pause > kTrainPauseSpacings * (spread - pause) / train_acks_) {

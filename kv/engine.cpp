@@ -396,9 +396,7 @@ void Engine::watch_peer(std::string_view peer) {
       // A wait that starts after the connection failed (its own flag could not know it was
       // ever up) still ends: before, kv-demo's decode waited 120 s for the next request of a
       // prefill killed while decode's last notification to it was in flight.
-      if (p.lost && p.state != detail::PeerState::kConnecting)
-        throw KvError("kv engine '" + impl_->name + "': peer " + p.desc + ": " + p.broken_reason,
-                      p.name);
+      if (p.lost && p.state != detail::PeerState::kConnecting) throw impl_->broken_error(p);
       return;
     }
   }
@@ -445,8 +443,7 @@ void Engine::check_peer(std::string_view peer) {
   const bool answered = clock::wait_for(I.cv, lk, bound, [&] {
     return p.probes_done >= mine || p.state != detail::PeerState::kConnected;
   });
-  if (p.state != detail::PeerState::kConnected)
-    throw KvError("kv engine '" + I.name + "': peer " + p.desc + ": " + p.broken_reason, p.name);
+  if (p.state != detail::PeerState::kConnected) throw I.broken_error(p);
   if (!answered)
     throw KvError(who + ": no answer to a probe within " + std::to_string(bound.count()) + " ms",
                   p.name);

@@ -349,6 +349,11 @@ struct Engine::Impl {
   /// RTT × port rate ÷ QPs and raises its window to ⌈that ÷ slice_bytes⌉ slices (within
   /// max_wr..sq_slices, as far as the CQ has entries left; reserving them), then pumps them.
   void apply_path_window(Peer& p, detail::DueCallbacks& due);
+  /// "kv engine '<name>': peer <desc>: <broken_reason>", naming the peer: what check_peer
+  /// and watch_peer throw for a connection that failed.
+  KvError broken_error(const Peer& p) const {
+    return KvError("kv engine '" + name + "': peer " + p.desc + ": " + p.broken_reason, p.name);
+  }
   /// Raises q's window towards `target` slices (at most sq_slices), as far as its device's CQ
   /// has entries left, reserving them. Whether it grew.
   bool grow_window(detail::Qp& q, uint32_t target);
