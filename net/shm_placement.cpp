@@ -1,6 +1,7 @@
 // Direct placement on the same-host path: the shared table (see shm_placement.h).
 #include "net/shm_placement.h"
 
+#include <pthread.h>
 #include <sched.h>
 #include <sys/random.h>
 #include <sys/uio.h>
@@ -18,7 +19,7 @@ namespace {
 constexpr uint64_t kPinMask = 0xFFFF;
 constexpr uint64_t kValid = 1ull << 16;
 constexpr uint64_t kGenOne = 1ull << 32;
-constexpr uint64_t kTableMagic = 0x31454341504d5253ull;  // "SRMPACE1"
+constexpr uint64_t kTableMagic = 0x32454341504d5253ull;  // "SRMPACE2": with pinner entries
 
 constexpr uint64_t ident_of(PlaceKind kind, uint32_t key) {
   return uint64_t{static_cast<uint8_t>(kind)} << 32 | key;
@@ -45,6 +46,16 @@ struct detail::PlacementHeader {
   uint8_t pad[32];
 };
 
+// A sender's right to pin: `lock` is held from pin() to unpin(); `qp` and `region` are the
+// slot indexes + 1 of the entries its holder has pinned (0: none), written after the pin is
+// taken and cleared before it is released.
+struct detail::PlacementPinner {
+  pthread_mutex_t lock;  // robust, process-shared (init_owner)
+  std::atomic<uint32_t> qp;
+  std::atomic<uint32_t> region;
+  uint8_t pad[64 - sizeof(pthread_mutex_t) - 2 * sizeof(uint32_t)];
+};
+
 struct detail::PlacementSlot {
   std::atomic<uint64_t> state;  // pins | valid | generation
   std::atomic<uint64_t> ident;  // kind << 32 | key; 0 = never used (ends a probe)
@@ -57,16 +68,22 @@ struct detail::PlacementSlot {
 
 static_assert(sizeof(detail::PlacementHeader) == 64);
 static_assert(sizeof(detail::PlacementSlot) == 64);
+static_assert(sizeof(detail::PlacementPinner) == 64);
 
 size_t PlacementTable::region_bytes() {
-  const size_t b = sizeof(detail::PlacementHeader) + size_t{kSlots} * sizeof(Slot);
+  const size_t b = sizeof(detail::PlacementHeader) + size_t{kPinners} * sizeof(Pinner) +
+                   size_t{kSlots} * sizeof(Slot);
   return (b + kMailboxPageBytes - 1) / kMailboxPageBytes * kMailboxPageBytes;
 }
 
-PlacementTable::Slot* PlacementTable::slot(uint32_t i) const {
-  return reinterpret_cast<Slot*>(reinterpret_cast<uint8_t*>(hdr_) +
-                                 sizeof(detail::PlacementHeader)) +
+PlacementTable::Pinner* PlacementTable::pinner(uint32_t i) const {
+  return reinterpret_cast<Pinner*>(reinterpret_cast<uint8_t*>(hdr_) +
+                                   sizeof(detail::PlacementHeader)) +
          i;
+}
+
+PlacementTable::Slot* PlacementTable::slot(uint32_t i) const {
+  return reinterpret_cast<Slot*>(pinner(kPinners)) + i;
 }
 
 void PlacementTable::init_owner(void* region) {
@@ -79,6 +96,16 @@ void PlacementTable::init_owner(void* region) {
       c = real_ns() ^ reinterpret_cast<uintptr_t>(this);
   }
   cookie_ = c;
+  pthread_mutexattr_t attr;
+  pthread_mutexattr_init(&attr);
+  pthread_mutexattr_setpshared(&attr, PTHREAD_PROCESS_SHARED);
+  pthread_mutexattr_setrobust(&attr, PTHREAD_MUTEX_ROBUST);
+  for (uint32_t i = 0; i < kPinners; ++i) {
+    pthread_mutex_init(&pinner(i)->lock, &attr);
+    pinner(i)->qp.store(0, std::memory_order_relaxed);
+    pinner(i)->region.store(0, std::memory_order_relaxed);
+  }
+  pthread_mutexattr_destroy(&attr);
   hdr_->cookie = c;
   hdr_->cookie_addr = reinterpret_cast<uintptr_t>(&cookie_);
   hdr_->slots = kSlots;
@@ -153,12 +180,14 @@ uint32_t PlacementTable::withdraw(PlaceKind kind, uint32_t key) {
                                          std::memory_order_acq_rel)) {
   }
   if ((st & kPinMask) == 0) return 0;
-  // Senders that pinned before the change finish one system call: wait for them, yielding.
+  // Senders that pinned before the change finish one system call: wait for them, yielding,
+  // and take off the pins of any that died holding them.
   const uint64_t until = real_ns() + kWithdrawWaitNs;
   for (uint32_t spins = 0;; ++spins) {
     const uint64_t pins = s->state.load(std::memory_order_acquire) & kPinMask;
     if (pins == 0) return 0;
     if (real_ns() > until) return static_cast<uint32_t>(pins);
+    if (spins % 16 == 0 && repair_dead_pinners() != 0) continue;
     if (spins < 64) {
       sched_yield();
     } else {
@@ -166,6 +195,45 @@ uint32_t PlacementTable::withdraw(PlaceKind kind, uint32_t key) {
       nanosleep(&ts, nullptr);
     }
   }
+}
+
+PlacementTable::Pinner* PlacementTable::take_pinner() const {
+  for (uint32_t n = 0; n < kPinners; ++n) {
+    const uint32_t i = (pinner_hint_ + n) % kPinners;
+    Pinner* p = pinner(i);
+    const int rc = pthread_mutex_trylock(&p->lock);
+    if (rc == EOWNERDEAD) {
+      repair(p);
+      pthread_mutex_consistent(&p->lock);
+    } else if (rc != 0) {
+      continue;  // held by a live sender (EBUSY), or unusable
+    }
+    pinner_hint_ = i;
+    return p;
+  }
+  return nullptr;
+}
+
+void PlacementTable::repair(Pinner* p) const {
+  for (std::atomic<uint32_t>* rec : {&p->region, &p->qp}) {
+    const uint32_t at = rec->exchange(0, std::memory_order_acq_rel);
+    if (at != 0 && at <= kSlots) slot(at - 1)->state.fetch_sub(1, std::memory_order_release);
+  }
+}
+
+uint32_t PlacementTable::repair_dead_pinners() {
+  uint32_t found = 0;
+  for (uint32_t i = 0; i < kPinners; ++i) {
+    Pinner* p = pinner(i);
+    const int rc = pthread_mutex_trylock(&p->lock);
+    if (rc == EOWNERDEAD) {
+      repair(p);
+      pthread_mutex_consistent(&p->lock);
+      ++found;
+    }
+    if (rc == 0 || rc == EOWNERDEAD) pthread_mutex_unlock(&p->lock);
+  }
+  return found;
 }
 
 bool PlacementTable::try_pin(Slot* s, uint64_t seen) {
@@ -202,7 +270,7 @@ bool PlacementTable::verify_owner(int* err) const {
 PlaceResult PlacementTable::pin(uint32_t qpn, uint32_t rkey, uint64_t va, size_t len,
                                 Pinned* out) const {
   if (!hdr_) return PlaceResult::kRefused;
-  // The QP: read as a seqlock (its entry guards no memory, so it is not pinned).
+  // The QP: read as a seqlock, then pinned (withdrawing it waits for the sender's header).
   const int qi = find(ident_of(PlaceKind::kQp, qpn));
   if (qi < 0) return PlaceResult::kRefused;
   Slot* q = slot(static_cast<uint32_t>(qi));
@@ -210,12 +278,19 @@ PlaceResult PlacementTable::pin(uint32_t qpn, uint32_t rkey, uint64_t va, size_t
   const uint64_t qid = q->ident.load(std::memory_order_relaxed);
   const uint64_t qtag = q->tag.load(std::memory_order_relaxed);
   std::atomic_thread_fence(std::memory_order_acquire);
-  if (!(qs & kValid) || qid != ident_of(PlaceKind::kQp, qpn) || !try_pin(q, qs))
+  if (!(qs & kValid) || qid != ident_of(PlaceKind::kQp, qpn)) return PlaceResult::kRefused;
+  Pinner* pn = take_pinner();
+  if (!pn) return PlaceResult::kRefused;
+  if (!try_pin(q, qs)) {
+    pthread_mutex_unlock(&pn->lock);
     return PlaceResult::kRefused;
+  }
+  pn->qp.store(static_cast<uint32_t>(qi) + 1, std::memory_order_release);
+  Pinned held{pn, q, nullptr, 0, 0};
   // The region: pinned as well.
   const int ri = find(ident_of(PlaceKind::kRegion, rkey));
   if (ri < 0) {
-    q->state.fetch_sub(1, std::memory_order_release);
+    unpin(held);
     return PlaceResult::kRefused;
   }
   Slot* r = slot(static_cast<uint32_t>(ri));
@@ -228,10 +303,11 @@ PlaceResult PlacementTable::pin(uint32_t qpn, uint32_t rkey, uint64_t va, size_t
   std::atomic_thread_fence(std::memory_order_acquire);
   if (!(rs & kValid) || rid != ident_of(PlaceKind::kRegion, rkey) || rtag != qtag || va < addr ||
       va - addr > length || len > length - (va - addr) || !try_pin(r, rs)) {
-    q->state.fetch_sub(1, std::memory_order_release);
+    unpin(held);
     return PlaceResult::kRefused;
   }
-  *out = Pinned{q, r, host + (va - addr), len};
+  pn->region.store(static_cast<uint32_t>(ri) + 1, std::memory_order_release);
+  *out = Pinned{pn, q, r, host + (va - addr), len};
   return PlaceResult::kPlaced;
 }
 
@@ -245,8 +321,18 @@ PlaceResult PlacementTable::copy(const Pinned& p, const iovec* iov, size_t iovcn
 }
 
 void PlacementTable::unpin(const Pinned& p) const {
-  if (p.region) p.region->state.fetch_sub(1, std::memory_order_release);
-  if (p.qp) p.qp->state.fetch_sub(1, std::memory_order_release);
+  if (!p.pinner) return;
+  // Each record cleared before its pin goes: a repair after this thread's death never takes a
+  // pin off twice.
+  if (p.region) {
+    p.pinner->region.store(0, std::memory_order_seq_cst);
+    p.region->state.fetch_sub(1, std::memory_order_release);
+  }
+  if (p.qp) {
+    p.pinner->qp.store(0, std::memory_order_seq_cst);
+    p.qp->state.fetch_sub(1, std::memory_order_release);
+  }
+  pthread_mutex_unlock(&p.pinner->lock);
 }
 
 PlaceResult PlacementTable::place(uint32_t qpn, uint32_t rkey, uint64_t va, const iovec* iov,

@@ -18,17 +18,28 @@
 // word, taken with a compare-and-swap that fails if the owner changed the entry) for the one
 // system call, and the owner's withdraw() — called when the region is deregistered or its
 // translation changes — first unpublishes the entry and then waits until no sender holds a pin,
-// so memory is never written after ibv_dereg_mr returned. A sender that died holding a pin is
-// waited for at most kWithdrawWaitNs, then logged by the caller (the count says so).
+// so memory is never written after ibv_dereg_mr returned.
+//
+// Senders that die holding a pin (SIGKILL lands inside the copy more often than not: a sender
+// streaming WRITEs spends most of its time in process_vm_writev): a pin is taken only while the
+// sender holds one of kPinners *pinner* entries, a robust process-shared mutex
+// (pthread_mutexattr_setrobust(3)) beside a record of the entries it pinned. When a holder dies
+// the kernel marks its mutex "owner died" (the robust futex list; no pid is involved, so this
+// holds across pid namespaces), and the next thread to take it — a sender looking for a free
+// entry, or an owner whose withdraw() finds pins outstanding — takes the dead holder's pins off
+// as its record says. A record is written after its pin is taken and cleared before the pin is
+// released, so a repair never releases a pin twice; a holder killed between those two steps
+// leaks its pin, which withdraw() waits for at most kWithdrawWaitNs (then logged by the caller).
 //
 // Identity: a pid names a process only in its pid namespace. Before the first placement into a
 // peer the sender reads a random 64-bit cookie from the owner's memory at the address the table
 // publishes (process_vm_readv(2)) and compares it with the cookie in the table; only a match
 // lets it write (verify_owner()).
 //
-// Shared layout: a header line and kSlots entries of 64 bytes (an open-addressing hash table by
-// kind and key with linear probing); 256 KiB in all. Only the owner writes entries (under its
-// device lock); senders only read them and move pin counts.
+// Shared layout: a header line, kPinners pinner entries of 64 bytes, and kSlots entries of 64
+// bytes (an open-addressing hash table by kind and key with linear probing); 260 KiB in all.
+// Only the owner writes entries (under its device lock); senders only read them and move pin
+// counts.
 #pragma once
 
 #include <sys/uio.h>
@@ -46,6 +57,7 @@ inline constexpr uint64_t kMailboxPageBytes = 4096;
 
 namespace detail {
 struct PlacementHeader;
+struct PlacementPinner;
 struct PlacementSlot;
 }  // namespace detail
 
@@ -81,8 +93,12 @@ enum class PlaceResult : uint8_t {
 class PlacementTable {
  public:
   static constexpr uint32_t kSlots = 4096;  ///< entries: regions plus QPs
+  /// Senders that may hold pins in one table at one time (each holds a pinner entry from pin()
+  /// to unpin(); with all taken, pin() refuses and the payload takes the ring).
+  static constexpr uint32_t kPinners = 64;
   /// withdraw() waits this long at most for senders' pins to go, ns (real time: a pin is held
-  /// for one system call; only a sender that died holding one makes it wait this long).
+  /// for one system call; a sender that died holding one is found at once — see the file
+  /// comment — unless it died in the few instructions between a pin and its record).
   static constexpr uint64_t kWithdrawWaitNs = 2'000'000'000;
   /// Bytes of the shared region: header + kSlots entries, a multiple of 4096.
   static size_t region_bytes();
@@ -105,8 +121,9 @@ class PlacementTable {
   /// (the entry is then simply not placed into: requests take the ring).
   bool publish(PlaceKind kind, uint32_t key, const PlaceEntry& e);
   /// Owner: removes the entry of (kind, key), if any, and returns once no sender can still
-  /// write through it — at once when none holds a pin, else after they finish (at most
-  /// kWithdrawWaitNs). Returns the pins still held when it gave up waiting (0 normally).
+  /// write through it — at once when none holds a pin, else after they finish or are found
+  /// dead (at most kWithdrawWaitNs). Returns the pins still held when it gave up waiting (0
+  /// normally).
   uint32_t withdraw(PlaceKind kind, uint32_t key);
   /// Owner: entries published now.
   size_t published() const { return owned_.size(); }
@@ -117,6 +134,7 @@ class PlacementTable {
   bool verify_owner(int* err) const;
   /// Sender: a region pinned for one copy (pin()).
   struct Pinned {
+    detail::PlacementPinner* pinner = nullptr;  ///< held from pin() to unpin()
     detail::PlacementSlot* qp = nullptr;
     detail::PlacementSlot* region = nullptr;
     uint64_t remote = 0;  ///< the owner's address of the first byte
@@ -125,9 +143,10 @@ class PlacementTable {
   /// Sender: checks that `len` bytes at `va` of region `rkey` may be written through QP `qpn`
   /// of the owner — the QP is published, the region is published in the QP's protection
   /// domain and [va, va + len) lies inside it — and pins the QP's and the region's entries
-  /// (kPlaced, *out set): the owner's withdraw() of either waits until unpin(). So the owner,
-  /// before it tears the QP down, can wait for a sender that placed bytes to have sent their
-  /// headers too (engine: modify_qp to ERR). kRefused otherwise (nothing pinned).
+  /// (kPlaced, *out set): the owner's withdraw() of either waits until unpin(), which the same
+  /// thread must call. So the owner, before it tears the QP down, can wait for a sender that
+  /// placed bytes to have sent their headers too (engine: modify_qp to ERR). kRefused
+  /// otherwise (nothing pinned; also when all kPinners entries are held).
   PlaceResult pin(uint32_t qpn, uint32_t rkey, uint64_t va, size_t len, Pinned* out) const;
   /// Sender: copies the pinned range from iov[0..iovcnt) (iovcnt ≤ IOV_MAX, `len` bytes in all)
   /// with process_vm_writev(2): kPlaced, or kFailed with *err. Leaves the pin.
@@ -142,13 +161,22 @@ class PlacementTable {
   using Slot = detail::PlacementSlot;
   /// Pins `s` if its state, but for pins, is still `seen`.
   static bool try_pin(Slot* s, uint64_t seen);
+  using Pinner = detail::PlacementPinner;
   /// The slot holding (kind, key) on the sender's side: index, or -1.
   int find(uint64_t ident) const;
   Slot* slot(uint32_t i) const;
+  Pinner* pinner(uint32_t i) const;
+  /// Sender: locks a free pinner entry (repairing one whose holder died), or nullptr.
+  Pinner* take_pinner() const;
+  /// Takes off the pins a dead holder of `p` recorded (its mutex held by the caller).
+  void repair(Pinner* p) const;
+  /// Owner: repairs every pinner entry whose holder died; returns how many it found.
+  uint32_t repair_dead_pinners();
 
   detail::PlacementHeader* hdr_ = nullptr;
-  uint32_t pid_ = 0;     // sender: the owner's pid
-  uint64_t cookie_ = 0;  // owner: the value whose address the header publishes
+  uint32_t pid_ = 0;                  // sender: the owner's pid
+  uint64_t cookie_ = 0;               // owner: the value whose address the header publishes
+  mutable uint32_t pinner_hint_ = 0;  // sender: the pinner entry it took last
   std::unordered_map<uint64_t, uint32_t> owned_;  // owner: ident → slot
 };
 

@@ -67,7 +67,9 @@ constexpr uint64_t kMailboxMagic = 0x314d48534d445253ull;  // "SRDMSHM1"
 // version-3 sender would write into another namespace's mailbox of the same address.
 // 5: a direct-placement table (net/shm_placement.h) follows the ring control pages, and
 // records may carry a WRITE's headers only (the payload placed by the sender).
-constexpr uint32_t kVersion = 5;
+// 6: the table starts with pinner entries (robust mutexes: a sender that dies holding pins is
+// found at once); a version-5 sender would pin without one and could not be repaired.
+constexpr uint32_t kVersion = 6;
 constexpr uint64_t kAlign = 64;  // record alignment, bytes
 constexpr uint64_t kRingRecordHeader = 8;
 constexpr uint32_t kWrapMarker = 0xFFFFFFFFu;

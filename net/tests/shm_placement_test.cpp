@@ -2,7 +2,9 @@
 // are two PlacementTable objects on one region in this process (process_vm_writev(2) to its own
 // pid), so every check is exercised without a second process; every loop is bounded in count
 // and in time.
+#include <signal.h>
 #include <sys/mman.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <gtest/gtest.h>
@@ -166,4 +168,55 @@ TEST(PlacementTable, NothingIsWrittenAfterWithdrawReturns) {
     EXPECT_GE(placed.load(), 3u);
     EXPECT_EQ(std::count(dst.begin(), dst.end(), 0), static_cast<long>(dst.size())) << round;
   }
+}
+
+// A sender killed inside its copy holds its pins for good: the owner's withdraw() (ibv_dereg_mr,
+// modify_qp to ERR) must find it dead and go on at once rather than wait kWithdrawWaitNs — a
+// kv-demo decode whose prefill was killed mid-WRITE sat 2 s in withdraw() with its device lock
+// held. The child pins both entries and is killed while holding them; afterwards another sender
+// can still place (the dead one's pinner entry is repaired, not lost).
+TEST(PlacementTable, ASenderKilledHoldingPinsDoesNotHoldUpWithdraw) {
+  Tables t;
+  std::vector<uint8_t> dst(4096, 0), src(64, 0x77);
+  ASSERT_TRUE(t.owner.publish(PlaceKind::kQp, 1, PlaceEntry{0, 0, 0, 3}));
+  ASSERT_TRUE(t.owner.publish(PlaceKind::kRegion, 9, region_of(dst, 0, 3)));
+  for (uint32_t round = 0; round < PlacementTable::kPinners + 2; ++round) {
+    int ready[2];
+    ASSERT_EQ(::pipe(ready), 0);
+    const pid_t child = ::fork();
+    ASSERT_GE(child, 0);
+    if (child == 0) {
+      ::alarm(30);  // bounded: ends by itself should the test fail before killing it
+      PlacementTable::Pinned p;
+      const bool pinned = t.sender.pin(1, 9, 0, src.size(), &p) == PlaceResult::kPlaced;
+      const char c = pinned ? 'p' : 'r';
+      (void)!::write(ready[1], &c, 1);
+      ::pause();  // killed here, pins held
+      ::_exit(0);
+    }
+    ::close(ready[1]);
+    char c = 0;
+    ASSERT_EQ(::read(ready[0], &c, 1), 1);
+    ::close(ready[0]);
+    ASSERT_EQ(c, 'p') << "round " << round;
+    ::kill(child, SIGKILL);
+    ASSERT_EQ(::waitpid(child, nullptr, 0), child);
+    if (round % 2 == 0) {
+      // The owner finds the dead holder (every second round: a later sender's pin does).
+      const auto t0 = std::chrono::steady_clock::now();
+      EXPECT_EQ(t.owner.withdraw(PlaceKind::kRegion, 9), 0u);
+      EXPECT_LT(std::chrono::steady_clock::now() - t0, 1s) << "round " << round;
+      ASSERT_TRUE(t.owner.publish(PlaceKind::kRegion, 9, region_of(dst, 0, 3)));
+    }
+  }
+  // More dead senders than pinner entries came and went: every entry is free again.
+  std::vector<PlacementTable::Pinned> held(PlacementTable::kPinners);
+  for (auto& p : held) ASSERT_EQ(t.sender.pin(1, 9, 0, src.size(), &p), PlaceResult::kPlaced);
+  PlacementTable::Pinned one_more;
+  EXPECT_EQ(t.sender.pin(1, 9, 0, src.size(), &one_more), PlaceResult::kRefused);
+  for (auto& p : held) t.sender.unpin(p);
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_EQ(t.owner.withdraw(PlaceKind::kQp, 1), 0u);
+  EXPECT_EQ(t.owner.withdraw(PlaceKind::kRegion, 9), 0u);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 1s);
 }
