@@ -197,41 +197,36 @@ uint32_t PlacementTable::withdraw(PlaceKind kind, uint32_t key) {
   }
 }
 
-PlacementTable::Pinner* PlacementTable::take_pinner() const {
-  for (uint32_t n = 0; n < kPinners; ++n) {
-    const uint32_t i = (pinner_hint_ + n) % kPinners;
-    Pinner* p = pinner(i);
-    const int rc = pthread_mutex_trylock(&p->lock);
-    if (rc == EOWNERDEAD) {
-      repair(p);
-      pthread_mutex_consistent(&p->lock);
-    } else if (rc != 0) {
-      continue;  // held by a live sender (EBUSY), or unusable
-    }
-    pinner_hint_ = i;
-    return p;
-  }
-  return nullptr;
-}
-
-void PlacementTable::repair(Pinner* p) const {
+PlacementTable::PinnerLock PlacementTable::try_lock_pinner(Pinner* p) const {
+  const int rc = pthread_mutex_trylock(&p->lock);
+  if (rc == 0) return PinnerLock::kTaken;
+  if (rc != EOWNERDEAD) return PinnerLock::kBusy;  // held by a live sender (EBUSY), or unusable
+  // Its holder died: take off the pins it recorded, then the entry is as good as new.
   for (std::atomic<uint32_t>* rec : {&p->region, &p->qp}) {
     const uint32_t at = rec->exchange(0, std::memory_order_acq_rel);
     if (at != 0 && at <= kSlots) slot(at - 1)->state.fetch_sub(1, std::memory_order_release);
   }
+  pthread_mutex_consistent(&p->lock);
+  return PinnerLock::kRepaired;
+}
+
+PlacementTable::Pinner* PlacementTable::take_pinner() const {
+  for (uint32_t n = 0; n < kPinners; ++n) {
+    const uint32_t i = (pinner_hint_ + n) % kPinners;
+    if (try_lock_pinner(pinner(i)) == PinnerLock::kBusy) continue;
+    pinner_hint_ = i;
+    return pinner(i);
+  }
+  return nullptr;
 }
 
 uint32_t PlacementTable::repair_dead_pinners() {
   uint32_t found = 0;
   for (uint32_t i = 0; i < kPinners; ++i) {
-    Pinner* p = pinner(i);
-    const int rc = pthread_mutex_trylock(&p->lock);
-    if (rc == EOWNERDEAD) {
-      repair(p);
-      pthread_mutex_consistent(&p->lock);
-      ++found;
-    }
-    if (rc == 0 || rc == EOWNERDEAD) pthread_mutex_unlock(&p->lock);
+    const PinnerLock got = try_lock_pinner(pinner(i));
+    if (got == PinnerLock::kBusy) continue;
+    found += got == PinnerLock::kRepaired;
+    pthread_mutex_unlock(&pinner(i)->lock);
   }
   return found;
 }

@@ -37,7 +37,7 @@
 // lets it write (verify_owner()).
 //
 // Shared layout: a header line, kPinners pinner entries of 64 bytes, and kSlots entries of 64
-// bytes (an open-addressing hash table by kind and key with linear probing); 260 KiB in all.
+// bytes (an open-addressing hash table by kind and key with linear probing); 264 KiB in all.
 // Only the owner writes entries (under its device lock); senders only read them and move pin
 // counts.
 #pragma once
@@ -100,7 +100,7 @@ class PlacementTable {
   /// for one system call; a sender that died holding one is found at once — see the file
   /// comment — unless it died in the few instructions between a pin and its record).
   static constexpr uint64_t kWithdrawWaitNs = 2'000'000'000;
-  /// Bytes of the shared region: header + kSlots entries, a multiple of 4096.
+  /// Bytes of the shared region: header + kPinners + kSlots entries, a multiple of 4096.
   static size_t region_bytes();
 
   PlacementTable() = default;
@@ -166,10 +166,15 @@ class PlacementTable {
   int find(uint64_t ident) const;
   Slot* slot(uint32_t i) const;
   Pinner* pinner(uint32_t i) const;
+  enum class PinnerLock : uint8_t {
+    kBusy,      ///< not taken: a live holder has it
+    kTaken,     ///< taken, it was free
+    kRepaired,  ///< taken from a holder that died, whose recorded pins were taken off
+  };
+  /// Either side: tries to lock `p`, repairing it when its holder died.
+  PinnerLock try_lock_pinner(Pinner* p) const;
   /// Sender: locks a free pinner entry (repairing one whose holder died), or nullptr.
   Pinner* take_pinner() const;
-  /// Takes off the pins a dead holder of `p` recorded (its mutex held by the caller).
-  void repair(Pinner* p) const;
   /// Owner: repairs every pinner entry whose holder died; returns how many it found.
   uint32_t repair_dead_pinners();
 

@@ -46,7 +46,8 @@
 #                                  (after kill_and_wait_exit) the first line of LOG matching
 #                                  PATTERN (a softrdma log line, which starts "softrdma L
 #                                  HH:MM:SS.ffffff") must be stamped within SECONDS of the
-#                                  kill; prints it and the delay, fails naming WHAT otherwise
+#                                  kill; prints it and the delay, sets LOGGED_LINE to it,
+#                                  fails naming WHAT otherwise
 
 TEST_NAME=${TEST_NAME:-$(basename "$0" .sh)}
 
@@ -203,11 +204,13 @@ kill_and_wait_exit() {
   wait "$pid" || RC=$?
 }
 
+# shellcheck disable=SC2034  # LOGGED_LINE is for the caller
 require_logged_within() {
   local log=$1 pattern=$2 seconds=$3 what=$4 line stamp at delay
   line=$(grep -m1 -E "$pattern" "$log")
   [[ -n $line ]] || { show_logs "$log"; fail "no line of $what's log matches '$pattern'"; }
   echo "$line"
+  LOGGED_LINE=$line
   stamp=$(awk '{ print $3 }' <<<"$line")
   at=$(date -d "$(date -d "@${KILLED_AT%.*}" +%F) $stamp" +%s.%N 2>/dev/null) ||
     { show_logs "$log"; fail "'$stamp' in $what's log is not a time of day"; }

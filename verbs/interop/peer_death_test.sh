@@ -84,8 +84,7 @@ if [[ $CASE == kill_* ]]; then
   echo "client ended $took s after the kill: $(status_text $rc)"
   ((rc != 0)) || { show_logs "$WORK/client.log"; fail "the client exited 0 although its peer died"; }
   require_logged_within "$WORK/client.log" 'IBV_WC_RETRY_EXC_ERR' 2 "the client"
-  line=$(grep -m1 'IBV_WC_RETRY_EXC_ERR' "$WORK/client.log")
-  [[ $line == *"peer $SERVER_ADDR qpn "*"(pid $victim, gone)"* ]] ||
+  [[ $LOGGED_LINE == *"peer $SERVER_ADDR qpn "*"(pid $victim, gone)"* ]] ||
     { show_logs "$WORK/client.log"; fail "softrdma's log does not name the dead peer"; }
 else
   victim=$(pgrep -P "$SERVER_PID" -x "$TOOL" || echo "$SERVER_PID")
