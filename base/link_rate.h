@@ -4,9 +4,11 @@
 // needed).
 #pragma once
 
+#include <array>
 #include <chrono>
 #include <cstdint>
 #include <limits>
+#include <string>
 
 namespace softrdma::link_rate {
 
@@ -65,6 +67,89 @@ inline uint64_t port_rate_bits(uint8_t active_speed, uint8_t active_width) {
       return 0;
   }
   return lane * lanes * 1'000'000;
+}
+
+/// A port's rate as verbs states it: ibv_port_attr's active_speed and active_width codes (the
+/// encoding port_rate_bits reads).
+struct PortSpeed {
+  uint8_t active_speed;
+  uint8_t active_width;
+  bool operator==(const PortSpeed&) const = default;
+};
+
+/// The port a softrdma device reports when no emulated link gives it a rate: 4X EDR,
+/// 100 Gbit/s (a common RoCE NIC).
+inline constexpr PortSpeed kDefaultPortSpeed{32, 2};
+
+/// The slowest standard port (IBTA vol 1, 14.2.5.6: 1X SDR 2.5 … 12X NDR 1,200 Gbit/s; the
+/// rates `ibv_devinfo` and ib_core's sysfs print) whose rate is at least `bits` bits/s —
+/// the port of a NIC that feeds a link of that rate: 10 Gbit/s → 1X QDR, 100 → 4X EDR,
+/// 400 → 4X NDR. 0 (no rate) gives kDefaultPortSpeed; above 1.2 Tbit/s, 12X NDR.
+inline PortSpeed port_speed_for_rate(uint64_t bits) {
+  if (bits == 0) return kDefaultPortSpeed;
+  // In rising order of rate (speed code, width code): 1X SDR, 1X DDR, 1X QDR, 1X FDR,
+  // 1X EDR, 4X QDR, 1X HDR, 4X FDR, 4X EDR, 4X HDR, 4X NDR, 8X NDR, 12X NDR.
+  // clang-format off
+  static constexpr std::array<PortSpeed, 13> kPorts{{
+      {1, 1}, {2, 1}, {4, 1}, {16, 1}, {32, 1}, {4, 2}, {64, 1}, {16, 2}, {32, 2}, {64, 2},
+      {128, 2}, {128, 4}, {128, 8}}};
+  // clang-format on
+  for (const PortSpeed& p : kPorts)
+    if (port_rate_bits(p.active_speed, p.active_width) >= bits) return p;
+  return kPorts.back();
+}
+
+/// The port's rate as ib_core's sysfs `ports/N/rate` file spells it (drivers/infiniband/core/
+/// sysfs.c, rate_show; no newline): "100 Gb/sec (4X EDR)", "2.5 Gb/sec (1X SDR)",
+/// "56 Gb/sec (4X FDR)". Codes port_rate_bits does not know read as SDR / 1X, as there.
+inline std::string port_rate_text(PortSpeed p) {
+  unsigned lane = 25;  // 0.1 Gbit/s per lane
+  const char* name = " SDR";
+  switch (p.active_speed) {
+    case 2:
+      lane = 50, name = " DDR";
+      break;
+    case 4:
+      lane = 100, name = " QDR";
+      break;
+    case 8:
+      lane = 100, name = " FDR10";
+      break;
+    case 16:
+      lane = 140, name = " FDR";
+      break;
+    case 32:
+      lane = 250, name = " EDR";
+      break;
+    case 64:
+      lane = 500, name = " HDR";
+      break;
+    case 128:
+      lane = 1000, name = " NDR";
+      break;
+    default:
+      break;
+  }
+  unsigned lanes = 1;
+  switch (p.active_width) {
+    case 2:
+      lanes = 4;
+      break;
+    case 4:
+      lanes = 8;
+      break;
+    case 8:
+      lanes = 12;
+      break;
+    case 16:
+      lanes = 2;
+      break;
+    default:
+      break;
+  }
+  const unsigned rate = lane * lanes;
+  return std::to_string(rate / 10) + (rate % 10 ? ".5" : "") + " Gb/sec (" + std::to_string(lanes) +
+         "X" + name + ")";
 }
 
 /// Bytes in flight that fill a path of `rate_bits` bits/s and round-trip time `rtt`:

@@ -16,10 +16,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
 #include <iterator>
 #include <random>
-#include <sstream>
 #include <thread>
 
 #include <fmt/format.h>
@@ -126,17 +124,8 @@ bool DeviceConfig::from_environment(DeviceConfig& out, std::string& error) {
   if (spin_us >= 0) c.spin_ns = static_cast<uint64_t>(spin_us) * 1000;
   c.dm_size = static_cast<uint64_t>(dm_size);
   if (const char* w = params::raw(params::kWan)) {
-    // A file when one exists under that name, else the one-line parameter form.
     std::string e;
-    std::ifstream f(w);
-    if (f) {
-      std::stringstream ss;
-      ss << f.rdbuf();
-      c.wan_text = ss.str();
-    } else {
-      c.wan_text = w;
-    }
-    if (!net::parse_wan_topology(c.wan_text, c.wan, e)) {
+    if (!net::read_wan_spec(w, c.wan, c.wan_text, e)) {
       error = params::malformed(params::kWan, w) + ": " + e;
       return false;
     }

@@ -157,6 +157,8 @@ class Device final : public Transport, public ObjectRegistry {
   ~Device() override;
 
   uint32_t ip() const { return port_.ip(); }
+  /// The emulated wide-area links this device was opened with (SOFTRDMA_WAN; no links: off).
+  const net::WanTopology& wan_topology() const { return wan_topo_; }
   /// This process's slot among the processes sharing the address (net/address_share.h):
   /// the top 4 bits of every QPN it allocates. 0 when the share could not be joined.
   uint32_t share_slot() const { return share_.joined() ? share_.slot() : 0; }

@@ -2,7 +2,9 @@
 #include "net/wan_topology.h"
 
 #include <arpa/inet.h>
+#include <sys/stat.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
@@ -67,6 +69,17 @@ const WanTopology::Link* WanTopology::link_for(uint32_t src, uint32_t dst) const
   for (const Link& l : links)
     if (l.from == a && l.to == b) return &l;
   return nullptr;
+}
+
+uint64_t WanTopology::egress_rate_bps(uint32_t ip) const {
+  const int site = site_of(ip);
+  uint64_t fastest = 0;
+  for (const Link& l : links) {
+    if (l.from >= 0 && (site < 0 || l.from != site)) continue;
+    if (l.params.rate_bps == 0) return 0;  // an unlimited link: no rate to size a port for
+    fastest = std::max(fastest, l.params.rate_bps);
+  }
+  return fastest;
 }
 
 bool parse_wan_topology(const std::string& text, WanTopology& out, std::string& error) {
@@ -157,7 +170,9 @@ bool parse_wan_topology(const std::string& text, WanTopology& out, std::string& 
   return true;
 }
 
-bool load_wan_topology(const std::string& path, WanTopology& out, std::string& error) {
+namespace {
+
+bool read_file(const std::string& path, std::string& text, std::string& error) {
   std::ifstream f(path);
   if (!f) {
     error = "cannot read " + path + ": " + std::strerror(errno);
@@ -165,7 +180,26 @@ bool load_wan_topology(const std::string& path, WanTopology& out, std::string& e
   }
   std::stringstream ss;
   ss << f.rdbuf();
-  return parse_wan_topology(ss.str(), out, error);
+  text = ss.str();
+  return true;
+}
+
+}  // namespace
+
+bool load_wan_topology(const std::string& path, WanTopology& out, std::string& error) {
+  std::string text;
+  return read_file(path, text, error) && parse_wan_topology(text, out, error);
+}
+
+bool read_wan_spec(const std::string& value, WanTopology& out, std::string& text,
+                   std::string& error) {
+  struct stat st;
+  if (::stat(value.c_str(), &st) == 0 && S_ISREG(st.st_mode)) {
+    if (!read_file(value, text, error)) return false;
+  } else {
+    text = value;
+  }
+  return parse_wan_topology(text, out, error);
 }
 
 }  // namespace softrdma::net

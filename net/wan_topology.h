@@ -19,7 +19,7 @@
 #include <string>
 #include <vector>
 
-#include "net/link_emulator.h"
+#include "net/link_params.h"
 
 namespace softrdma::net {
 
@@ -46,6 +46,10 @@ struct WanTopology {
   const Link* link_for(uint32_t src, uint32_t dst) const;
   /// Index of `l` in links (a stable id for per-link state).
   size_t index_of(const Link* l) const { return static_cast<size_t>(l - links.data()); }
+  /// The fastest rate, bits/s, of the links a packet from `ip` (host order) can leave on: the
+  /// one-line form's link, or the links from ip's site. 0 when no link leaves it or one that
+  /// does has no rate (unlimited) — what a port facing these links would be sized for.
+  uint64_t egress_rate_bps(uint32_t ip) const;
 };
 
 /// Parses the topology text `text` (file contents, or a one-line PARAMS spec). Returns false
@@ -56,5 +60,11 @@ bool parse_wan_topology(const std::string& text, WanTopology& out, std::string& 
 /// Reads and parses the file at `path`; errors as parse_wan_topology, or "cannot read PATH:
 /// reason".
 bool load_wan_topology(const std::string& path, WanTopology& out, std::string& error);
+
+/// A SOFTRDMA_WAN / `--wan` value: the topology file of that name when a regular file has
+/// it, else one line of link parameters. Sets `out` and `text` (the file's contents or the
+/// value itself); errors as load_wan_topology / parse_wan_topology.
+bool read_wan_spec(const std::string& value, WanTopology& out, std::string& text,
+                   std::string& error);
 
 }  // namespace softrdma::net

@@ -193,10 +193,8 @@ int cmd_run(const RunOptions& o) {
   if (!o.wan.empty()) {
     // A topology file when one exists under that name, else one line of link parameters.
     softrdma::net::WanTopology topo;
-    std::string why;
-    const bool file = std::filesystem::is_regular_file(o.wan);
-    if (!(file ? softrdma::net::load_wan_topology(o.wan, topo, why)
-               : softrdma::net::parse_wan_topology(o.wan, topo, why))) {
+    std::string text, why;
+    if (!softrdma::net::read_wan_spec(o.wan, topo, text, why)) {
       error(
           fmt::format("--wan: '{}': {} (expected a topology file or e.g. "
                       "\"delay=10ms,loss=0.1%,rate=1gbit\")",
@@ -408,7 +406,8 @@ int cmd_stat(const StatOptions& o) {
 
 /// `softrdma sysfs --create DIR [--addr IP[,IP...]]`: the virtual tree as real files under
 /// DIR, one device per address (srdma0, srdma1, …; default SOFTRDMA_ADDR's list, else
-/// 127.0.0.1). Returns 0, kExitUsage for a malformed --addr, 1 when DIR cannot be written.
+/// 127.0.0.1), each port's rate from SOFTRDMA_WAN's links as the devices report it. Returns 0,
+/// kExitUsage for a malformed --addr, 1 when DIR cannot be written.
 int cmd_sysfs(const std::string& dir, const std::string& addr) {
   std::vector<uint32_t> ips;
   if (!addr.empty()) {
@@ -419,7 +418,7 @@ int cmd_sysfs(const std::string& dir, const std::string& addr) {
       ips = {(127u << 24) | 1};
   }
   namespace sysfs = softrdma::verbs::sysfs;
-  const std::vector<sysfs::DeviceView> views = sysfs::views_for(ips);
+  const std::vector<sysfs::DeviceView> views = sysfs::views_for(ips, sysfs::wan_from_environment());
   if (int e = sysfs::materialize(dir, sysfs::build(views)); e != 0) {
     error(fmt::format("cannot write the tree under {}: {}", dir, std::strerror(e)));
     return 1;

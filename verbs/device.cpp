@@ -14,11 +14,13 @@
 
 #include "base/ipv4_text.h"
 #include "base/library_pin.h"
+#include "base/link_rate.h"
 #include "base/params.h"
 #include "engine/log.h"
 #include "verbs/device_identity.h"
 #include "verbs/ops.h"
 #include "verbs/softrdma_private.h"
+#include "verbs/sysfs/tree.h"
 
 // verbs.h wraps these exported names in inline helpers; we define the real symbols.
 #undef ibv_get_device_list
@@ -177,8 +179,12 @@ void fill_port_attr(Context* c, ibv_port_attr& p) {
   p.max_msg_sz = static_cast<uint32_t>(engine::DeviceLimits::kMaxMsgSize);
   p.pkey_tbl_len = 1;
   p.max_vl_num = 1;
-  p.active_width = kActiveWidth;  // 4X
-  p.active_speed = kActiveSpeed;  // EDR (25 Gb/s per lane): the port claims 100 Gb/s
+  // The port of a NIC that feeds the emulated links: 4X EDR (100 Gb/s) without them, else
+  // the slowest standard port at least as fast as the fastest link (1X QDR for 10 Gbit/s,
+  // 4X NDR for 400), as the sysfs tree says too.
+  const link_rate::PortSpeed speed = sysfs::port_speed(c->dev->ip(), c->dev->wan_topology());
+  p.active_width = speed.active_width;
+  p.active_speed = speed.active_speed;
   p.phys_state = kPhysStateLinkUp;
   p.link_layer = IBV_LINK_LAYER_ETHERNET;
 }

@@ -30,14 +30,12 @@ inline constexpr unsigned kUverbsMinor = 192;
 inline constexpr int kUverbsClassAbi = 6;
 inline constexpr int kUverbsDeviceAbi = 1;
 
-/// Port 1 (ibv_port_attr): 4X EDR, i.e. 100 Gb/s (active_width 2 = 4X, active_speed 32 =
-/// EDR), physical state 5 (LinkUp), capabilities IBV_PORT_IP_BASED_GIDS (1 << 26).
-inline constexpr uint8_t kActiveWidth = 2;
-inline constexpr uint8_t kActiveSpeed = 32;
+/// Port 1 (ibv_port_attr): physical state 5 (LinkUp), capabilities IBV_PORT_IP_BASED_GIDS
+/// (1 << 26). Its speed and width (active_speed, active_width; sysfs ports/1/rate) follow the
+/// emulated links (verbs/sysfs/tree.h, port_speed()): 4X EDR, 100 Gb/s, without them.
 inline constexpr uint8_t kPhysStateLinkUp = 5;
 inline constexpr uint32_t kPortCapFlags = 1u << 26;
 /// The sysfs spelling of the same port facts (ib_core's sysfs.c formats).
-inline constexpr char kPortRate[] = "100 Gb/sec (4X EDR)";
 inline constexpr char kPortState[] = "4: ACTIVE";
 inline constexpr char kPortPhysState[] = "5: LinkUp";
 /// GID type of GID index 0 (sysfs gid_attrs/types/0; ibv_query_gid_type 1 = RoCE v2).

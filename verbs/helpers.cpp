@@ -48,7 +48,8 @@ int read_file(const char* dir, const char* file, char* buf, size_t size) {
   // trailing newline as libibverbs returns it.
   namespace sysfs = softrdma::verbs::sysfs;
   if (sysfs::in_tree(path.c_str())) {
-    const std::vector<sysfs::DeviceView> views = sysfs::views_for(softrdma::verbs::device_ips());
+    const std::vector<sysfs::DeviceView> views =
+        sysfs::views_for(softrdma::verbs::device_ips(), sysfs::wan_from_environment());
     if (std::optional<std::string> text = sysfs::read(views, path)) {
       if (!text->empty() && text->back() == '\n') text->pop_back();
       int n = std::snprintf(buf, size, "%s", text->c_str());

@@ -103,5 +103,51 @@ TEST(WanTopology, LoadsAFile) {
   EXPECT_NE(err.find("cannot read"), std::string::npos) << err;
 }
 
+TEST(WanTopology, ASpecIsAFileWhenOneHasThatNameElseOneLineOfParameters) {
+  const std::string path = ::testing::TempDir() + "wan_spec_test.txt";
+  {
+    std::ofstream f(path);
+    f << "site a 127.0.0.1\nsite b 127.0.0.2\nlink a b delay=20ms\n";
+  }
+  WanTopology t;
+  std::string text, err;
+  ASSERT_TRUE(read_wan_spec(path, t, text, err)) << err;
+  EXPECT_EQ(t.links.size(), 1u);
+  EXPECT_EQ(t.sites.size(), 2u);
+  EXPECT_EQ(text.rfind("site a", 0), 0u) << "the file's contents: " << text;
+  std::remove(path.c_str());
+  ASSERT_TRUE(read_wan_spec("delay=5ms,rate=10gbit", t, text, err)) << err;
+  EXPECT_EQ(text, "delay=5ms,rate=10gbit");
+  ASSERT_EQ(t.links.size(), 1u);
+  EXPECT_EQ(t.links[0].from, -1);
+  // A directory is not a topology file: its name is read as parameters (and refused).
+  EXPECT_FALSE(read_wan_spec(::testing::TempDir(), t, text, err));
+  EXPECT_NE(err.find("expected key=value"), std::string::npos) << err;
+}
+
+TEST(WanTopology, EgressRateIsTheFastestRateLimitedLinkLeavingTheAddress) {
+  WanTopology t;
+  std::string err;
+  ASSERT_TRUE(parse_wan_topology("delay=5ms,rate=10gbit", t, err)) << err;
+  EXPECT_EQ(t.egress_rate_bps(ip("127.0.0.9")), 10'000'000'000u) << "the one-line form";
+  ASSERT_TRUE(parse_wan_topology("delay=5ms", t, err)) << err;
+  EXPECT_EQ(t.egress_rate_bps(ip("127.0.0.9")), 0u) << "no rate: unlimited";
+  ASSERT_TRUE(
+      parse_wan_topology("site a 127.0.0.1-127.0.0.2\n"
+                         "site b 127.0.0.3\n"
+                         "site c 127.0.0.4\n"
+                         "site d 127.0.0.5\n"
+                         "link a b rate=10gbit\n"
+                         "link a c rate=400gbit\n"
+                         "link b a rate=1gbit\n"
+                         "link c <-> d delay=1ms\n",
+                         t, err))
+      << err;
+  EXPECT_EQ(t.egress_rate_bps(ip("127.0.0.2")), 400'000'000'000u) << "a's fastest link out";
+  EXPECT_EQ(t.egress_rate_bps(ip("127.0.0.3")), 1'000'000'000u) << "b → a only";
+  EXPECT_EQ(t.egress_rate_bps(ip("127.0.0.4")), 0u) << "c → d has no rate";
+  EXPECT_EQ(t.egress_rate_bps(ip("127.0.0.9")), 0u) << "in no site";
+}
+
 }  // namespace
 }  // namespace softrdma::net

@@ -114,11 +114,16 @@ std::vector<uint32_t> device_ips() {
 
 /// The directory name of the tree for `views`: v2-<ip>-<ifname> for one device (as before
 /// several devices were described), the views joined with '+' for several, or a hash of
-/// that when it would be too long for a file name.
+/// that when it would be too long for a file name. A port other than the default 4X EDR
+/// adds -s<speed>w<width> to its view (processes under different SOFTRDMA_WAN rates see
+/// different trees).
 std::string tree_name(const std::vector<sysfs::DeviceView>& views) {
   std::string key;
-  for (const sysfs::DeviceView& v : views)
+  for (const sysfs::DeviceView& v : views) {
     key += (key.empty() ? "" : "+") + softrdma::base::ipv4_text(v.ip) + "-" + v.ifname;
+    if (v.port != softrdma::link_rate::kDefaultPortSpeed)
+      key += "-s" + std::to_string(v.port.active_speed) + "w" + std::to_string(v.port.active_width);
+  }
   if (key.size() <= 200) return "v2-" + key;
   uint64_t h = 1469598103934665603ull;  // FNV-1a, 64 bits
   for (unsigned char c : key) h = (h ^ c) * 1099511628211ull;
@@ -138,7 +143,7 @@ std::string tree_root() {
   if (ips == cached_ips && !cached_root.empty()) return cached_root;
   const int saved = errno;
   t_real_ifaddrs = true;  // the tree names each device's real interface (lo for 127.x)
-  const std::vector<sysfs::DeviceView> views = sysfs::views_for(ips);
+  const std::vector<sysfs::DeviceView> views = sysfs::views_for(ips, sysfs::wan_from_environment());
   t_real_ifaddrs = false;
   const std::string base = "/dev/shm/softrdma-sysfs-" + std::to_string(::getuid());
   const std::string root = base + "/" + tree_name(views);

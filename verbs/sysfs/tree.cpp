@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstring>
 
+#include "base/params.h"
 #include "verbs/device_identity.h"
 
 namespace softrdma::verbs::sysfs {
@@ -35,11 +36,24 @@ std::string interface_for(uint32_t ip) {
   return "lo";
 }
 
-std::vector<DeviceView> views_for(const std::vector<uint32_t>& ips) {
+std::vector<DeviceView> views_for(const std::vector<uint32_t>& ips, const net::WanTopology& wan) {
   std::vector<DeviceView> views;
   for (size_t i = 0; i < ips.size() && i < kMaxDevices; ++i)
-    views.push_back({ips[i], interface_for(ips[i])});
+    views.push_back({ips[i], interface_for(ips[i]), port_speed(ips[i], wan)});
   return views;
+}
+
+link_rate::PortSpeed port_speed(uint32_t ip, const net::WanTopology& wan) {
+  return link_rate::port_speed_for_rate(wan.egress_rate_bps(ip));
+}
+
+net::WanTopology wan_from_environment() {
+  net::WanTopology wan;
+  if (const char* w = params::raw(params::kWan)) {
+    std::string text, error;
+    if (!net::read_wan_spec(w, wan, text, error)) wan = {};
+  }
+  return wan;
 }
 
 std::string ibdev_name(size_t index) {
@@ -106,7 +120,7 @@ std::vector<Entry> build(const std::vector<DeviceView>& devices) {
     dir(port);
     file(port + "/state", kPortState);
     file(port + "/phys_state", kPortPhysState);
-    file(port + "/rate", kPortRate);
+    file(port + "/rate", link_rate::port_rate_text(v.port));
     file(port + "/lid", "0x0");
     file(port + "/sm_lid", "0x0");
     file(port + "/lid_mask_count", "0");

@@ -22,13 +22,17 @@
 #include <string>
 #include <vector>
 
+#include "base/link_rate.h"
+#include "net/wan_topology.h"
+
 namespace softrdma::verbs::sysfs {
 
-/// What the tree describes of one device: its IPv4 address (host order) and the network
-/// interface that holds it (the GID's net device).
+/// What the tree describes of one device: its IPv4 address (host order), the network
+/// interface that holds it (the GID's net device) and its port's speed (ports/1/rate).
 struct DeviceView {
   uint32_t ip = 0;
   std::string ifname;
+  link_rate::PortSpeed port = link_rate::kDefaultPortSpeed;
 };
 
 /// The interface whose address is `ip`, else the one whose subnet holds it (127.0.62.1 → the
@@ -36,9 +40,22 @@ struct DeviceView {
 std::string interface_for(uint32_t ip);
 
 /// One view per address, in order (device i = srdma<i> describes ips[i]), each with its
-/// interface_for(). At most kMaxDevices (verbs/device_identity.h); later addresses are left
-/// out, as the device list leaves them out.
-std::vector<DeviceView> views_for(const std::vector<uint32_t>& ips);
+/// interface_for() and the port speed the emulated links of `wan` give it (port_speed(); the
+/// default 4X EDR without links). At most kMaxDevices (verbs/device_identity.h); later
+/// addresses are left out, as the device list leaves them out.
+std::vector<DeviceView> views_for(const std::vector<uint32_t>& ips,
+                                  const net::WanTopology& wan = {});
+
+/// The port speed of the device at `ip` (host order) under the emulated links `wan`: the
+/// slowest standard port at least as fast as the fastest rate-limited link leaving it
+/// (link_rate::port_speed_for_rate of WanTopology::egress_rate_bps) — 1X QDR for a
+/// 10 Gbit/s link, 4X NDR for 400 Gbit/s — else 4X EDR. ibv_query_port and the sysfs tree
+/// both report this.
+link_rate::PortSpeed port_speed(uint32_t ip, const net::WanTopology& wan);
+
+/// This process's SOFTRDMA_WAN, parsed as the devices parse it (net::read_wan_spec); no
+/// links when it is unset or malformed (a device then refuses to open and says why).
+net::WanTopology wan_from_environment();
 
 /// The names of device `index`: "srdma<index>" (ibv_get_device_name) and "uverbs<index>"
 /// (its ib_uverbs character device).

@@ -11,6 +11,8 @@
 #   for); /sys/class/infiniband_verbs/{abi_version, uverbs0/{ibdev, dev}};
 #   /dev/infiniband/uverbs0 a character device 231:192;
 #   ibv_devinfo -v runs and reports the node GUID and GID the files hold;
+#   ports/1/rate and ibv_devinfo's active_width/active_speed agree: 4X EDR alone, 4X NDR
+#   under `--wan rate=400gbit`;
 #   --no-sysfs leaves the real paths alone (checked where the host has no /sys/class/infiniband).
 # Exit 0 when all hold, 1 with the differences otherwise.
 set -uo pipefail
@@ -74,6 +76,21 @@ grep -q "GID\[  0\]:.*::ffff:127.0.14.2, RoCE v2" "$WORK/devinfo.log" || {
   echo "FAIL [$TEST_NAME]: ibv_devinfo -v shows no RoCE v2 GID ::ffff:$ADDR" >&2
   errors=$((errors + 1))
 }
+
+# The port's rate: 4X EDR (100 Gb/s) alone; under an emulated 400 Gbit/s link the port of a
+# NIC that feeds it (4X NDR), in the file and in ibv_query_port alike.
+expect "ports/1/rate" "100 Gb/sec (4X EDR)" "$(in_run cat $IB/ports/1/rate)"
+expect "ibv_devinfo active_width, speed" "4X (2) 25.0 Gbps (32)" \
+  "$(awk '$1 == "active_width:" {w = $2 " " $3} $1 == "active_speed:" {print w, $2, $3, $4}' \
+    "$WORK/devinfo.log")"
+wan_run() {  # wan_run CMD...: as in_run, with a 400 Gbit/s emulated link
+  timeout 30 "$SOFTRDMA" run --addr "$ADDR" --wan "delay=1ms,rate=400gbit" -- "$@" \
+    2>>"$WORK/stderr.log"
+}
+expect "ports/1/rate at 400 Gbit/s" "400 Gb/sec (4X NDR)" "$(wan_run cat $IB/ports/1/rate)"
+expect "ibv_devinfo active_width, speed at 400 Gbit/s" "4X (2) 100.0 Gbps (128)" \
+  "$(wan_run /usr/bin/ibv_devinfo -v |
+    awk '$1 == "active_width:" {w = $2 " " $3} $1 == "active_speed:" {print w, $2, $3, $4}')"
 
 if [[ ! -e /sys/class/infiniband ]]; then
   timeout 30 "$SOFTRDMA" run --no-sysfs --addr "$ADDR" -- ls /sys/class/infiniband \

@@ -190,6 +190,29 @@ TEST(SysfsTree, DeviceNamesMinorsAndUverbsPaths) {
   EXPECT_EQ(views_for(std::vector<uint32_t>(kMaxDevices + 3, kIp)).size(), kMaxDevices);
 }
 
+TEST(SysfsTree, EachPortsRateFollowsTheEmulatedLinksLeavingItsAddress) {
+  EXPECT_EQ(read(DeviceView{kIp, "lo"}, "/sys/class/infiniband/srdma0/ports/1/rate"),
+            "100 Gb/sec (4X EDR)\n");
+  net::WanTopology wan;
+  std::string err;
+  ASSERT_TRUE(
+      net::parse_wan_topology("site a 127.0.62.1\nsite b 127.0.85.7\n"
+                              "link a b delay=10ms rate=10gbit\n"
+                              "link b a delay=10ms rate=400gbit\n",
+                              wan, err))
+      << err;
+  const std::vector<DeviceView> v = views_for({kIp, kIpB}, wan);
+  ASSERT_EQ(v.size(), 2u);
+  EXPECT_EQ(v[0].port, (link_rate::PortSpeed{4, 1}));    // 1X QDR
+  EXPECT_EQ(v[1].port, (link_rate::PortSpeed{128, 2}));  // 4X NDR
+  EXPECT_EQ(read(v, "/sys/class/infiniband/srdma0/ports/1/rate"), "10 Gb/sec (1X QDR)\n");
+  EXPECT_EQ(read(v, "/sys/class/infiniband/srdma1/ports/1/rate"), "400 Gb/sec (4X NDR)\n");
+  // No links, or links without a rate: the default port.
+  EXPECT_EQ(views_for({kIp})[0].port, link_rate::kDefaultPortSpeed);
+  ASSERT_TRUE(net::parse_wan_topology("delay=10ms", wan, err)) << err;
+  EXPECT_EQ(views_for({kIp}, wan)[0].port, link_rate::kDefaultPortSpeed);
+}
+
 TEST(SysfsTree, MaterializedTwoDeviceTree) {
   char tmpl[] = "/tmp/softrdma-sysfs-test-XXXXXX";
   ASSERT_NE(::mkdtemp(tmpl), nullptr);
