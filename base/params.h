@@ -496,8 +496,9 @@ inline constexpr Param kParams[] = {
      .kind = Kind::kFlag,
      .default_value = 1,
      .default_text = "1",
-     .doc = "raise each QP's slices outstanding to cover twice the path's bandwidth-delay "
-            "product once connected (one in flight, one behind a loss being repaired): 2 × "
+     .doc = "raise each QP's slices outstanding to cover four times the path's "
+            "bandwidth-delay product once connected (a loaded round trip's worth — the path "
+            "and a one-BDP queue — in flight, as much again behind a loss being repaired): 4 × "
             "RTT (5 zero-length RDMA WRITEs, the smallest) × port rate ÷ QPs in bytes, in "
             "slices of whatever size the transfers have, at most 8192 (the send queue's "
             "depth) and as the CQ allows (docs/kv.md, \"Slices in flight\"); 0 keeps "

@@ -50,14 +50,16 @@ constexpr uint32_t kPathProbes = 5;
 /// The most data slices a QP may have outstanding when the path raises its window (the
 /// largest SOFTRDMA_KV_MAX_WR), and so the send queue's depth for data when max_wr_from_path.
 constexpr uint32_t kMaxPathWindow = 8192;
-/// Bandwidth-delay products of data a QP keeps outstanding (Qp::byte_target): one in flight,
-/// and one posted behind a lost packet while its repair takes a round trip — RC completes in
-/// order, so nothing after the hole completes (and frees its slot) until then. With one, a
-/// 0.1 % loss stopped the sender for most of every repair: Llama-3-8B 2 K tokens over
-/// 10 Gbit/s × 50 ms took 475–608 ms instead of 315–334 (docs/kv.md, "Slices in flight
-/// count bytes"). The growth holds CQ entries for the connection's life: peers added later
-/// are refused once the CQ is reserved (connection.cpp, "too many connections").
-constexpr uint64_t kRepairRounds = 2;
+/// Bandwidth-delay products (of the RTT measured at connect, on an idle path) of data a QP
+/// keeps outstanding (Qp::byte_target): twice what one round trip holds — the path's BDP and
+/// as much again standing in its bottleneck queue (a one-BDP FIFO doubles the loaded round
+/// trip) — and that again posted behind a lost packet while its repair takes a round trip:
+/// RC completes in order, so nothing after the hole completes (and frees its slot) until
+/// then. Llama-3-8B 2 K tokens over 10 Gbit/s × 50 ms, whole cache, 0 / 0.1 % loss: 269–298 /
+/// 324–334 ms at 4; 347–358 / 370–522 ms at 2 (docs/kv.md, "Slices in flight count bytes").
+/// The growth holds CQ entries for the connection's life: peers added later are refused
+/// once the CQ is reserved (connection.cpp, "too many connections").
+constexpr uint64_t kRepairRounds = 4;
 
 struct Batch;
 struct Qp;

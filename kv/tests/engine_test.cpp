@@ -321,17 +321,18 @@ void check(bool ok, const std::string& what) {
 }
 
 // EngineOptions::max_wr_from_path: once connected, 5 zero-length WRITEs time the path and
-// each QP may keep ⌈2 × RTT × 100 Gbit/s (softrdma's port) ÷ QPs ÷ slice⌉ slices in flight
-// (kRepairRounds = 2), at least max_wr. Two engines in a forked child, on two devices
-// (127.0.44.1 and .2) 1 ms apart each way (SOFTRDMA_WAN): with 4 KiB slices over 2 QPs an
-// RTT of 2 ms asks for 6,104 slices per QP, so the window must grow past max_wr = 4 (to the
-// formula's value for the RTT it measured, at most 8,192); off, it stays at 4 and no RTT is
-// measured. Every byte arrives either way.
+// each QP may keep ⌈4 × RTT × port rate ÷ QPs ÷ slice⌉ slices in flight (kRepairRounds = 4),
+// at least max_wr. Two engines in a forked child, on two devices (127.0.44.1 and .2) 1 ms
+// apart each way through a 10 Gbit/s link (SOFTRDMA_WAN), so their ports say 1X QDR,
+// 10 Gbit/s (at the default 100 Gbit/s the formula would ask ten times as many): with 4 KiB
+// slices over 2 QPs an RTT of 2 ms asks for 1,221 slices per QP, so the window must grow past
+// max_wr = 4 (to the formula's value for the RTT it measured, at most 8,192); off, it stays at
+// 4 and no RTT is measured. Every byte arrives either way.
 TEST(PathWindow, SlicesInFlightCoverTheMeasuredBandwidthDelayProduct) {
   for (const bool from_path : {true, false}) {
     SCOPED_TRACE(from_path ? "from the path" : "fixed");
     test::Child child("127.0.44.1,127.0.44.2", [from_path] {
-      setenv("SOFTRDMA_WAN", "delay=1ms", 1);
+      setenv("SOFTRDMA_WAN", "delay=1ms,rate=10gbit", 1);
       test::TempStore store;
       auto options = [&](const char* device) { return path_options(device, 4096, from_path); };
       Engine a("a", store.store(), options("srdma0"));
@@ -367,10 +368,10 @@ TEST(PathWindow, SlicesInFlightCoverTheMeasuredBandwidthDelayProduct) {
           continue;
         }
         check(q.path_rtt >= 2ms, "an RTT under the emulated 2 ms: " + got);
-        // 100 Gbit/s is 12.5 bytes per ns; whole bytes, shared over 2 QPs, twice, in 4 KiB
+        // 10 Gbit/s is 1.25 bytes per ns; whole bytes, shared over 2 QPs, four times, in 4 KiB
         // slices.
-        const auto bdp = static_cast<uint64_t>(12.5 * static_cast<double>(q.path_rtt.count()));
-        const auto want = std::clamp<uint64_t>((2 * ((bdp + 1) / 2) + 4095) / 4096, 4, 8192);
+        const auto bdp = static_cast<uint64_t>(1.25 * static_cast<double>(q.path_rtt.count()));
+        const auto want = std::clamp<uint64_t>((4 * ((bdp + 1) / 2) + 4095) / 4096, 4, 8192);
         check(q.window == want, "expected " + std::to_string(want) + ": " + got);
       }
       write_all(2);  // with the raised window
@@ -381,14 +382,14 @@ TEST(PathWindow, SlicesInFlightCoverTheMeasuredBandwidthDelayProduct) {
 
 // The window counts slices, the path asks for bytes: transfers smaller than slice_bytes (a
 // paged cache's blocks) grow a full window further, until the QP has the path's bytes
-// outstanding (or nothing more is queued). 64 KiB slices over 2 QPs at an RTT of 2 ms ask
-// for ⌈25 MB ÷ 64 KiB⌉ = 382 slices per QP; 16 MiB written as 4,096 transfers of 4 KiB
-// (2,048 per QP, 8 MiB: less than the 25 MB wanted) must leave a window above that (a loaded
-// machine's RTT of up to 10 ms still asks for fewer than 2,048). Before, it stayed at 382
-// slices — 1.5 MiB where the path wanted 25 MB.
+// outstanding (or nothing more is queued). 64 KiB slices over 2 QPs at an RTT of 2 ms
+// through 10 Gbit/s ask for 4 × 1.25 MB = 5 MB per QP, ⌈5 MB ÷ 64 KiB⌉ = 77 slices; 16 MiB
+// written as 4,096 transfers of 4 KiB (2,048 per QP) must leave a window above that (a
+// loaded machine's RTT of up to 10 ms still asks for fewer than 2,048). Without the growth it
+// stays at 77 slices — 308 KiB where the path wants 5 MB.
 TEST(PathWindow, SmallTransfersGrowTheWindowToTheBytesThePathWants) {
   test::Child child("127.0.44.3,127.0.44.4", [] {
-    setenv("SOFTRDMA_WAN", "delay=1ms", 1);
+    setenv("SOFTRDMA_WAN", "delay=1ms,rate=10gbit", 1);
     test::TempStore store;
     auto options = [&](const char* device) { return path_options(device, 64 * 1024, true); };
     Engine a("a", store.store(), options("srdma0"));
@@ -421,8 +422,8 @@ TEST(PathWindow, SmallTransfersGrowTheWindowToTheBytesThePathWants) {
     qa = a.peer_qps("b");
     check(qa.size() == 2, "QPs: " + std::to_string(qa.size()));
     for (const PeerQp& q : qa) {
-      const auto bdp = static_cast<uint64_t>(12.5 * static_cast<double>(q.path_rtt.count()));
-      const uint64_t slices = (2 * ((bdp + 1) / 2) + 65535) / 65536;
+      const auto bdp = static_cast<uint64_t>(1.25 * static_cast<double>(q.path_rtt.count()));
+      const uint64_t slices = (4 * ((bdp + 1) / 2) + 65535) / 65536;
       const std::string got = "window " + std::to_string(q.window) + ", RTT " +
                               std::to_string(q.path_rtt.count()) + " ns, " +
                               std::to_string(slices) + " slices of 64 KiB wanted";
