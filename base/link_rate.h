@@ -12,6 +12,41 @@
 
 namespace softrdma::link_rate {
 
+namespace detail {
+/// One lane's signalling rate per IBTA speed code (IBTA vol 1, 14.2.5.6 LinkSpeedActive, as
+/// libibverbs encodes it), in 0.1 Gbit/s, and the name ib_core's sysfs gives it.
+struct LaneSpeed {
+  uint8_t code;
+  uint16_t tenths_gbit;
+  const char* name;
+};
+inline constexpr std::array<LaneSpeed, 8> kLaneSpeeds{{{1, 25, "SDR"},
+                                                       {2, 50, "DDR"},
+                                                       {4, 100, "QDR"},
+                                                       {8, 100, "FDR10"},
+                                                       {16, 140, "FDR"},
+                                                       {32, 250, "EDR"},
+                                                       {64, 500, "HDR"},
+                                                       {128, 1000, "NDR"}}};
+/// Lanes per IBTA width code (LinkWidthActive): 1 = 1X, 2 = 4X, 4 = 8X, 8 = 12X, 16 = 2X.
+struct Width {
+  uint8_t code;
+  uint8_t lanes;
+};
+inline constexpr std::array<Width, 5> kWidths{{{1, 1}, {2, 4}, {4, 8}, {8, 12}, {16, 2}}};
+
+inline const LaneSpeed* lane_speed(uint8_t code) {
+  for (const LaneSpeed& s : kLaneSpeeds)
+    if (s.code == code) return &s;
+  return nullptr;
+}
+inline const Width* width(uint8_t code) {
+  for (const Width& w : kWidths)
+    if (w.code == code) return &w;
+  return nullptr;
+}
+}  // namespace detail
+
 /// The data rate of a port, bits/s, from ibv_port_attr's active_speed and active_width codes
 /// (IBTA vol 1, 14.2.5.6 PortInfo LinkSpeedActive / LinkWidthActive, as libibverbs encodes
 /// them: speed 1 SDR 2.5, 2 DDR 5, 4 QDR 10, 8 FDR10 10, 16 FDR 14, 32 EDR 25, 64 HDR 50,
@@ -19,54 +54,10 @@ namespace softrdma::link_rate {
 /// figure `ibv_devinfo -v` prints as e.g. "100 Gb/sec (4X EDR)". 0 for a code it does not
 /// know.
 inline uint64_t port_rate_bits(uint8_t active_speed, uint8_t active_width) {
-  uint64_t lane = 0;  // Mbit/s per lane
-  switch (active_speed) {
-    case 1:
-      lane = 2'500;
-      break;
-    case 2:
-      lane = 5'000;
-      break;
-    case 4:
-    case 8:
-      lane = 10'000;
-      break;
-    case 16:
-      lane = 14'000;
-      break;
-    case 32:
-      lane = 25'000;
-      break;
-    case 64:
-      lane = 50'000;
-      break;
-    case 128:
-      lane = 100'000;
-      break;
-    default:
-      return 0;
-  }
-  uint64_t lanes = 0;
-  switch (active_width) {
-    case 1:
-      lanes = 1;
-      break;
-    case 2:
-      lanes = 4;
-      break;
-    case 4:
-      lanes = 8;
-      break;
-    case 8:
-      lanes = 12;
-      break;
-    case 16:
-      lanes = 2;
-      break;
-    default:
-      return 0;
-  }
-  return lane * lanes * 1'000'000;
+  const detail::LaneSpeed* s = detail::lane_speed(active_speed);
+  const detail::Width* w = detail::width(active_width);
+  if (!s || !w) return 0;
+  return uint64_t{s->tenths_gbit} * w->lanes * 100'000'000;
 }
 
 /// A port's rate as verbs states it: ibv_port_attr's active_speed and active_width codes (the
@@ -103,53 +94,13 @@ inline PortSpeed port_speed_for_rate(uint64_t bits) {
 /// sysfs.c, rate_show; no newline): "100 Gb/sec (4X EDR)", "2.5 Gb/sec (1X SDR)",
 /// "56 Gb/sec (4X FDR)". Codes port_rate_bits does not know read as SDR / 1X, as there.
 inline std::string port_rate_text(PortSpeed p) {
-  unsigned lane = 25;  // 0.1 Gbit/s per lane
-  const char* name = " SDR";
-  switch (p.active_speed) {
-    case 2:
-      lane = 50, name = " DDR";
-      break;
-    case 4:
-      lane = 100, name = " QDR";
-      break;
-    case 8:
-      lane = 100, name = " FDR10";
-      break;
-    case 16:
-      lane = 140, name = " FDR";
-      break;
-    case 32:
-      lane = 250, name = " EDR";
-      break;
-    case 64:
-      lane = 500, name = " HDR";
-      break;
-    case 128:
-      lane = 1000, name = " NDR";
-      break;
-    default:
-      break;
-  }
-  unsigned lanes = 1;
-  switch (p.active_width) {
-    case 2:
-      lanes = 4;
-      break;
-    case 4:
-      lanes = 8;
-      break;
-    case 8:
-      lanes = 12;
-      break;
-    case 16:
-      lanes = 2;
-      break;
-    default:
-      break;
-  }
-  const unsigned rate = lane * lanes;
+  const detail::LaneSpeed* s = detail::lane_speed(p.active_speed);
+  const detail::Width* w = detail::width(p.active_width);
+  if (!s) s = &detail::kLaneSpeeds[0];
+  const unsigned lanes = w ? w->lanes : 1;
+  const unsigned rate = s->tenths_gbit * lanes;
   return std::to_string(rate / 10) + (rate % 10 ? ".5" : "") + " Gb/sec (" + std::to_string(lanes) +
-         "X" + name + ")";
+         "X " + s->name + ")";
 }
 
 /// Bytes in flight that fill a path of `rate_bits` bits/s and round-trip time `rtt`:
