@@ -100,13 +100,17 @@ TX_DEPTH=${WAN_TX_DEPTH:-$(awk -v b="$BPS" -v r="$RTT_MS" 'BEGIN {
 # The QP's local ACK timeout (4.096 µs × 2^u, IBTA 12.7.34): at least 15 and 4 round trips.
 QP_TIMEOUT=$(awk -v r="$RTT_MS" 'BEGIN { u = 15; while (4.096e-3 * 2 ^ u < 4 * r && u < 31) u++; print u }')
 
-# run MODE LOSS → prints "goodput_MBps pct seconds" and leaves the logs in $OUT/MODE-LOSS.*
+# Logs of one run: OP-RATE-RTTms-MODE-LOSS.{srv,cli,stat} (several invocations may share WAN_OUT).
+log_name() { echo "$OUT/$OP-$RATE-${RTT_MS}ms-$1-$2"; }
+
+# run MODE LOSS → prints "goodput_MBps pct seconds" and leaves the logs in $(log_name MODE LOSS).*
 run() {
   local mode=$1 loss=$2 sel=1 cc=none
   [[ $mode == gbn* ]] && sel=0
   local wan="delay=$DELAY,rate=$RATE,queue=1bdp,loss=$loss%,seed=$((port * 7))"
   [[ $mode == *+dcqcn ]] && cc=dcqcn && wan="$wan,ecn=$ECN"
-  local log="$OUT/$mode-$loss"
+  local log
+  log=$(log_name "$mode" "$loss")
   port=$((port + 1))
   local args=(-d srdma0 -x 0 -s 1048576 -n "$MB" -m 4096 -u "$QP_TIMEOUT" -t "$TX_DEPTH" -F -p "$port")
   SOFTRDMA_CC=$cc SOFTRDMA_SELECTIVE_RETX=$sel SOFTRDMA_TRANSPORT=udp timeout "$RUN_TIMEOUT" \
@@ -169,15 +173,15 @@ csv_row() {  # MODE LOSS MBPS PCT SECS STATFILE
 
 echo "WAN link: $RATE, one-way delay $DELAY (RTT $RTT_MS ms), queue 1 BDP; $MB MiB of 1 MiB RDMA ${OP^^}s ($PERF); tx depth $TX_DEPTH, QP timeout $QP_TIMEOUT; time dilation K = $TDF (figures virtual)"
 echo
-echo "| loss | recovery | CC | goodput MB/s | % of link | virtual s | packets sent again | resends sent again | selective NAKs | READ responses placed ahead | READ gap requests | timeouts | queue drops | CNPs | server's packets onto the link / dropped by its queue |"
+echo "| loss | recovery | CC | goodput MB/s | % of link | virtual s | packets sent again | resends sent again | selective NAKs sent / received | READ responses placed ahead | READ gap requests | timeouts | queue drops | CNPs | server's packets onto the link / dropped by its queue |"
 echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
 for loss in $LOSSES; do
   for mode in $MODES; do
     read -r mbps pct secs < <(run "$mode" "$loss")
-    st="$OUT/$mode-$loss.stat"
+    st="$(log_name "$mode" "$loss").stat"
     name=$([[ $mode == gbn* ]] && echo "go-back-N" || echo "selective")
     cc=$([[ $mode == *+dcqcn ]] && echo "DCQCN" || echo "none")
-    echo "| $loss % | $name | $cc | $mbps | $pct | $secs | $(counter retransmitted_pkts "$st") | $(counter resend_again_pkts "$st") | $(counter selective_nak_rcvd "$st") | $(counter ooo_read_responses "$st") | $(counter read_gap_requests "$st") | $(counter retransmit_timeouts "$st") | $(counter wan_dropped_queue "$st") | $(counter cnp_rcvd "$st") | $(counter wan_shaped "$st" 127.0.33.1) / $(counter wan_dropped_queue "$st" 127.0.33.1) |"
+    echo "| $loss % | $name | $cc | $mbps | $pct | $secs | $(counter retransmitted_pkts "$st") | $(counter resend_again_pkts "$st") | $(counter selective_nak_sent "$st" 127.0.33.1) / $(counter selective_nak_rcvd "$st") | $(counter ooo_read_responses "$st") | $(counter read_gap_requests "$st") | $(counter retransmit_timeouts "$st") | $(counter wan_dropped_queue "$st") | $(counter cnp_rcvd "$st") | $(counter wan_shaped "$st" 127.0.33.1) / $(counter wan_dropped_queue "$st" 127.0.33.1) |"
     csv_row "$mode" "$loss" "$mbps" "$pct" "$secs" "$st"
   done
 done
