@@ -37,10 +37,24 @@ void retry_from(QueuePair& qp, uint32_t psn, const char* why, Recovery state = R
 // was sent so far), unless the window takes the loss for random (CongestionWindow::
 // on_sequence_nak: counter random_losses). Paced by DCQCN the window is left alone.
 void judge_loss(QueuePair& qp, Transport& t, uint32_t lost) {
-  if (qp.req.cc_on || qp.req.window.on_sequence_nak(t.now_ns(), lost))
+  CongestionWindow& w = qp.req.window;
+  const uint32_t before = w.psns();
+  const bool queue = w.queue_building();
+  if (qp.req.cc_on || w.on_sequence_nak(t.now_ns(), lost)) {
     qp.comp.recovery_psn = qp.req.max_psn;
-  else
+    // Why the window shrank (or, paced by DCQCN, why it did not): the trace that tells a
+    // standing queue from a burst of losses (docs/wide-area.md, the 1 % rows).
+    log().debug(
+        "qp {:#x}: loss of {} PSNs is congestion ({}): window {} -> {} (latest RTT {} us, "
+        "smallest {} us)",
+        qp.qpn(), lost,
+        qp.req.cc_on ? "DCQCN paces; window kept"
+        : queue      ? "a standing queue in the round trip"
+                : fmt::format("{} PSNs lost this round, over the burst share", w.lost_in_round()),
+        before, w.psns(), w.last_rtt_ns() / 1000, w.min_rtt_ns() / 1000);
+  } else {
     bump(t.counters().random_losses);
+  }
 }
 
 // The partial-ACK case below (an ACK stopped right after `again_psn`, the oldest PSN the

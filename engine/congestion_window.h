@@ -131,6 +131,11 @@ class CongestionWindow {
   }
   /// Smoothed round trip, ns (RFC 6298 2.3: SRTT ← 7/8·SRTT + 1/8·sample; 0: none yet).
   uint64_t srtt_ns() const { return srtt_ns_; }
+  /// The latest round-trip sample, ns (0 before the first): what queue_building() reads.
+  uint64_t last_rtt_ns() const { return last_rtt_ns_; }
+  /// PSNs reported lost within the current smallest-RTT round (on_sequence_nak's burst
+  /// count), as of the last loss.
+  uint64_t lost_in_round() const { return lost_in_round_; }
   /// The largest recent delivery rate, PSNs per ns (0 until measured).
   double delivery_rate() const {
     double best = 0;
