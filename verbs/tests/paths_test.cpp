@@ -388,8 +388,13 @@ INSTANTIATE_TEST_SUITE_P(Netem, PathLoss, ::testing::Values(Transport::kUdp, Tra
 
 // ---- d.: a shm peer dies, a new process takes over its address --------------------------
 
-constexpr uint8_t kKillTimeout = 10;  // 4.096 µs · 2^10 ≈ 4.2 ms
-constexpr uint8_t kKillRetries = 3;
+// The QP timeout while B lives: the engine's default, 14 (4.096 µs · 2^14 ≈ 67 ms; 8 tries
+// ≈ 537 ms). B's death is noticed at the first timeout whatever these are (the engine finds
+// its process gone), so they only bound how long a live B may go unscheduled: at 10 (4.2 ms)
+// and 3 retries, a loaded clean-clone run under ASan failed A's QP 40.7 ms into the stream
+// with B alive and its 10 messages not yet taken (2026-11-30).
+constexpr uint8_t kKillTimeout = 14;
+constexpr uint8_t kKillRetries = 7;
 constexpr uint32_t kStreamLen = 4096;
 constexpr int kRestartMsgs = 300;
 constexpr uint32_t kRestartMaxLen = 9000;  // up to 9 packets at MTU 1024
