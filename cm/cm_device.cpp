@@ -330,7 +330,8 @@ void CmDevice::run() {
 }
 
 int CmDevice::reserve_port(uint16_t ps, uint16_t& port, IdPriv* id) {
-  if (port == 0) {
+  const bool ephemeral = port == 0;
+  if (ephemeral) {
     // An ephemeral port, as Linux's cma_alloc_any_port: random start in the local range.
     static thread_local std::minstd_rand rng{std::random_device{}()};
     constexpr uint16_t kLow = 32768, kHigh = 60999;
@@ -347,17 +348,24 @@ int CmDevice::reserve_port(uint16_t ps, uint16_t& port, IdPriv* id) {
   auto& holders = ports_[{ps, port}];
   for (IdPriv* h : holders)
     if (!h->reuseaddr || !id->reuseaddr || h->state == IdState::kListen) {
-      if (holders.empty()) ports_.erase({ps, port});
+      // Worth a line: a well-known port in the ephemeral range (32768–60999) can be taken by
+      // one of the process's own IDs bound to port 0 (as with the kernel's rdma_cm).
+      log().info("port {} of {} (port space {:#x}) is in use by an ID of this process{}", port,
+                 ip_string(ip_), ps, h->ephemeral_port ? " that got it as its ephemeral port" : "");
       return EADDRINUSE;
     }
   if (holders.empty()) {
     // The first local holder takes it across the processes sharing the address.
     if (int e = shared_ports_.claim(ps, port); e != 0) {
       ports_.erase({ps, port});
+      if (e == EADDRINUSE)
+        log().info("port {} of {} (port space {:#x}) is in use by another process at the address",
+                   port, ip_string(ip_), ps);
       return e == ENOSPC ? EADDRINUSE : e;
     }
   }
   holders.push_back(id);
+  id->ephemeral_port = ephemeral;
   return 0;
 }
 

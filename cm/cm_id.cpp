@@ -131,6 +131,7 @@ void free_id_locked(IdPriv* id) {
   release_connection_locked(id);
   if (id->port_bound && id->dev) id->dev->release_port(uint16_t(id->id.ps), id->src_port, id);
   id->port_bound = false;
+  id->ephemeral_port = false;
   ids().erase(id);
   if (id->sync) destroy_channel(id->channel(), /*application_owned=*/false);
   delete id;

@@ -82,7 +82,8 @@ struct IdPriv {
   uint16_t src_port = 0;
   uint32_t dst_ip = 0;
   uint16_t dst_port = 0;
-  bool port_bound = false;  ///< holds src_port in dev's port table
+  bool port_bound = false;      ///< holds src_port in dev's port table
+  bool ephemeral_port = false;  ///< src_port was chosen by reserve_port (bound to port 0)
   bool wildcard = false;
   /// Bound to an address of this host that none of the process's devices owns (cm_id.cpp,
   /// owned_locked): as the kernel's rdma_cm, no device is attached (id.verbs NULL); the ID
