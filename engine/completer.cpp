@@ -336,6 +336,12 @@ void fast_retry(QueuePair& qp, Transport& t) {
 // A selective NAK: PSNs [BTH.PSN, AETH.MSN] are missing at the responder, which kept what
 // came around them. Queue exactly that range for the requester; acknowledge nothing. The
 // window halves once per recovery episode (the first loss of what was in flight then).
+// Resends the PSNs [r.first, r.last] (all sent before) that the responder reports missing —
+// a selective NAK's range, or a run a selective ACK lists whose NAK or resend was lost
+// (`cause`): queued in req.retx, sent before any new PSN. With `judge`, the loss is judged
+// first (judge_loss); a lost resend's loss was judged at its NAK, as resend_head_again's is.
+void repair_range(QueuePair& qp, Transport& t, PsnRange r, const char* cause, bool judge = true);
+
 void on_selective_nak(QueuePair& qp, const wire::Packet& pkt, Transport& t) {
   bump(t.counters().selective_nak_rcvd);
   qp.comp.peer_selective = true;
@@ -350,10 +356,14 @@ void on_selective_nak(QueuePair& qp, const wire::Packet& pkt, Transport& t) {
     bump(t.counters().selective_nak_clipped);
     r.last = psn_add(qp.req.max_psn, wire::kPsnMask);
   }
+  repair_range(qp, t, r, "selective NAK");
+}
+
+void repair_range(QueuePair& qp, Transport& t, PsnRange r, const char* cause, bool judge) {
   if (psn_diff(r.last, qp.comp.psn) < 0) return;  // all acknowledged since
   if (psn_diff(r.first, qp.comp.psn) < 0) r.first = qp.comp.psn;
   if (qp.req.rnr_wait()) return;  // the RNR retry goes back to comp.psn and sends it all
-  if (qp.comp.recovery_psn == kNoPsn || psn_diff(r.first, qp.comp.recovery_psn) >= 0) {
+  if (judge && (qp.comp.recovery_psn == kNoPsn || psn_diff(r.first, qp.comp.recovery_psn) >= 0)) {
     // Paced by DCQCN, a loss is only a loss: the rate answers congestion (CNPs come before
     // the queue overflows), the window keeps what is in flight — IRN's split of loss
     // recovery from congestion control (Mittal et al. 2018, 3.3). Otherwise TCP's halving,
@@ -361,14 +371,62 @@ void on_selective_nak(QueuePair& qp, const wire::Packet& pkt, Transport& t) {
     // then no recovery episode starts, so the next loss is judged again.
     judge_loss(qp, t, uint32_t(psn_diff(r.last, r.first)) + 1);
   }
-  log().debug(
-      "qp {:#x}: selective NAK {:#x}…{:#x} (comp.psn {:#x} req.psn {:#x} cwnd {} held {} "
-      "srtt {} us)",
-      qp.qpn(), r.first, r.last, qp.comp.psn, qp.req.psn, qp.req.window.psns(),
-      requester::held_psns(qp), qp.req.window.srtt_ns() / 1000);
+  log().debug("qp {:#x}: {} {:#x}…{:#x} (comp.psn {:#x} req.psn {:#x} cwnd {} held {} srtt {} us)",
+              qp.qpn(), cause, r.first, r.last, qp.comp.psn, qp.req.psn, qp.req.window.psns(),
+              requester::held_psns(qp), qp.req.window.srtt_ns() / 1000);
   if (qp.req.recovery == Recovery::kNone || qp.req.recovery == Recovery::kProbe)
-    requester::enter_recovery(qp, Recovery::kSelective, "selective NAK");
+    requester::enter_recovery(qp, Recovery::kSelective, cause);
   qp.req.retx.push_back(r);
+}
+
+// Whether every packet of the PSNs [r.first, r.last] is one a selective responder keeps
+// beyond a gap: an RDMA WRITE's (responder.cpp place_early: not a SEND, READ, atomic, nor the
+// last packet of a WRITE with immediate, which consumes a receive WQE).
+bool kept_beyond_gap(QueuePair& qp, PsnRange r) {
+  for (uint64_t idx = requester::find_wqe(qp, r.first); idx < qp.sq_end(); ++idx) {
+    const SendWqe& w = qp.wqe(idx);
+    if (!w.started || w.info().cls != WrClass::kWrite) return false;
+    if (w.info().has_imm && psn_diff(r.last, w.last_psn()) >= 0) return false;
+    if (psn_diff(w.last_psn(), r.last) >= 0) return true;
+  }
+  return false;
+}
+
+// A selective ACK's list of runs still missing below the highest PSN received (wire::
+// SackReport; to a requester that set Bth::sack_ranges). A run other than the one at the
+// oldest unacknowledged PSN (resend_if_sack_proves_lost and the resend check watch that one)
+// is repaired again
+// - when its first PSN was not resent since its loss and no resend of it is queued: the
+//   selective NAK that named it was lost (the responder sends a gap's NAK before any
+//   selective ACK that lists it, on the same path);
+// - when that PSN's latest resend left before PSN `highest` was first sent: a later packet
+//   arrived, the path keeps order, so the resend was lost (RACK, RFC 8985 6.2); not judged
+//   again.
+// Otherwise (the old rule) such a loss waited until its gap became the oldest PSN. Only runs
+// of packets the responder keeps beyond a gap (kept_beyond_gap): a SEND run listed behind a
+// gap waits for that gap, and resent now it would be dropped again. A lost NAK's run is judged
+// as the NAK would have been (repair_range); a forged list costs resends of PSNs that were
+// sent, nothing else.
+void repair_listed_runs(QueuePair& qp, Transport& t, const wire::SackReport& rep) {
+  if (rep.count == 0 || qp.req.recovery == Recovery::kGoBackN || qp.req.rnr_wait()) return;
+  const uint64_t now = t.now_ns();
+  if (now < qp.comp.sack_runs_ns) return;
+  qp.comp.sack_runs_ns = now + qp.req.window.srtt_ns() / 8;
+  for (uint32_t i = 0; i < rep.count; ++i) {
+    const PsnRange r{rep.ranges[i].first, rep.ranges[i].last};
+    if (psn_diff(r.first, qp.comp.psn) <= 0) continue;  // the oldest's, or acknowledged
+    const bool queued = std::any_of(qp.req.retx.begin(), qp.req.retx.end(), [&](const PsnRange& q) {
+      return psn_diff(r.first, q.first) >= 0 && psn_diff(q.last, r.first) >= 0;
+    });
+    if (queued || !kept_beyond_gap(qp, r)) continue;
+    const CompleterState::Resent* last = last_resend(qp, r.first);
+    if (last && psn_diff(rep.highest, last->max_psn) < 0) continue;  // may be on its way
+    bump(t.counters().selective_runs_repaired);
+    if (last)
+      repair_range(qp, t, r, "resend lost (selective ACK's list)", /*judge=*/false);
+    else
+      repair_range(qp, t, r, "NAK lost (selective ACK's list)");
+  }
 }
 
 // A selective ACK that still expects the oldest unacknowledged PSN, whose latest resend left
@@ -424,6 +482,17 @@ void on_selective_ack(QueuePair& qp, const wire::Packet& pkt, Transport& t) {
   }
   count_delivered(qp, t, 0);
   resend_if_sack_proves_lost(qp, t, epsn, held);
+  if (!pkt.payload.empty()) {
+    wire::SackReport rep;
+    // The list must name PSNs sent, below the highest one received, which was sent too.
+    if (!wire::decode_sack_report(pkt.payload, rep) || psn_diff(rep.highest, epsn) < 0 ||
+        psn_diff(rep.highest, qp.req.max_psn) >= 0 ||
+        (rep.count && psn_diff(rep.ranges[0].first, epsn) < 0)) {
+      bump(t.counters().rcvd_malformed);
+      return;
+    }
+    repair_listed_runs(qp, t, rep);
+  }
 }
 
 void on_ack(QueuePair& qp, const wire::Packet& pkt, Transport& t) {

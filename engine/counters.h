@@ -32,6 +32,8 @@ namespace softrdma::engine {
   X(selective_retransmitted_pkts, "request packets sent again because a selective NAK named them") \
   X(selective_nak_sent, "selective NAKs sent (a range of PSNs missing, the rest kept)")            \
   X(selective_nak_rcvd, "selective NAKs received")                                                 \
+  X(selective_runs_repaired,                                                                       \
+    "missing runs a selective ACK listed, resent: their selective NAK or resend was lost")         \
   X(selective_ack_sent, "selective ACKs sent (PSNs held beyond a gap, counted for the requester)") \
   X(selective_ack_rcvd, "selective ACKs received and used")                                        \
   X(selective_nak_repeated,                                                                        \

@@ -49,7 +49,7 @@ inline constexpr uint32_t kQpnsPerSlot = 1u << 20;
 static_assert(kQpnsPerSlot * net::kShareSlots == (1u << 24));
 /// Payloads up to this many bytes are copied into their TX slot at transmit() (the largest
 /// inline data a WQE carries, DeviceLimits::kMaxInlineData).
-inline constexpr size_t kTxCopyBytes = 256;
+inline constexpr size_t kTxCopyBytes = kTransmitCopyBytes;
 /// Packets between two notes of the poll clock (net::ShmPort::note_polling) within one
 /// same-host receive round: 16 packets of 4 KiB ≈ 3 µs of copying, near the doorbell
 /// threshold (ShmConfig::doorbell_threshold_ns, 2 µs).

@@ -241,6 +241,10 @@ struct CompleterState {
   /// requester counts them out of what it has in flight (requester.cpp window_room).
   uint32_t sack_epsn = kNoPsn;
   uint32_t sack_held = 0;
+  /// The runs a selective ACK lists missing (wire::SackReport) are looked at again from this
+  /// time on, ns (completer.cpp repair_listed_runs): at most eight times per smoothed RTT —
+  /// each look scans the resends outstanding, and one comes every kAckEvery packets.
+  uint64_t sack_runs_ns = 0;
   /// Selective mode, READs: one past the last PSN whose missing responses were asked for
   /// again (completer.cpp ask_for_unanswered; kNoPsn: none). A go-back-N rewind sets it to
   /// req.max_psn: it asks for all of that again anyway.
@@ -340,6 +344,8 @@ struct ResponderState {
   /// The requester also understands selective ACKs (Bth::sack on a request accepted in
   /// order): placed packets that ask for an ACK are answered with one (responder.cpp).
   bool peer_sack = false;
+  /// ... and selective ACKs that list the missing ranges (Bth::sack_ranges, likewise).
+  bool peer_sack_ranges = false;
   /// Selective retransmission: packets kept beyond the expected PSN and the gaps reported;
   /// allocated at the first out-of-order packet of a requester that asked for it.
   std::unique_ptr<ReceivedPsns> ooo;

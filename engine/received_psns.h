@@ -164,6 +164,33 @@ class ReceivedPsns {
   uint32_t first_marked(uint32_t from, uint32_t to) const { return first_set(from, to, true); }
   /// The first PSN in [from, to) that is placed, or `to` if none.
   uint32_t first_placed(uint32_t from, uint32_t to) const { return first_set(from, to, false); }
+  /// The first PSN in [from, to) that is not placed, or `to` if none.
+  uint32_t first_unplaced(uint32_t from, uint32_t to) const {
+    uint32_t p = from;
+    while (wire::psn_diff(to, p) > 0) {
+      const uint32_t i = p & mask_;
+      const uint64_t word = ~placed_[i / 64] >> (i % 64);
+      if (word) {
+        const uint32_t q = wire::psn_add(p, static_cast<uint32_t>(__builtin_ctzll(word)));
+        return wire::psn_diff(to, q) > 0 ? q : to;
+      }
+      p = wire::psn_add(p, 64 - i % 64);
+    }
+    return to;
+  }
+  /// The runs of PSNs not placed in [from, next), oldest first, at most `max` of them, as
+  /// closed ranges: what a selective ACK lists as missing (wire::SackReport). Calls
+  /// f(first, last) for each. O(words scanned): the PSNs up to the max-th run's end.
+  template <typename F>
+  void missing_runs(uint32_t from, uint32_t max, F&& f) const {
+    uint32_t p = from;
+    for (uint32_t n = 0; n < max; ++n) {
+      const uint32_t first = first_unplaced(p, next);
+      if (first == next) return;
+      p = first_placed(first, next);
+      f(first, wire::psn_add(p, wire::kPsnMask));
+    }
+  }
 
   /// One past the highest PSN seen out of order or reported (PSNs from the expected one up
   /// to here are placed, reported or pending a report); equals the expected PSN when idle.

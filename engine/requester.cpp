@@ -182,6 +182,7 @@ wire::Headers base_headers(const QueuePair& qp, const SendWqe& w, Transport& t, 
   // Sent before (max_psn is one past the highest PSN ever sent; note_sent moves it after).
   h.bth.resend = h.bth.selective && wire::psn_diff(psn, qp.req.max_psn) < 0;
   h.bth.sack = h.bth.selective;
+  h.bth.sack_ranges = h.bth.selective;
   if (type.service == wire::Service::kUd) {
     const uint32_t own = qp.qpn() == 1 ? ud::kGsiQkey : qp.attr.qkey;  // QP1: the GSI's
     h.deth.qkey = (w.wr.remote_qkey & 0x80000000u) ? own : w.wr.remote_qkey;

@@ -464,6 +464,9 @@ void send_selective_nak(QueuePair& qp, Transport& t, uint32_t first, uint32_t la
 // PSNs beyond the expected one this responder holds (NakCode::kSelectiveAck), so that it
 // counts them out of its flight and goes on sending while the gap is repaired (IRN's SACK,
 // Mittal et al. 2018, 3.2). It acknowledges nothing; a lost one is replaced by the next.
+// To a requester that set Bth::sack_ranges it also lists the oldest runs still missing below
+// the highest PSN received (wire::SackReport), so the requester learns of a lost selective
+// NAK or a lost resend at the next of these, not when the gap becomes its oldest PSN.
 void send_selective_ack(QueuePair& qp, Transport& t, const ReceivedPsns& o) {
   wire::Headers h;
   h.bth.opcode = opcode(qp, Opcode::kAcknowledge);
@@ -471,7 +474,20 @@ void send_selective_ack(QueuePair& qp, Transport& t, const ReceivedPsns& o) {
   h.bth.psn = qp.resp.epsn;
   h.aeth.syndrome = wire::aeth_nak(wire::NakCode::kSelectiveAck);
   h.aeth.msn = std::min<uint32_t>(o.placed_count(), wire::kPsnMask);
-  t.transmit(h, qp.remote_ip, {}, 0);
+  // Copied by transmit() (at most kTransmitCopyBytes): the stack may hold it.
+  uint8_t bytes[wire::sack_report_bytes(wire::SackReport::kSackRangesMax)];
+  uint32_t len = 0;
+  if (qp.resp.peer_sack_ranges && o.next != qp.resp.epsn) {
+    wire::SackReport r;
+    r.highest = psn_add(o.next, wire::kPsnMask);
+    o.missing_runs(qp.resp.epsn, wire::SackReport::kSackRangesMax,
+                   [&](uint32_t first, uint32_t last) {
+                     r.ranges[r.count++] = {first, last};
+                   });
+    len = uint32_t(wire::encode_sack_report(r, bytes));
+  }
+  const iovec v{bytes, len};
+  t.transmit(h, qp.remote_ip, {&v, len ? 1u : 0u}, len);
   bump(t.counters().selective_ack_sent);
 }
 
@@ -790,6 +806,7 @@ void on_request(QueuePair& qp, const wire::Packet& pkt, Transport& t) {
   if (pkt.hdr.bth.selective && psn_diff(qp.resp.epsn, psn) > 0) {
     qp.resp.peer_selective = true;
     qp.resp.peer_sack = pkt.hdr.bth.sack;
+    qp.resp.peer_sack_ranges = pkt.hdr.bth.sack && pkt.hdr.bth.sack_ranges;
   }
   if (qp.resp.ooo) {
     for (uint32_t p = psn; p != qp.resp.epsn; p = psn_add(p, 1)) qp.resp.ooo->clear(p);

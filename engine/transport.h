@@ -49,13 +49,17 @@ enum class PeerLiveness : uint8_t {
 
 /// Services a device provides to its QPs' transport units. All calls happen with the
 /// device lock held.
+/// Payloads of at most this many bytes are copied by Transport::transmit() at once.
+inline constexpr size_t kTransmitCopyBytes = 256;
+
 class Transport {
  public:
   virtual ~Transport() = default;
   /// Queues one packet: `h` (BTH opcode decides which extended headers are written; the
   /// pad count is filled in here) followed by `payload_len` bytes gathered from `payload`,
   /// to `dst_ip`:4791. The ICRC is computed here. Payload memory must stay valid until
-  /// flush(), which every progress round ends with. `h` is taken by reference: a Headers
+  /// flush(), which every progress round ends with — but a payload of at most
+  /// kTransmitCopyBytes is copied before transmit() returns. `h` is taken by reference: a Headers
   /// passed by value is copied with wide loads right after the caller's narrow field stores
   /// (a store-forwarding stall per packet; docs/performance.md).
   virtual void transmit(const wire::Headers& h, uint32_t dst_ip, std::span<const iovec> payload,

@@ -186,10 +186,11 @@ constexpr uint8_t kTverMask = 0x0f;
 constexpr uint8_t kFecnBit = 0x80;
 constexpr uint8_t kBecnBit = 0x40;
 constexpr uint8_t kAckReqBit = 0x80;
-constexpr uint8_t kSelectiveBit = 0x40;  // first bit of resv7 (see Bth::selective)
-constexpr uint8_t kResendBit = 0x20;     // second bit of resv7 (see Bth::resend)
-constexpr uint8_t kSackBit = 0x10;       // third bit of resv7 (see Bth::sack)
-constexpr uint8_t kPlacedBit = 0x08;     // fourth bit of resv7 (see Bth::placed)
+constexpr uint8_t kSelectiveBit = 0x40;   // first bit of resv7 (see Bth::selective)
+constexpr uint8_t kResendBit = 0x20;      // second bit of resv7 (see Bth::resend)
+constexpr uint8_t kSackBit = 0x10;        // third bit of resv7 (see Bth::sack)
+constexpr uint8_t kPlacedBit = 0x08;      // fourth bit of resv7 (see Bth::placed)
+constexpr uint8_t kSackRangesBit = 0x04;  // fifth bit of resv7 (see Bth::sack_ranges)
 
 constexpr uint32_t kRnrTimerUsec[32] = {
     655360, 10,    20,    30,    40,    60,     80,     120,    160,    240,    320,
@@ -222,6 +223,48 @@ const char* to_string(ParseError e) noexcept {
   return "invalid ParseError";
 }
 
+namespace {
+// The one payload a payload-less opcode may carry: a SackReport on an RC/XRC ACKNOWLEDGE whose
+// AETH (its last header) has the selective-ACK syndrome, no pad, 4 + 8 × n bytes.
+bool sack_report_size(const uint8_t* p, const OpcodeInfo& info, uint8_t pad,
+                      size_t payload_bytes) noexcept {
+  if ((p[0] & 0x1f) != static_cast<uint8_t>(Opcode::kAcknowledge) || !(info.mask & kHasAeth) ||
+      pad != 0 || payload_bytes < 4 || (payload_bytes - 4) % 8 != 0 ||
+      payload_bytes > sack_report_bytes(SackReport::kSackRangesMax))
+    return false;
+  return p[info.header_bytes - kAethBytes] == aeth_nak(NakCode::kSelectiveAck);
+}
+}  // namespace
+
+size_t encode_sack_report(const SackReport& r, std::span<uint8_t> out) noexcept {
+  if (r.count > SackReport::kSackRangesMax || out.size() < sack_report_bytes(r.count)) return 0;
+  store32(out.data(), r.highest & kPsnMask);
+  for (uint32_t i = 0; i < r.count; ++i) {
+    store32(out.data() + 4 + 8 * i, r.ranges[i].first & kPsnMask);
+    store32(out.data() + 8 + 8 * i, r.ranges[i].last & kPsnMask);
+  }
+  return sack_report_bytes(r.count);
+}
+
+bool decode_sack_report(std::span<const uint8_t> payload, SackReport& out) noexcept {
+  const size_t n = payload.size();
+  if (n < 4 || (n - 4) % 8 != 0 || n > sack_report_bytes(SackReport::kSackRangesMax)) return false;
+  SackReport r;
+  r.highest = load32(payload.data());
+  r.count = static_cast<uint32_t>((n - 4) / 8);
+  if (r.highest > kPsnMask) return false;
+  for (uint32_t i = 0; i < r.count; ++i) {
+    auto& g = r.ranges[i];
+    g.first = load32(payload.data() + 4 + 8 * i);
+    g.last = load32(payload.data() + 8 + 8 * i);
+    if (g.first > kPsnMask || g.last > kPsnMask || psn_diff(g.last, g.first) < 0 ||
+        psn_diff(r.highest, g.last) <= 0 || (i > 0 && psn_diff(g.first, r.ranges[i - 1].last) <= 1))
+      return false;
+  }
+  out = r;
+  return true;
+}
+
 ParseError parse(std::span<const uint8_t> udp_payload, Packet& out) noexcept {
   const size_t len = udp_payload.size();
   const uint8_t* p = udp_payload.data();
@@ -237,7 +280,8 @@ ParseError parse(std::span<const uint8_t> udp_payload, Packet& out) noexcept {
   const size_t fixed = size_t{info->header_bytes} + pad + kIcrcBytes;
   if (len < fixed) return ParseError::kTruncated;
   const size_t payload_bytes = len - fixed;
-  if (!has_payload && payload_bytes != 0) return ParseError::kBadLength;
+  if (!has_payload && payload_bytes != 0 && !sack_report_size(p, *info, pad, payload_bytes))
+    return ParseError::kBadLength;
 
   // Built in place over a copy of constant defaults: a Headers built on the stack and copied
   // into `out` is read back with 16-byte loads right after narrower stores to the same
@@ -261,6 +305,7 @@ ParseError parse(std::span<const uint8_t> udp_payload, Packet& out) noexcept {
   bth.resend = (p[8] & kResendBit) != 0;
   bth.sack = (p[8] & kSackBit) != 0;
   bth.placed = (p[8] & kPlacedBit) != 0;
+  bth.sack_ranges = (p[8] & kSackRangesBit) != 0;
   bth.psn = load24(p + 9);
 
   const uint8_t* q = p + kBthBytes;
@@ -325,9 +370,10 @@ size_t encode_headers(const Headers& h, std::span<uint8_t> out) noexcept {
   store16(p + 2, bth.pkey);
   p[4] = static_cast<uint8_t>((bth.fecn ? kFecnBit : 0) | (bth.becn ? kBecnBit : 0));
   store24(p + 5, bth.dest_qpn & kQpnMask);
-  p[8] = static_cast<uint8_t>((bth.ack_req ? kAckReqBit : 0) | (bth.selective ? kSelectiveBit : 0) |
-                              (bth.resend ? kResendBit : 0) | (bth.sack ? kSackBit : 0) |
-                              (bth.placed ? kPlacedBit : 0));
+  p[8] =
+      static_cast<uint8_t>((bth.ack_req ? kAckReqBit : 0) | (bth.selective ? kSelectiveBit : 0) |
+                           (bth.resend ? kResendBit : 0) | (bth.sack ? kSackBit : 0) |
+                           (bth.placed ? kPlacedBit : 0) | (bth.sack_ranges ? kSackRangesBit : 0));
   store24(p + 9, bth.psn & kPsnMask);
 
   uint8_t* q = p + kBthBytes;

@@ -170,6 +170,11 @@ struct Bth {
   /// which only a process of this user on this host can write: a receiver drops (and counts
   /// as malformed) any other packet that carries it.
   bool placed = false;
+  /// softrdma's range-list capability, bit 2 of BTH byte 8 (the fifth bit of resv7, covered
+  /// by the ICRC and ignored by other peers): set with `sack` on every request: "my selective
+  /// ACKs may carry the missing ranges" (SackReport). A responder appends them only for a
+  /// requester that set it, so a softrdma built before them never receives such a payload.
+  bool sack_ranges = false;
   uint32_t psn = 0;  ///< 24 bits
 };
 
@@ -241,7 +246,8 @@ enum class ParseError : uint8_t {
   kUnknownOpcode,  ///< opcode_info() returned nullptr
   kBadVersion,     ///< BTH TVer != 0
   kBadPadCount,    ///< pad on a packet type that carries no payload
-  kBadLength,      ///< payload present on a payload-less opcode
+  kBadLength,      ///< payload present on a payload-less opcode (but a SackReport's size
+                   ///< on a selective ACK)
 };
 
 /// Human-readable ParseError name, e.g. "truncated".
@@ -316,9 +322,43 @@ enum class NakCode : uint8_t {
   /// selective NAK it acknowledges nothing: the requester takes the count out of what it
   /// holds in flight (IRN's SACK, Mittal et al., SIGCOMM 2018, 3.2; TCP's pipe, RFC 6675
   /// 4), so a hole at the head no longer stops the window while it is repaired. Sent only to
-  /// requesters whose requests carried Bth::sack.
+  /// requesters whose requests carried Bth::sack. To a requester whose requests also carried
+  /// Bth::sack_ranges it carries a payload, a SackReport: the PSNs still missing below the
+  /// highest one received (IRN's SACK bitmap, as ranges), so a lost selective NAK or a lost
+  /// resend is known at the next selective ACK, wherever its gap lies.
   kSelectiveAck = 0x1e,
 };
+
+/// The payload of a selective ACK (NakCode::kSelectiveAck) to a requester that set
+/// Bth::sack_ranges: 4 bytes, the highest PSN the responder has received (24 bits, big-endian
+/// in 32), then `count` ranges of 8 bytes, each the first and the last PSN of a run still
+/// missing (big-endian in 32 bits each), oldest first, non-overlapping, all below `highest`.
+/// At most kSackRangesMax ranges (132 bytes): the oldest gaps, which hold the window longest;
+/// the rest are reported by later selective ACKs as the oldest are repaired. softrdma's own
+/// extension, in a packet that only a softrdma requester that asked for it receives (IBTA vol
+/// 1, 9.7.5.1: reserved NAK codes). Wireshark decodes the BTH and AETH (NAK, error code 30)
+/// and leaves the list undissected, without an expert warning.
+struct SackReport {
+  static constexpr uint32_t kSackRangesMax = 16;
+  uint32_t highest = 0;
+  uint32_t count = 0;
+  struct Range {
+    uint32_t first = 0;
+    uint32_t last = 0;
+  } ranges[kSackRangesMax];
+};
+/// Bytes of a SackReport of `ranges` ranges on the wire.
+constexpr size_t sack_report_bytes(uint32_t ranges) noexcept {
+  return 4 + size_t{ranges} * 8;
+}
+/// Writes `r` into `out` (at least sack_report_bytes(r.count) bytes). Returns the bytes
+/// written, or 0 when `out` is too small or r.count > kSackRangesMax.
+size_t encode_sack_report(const SackReport& r, std::span<uint8_t> out) noexcept;
+/// Reads a SackReport from a selective ACK's payload. False (nothing kept) when its size is
+/// not 4 + 8 × n for n ≤ kSackRangesMax, or a PSN field has bits above 24, or a range is not
+/// ordered (first ≤ last), not after the one before it, or not below `highest` (PSN order,
+/// IBTA 9.7.1).
+bool decode_sack_report(std::span<const uint8_t> payload, SackReport& out) noexcept;
 
 /// Credit field meaning "end-to-end flow control not used" (invalid credit count).
 inline constexpr uint8_t kCreditsUnlimited = 0x1f;

@@ -1290,6 +1290,85 @@ TEST_F(TransportTest, ASelectiveAckHoldingOnlyPsnsSentBeforeAResendProvesNothing
   EXPECT_EQ(std::memcmp(dst.data(), src.data(), 17 * kMtu), 0);
 }
 
+// The selective NAK of a gap behind the oldest one is lost: +3 and +10 are lost, and of the
+// two selective NAKs only +3's arrives. The selective ACK of the WRITE's last packet lists the
+// runs still missing below the highest PSN received, +3 and +10 (wire::SackReport): +10 was
+// never resent, so its NAK was lost, and it goes at once — not when +3's repair makes it the
+// oldest PSN, a round trip later, and then only after the resend check's 1.5 RTTs.
+TEST_F(TransportTest, ASelectiveAckListingARunWhoseNakWasLostHasItResentAtOnce) {
+  constexpr uint64_t kRtt = 10'000'000;  // 10 ms
+  start_selective_after_one_rtt(kRtt);
+  ASSERT_EQ(post(*a, WrOpcode::kRdmaWrite, kMtu, 16 * kMtu, kMtu, 2), kOk);
+  for (const auto& p : ta->sent) EXPECT_TRUE(parse(p).hdr.bth.sack_ranges);
+  lose(*ta, {3, 10});
+  deliver(*ta, *b, *tb);
+  // Drop the selective NAK of +10; keep the one of +3 and the selective ACK after them.
+  size_t sacks = 0;
+  std::deque<std::vector<uint8_t>> kept;
+  for (auto& bytes : tb->sent) {
+    const wire::Packet p = parse(bytes);
+    if (p.hdr.aeth.syndrome == wire::aeth_nak(wire::NakCode::kSelectiveRetransmit) &&
+        p.hdr.bth.psn == wire::psn_add(kSqPsn, 10))
+      continue;
+    if (p.hdr.aeth.syndrome == wire::aeth_nak(wire::NakCode::kSelectiveAck)) {
+      ++sacks;
+      wire::SackReport r;
+      ASSERT_TRUE(wire::decode_sack_report(p.payload, r));
+      EXPECT_EQ(r.highest, wire::psn_add(kSqPsn, 16));
+      ASSERT_EQ(r.count, 2u);
+      EXPECT_EQ(r.ranges[0].first, wire::psn_add(kSqPsn, 3));
+      EXPECT_EQ(r.ranges[0].last, wire::psn_add(kSqPsn, 3));
+      EXPECT_EQ(r.ranges[1].first, wire::psn_add(kSqPsn, 10));
+      EXPECT_EQ(r.ranges[1].last, wire::psn_add(kSqPsn, 10));
+    }
+    kept.push_back(std::move(bytes));
+  }
+  ASSERT_EQ(sacks, 1u) << "the message's last packet asks for an ACK";
+  tb->sent = std::move(kept);
+  ta->advance(kRtt);
+  deliver(*tb, *a, *ta);
+  ASSERT_EQ(ta->sent.size(), 2u) << "+3 for its NAK, +10 for the selective ACK's list";
+  EXPECT_EQ(parse(ta->sent[0]).hdr.bth.psn, wire::psn_add(kSqPsn, 3));
+  EXPECT_EQ(parse(ta->sent[1]).hdr.bth.psn, wire::psn_add(kSqPsn, 10));
+  EXPECT_EQ(ta->counters_.selective_runs_repaired.load(), 1u);
+  settle();
+  expect_completed({1, 2});
+  EXPECT_EQ(ta->counters_.retransmitted_pkts.load(), 2u) << "each lost PSN once";
+  EXPECT_EQ(ta->counters_.retransmit_timeouts.load(), 0u);
+  EXPECT_EQ(std::memcmp(dst.data(), src.data(), 17 * kMtu), 0);
+}
+
+// Resends lost around the oldest gap: +3 and +10 are lost, resent for their selective NAKs,
+// and both resends are lost too. A second WRITE leaves after the resends; the selective ACK of
+// its last packet still lists +3 and +10 missing below a PSN sent after their resends, and the
+// path keeps order: both go again at once — +3 as the oldest (resend_if_sack_proves_lost), +10
+// for the list (RACK's rule on the listed run), where before it waited to become the oldest.
+TEST_F(TransportTest, ASelectiveAckListingARunResentBeforeItsHighestPsnProvesTheResendLost) {
+  constexpr uint64_t kRtt = 10'000'000;  // 10 ms
+  start_selective_after_one_rtt(kRtt);
+  write_lose_and_answer(16, {3, 10});  // the selective NAKs: +3 and +10 resent
+  ASSERT_EQ(ta->sent.size(), 2u);
+  EXPECT_EQ(ta->counters_.selective_runs_repaired.load(), 0u) << "both NAKs arrived";
+  ta->sent.clear();  // both resends lost
+  ta->advance(kRtt / 2);
+  ASSERT_EQ(post(*a, WrOpcode::kRdmaWrite, 17 * kMtu, 4 * kMtu, 17 * kMtu, 3), kOk);
+  ASSERT_EQ(ta->sent.size(), 4u);  // +17 ... +20, after the resends
+  deliver(*ta, *b, *tb);
+  ta->advance(kRtt / 2);
+  deliver(*tb, *a, *ta);  // the selective ACK of +20, listing +3 and +10
+  ASSERT_EQ(ta->sent.size(), 2u) << "+3 and +10 again, a round trip after their resends";
+  EXPECT_EQ(parse(ta->sent[0]).hdr.bth.psn, wire::psn_add(kSqPsn, 3));
+  EXPECT_EQ(parse(ta->sent[1]).hdr.bth.psn, wire::psn_add(kSqPsn, 10));
+  EXPECT_EQ(ta->counters_.resend_again_pkts.load(), 1u);
+  EXPECT_EQ(ta->counters_.selective_runs_repaired.load(), 1u);
+  deliver(*tb, *a, *ta);  // nothing more: no selective ACK resends them twice
+  EXPECT_EQ(ta->sent.size(), 2u);
+  settle();
+  expect_completed({1, 2, 3});
+  EXPECT_EQ(ta->counters_.retransmit_timeouts.load(), 0u);
+  EXPECT_EQ(std::memcmp(dst.data(), src.data(), 21 * kMtu), 0);
+}
+
 // A resend asks for an ACK (AckReq), even for a middle packet that carried none the first
 // time: when the resend arrived and only its ACK was lost, the responder holds the PSN and
 // re-acknowledges a duplicate only when asked (IBTA 9.7.5.1.3). Without AckReq the resends
@@ -2518,6 +2597,32 @@ TEST(ReceivedPsnsTest, GrowsOnDemandKeepingEveryStateAcrossThePsnWrapUpToItsCap)
   o.shrink_when_idle(kT + ReceivedPsns::kKeepSpanNs);
   EXPECT_EQ(o.span(), ReceivedPsns::kMinSpanPsns);
   EXPECT_EQ(o.memory_bytes(), size_t{ReceivedPsns::kMinSpanPsns} * 9 / 2);
+}
+
+// The runs a selective ACK lists: the PSNs not placed from the expected one up to the highest
+// received, oldest first, at most as many as asked, across the PSN wrap.
+TEST(ReceivedPsnsTest, MissingRunsAreTheUnplacedPsnsBelowNextOldestFirst) {
+  ReceivedPsns o;
+  const uint32_t e = 0xffffc0;  // e + 64 wraps to 0
+  const auto at = [&](uint32_t d) { return wire::psn_add(e, d); };
+  o.sync(e);
+  o.next = e;
+  std::vector<std::pair<uint32_t, uint32_t>> runs;
+  const auto list = [&](uint32_t max) {
+    runs.clear();
+    o.missing_runs(e, max, [&](uint32_t f, uint32_t l) { runs.emplace_back(f, l); });
+  };
+  list(16);
+  EXPECT_TRUE(runs.empty()) << "nothing beyond the expected PSN";
+  for (uint32_t d : {1, 2, 70, 71, 72, 200}) o.mark_placed(at(d), false, 0);
+  o.next = at(201);
+  list(16);
+  using R = std::vector<std::pair<uint32_t, uint32_t>>;
+  EXPECT_EQ(runs, (R{{at(0), at(0)}, {at(3), at(69)}, {at(73), at(199)}}));
+  EXPECT_EQ(o.first_unplaced(at(1), o.next), at(3));
+  EXPECT_EQ(o.first_unplaced(at(200), o.next), o.next);
+  list(2);
+  EXPECT_EQ(runs, (R{{at(0), at(0)}, {at(3), at(69)}}));
 }
 
 // The ACKs of one flight of the window `w` holds now, one per 32 PSNs, from `start_ns` on,

@@ -561,7 +561,7 @@ TEST(Encode, SoftrdmaReservedBitsRoundTrip) {
     uint8_t bit;
   };
   for (Case c : {Case{&Bth::selective, 0x40}, Case{&Bth::resend, 0x20}, Case{&Bth::sack, 0x10},
-                 Case{&Bth::placed, 0x08}}) {
+                 Case{&Bth::placed, 0x08}, Case{&Bth::sack_ranges, 0x04}}) {
     Headers h = sample_headers(Opcode::kSendOnly, 0);
     h.bth.ack_req = false;
     h.bth.*c.field = true;
@@ -574,7 +574,72 @@ TEST(Encode, SoftrdmaReservedBitsRoundTrip) {
     EXPECT_EQ(p.hdr.bth.resend, c.bit == 0x20);
     EXPECT_EQ(p.hdr.bth.sack, c.bit == 0x10);
     EXPECT_EQ(p.hdr.bth.placed, c.bit == 0x08);
+    EXPECT_EQ(p.hdr.bth.sack_ranges, c.bit == 0x04);
     EXPECT_FALSE(p.hdr.bth.ack_req);
+  }
+}
+
+// A selective ACK's list of missing runs: 4 + 8 × n bytes, big-endian PSNs, read back as
+// written (across the PSN wrap); a list that is not ordered, overlaps, reaches the highest
+// PSN, has bits above 24 or a wrong size is refused.
+TEST(SackReport, EncodesBigEndianAndDecodesBackAcrossThePsnWrap) {
+  SackReport r;
+  r.highest = 0x000010;
+  r.count = 3;
+  r.ranges[0] = {0xfffffe, 0xffffff};
+  r.ranges[1] = {0x000002, 0x000002};
+  r.ranges[2] = {0x000005, 0x00000f};
+  std::array<uint8_t, sack_report_bytes(SackReport::kSackRangesMax)> b{};
+  ASSERT_EQ(encode_sack_report(r, b), 28u);
+  EXPECT_EQ(std::vector<uint8_t>(b.begin(), b.begin() + 12),
+            (std::vector<uint8_t>{0, 0, 0, 0x10, 0, 0xff, 0xff, 0xfe, 0, 0xff, 0xff, 0xff}));
+  SackReport d;
+  ASSERT_TRUE(decode_sack_report(std::span(b.data(), 28), d));
+  EXPECT_EQ(d.highest, r.highest);
+  ASSERT_EQ(d.count, 3u);
+  for (uint32_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(d.ranges[i].first, r.ranges[i].first);
+    EXPECT_EQ(d.ranges[i].last, r.ranges[i].last);
+  }
+  EXPECT_TRUE(decode_sack_report(std::span(b.data(), 4), d));  // no run: valid, empty
+  EXPECT_EQ(d.count, 0u);
+  for (size_t n : {0, 3, 5, 11, 13, 27})
+    EXPECT_FALSE(decode_sack_report(std::span(b.data(), n), d)) << n << " bytes";
+  const auto refused = [&](const SackReport& bad) {
+    std::array<uint8_t, sack_report_bytes(SackReport::kSackRangesMax)> e{};
+    const size_t n = encode_sack_report(bad, e);
+    return n && !decode_sack_report(std::span(e.data(), n), d);
+  };
+  SackReport bad = r;
+  bad.ranges[1] = {0x000003, 0x000002};  // last before first
+  EXPECT_TRUE(refused(bad));
+  bad = r;
+  bad.ranges[2] = {0x000002, 0x000004};  // overlaps the one before
+  EXPECT_TRUE(refused(bad));
+  bad = r;
+  bad.ranges[2] = {0x000005, 0x000010};  // reaches the highest PSN received
+  EXPECT_TRUE(refused(bad));
+  b[4] = 0x01;  // a first PSN with a bit above 24
+  EXPECT_FALSE(decode_sack_report(std::span(b.data(), 28), d));
+  bad.count = SackReport::kSackRangesMax + 1;
+  EXPECT_EQ(encode_sack_report(bad, b), 0u);
+}
+
+// parse() lets a SackReport ride on an ACKNOWLEDGE whose AETH is the selective ACK, and only
+// there: the same bytes after any other syndrome, or of another size, are kBadLength.
+TEST(Parse, OnlyASelectiveAckCarriesASackReport) {
+  Headers h = sample_headers(Opcode::kAcknowledge, 0);
+  h.aeth.syndrome = aeth_nak(NakCode::kSelectiveAck);
+  Packet p;
+  for (size_t len : {4, 12, 132}) {
+    ASSERT_EQ(parse(build(h, len), p), ParseError::kOk) << len;
+    EXPECT_EQ(p.payload.size(), len);
+  }
+  for (size_t len : {8, 140}) EXPECT_EQ(parse(build(h, len), p), ParseError::kBadLength) << len;
+  for (uint8_t syn : {aeth_ack(), aeth_nak(NakCode::kSelectiveRetransmit),
+                      aeth_nak(NakCode::kPsnSequenceError)}) {
+    h.aeth.syndrome = syn;
+    EXPECT_EQ(parse(build(h, 12), p), ParseError::kBadLength) << int(syn);
   }
 }
 
