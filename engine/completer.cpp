@@ -402,25 +402,27 @@ bool kept_beyond_gap(QueuePair& qp, PsnRange r) {
 // - when that PSN's latest resend left before PSN `highest` was first sent: a later packet
 //   arrived, the path keeps order, so the resend was lost (RACK, RFC 8985 6.2); not judged
 //   again.
-// Otherwise (the old rule) such a loss waited until its gap became the oldest PSN. Only runs
-// of packets the responder keeps beyond a gap (kept_beyond_gap): a SEND run listed behind a
-// gap waits for that gap, and resent now it would be dropped again. A lost NAK's run is judged
+// Otherwise (the old rule) such a loss waited until its gap became the oldest PSN. A lost
+// NAK's run is resent whatever it holds, once, as the NAK would have had it; a lost resend only
+// for runs of packets the responder keeps beyond a gap (kept_beyond_gap): a SEND run resent
+// behind a gap still open is dropped there again — "lost" by this rule at every look until the
+// gap is repaired — so it waits for that gap, as before. A lost NAK's run is judged
 // as the NAK would have been (repair_range); a forged list costs resends of PSNs that were
 // sent, nothing else.
 void repair_listed_runs(QueuePair& qp, Transport& t, const wire::SackReport& rep) {
   if (rep.count == 0 || qp.req.recovery == Recovery::kGoBackN || qp.req.rnr_wait()) return;
   const uint64_t now = t.now_ns();
   if (now < qp.comp.sack_runs_ns) return;
-  qp.comp.sack_runs_ns = now + qp.req.window.srtt_ns() / 8;
   for (uint32_t i = 0; i < rep.count; ++i) {
     const PsnRange r{rep.ranges[i].first, rep.ranges[i].last};
-    if (psn_diff(r.first, qp.comp.psn) <= 0) continue;  // the oldest's, or acknowledged
+    if (psn_diff(r.first, qp.comp.psn) <= 0) continue;         // the oldest's, or acknowledged
+    qp.comp.sack_runs_ns = now + qp.req.window.srtt_ns() / 8;  // a look at a run: the cost
     const bool queued = std::any_of(qp.req.retx.begin(), qp.req.retx.end(), [&](const PsnRange& q) {
       return psn_diff(r.first, q.first) >= 0 && psn_diff(q.last, r.first) >= 0;
     });
-    if (queued || !kept_beyond_gap(qp, r)) continue;
+    if (queued) continue;
     const CompleterState::Resent* last = last_resend(qp, r.first);
-    if (last && psn_diff(rep.highest, last->max_psn) < 0) continue;  // may be on its way
+    if (last && (!kept_beyond_gap(qp, r) || psn_diff(rep.highest, last->max_psn) < 0)) continue;
     bump(t.counters().selective_runs_repaired);
     if (last)
       repair_range(qp, t, r, "resend lost (selective ACK's list)", /*judge=*/false);

@@ -241,9 +241,10 @@ struct CompleterState {
   /// requester counts them out of what it has in flight (requester.cpp window_room).
   uint32_t sack_epsn = kNoPsn;
   uint32_t sack_held = 0;
-  /// The runs a selective ACK lists missing (wire::SackReport) are looked at again from this
-  /// time on, ns (completer.cpp repair_listed_runs): at most eight times per smoothed RTT —
-  /// each look scans the resends outstanding, and one comes every kAckEvery packets.
+  /// The runs a selective ACK lists missing (wire::SackReport) beyond the oldest PSN are looked
+  /// at again from this time on, ns (completer.cpp repair_listed_runs): at most eight times
+  /// per smoothed RTT — each look scans the resends outstanding, and a selective ACK comes
+  /// every kAckEvery packets. A list of the oldest run alone costs no look.
   uint64_t sack_runs_ns = 0;
   /// Selective mode, READs: one past the last PSN whose missing responses were asked for
   /// again (completer.cpp ask_for_unanswered; kNoPsn: none). A go-back-N rewind sets it to

@@ -1338,6 +1338,64 @@ TEST_F(TransportTest, ASelectiveAckListingARunWhoseNakWasLostHasItResentAtOnce) 
   EXPECT_EQ(std::memcmp(dst.data(), src.data(), 17 * kMtu), 0);
 }
 
+// A SEND run behind a gap: WRITE +1 ... +8, SEND +9 ... +12, WRITE +13 ... +20; +3 is lost,
+// and so are every selective NAK (of +3 and of the SEND packets, which the responder cannot
+// keep beyond a gap). The selective ACK of +20 lists +3 and +9 ... +12: the SEND run was never
+// resent, so its NAKs were lost, and it goes at once, as they would have had it. Those resends
+// reach the responder behind the open gap at +3 and are dropped again; the next selective ACK
+// (a WRITE sent after them) lists the run once more, but a resent SEND run is not resent from
+// the list — it would be dropped again while the gap stays — and waits for +3, which the
+// resend check sends after 1.5 RTTs. Everything completes without a retransmit timeout.
+TEST_F(TransportTest, ASendRunWhoseNakWasLostIsResentOnceFromTheListThenWaitsForTheGapBeforeIt) {
+  constexpr uint64_t kRtt = 10'000'000;  // 10 ms
+  start_selective_after_one_rtt(kRtt);
+  post_recv(*b, 4 * kMtu);
+  ASSERT_EQ(post(*a, WrOpcode::kRdmaWrite, kMtu, 8 * kMtu, kMtu, 2), kOk);
+  ASSERT_EQ(post(*a, WrOpcode::kSend, 9 * kMtu, 4 * kMtu, 0, 3), kOk);
+  ASSERT_EQ(post(*a, WrOpcode::kRdmaWrite, 13 * kMtu, 8 * kMtu, 13 * kMtu, 4), kOk);
+  lose(*ta, {3});
+  deliver(*ta, *b, *tb);
+  std::deque<std::vector<uint8_t>> kept;
+  for (auto& bytes : tb->sent)
+    if (parse(bytes).hdr.aeth.syndrome != wire::aeth_nak(wire::NakCode::kSelectiveRetransmit))
+      kept.push_back(std::move(bytes));
+  tb->sent = std::move(kept);
+  ta->advance(kRtt);
+  deliver(*tb, *a, *ta);
+  ASSERT_EQ(ta->sent.size(), 4u) << "the SEND run, for the list";
+  for (uint32_t i = 0; i < 4; ++i)
+    EXPECT_EQ(parse(ta->sent[i]).hdr.bth.psn, wire::psn_add(kSqPsn, 9 + i));
+  EXPECT_EQ(ta->counters_.selective_runs_repaired.load(), 1u);
+  ASSERT_EQ(post(*a, WrOpcode::kRdmaWrite, 21 * kMtu, 2 * kMtu, 21 * kMtu, 5), kOk);
+  deliver(*ta, *b, *tb);  // the SEND resends behind the gap, then +21 and +22
+  ta->sent.clear();
+  ta->advance(kRtt / 4);
+  deliver(*tb, *a, *ta);  // the selective ACK of +22 lists +3 and +9 ... +12 again
+  EXPECT_TRUE(ta->sent.empty()) << "a resent SEND run waits for the gap before it";
+  EXPECT_EQ(ta->counters_.selective_runs_repaired.load(), 1u);
+  ta->advance(kRtt * 3 / 2);
+  run_requester_timers();  // the resend check: +3
+  settle();
+  for (int i = 0;
+       i < 4 && ta->counters_.retransmit_timeouts.load() == 0 && a->sq_base != a->sq_end(); ++i) {
+    ta->advance(kRtt * 3 / 2);
+    run_requester_timers();
+    settle();
+  }
+  std::vector<uint64_t> sends;
+  bool received = false;
+  for (const Cqe& c : drain()) {
+    EXPECT_EQ(c.status, WcStatus::kSuccess) << "wr " << c.wr_id;
+    if (c.opcode == WcOpcode::kRecv)
+      received = true;
+    else
+      sends.push_back(c.wr_id);
+  }
+  EXPECT_TRUE(received);
+  EXPECT_EQ(sends, (std::vector<uint64_t>{1, 2, 3, 4, 5}));
+  EXPECT_EQ(ta->counters_.retransmit_timeouts.load(), 0u);
+}
+
 // Resends lost around the oldest gap: +3 and +10 are lost, resent for their selective NAKs,
 // and both resends are lost too. A second WRITE leaves after the resends; the selective ACK of
 // its last packet still lists +3 and +10 missing below a PSN sent after their resends, and the

@@ -114,6 +114,20 @@ std::vector<uint32_t> expected_icrcs(const std::string& file,
   return out;
 }
 
+// Frames in the pcap file `path` (0 when it cannot be read; a frame still being written at
+// the end is not counted).
+size_t frames_in(const std::string& path) {
+  char err[PCAP_ERRBUF_SIZE];
+  pcap_t* p = pcap_open_offline(path.c_str(), err);
+  if (!p) return 0;
+  size_t n = 0;
+  pcap_pkthdr* h;
+  const u_char* data;
+  while (pcap_next_ex(p, &h, &data) == 1) ++n;
+  pcap_close(p);
+  return n;
+}
+
 using Env = std::vector<std::pair<std::string, std::string>>;
 
 // Runs the exchange with `path_env` added to both roles' environment, checks what the
@@ -197,7 +211,12 @@ void exchange_and_check(const Env& path_env, bool compare_tcpdump, std::vector<D
   run_roles(spec);
 
   if (tcpdump > 0) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    // SIGINT ends tcpdump's loop, and what it has not read from the socket by then is lost:
+    // wait until it has written as many frames as the device recorded (a fixed 300 ms
+    // assumed tcpdump had a free core; at most 20 s, then the comparison below tells).
+    const size_t recorded = frames_in(ours);
+    for (int i = 0; i < 1000 && frames_in(theirs) < recorded; ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
     ::kill(tcpdump, SIGINT);
     int status = 0;
     ::waitpid(tcpdump, &status, 0);
