@@ -129,7 +129,9 @@ inline constexpr Param kParams[] = {
      .doc = "selective retransmission between softrdma peers (IRN-style, docs/wide-area.md): "
             "requests carry a reserved BTH bit; a responder with it on keeps WRITE segments "
             "that arrive out of order, NAKs only the missing PSNs and says how many it holds "
-            "(selective ACKs), so the requester's window counts only what is in flight; a "
+            "and which runs are still missing (selective ACKs), so the requester's window "
+            "counts only what is in flight and a lost NAK or resend is sent again within a "
+            "round trip; a "
             "requester places READ responses that arrive out of order and asks for the lost "
             "ones alone. 0: "
             "go-back-N only, as with any other RoCE peer"},

@@ -1,6 +1,7 @@
 // /proc/<pid>/stat as a liveness oracle: see peer_liveness.h.
 #include "net/peer_liveness.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <unistd.h>
@@ -25,6 +26,45 @@ const char* to_string(ProcessState s) {
   }
   return "?";
 }
+
+namespace {
+// The state letter of a /proc stat line ("pid (comm) S …": comm may hold spaces and
+// parentheses, so it is read after the last ')'), or 0.
+char state_letter(const char* line) {
+  const char* p = std::strrchr(line, ')');
+  return p && p[1] == ' ' ? p[2] : 0;
+}
+
+// Whether any thread of `pid` is runnable ('R' in /proc/<pid>/task/<tid>/stat). The process's
+// own stat line gives its main thread's state only, and a softrdma device's progress thread
+// may be the one waiting for a CPU while the main thread sleeps in ibv_get_cq_event.
+bool any_thread_runnable(uint32_t pid) {
+  char dir[40];
+  std::snprintf(dir, sizeof dir, "/proc/%u/task", pid);
+  DIR* d = ::opendir(dir);
+  if (!d) return false;
+  bool runnable = false;
+  while (const dirent* e = ::readdir(d)) {
+    if (e->d_name[0] < '0' || e->d_name[0] > '9') continue;
+    char path[320];
+    std::snprintf(path, sizeof path, "%s/%s/stat", dir, e->d_name);
+    char buf[512];
+    ssize_t n = -1;
+    if (const int fd = ::open(path, O_RDONLY | O_CLOEXEC); fd >= 0) {
+      n = ::read(fd, buf, sizeof buf - 1);
+      ::close(fd);
+    }
+    if (n <= 0) continue;
+    buf[n] = '\0';
+    if (state_letter(buf) == 'R') {
+      runnable = true;
+      break;
+    }
+  }
+  ::closedir(d);
+  return runnable;
+}
+}  // namespace
 
 ProcessSample sample_process(uint32_t pid) {
   ProcessSample s;
@@ -61,7 +101,7 @@ ProcessSample sample_process(uint32_t pid) {
       s.state = ProcessState::kStopped;
       break;
     default:
-      s.state = ProcessState::kSleeping;
+      s.state = any_thread_runnable(pid) ? ProcessState::kRunnable : ProcessState::kSleeping;
       break;
   }
   // Fields after the state: 4 ppid … 13 majflt, 14 utime, 15 stime (proc(5)).

@@ -20,7 +20,7 @@ namespace softrdma::net {
 /// What proc(5) says of a process.
 enum class ProcessState : uint8_t {
   kGone,      ///< no such process, or a zombie / dead task ('Z', 'X'): it will never answer
-  kRunnable,  ///< running or waiting for a CPU ('R')
+  kRunnable,  ///< running or waiting for a CPU ('R', of any of its threads)
   kSleeping,  ///< waiting for an event ('S', 'D', 'I', …): it runs when a packet wakes it
   kStopped,   ///< stopped by a signal or a tracer ('T', 't'): alive, answers after SIGCONT
 };
@@ -34,7 +34,10 @@ struct ProcessSample {
   uint64_t cpu_ticks = 0;
 };
 
-/// Reads /proc/<pid>/stat (fields 3, 14 and 15 of proc(5)). kGone when the file is absent
+/// Reads /proc/<pid>/stat (fields 3, 14 and 15 of proc(5)); a process whose main thread
+/// sleeps is kRunnable when another of its threads is ('R' in /proc/<pid>/task/*/stat: a
+/// device's progress thread waiting for a CPU while the application blocks in
+/// ibv_get_cq_event). kGone when the file is absent
 /// (and kill(pid, 0) says ESRCH) or the state is 'Z'/'X'. When /proc cannot be read but
 /// kill(pid, 0) finds the process, kSleeping (alive, nothing more known). Never blocks.
 ProcessSample sample_process(uint32_t pid);
