@@ -333,14 +333,15 @@ void fast_retry(QueuePair& qp, Transport& t) {
   retry_from(qp, qp.comp.psn, "response out of order");
 }
 
-// A selective NAK: PSNs [BTH.PSN, AETH.MSN] are missing at the responder, which kept what
-// came around them. Queue exactly that range for the requester; acknowledge nothing. The
-// window halves once per recovery episode (the first loss of what was in flight then).
 // Resends the PSNs [r.first, r.last] (all sent before) that the responder reports missing —
 // a selective NAK's range, or a run a selective ACK lists whose NAK or resend was lost
 // (`cause`): queued in req.retx, sent before any new PSN. With `judge`, the loss is judged
 // first (judge_loss); a lost resend's loss was judged at its NAK, as resend_head_again's is.
 void repair_range(QueuePair& qp, Transport& t, PsnRange r, const char* cause, bool judge = true);
+
+// A selective NAK: PSNs [BTH.PSN, AETH.MSN] are missing at the responder, which kept what
+// came around them. Queue exactly that range for the requester; acknowledge nothing. The
+// window halves once per recovery episode (the first loss of what was in flight then).
 
 void on_selective_nak(QueuePair& qp, const wire::Packet& pkt, Transport& t) {
   bump(t.counters().selective_nak_rcvd);
@@ -392,7 +393,7 @@ bool kept_beyond_gap(QueuePair& qp, PsnRange r) {
   return false;
 }
 
-// A selective ACK's list of runs still missing below the highest PSN received (wire::
+// A selective ACK's list of runs still missing up to the highest PSN that arrived (wire::
 // SackReport; to a requester that set Bth::sack_ranges). A run other than the one at the
 // oldest unacknowledged PSN (resend_if_sack_proves_lost and the resend check watch that one)
 // is repaired again
@@ -486,7 +487,7 @@ void on_selective_ack(QueuePair& qp, const wire::Packet& pkt, Transport& t) {
   resend_if_sack_proves_lost(qp, t, epsn, held);
   if (!pkt.payload.empty()) {
     wire::SackReport rep;
-    // The list must name PSNs sent, below the highest one received, which was sent too.
+    // The list must name PSNs sent, up to the highest one that arrived, which was sent too.
     if (!wire::decode_sack_report(pkt.payload, rep) || psn_diff(rep.highest, epsn) < 0 ||
         psn_diff(rep.highest, qp.req.max_psn) >= 0 ||
         (rep.count && psn_diff(rep.ranges[0].first, epsn) < 0)) {

@@ -464,8 +464,8 @@ void send_selective_nak(QueuePair& qp, Transport& t, uint32_t first, uint32_t la
 // PSNs beyond the expected one this responder holds (NakCode::kSelectiveAck), so that it
 // counts them out of its flight and goes on sending while the gap is repaired (IRN's SACK,
 // Mittal et al. 2018, 3.2). It acknowledges nothing; a lost one is replaced by the next.
-// To a requester that set Bth::sack_ranges it also lists the oldest runs still missing below
-// the highest PSN received (wire::SackReport), so the requester learns of a lost selective
+// To a requester that set Bth::sack_ranges it also lists the oldest runs not kept up to the
+// highest PSN that has arrived (wire::SackReport), so the requester learns of a lost selective
 // NAK or a lost resend at the next of these, not when the gap becomes its oldest PSN.
 void send_selective_ack(QueuePair& qp, Transport& t, const ReceivedPsns& o) {
   wire::Headers h;

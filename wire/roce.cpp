@@ -258,7 +258,7 @@ bool decode_sack_report(std::span<const uint8_t> payload, SackReport& out) noexc
     g.first = load32(payload.data() + 4 + 8 * i);
     g.last = load32(payload.data() + 8 + 8 * i);
     if (g.first > kPsnMask || g.last > kPsnMask || psn_diff(g.last, g.first) < 0 ||
-        psn_diff(r.highest, g.last) <= 0 || (i > 0 && psn_diff(g.first, r.ranges[i - 1].last) <= 1))
+        psn_diff(r.highest, g.last) < 0 || (i > 0 && psn_diff(g.first, r.ranges[i - 1].last) <= 1))
       return false;
   }
   out = r;

@@ -330,9 +330,10 @@ enum class NakCode : uint8_t {
 };
 
 /// The payload of a selective ACK (NakCode::kSelectiveAck) to a requester that set
-/// Bth::sack_ranges: 4 bytes, the highest PSN the responder has received (24 bits, big-endian
-/// in 32), then `count` ranges of 8 bytes, each the first and the last PSN of a run still
-/// missing (big-endian in 32 bits each), oldest first, non-overlapping, all below `highest`.
+/// Bth::sack_ranges: 4 bytes, the highest PSN that has reached the responder (24 bits,
+/// big-endian in 32; kept or not: a SEND beyond a gap arrives and is dropped), then `count`
+/// ranges of 8 bytes, each the first and the last PSN of a run not kept (big-endian in 32 bits
+/// each), oldest first, non-overlapping, none beyond `highest`.
 /// At most kSackRangesMax ranges (132 bytes): the oldest gaps, which hold the window longest;
 /// the rest are reported by later selective ACKs as the oldest are repaired. softrdma's own
 /// extension, in a packet that only a softrdma requester that asked for it receives (IBTA vol
@@ -356,7 +357,7 @@ constexpr size_t sack_report_bytes(uint32_t ranges) noexcept {
 size_t encode_sack_report(const SackReport& r, std::span<uint8_t> out) noexcept;
 /// Reads a SackReport from a selective ACK's payload. False (nothing kept) when its size is
 /// not 4 + 8 × n for n ≤ kSackRangesMax, or a PSN field has bits above 24, or a range is not
-/// ordered (first ≤ last), not after the one before it, or not below `highest` (PSN order,
+/// ordered (first ≤ last), not after the one before it, or beyond `highest` (PSN order,
 /// IBTA 9.7.1).
 bool decode_sack_report(std::span<const uint8_t> payload, SackReport& out) noexcept;
 

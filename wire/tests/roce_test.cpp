@@ -617,8 +617,13 @@ TEST(SackReport, EncodesBigEndianAndDecodesBackAcrossThePsnWrap) {
   bad.ranges[2] = {0x000002, 0x000004};  // overlaps the one before
   EXPECT_TRUE(refused(bad));
   bad = r;
-  bad.ranges[2] = {0x000005, 0x000010};  // reaches the highest PSN received
+  bad.ranges[2] = {0x000005, 0x000011};  // beyond the highest PSN that arrived
   EXPECT_TRUE(refused(bad));
+  SackReport to_highest = r;
+  to_highest.ranges[2] = {0x000005, 0x000010};  // up to it: it arrived and was not kept
+  ASSERT_EQ(encode_sack_report(to_highest, b), 28u);
+  EXPECT_TRUE(decode_sack_report(std::span(b.data(), 28), d));
+  ASSERT_EQ(encode_sack_report(r, b), 28u);
   b[4] = 0x01;  // a first PSN with a bit above 24
   EXPECT_FALSE(decode_sack_report(std::span(b.data(), 28), d));
   bad.count = SackReport::kSackRangesMax + 1;
