@@ -161,22 +161,16 @@ class ReceivedPsns {
     return placed;
   }
   /// The first PSN in [from, to) that is placed or reported, or `to` if none.
-  uint32_t first_marked(uint32_t from, uint32_t to) const { return first_set(from, to, true); }
+  uint32_t first_marked(uint32_t from, uint32_t to) const {
+    return first_where(from, to, [this](uint32_t w) { return placed_[w] | reported_[w]; });
+  }
   /// The first PSN in [from, to) that is placed, or `to` if none.
-  uint32_t first_placed(uint32_t from, uint32_t to) const { return first_set(from, to, false); }
+  uint32_t first_placed(uint32_t from, uint32_t to) const {
+    return first_where(from, to, [this](uint32_t w) { return placed_[w]; });
+  }
   /// The first PSN in [from, to) that is not placed, or `to` if none.
   uint32_t first_unplaced(uint32_t from, uint32_t to) const {
-    uint32_t p = from;
-    while (wire::psn_diff(to, p) > 0) {
-      const uint32_t i = p & mask_;
-      const uint64_t word = ~placed_[i / 64] >> (i % 64);
-      if (word) {
-        const uint32_t q = wire::psn_add(p, static_cast<uint32_t>(__builtin_ctzll(word)));
-        return wire::psn_diff(to, q) > 0 ? q : to;
-      }
-      p = wire::psn_add(p, 64 - i % 64);
-    }
-    return to;
+    return first_where(from, to, [this](uint32_t w) { return ~placed_[w]; });
   }
   /// The runs of PSNs not placed in [from, next), oldest first, at most `max` of them, as
   /// closed ranges: what a selective ACK lists as missing (wire::SackReport). Calls
@@ -234,12 +228,14 @@ class ReceivedPsns {
                 "the ring must divide the PSN space");
   static_assert(kMaxSpanPsns <= (wire::kPsnMask + 1) / 4,
                 "below 2^23: ahead and behind stay distinct (IBTA 9.7.1)");
-  // The first PSN in [from, to) that is placed (or, with `or_reported`, reported), or `to`.
-  uint32_t first_set(uint32_t from, uint32_t to, bool or_reported) const {
+  // The first PSN in [from, to) whose bit is set in word_of(w), the ring's word w of some
+  // combination of the bitmaps, or `to` if none. O(words scanned).
+  template <typename W>
+  uint32_t first_where(uint32_t from, uint32_t to, W&& word_of) const {
     uint32_t p = from;
     while (wire::psn_diff(to, p) > 0) {
       const uint32_t i = p & mask_;
-      const uint64_t word = (placed_[i / 64] | (or_reported ? reported_[i / 64] : 0)) >> (i % 64);
+      const uint64_t word = word_of(i / 64) >> (i % 64);
       if (word) {
         const uint32_t q = wire::psn_add(p, static_cast<uint32_t>(__builtin_ctzll(word)));
         return wire::psn_diff(to, q) > 0 ? q : to;

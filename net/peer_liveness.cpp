@@ -28,11 +28,23 @@ const char* to_string(ProcessState s) {
 }
 
 namespace {
-// The state letter of a /proc stat line ("pid (comm) S …": comm may hold spaces and
-// parentheses, so it is read after the last ')'), or 0.
-char state_letter(const char* line) {
+// Reads the /proc stat line at `path` into buf (NUL-terminated); returns its length, or
+// <= 0 when it cannot be read.
+ssize_t read_stat(const char* path, char (&buf)[512]) {
+  ssize_t n = -1;
+  if (const int fd = ::open(path, O_RDONLY | O_CLOEXEC); fd >= 0) {
+    n = ::read(fd, buf, sizeof buf - 1);
+    ::close(fd);
+  }
+  buf[n > 0 ? n : 0] = '\0';
+  return n;
+}
+
+// Where the state letter of a /proc stat line is ("pid (comm) S …": comm may hold spaces and
+// parentheses, so it is read after the last ')'), or nullptr.
+const char* state_field(const char* line) {
   const char* p = std::strrchr(line, ')');
-  return p && p[1] == ' ' ? p[2] : 0;
+  return p && p[1] == ' ' && p[2] != '\0' ? p + 2 : nullptr;
 }
 
 // Whether any thread of `pid` is runnable ('R' in /proc/<pid>/task/<tid>/stat). The process's
@@ -49,14 +61,8 @@ bool any_thread_runnable(uint32_t pid) {
     char path[320];
     std::snprintf(path, sizeof path, "%s/%s/stat", dir, e->d_name);
     char buf[512];
-    ssize_t n = -1;
-    if (const int fd = ::open(path, O_RDONLY | O_CLOEXEC); fd >= 0) {
-      n = ::read(fd, buf, sizeof buf - 1);
-      ::close(fd);
-    }
-    if (n <= 0) continue;
-    buf[n] = '\0';
-    if (state_letter(buf) == 'R') {
+    if (read_stat(path, buf) <= 0) continue;
+    if (const char* st = state_field(buf); st && *st == 'R') {
       runnable = true;
       break;
     }
@@ -72,22 +78,16 @@ ProcessSample sample_process(uint32_t pid) {
   char path[32];
   std::snprintf(path, sizeof path, "/proc/%u/stat", pid);
   char buf[512];
-  ssize_t n = -1;
-  if (const int fd = ::open(path, O_RDONLY | O_CLOEXEC); fd >= 0) {
-    n = ::read(fd, buf, sizeof buf - 1);
-    ::close(fd);
-  }
+  const ssize_t n = read_stat(path, buf);
   if (n <= 0) {
     // No /proc (or not this pid namespace's): kill() still tells alive from gone.
     if (::kill(static_cast<pid_t>(pid), 0) == 0 || errno == EPERM)
       s.state = ProcessState::kSleeping;
     return s;
   }
-  buf[n] = '\0';
-  // "pid (comm) S ppid …": comm may hold spaces and parentheses, so parse after the last ')'.
-  const char* p = std::strrchr(buf, ')');
-  if (p == nullptr || p[1] != ' ' || p[2] == '\0') return s;
-  const char state = p[2];
+  const char* st = state_field(buf);
+  if (st == nullptr) return s;
+  const char state = *st;
   switch (state) {
     case 'Z':
     case 'X':
@@ -105,7 +105,7 @@ ProcessSample sample_process(uint32_t pid) {
       break;
   }
   // Fields after the state: 4 ppid … 13 majflt, 14 utime, 15 stime (proc(5)).
-  const char* q = p + 3;
+  const char* q = st + 1;
   for (int field = 4; field < 14 && q; ++field) {
     q = std::strchr(q, ' ');
     if (q) ++q;
