@@ -127,8 +127,9 @@ inline constexpr Param kParams[] = {
      .default_value = 1,
      .default_text = "1",
      .doc = "selective retransmission between softrdma peers (IRN-style, docs/wide-area.md): "
-            "requests carry a reserved BTH bit; a responder with it on keeps WRITE segments "
-            "that arrive out of order, NAKs only the missing PSNs and says how many it holds "
+            "requests carry a reserved BTH bit; a responder with it on keeps what arrives out "
+            "of order (places WRITE segments, stages SENDs to execute in order), NAKs only "
+            "the missing PSNs and says how many it holds "
             "and which runs are still missing (selective ACKs), so the requester's window "
             "counts only what is in flight and a lost NAK or resend is sent again within a "
             "round trip; a "

@@ -381,13 +381,14 @@ void repair_range(QueuePair& qp, Transport& t, PsnRange r, const char* cause, bo
 }
 
 // Whether every packet of the PSNs [r.first, r.last] is one a selective responder keeps
-// beyond a gap: an RDMA WRITE's (responder.cpp place_early: not a SEND, READ, atomic, nor the
-// last packet of a WRITE with immediate, which consumes a receive WQE).
+// beyond a gap: an RDMA WRITE's (placed: responder.cpp place_early) or a SEND's (staged:
+// stage_early, as is the last packet of a WRITE with immediate) — not a READ request or an
+// atomic, which execute in order only.
 bool kept_beyond_gap(QueuePair& qp, PsnRange r) {
   for (uint64_t idx = requester::find_wqe(qp, r.first); idx < qp.sq_end(); ++idx) {
     const SendWqe& w = qp.wqe(idx);
-    if (!w.started || w.info().cls != WrClass::kWrite) return false;
-    if (w.info().has_imm && psn_diff(r.last, w.last_psn()) >= 0) return false;
+    const WrClass c = w.info().cls;
+    if (!w.started || (c != WrClass::kWrite && c != WrClass::kSend)) return false;
     if (psn_diff(w.last_psn(), r.last) >= 0) return true;
   }
   return false;
@@ -405,9 +406,9 @@ bool kept_beyond_gap(QueuePair& qp, PsnRange r) {
 //   again.
 // Otherwise (the old rule) such a loss waited until its gap became the oldest PSN. A lost
 // NAK's run is resent whatever it holds, once, as the NAK would have had it; a lost resend only
-// for runs of packets the responder keeps beyond a gap (kept_beyond_gap): a SEND run resent
-// behind a gap still open is dropped there again — "lost" by this rule at every look until the
-// gap is repaired — so it waits for that gap, as before. A lost NAK's run is judged
+// for runs of packets the responder keeps beyond a gap (kept_beyond_gap): a READ request
+// resent behind a gap still open is dropped there again — "lost" by this rule at every look
+// until the gap is repaired — so it waits for that gap, as before. A lost NAK's run is judged
 // as the NAK would have been (repair_range); a forged list costs resends of PSNs that were
 // sent, nothing else.
 void repair_listed_runs(QueuePair& qp, Transport& t, const wire::SackReport& rep) {

@@ -39,10 +39,12 @@ namespace softrdma::engine {
   X(selective_nak_repeated,                                                                        \
     "selective NAKs naming a gap again: a placed copy asked for an ACK (once per expected PSN)")   \
   X(ooo_placed, "request packets placed out of order (selective retransmission)")                  \
+  X(ooo_staged,                                                                                    \
+    "SEND / WRITE-with-immediate packets beyond a gap kept to execute in order (selective)")       \
   X(ooo_read_responses, "READ responses placed out of order (selective retransmission)")           \
   X(read_gap_requests, "READ requests for responses a gap lacks (selective retransmission)")       \
   X(ooo_refused,                                                                                   \
-    "out-of-order WRITEs not placed: checks failed, zero length, not after a kept PSN")            \
+    "out-of-order WRITEs/SENDs not kept: checks failed, zero length, not after a kept PSN")        \
   X(ooo_contested, "second copies of a PSN placed out of order that differ: both dropped, resent") \
   X(ooo_unplaced,                                                                                  \
     "PSNs placed out of order then forgotten: an unmarked packet arrived behind them")             \

@@ -9,6 +9,7 @@
 #include <bit>
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <vector>
 
 #include "engine/congestion_window.h"
@@ -34,6 +35,19 @@ struct WritePlacement {
   uint64_t va = 0;          ///< RETH virtual address of the first byte
 };
 
+/// A request kept beyond a gap whose effects need the in-order state: a SEND packet (its
+/// receive WQE is taken in order, and the offset of a MIDDLE or LAST in it is known only from
+/// the packets before) or the last packet of a WRITE with immediate data (it consumes a
+/// receive WQE). Its parsed headers and a copy of its payload, executed as if it had just
+/// arrived when the expected PSN reaches it (responder.cpp stage_early).
+struct StagedRequest {
+  wire::Headers hdr;
+  const wire::OpcodeInfo* info = nullptr;
+  std::vector<uint8_t> payload;  ///< data bytes, pad excluded
+  /// The packet to execute (its payload points into this object).
+  wire::Packet packet() const { return {hdr, info, payload}; }
+};
+
 /// PSN states beyond the expected PSN, as ring bitmaps (placed, ends-a-message, reported,
 /// contested: 1 bit each) and a digest (4 bytes) per PSN, indexed by PSN mod span(). The
 /// span is a power of two (so it divides 2^24 and the ring stays consistent across the PSN
@@ -43,11 +57,11 @@ struct WritePlacement {
 /// transport sets less); it goes back to kMinSpanPsns when nothing is beyond the expected
 /// PSN and the span has not been needed for a second (shrink_when_idle()). Memory: 4.5 bytes per
 /// PSN of span (memory_bytes()) — 4.5 KiB at first, 288 KiB at 2^16 PSNs, 18 MiB at 2^22 — plus at
-/// most kMaxWrites WRITE records; a QP pays for the distance its losses opened, not for the largest
-/// window. Every operation is O(1) or O(log messages) — no scan over the window per packet;
-/// first_marked() scans words of 64 PSNs, bounded by the gap it reports; ranges are marked
-/// and cleared a word at a time; growing copies the set bits, O(span / 64 + set bits),
-/// amortised over the doubling.
+/// most kMaxWrites WRITE records and the staged requests' copies (at most max_staged_bytes); a QP
+/// pays for the distance its losses opened, not for the largest window. Every operation is O(1) or
+/// O(log messages) — no scan over the window per packet; first_marked() scans words of 64 PSNs,
+/// bounded by the gap it reports; ranges are marked and cleared a word at a time; growing copies
+/// the set bits, O(span / 64 + set bits), amortised over the doubling.
 class ReceivedPsns {
  public:
   /// The first span, PSNs (4.5 KiB of ring).
@@ -59,11 +73,20 @@ class ReceivedPsns {
   /// WRITE messages remembered at most (more are not placed out of order): with a window
   /// of 2^22 PSNs, messages of at least 512 PSNs (2 MiB at MTU 4096) keep it all placeable.
   static constexpr size_t kMaxWrites = 8192;
+  /// Payload bytes of staged requests held at most by default (StagedRequest; beyond, a SEND
+  /// is refused and resent as a go-back-N responder's would be): 1 GiB. What waits is what
+  /// arrives while the oldest gap is repaired, 1-2 round trips of the link's rate: ~60-125 MB
+  /// of SENDs at 10 Gbit/s × 50 ms, ~0.6-1.2 GB at 100 Gbit/s (a cap of 64 MiB refused 92 %
+  /// of a 10 Gbit/s × 50 ms SEND stream's packets at 1 % loss). Allocated only
+  /// while SENDs wait behind a gap.
+  static constexpr size_t kMaxStagedBytes = size_t{1} << 30;
 
   /// `max_span`: the largest span, PSNs (rounded down to a power of two within
   /// kMinSpanPsns … kMaxSpanPsns).
-  explicit ReceivedPsns(uint32_t max_span = kMaxSpanPsns)
-      : max_span_(std::bit_floor(std::clamp(max_span, kMinSpanPsns, kMaxSpanPsns))) {
+  /// `max_staged_bytes`: payload bytes stage() keeps at most.
+  explicit ReceivedPsns(uint32_t max_span = kMaxSpanPsns, size_t max_staged_bytes = kMaxStagedBytes)
+      : max_span_(std::bit_floor(std::clamp(max_span, kMinSpanPsns, kMaxSpanPsns))),
+        max_staged_bytes_(max_staged_bytes) {
     allocate(kMinSpanPsns);
   }
 
@@ -128,11 +151,13 @@ class ReceivedPsns {
     set(ends_, psn, false);
     set(contested_, psn, true);
     erase_write(psn);
+    unstage(psn);
   }
   /// Forgets the placement of `psn` alone (it is missing again).
   void unplace(uint32_t psn) {
     set_placed(psn, false);
     set(ends_, psn, false);
+    unstage(psn);
   }
   void mark_reported(uint32_t psn, bool on) { set(reported_, psn, on); }
   /// Marks the PSNs [first, last] reported (at most span() of them), a word at a time.
@@ -145,6 +170,7 @@ class ReceivedPsns {
     set(ends_, psn, false);
     set(reported_, psn, false);
     set(contested_, psn, false);
+    unstage(psn);
   }
   /// Forgets every state of the PSNs in [from, to) (at most span() of them) and the WRITE
   /// messages that begin there (after sync()). Returns how many of them were placed.
@@ -157,6 +183,10 @@ class ReceivedPsns {
     });
     const uint64_t lo = unwrap(from), hi = unwrap(to);
     writes_.erase(writes_.lower_bound(lo), writes_.lower_bound(hi));
+    for (auto it = staged_.lower_bound(lo); it != staged_.end() && it->first < hi;) {
+      staged_bytes_ -= it->second.payload.size();
+      it = staged_.erase(it);
+    }
     placed_count_ -= placed;
     return placed;
   }
@@ -216,6 +246,34 @@ class ReceivedPsns {
     --it;
     return u < it->first + it->second.npsn ? &it->second : nullptr;
   }
+  // ---- Staged requests (StagedRequest), keyed by PSN unwrapped to 64 bits ----------------
+  /// Keeps a copy of `pkt` (at `psn`, beyond the expected PSN) to execute in order; the
+  /// caller marks the PSN placed. False, keeping nothing, when its payload would take the
+  /// staged bytes over the constructor's max_staged_bytes.
+  bool stage(uint32_t psn, const wire::Packet& pkt) {
+    if (staged_bytes_ + pkt.payload.size() > max_staged_bytes_) return false;
+    StagedRequest& r = staged_[unwrap(psn)];
+    staged_bytes_ -= r.payload.size();
+    r.hdr = pkt.hdr;
+    r.info = pkt.info;
+    r.payload.assign(pkt.payload.begin(), pkt.payload.end());
+    staged_bytes_ += r.payload.size();
+    return true;
+  }
+  /// Whether a request is staged at `psn`.
+  bool staged(uint32_t psn) const { return !staged_.empty() && staged_.count(unwrap(psn)); }
+  /// Takes the request staged at `psn` out (its PSN states stay), or nullopt.
+  std::optional<StagedRequest> take_staged(uint32_t psn) {
+    auto it = staged_.empty() ? staged_.end() : staged_.find(unwrap(psn));
+    if (it == staged_.end()) return std::nullopt;
+    StagedRequest r = std::move(it->second);
+    staged_.erase(it);
+    staged_bytes_ -= r.payload.size();
+    return r;
+  }
+  /// Payload bytes staged now (at most the constructor's max_staged_bytes).
+  size_t staged_bytes() const { return staged_bytes_; }
+
   /// Forgets WRITE messages that end before `epsn` (after sync(epsn)).
   void drop_writes_before(uint32_t epsn) {
     const uint64_t u = unwrap(epsn);
@@ -307,11 +365,19 @@ class ReceivedPsns {
     contested_ = std::move(to.contested_);
     digest_ = std::move(to.digest_);
   }
+  void unstage(uint32_t psn) {
+    if (staged_.empty()) return;
+    if (auto it = staged_.find(unwrap(psn)); it != staged_.end()) {
+      staged_bytes_ -= it->second.payload.size();
+      staged_.erase(it);
+    }
+  }
   uint64_t unwrap(uint32_t psn) const {
     return anchor64_ + static_cast<int64_t>(wire::psn_diff(psn, anchor_));
   }
 
   uint32_t max_span_;
+  size_t max_staged_bytes_;
   uint64_t wide_ns_ = 0;  // when a packet last needed over half the span, ns
   uint32_t span_ = 0;     // PSNs, a power of two
   uint32_t mask_ = 0;     // span_ - 1
@@ -319,6 +385,8 @@ class ReceivedPsns {
   std::vector<uint32_t> digest_;                                // per PSN mod span_
   uint32_t placed_count_ = 0;                                   // set bits of placed_
   std::map<uint64_t, WritePlacement> writes_;
+  std::map<uint64_t, StagedRequest> staged_;  // by unwrapped PSN
+  size_t staged_bytes_ = 0;                   // payload bytes in staged_
   uint32_t anchor_ = 0;
   uint64_t anchor64_ = uint64_t{1} << 40;  // far from 0: unwrapped PSNs never go negative
 };

@@ -431,11 +431,16 @@ void on_out_of_sequence(QueuePair& qp, uint32_t psn, Transport& t) {
 // SOFTRDMA_SELECTIVE_RETX on, this instead of go-back-N: packets beyond the expected PSN that
 // carry their own placement are written to memory at once and remembered in ReceivedPsns;
 // each gap is reported once by a selective NAK naming the missing range; when the expected
-// PSN arrives, the responder steps over what it placed (MSN, WRITE state) and ACKs. Only
-// WRITE segments without immediate are placed early: SENDs need their receive WQE in order,
-// WRITE with immediate consumes one, READs and atomics must execute in order — those are
-// dropped and reported missing like lost ones (resent once; IRN holds SENDs the same way
-// when it lacks the WQE). Completions and every in-order effect keep the IBTA order.
+// PSN arrives, the responder steps over what it placed (MSN, WRITE state) and ACKs. SEND
+// packets and the last packet of a WRITE with immediate need the in-order state (the receive
+// WQE, a MIDDLE's offset in it): they are staged — a copy kept in ReceivedPsns, reported
+// held like a placed packet — and executed as if just arrived when the expected PSN reaches
+// them (stage_early); IRN (3.4) instead carries the receive WQE's sequence number and offset
+// in an extension header so that a NIC without buffers can place them, which would take WQEs
+// ahead of the expected PSN (impossible from an SRQ) and a header no other RoCE peer knows —
+// a software responder has the memory to wait, bounded by ReceivedPsns::kMaxStagedBytes.
+// READs and atomics must execute in order: dropped and reported missing like lost ones
+// (resent once). Completions and every in-order effect keep the IBTA order.
 
 void send_selective_nak(QueuePair& qp, Transport& t, uint32_t first, uint32_t last) {
   if (first == qp.resp.epsn) {
@@ -500,9 +505,10 @@ void send_selective_ack(QueuePair& qp, Transport& t, const ReceivedPsns& o) {
 // (counter selective_nak_repeated). Otherwise only the resend check found the missing
 // PSNs, one per 1.5 SRTT, each ACK re-arming the retransmit timer (dapl dtest over UDP
 // crawled ~6,000 PSNs at one per 5-10 ms, resending 2,383 placed packets each time). Only
-// before a placed PSN, and once per expected PSN: a run of SENDs, never placed early,
-// comes back in order behind its report, and repeating that report at every duplicate
-// had the whole run resent again and again (qperf rc_bw over UDP stalled, 8 runs in 25).
+// before a placed PSN, and once per expected PSN: a run of requests not kept early (SENDs
+// were not, before they were staged; READ requests are not) comes back in order behind its
+// report, and repeating that report at every duplicate had the whole run resent again and
+// again (qperf rc_bw over UDP stalled, 8 runs in 25).
 // Costs a forger replaying a packet at most one resend of PSNs that are really missing.
 void report_gap_again(QueuePair& qp, Transport& t, ReceivedPsns& o) {
   const uint32_t epsn = qp.resp.epsn;
@@ -549,6 +555,18 @@ bool place_early(QueuePair& qp, const wire::Packet& pkt, Transport& t, ReceivedP
   // Checked again: the region may have been deregistered since the FIRST.
   uint8_t* p = check_remote(qp, t, w->rkey, w->va + off, n, kRemoteWrite);
   return p && net::guarded_copy(p, pkt.payload.data(), n);
+}
+
+// Keeps a SEND packet or a WRITE-with-immediate LAST/ONLY that arrived ahead of the expected
+// PSN, to execute when that PSN reaches it (ReceivedPsns::stage): its in-order checks (PSN,
+// opcode sequence, receive WQE, lengths, keys) all run then; only the MTU is checked now.
+// False when it is not such a packet, or the staged bytes are at their cap (it is then
+// resent, as a go-back-N responder would have it).
+bool stage_early(QueuePair& qp, const wire::Packet& pkt, ReceivedPsns& o) {
+  const uint32_t m = pkt.info->mask;
+  if (!(m & (wire::kIsSend | wire::kConsumesRecvWqe))) return false;
+  if (check_length(qp, pkt) != RequestCheck::kNew) return false;
+  return o.stage(pkt.hdr.bth.psn, pkt);
 }
 
 // PSNs a request uses: a READ its responses', everything else one.
@@ -662,15 +680,19 @@ void on_out_of_order(QueuePair& qp, const wire::Packet& pkt, Transport& t) {
     o.add_write({qp.resp.write_first_psn, qp.resp.write_base, qp.resp.write_length,
                  read_psns(qp, qp.resp.write_length), qp.resp.write_rkey, qp.resp.write_va});
   const bool in_gap = psn_diff(o.next, psn) > 0;
-  if ((!in_gap || o.placed(psn_add(psn, wire::kPsnMask))) && place_early(qp, pkt, t, o)) {
-    bump(t.counters().ooo_placed);
-    o.mark_placed(psn, pkt.info->mask & (wire::kIsLast | wire::kIsOnly), fingerprint(pkt));
+  const bool keepable = !in_gap || o.placed(psn_add(psn, wire::kPsnMask));
+  const bool placed = keepable && place_early(qp, pkt, t, o);
+  if (placed || (keepable && stage_early(qp, pkt, o))) {
+    // A staged packet counts its message's end when it is executed, not stepped over.
+    bump(placed ? t.counters().ooo_placed : t.counters().ooo_staged);
+    o.mark_placed(psn, placed && (pkt.info->mask & (wire::kIsLast | wire::kIsOnly)),
+                  fingerprint(pkt));
     if (psn_diff(psn, o.next) > 0) send_selective_nak(qp, t, o.next, psn_add(psn, wire::kPsnMask));
     if (psn_diff(psn, o.next) >= 0) o.next = psn_add(psn, 1);
     if (pkt.hdr.bth.ack_req && qp.resp.peer_sack) send_selective_ack(qp, t, o);
     return;
   }
-  if (pkt.info->mask & wire::kIsWrite) bump(t.counters().ooo_refused);
+  if (pkt.info->mask & (wire::kIsWrite | wire::kIsSend)) bump(t.counters().ooo_refused);
   // Not placeable now: as if lost. Reported with the gap before it when it is new; when it
   // is a resend, again once the expected PSN reaches it (advance_over_placed).
   if (psn_diff(psn, o.next) >= 0) {
@@ -682,15 +704,15 @@ void on_out_of_order(QueuePair& qp, const wire::Packet& pkt, Transport& t) {
 }
 
 // After the expected PSN moved: steps over the packets placed early (their MSN and WRITE
-// state, in order), ACKs if it stepped, and reports the gap now at the expected PSN if
-// nobody has yet.
+// state, in order) up to the first staged one (on_request executes it), ACKs if it stepped,
+// and reports the gap now at the expected PSN if nobody has yet.
 void advance_over_placed(QueuePair& qp, Transport& t) {
   ReceivedPsns& o = *qp.resp.ooo;
   o.sync(qp.resp.epsn);
   uint32_t& epsn = qp.resp.epsn;
   bool stepped = false, ended = false;
   uint32_t last = epsn;
-  while (psn_diff(o.next, epsn) > 0 && o.placed(epsn)) {
+  while (psn_diff(o.next, epsn) > 0 && o.placed(epsn) && !o.staged(epsn)) {
     ended = o.ends_message(epsn);
     if (ended) qp.resp.msn = psn_add(qp.resp.msn, 1);
     o.clear(epsn);
@@ -770,18 +792,14 @@ RequestCheck check_request(const QueuePair& qp, const wire::Packet& pkt) {
   return c;
 }
 
-void on_request(QueuePair& qp, const wire::Packet& pkt, Transport& t) {
+namespace {
+// A request at the expected PSN (check: check_request's verdict, kNew unless refused):
+// executes it, and steps over what was placed beyond it. `staged`: it was kept beyond a gap
+// (ReceivedPsns::stage) and is executed now, in order.
+void accept(QueuePair& qp, const wire::Packet& pkt, Transport& t, RequestCheck c, bool staged) {
   const uint32_t psn = pkt.hdr.bth.psn;
-  const RequestCheck c = check_request(qp, pkt);
-  if ((pkt.info->mask & wire::kHasXrceth) && !resolve_xrc_srq(qp, pkt, t, c)) return;
-  if (c == RequestCheck::kOutOfSequence) {
-    // The QP's negotiated mode, not the packet's bit: any packet can set that.
-    if (qp.resp.peer_selective && t.selective_retransmit()) return on_out_of_order(qp, pkt, t);
-    return on_out_of_sequence(qp, psn, t);
-  }
-  if (c == RequestCheck::kDuplicate) return on_duplicate(qp, pkt, t);
   qp.resp.nak_sent = false;  // the expected PSN has arrived
-  if (qp.resp.ooo && !pkt.hdr.bth.resend && psn_diff(qp.resp.ooo->next, psn) > 0) {
+  if (qp.resp.ooo && !staged && !pkt.hdr.bth.resend && psn_diff(qp.resp.ooo->next, psn) > 0) {
     qp.resp.ooo->sync(qp.resp.epsn);
     forget_from(qp, t, *qp.resp.ooo, psn);  // a first transmission of the expected PSN
   }
@@ -803,7 +821,7 @@ void on_request(QueuePair& qp, const wire::Packet& pkt, Transport& t) {
   if (qp.attr.state == QpState::kErr) return;
   // Selective retransmission is the requester's to ask for, and it is believed from
   // requests accepted in order only: their PSN is the expected one (IBTA's own bar).
-  if (pkt.hdr.bth.selective && psn_diff(qp.resp.epsn, psn) > 0) {
+  if (!staged && pkt.hdr.bth.selective && psn_diff(qp.resp.epsn, psn) > 0) {
     qp.resp.peer_selective = true;
     qp.resp.peer_sack = pkt.hdr.bth.sack;
     qp.resp.peer_sack_ranges = pkt.hdr.bth.sack && pkt.hdr.bth.sack_ranges;
@@ -811,6 +829,34 @@ void on_request(QueuePair& qp, const wire::Packet& pkt, Transport& t) {
   if (qp.resp.ooo) {
     for (uint32_t p = psn; p != qp.resp.epsn; p = psn_add(p, 1)) qp.resp.ooo->clear(p);
     advance_over_placed(qp, t);
+  }
+}
+}  // namespace
+
+void on_request(QueuePair& qp, const wire::Packet& pkt, Transport& t) {
+  const RequestCheck c = check_request(qp, pkt);
+  if ((pkt.info->mask & wire::kHasXrceth) && !resolve_xrc_srq(qp, pkt, t, c)) return;
+  if (c == RequestCheck::kOutOfSequence) {
+    // The QP's negotiated mode, not the packet's bit: any packet can set that.
+    if (qp.resp.peer_selective && t.selective_retransmit()) return on_out_of_order(qp, pkt, t);
+    return on_out_of_sequence(qp, pkt.hdr.bth.psn, t);
+  }
+  if (c == RequestCheck::kDuplicate) return on_duplicate(qp, pkt, t);
+  accept(qp, pkt, t, c, /*staged=*/false);
+  // Requests staged beyond the gap this one closed, each now at the expected PSN: executed
+  // in PSN order, as if they arrived now (one at a time: no recursion over a long run).
+  // One that does not move the expected PSN (RNR, an error) ends the run: its PSN is
+  // missing again, and the requester resends from it.
+  while (qp.resp.ooo && qp.attr.state != QpState::kErr) {
+    const uint32_t epsn = qp.resp.epsn;
+    std::optional<StagedRequest> r = qp.resp.ooo->take_staged(epsn);
+    if (!r) break;
+    qp.resp.ooo->unplace(epsn);
+    const wire::Packet p = r->packet();
+    const RequestCheck pc = check_request(qp, p);
+    if ((p.info->mask & wire::kHasXrceth) && !resolve_xrc_srq(qp, p, t, pc)) break;
+    accept(qp, p, t, pc, /*staged=*/true);
+    if (qp.resp.epsn == epsn) break;
   }
 }
 

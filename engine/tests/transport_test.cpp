@@ -1338,22 +1338,101 @@ TEST_F(TransportTest, ASelectiveAckListingARunWhoseNakWasLostHasItResentAtOnce) 
   EXPECT_EQ(std::memcmp(dst.data(), src.data(), 17 * kMtu), 0);
 }
 
-// A SEND run behind a gap: WRITE +1 ... +8, SEND +9 ... +12, WRITE +13 ... +20; +3 is lost,
-// and so are every selective NAK (of +3 and of the SEND packets, which the responder cannot
-// keep beyond a gap). The selective ACK of +20 lists +3 and +9 ... +12: the SEND run was never
-// resent, so its NAKs were lost, and it goes at once, as they would have had it. Those resends
-// reach the responder behind the open gap at +3 and are dropped again; the next selective ACK
-// (a WRITE sent after them) lists the run once more, but a resent SEND run is not resent from
-// the list — it would be dropped again while the gap stays — and waits for +3, which the
-// resend check sends after 1.5 RTTs. Everything completes without a retransmit timeout.
-TEST_F(TransportTest, ASendRunWhoseNakWasLostIsResentOnceFromTheListThenWaitsForTheGapBeforeIt) {
+// SENDs and a WRITE with immediate beyond a gap: WRITE +1 ... +8, SEND +9 ... +12, WRITE with
+// immediate +13 ... +20; +3 is lost. The responder keeps the SEND packets and the WRITE's
+// last packet (staged: their receive WQEs are taken in order) and places the rest, so the
+// selective NAK names +3 alone and nothing else is resent; when +3's resend arrives, the
+// staged packets execute in PSN order: the SEND fills the first receive WQE, the WRITE's
+// immediate completes the second.
+TEST_F(TransportTest, ASendBeyondAGapIsKeptAndExecutedInOrderWithoutAResend) {
+  constexpr uint64_t kRtt = 10'000'000;  // 10 ms
+  start_selective_after_one_rtt(kRtt);
+  post_recv(*b, 4 * kMtu, 7);
+  post_recv(*b, 4 * kMtu, 8);
+  ASSERT_EQ(post(*a, WrOpcode::kRdmaWrite, kMtu, 8 * kMtu, 16 * kMtu, 2), kOk);
+  ASSERT_EQ(post(*a, WrOpcode::kSend, 9 * kMtu, 4 * kMtu, 0, 3), kOk);
+  ASSERT_EQ(post(*a, WrOpcode::kRdmaWriteImm, 13 * kMtu, 8 * kMtu, 24 * kMtu, 4), kOk);
+  lose(*ta, {3});
+  deliver(*ta, *b, *tb);
+  EXPECT_EQ(tb->counters_.ooo_staged.load(), 5u);   // +9 ... +12, +20
+  EXPECT_EQ(tb->counters_.ooo_placed.load(), 12u);  // +4 ... +8, +13 ... +19
+  EXPECT_EQ(tb->counters_.ooo_refused.load(), 0u);
+  EXPECT_EQ(selective_naks(*tb), (std::vector<std::pair<uint32_t, uint32_t>>{{3, 3}}));
+  ta->advance(kRtt);
+  deliver(*tb, *a, *ta);
+  ASSERT_EQ(ta->sent.size(), 1u);
+  EXPECT_EQ(parse(ta->sent[0]).hdr.bth.psn, wire::psn_add(kSqPsn, 3));
+  settle();
+  std::vector<uint64_t> sends, recvs;
+  for (const Cqe& c : drain()) {
+    EXPECT_EQ(c.status, WcStatus::kSuccess) << "wr " << c.wr_id;
+    if (c.opcode == WcOpcode::kRecv || c.opcode == WcOpcode::kRecvRdmaWithImm) {
+      recvs.push_back(c.wr_id);
+      EXPECT_EQ(c.byte_len, c.wr_id == 7 ? 4 * kMtu : 8 * kMtu) << "wr " << c.wr_id;
+    } else {
+      sends.push_back(c.wr_id);
+    }
+  }
+  EXPECT_EQ(recvs, (std::vector<uint64_t>{7, 8}));
+  EXPECT_EQ(sends, (std::vector<uint64_t>{1, 2, 3, 4}));
+  EXPECT_EQ(ta->counters_.retransmitted_pkts.load(), 1u) << "+3 alone";
+  EXPECT_EQ(std::memcmp(dst.data(), src.data() + 9 * kMtu, 4 * kMtu), 0);
+  EXPECT_EQ(std::memcmp(dst.data() + 16 * kMtu, src.data() + kMtu, 8 * kMtu), 0);
+  EXPECT_EQ(std::memcmp(dst.data() + 24 * kMtu, src.data() + 13 * kMtu, 8 * kMtu), 0);
+  EXPECT_EQ(tb->counters_.send_rnr_err.load(), 0u);
+}
+
+// A staged SEND that finds no receive WQE when its turn comes draws an RNR NAK as it would
+// in order, and its PSN is missing again: the requester sends it again after the RNR timer,
+// and once a receive is posted everything completes.
+TEST_F(TransportTest, AStagedSendWithoutAReceiveWqeDrawsAnRnrNakAtItsTurn) {
+  constexpr uint64_t kRtt = 10'000'000;  // 10 ms
+  start_selective_after_one_rtt(kRtt);
+  ASSERT_EQ(post(*a, WrOpcode::kRdmaWrite, kMtu, 4 * kMtu, 16 * kMtu, 2), kOk);
+  ASSERT_EQ(post(*a, WrOpcode::kSend, 5 * kMtu, kMtu, 0, 3), kOk);
+  lose(*ta, {2});
+  deliver(*ta, *b, *tb);
+  EXPECT_EQ(tb->counters_.ooo_staged.load(), 1u);
+  ta->advance(kRtt);
+  deliver(*tb, *a, *ta);  // the selective NAK: +2 resent
+  deliver(*ta, *b, *tb);  // +2 arrives: +3 ... +4 stepped over, the SEND at +5 has no WQE
+  EXPECT_EQ(tb->counters_.send_rnr_err.load(), 1u);
+  EXPECT_FALSE(b->resp.ooo->staged(wire::psn_add(kSqPsn, 5)));
+  EXPECT_EQ(b->resp.epsn, wire::psn_add(kSqPsn, 5));
+  post_recv(*b, kMtu, 7);
+  for (int i = 0; i < 8 && a->sq_base != a->sq_end(); ++i) {
+    settle();
+    ta->advance(kRtt);
+    run_requester_timers();
+  }
+  settle();
+  std::vector<uint64_t> ids;
+  for (const Cqe& c : drain()) {
+    EXPECT_EQ(c.status, WcStatus::kSuccess) << "wr " << c.wr_id;
+    ids.push_back(c.wr_id);
+  }
+  EXPECT_EQ(ids, (std::vector<uint64_t>{1, 2, 7, 3}));
+  EXPECT_EQ(std::memcmp(dst.data(), src.data() + 5 * kMtu, kMtu), 0);
+  EXPECT_EQ(b->attr.state, QpState::kRts);
+}
+
+// A SEND run behind a gap whose packets were lost: WRITE +1 ... +8, SEND +9 ... +12, WRITE
+// +13 ... +20; +3 and +9 ... +12 are lost, and so is every selective NAK. The selective ACK of
+// +20 lists +3 and +9 ... +12: the SEND run was never resent, so its NAKs were lost, and it goes
+// at once, as they would have had it. Those resends are lost too; the selective ACK of a WRITE
+// sent after them lists the run again below a PSN sent after its resend, so the resend was
+// lost (RACK's rule) and the run goes once more — a SEND run is kept behind a gap now, as a
+// WRITE's is. The second resends reach the responder behind the open gap at +3 and are kept
+// there (staged), so the next selective ACK lists +3 alone; +3 goes with the resend check
+// after 1.5 RTTs, and everything completes without a retransmit timeout.
+TEST_F(TransportTest, ASendRunWhoseNakAndResendWereLostIsResentFromTheListAndKeptBehindTheGap) {
   constexpr uint64_t kRtt = 10'000'000;  // 10 ms
   start_selective_after_one_rtt(kRtt);
   post_recv(*b, 4 * kMtu);
-  ASSERT_EQ(post(*a, WrOpcode::kRdmaWrite, kMtu, 8 * kMtu, kMtu, 2), kOk);
+  ASSERT_EQ(post(*a, WrOpcode::kRdmaWrite, kMtu, 8 * kMtu, 16 * kMtu, 2), kOk);
   ASSERT_EQ(post(*a, WrOpcode::kSend, 9 * kMtu, 4 * kMtu, 0, 3), kOk);
-  ASSERT_EQ(post(*a, WrOpcode::kRdmaWrite, 13 * kMtu, 8 * kMtu, 13 * kMtu, 4), kOk);
-  lose(*ta, {3});
+  ASSERT_EQ(post(*a, WrOpcode::kRdmaWrite, 13 * kMtu, 8 * kMtu, 24 * kMtu, 4), kOk);
+  lose(*ta, {3, 9, 10, 11, 12});
   deliver(*ta, *b, *tb);
   std::deque<std::vector<uint8_t>> kept;
   for (auto& bytes : tb->sent)
@@ -1366,13 +1445,20 @@ TEST_F(TransportTest, ASendRunWhoseNakWasLostIsResentOnceFromTheListThenWaitsFor
   for (uint32_t i = 0; i < 4; ++i)
     EXPECT_EQ(parse(ta->sent[i]).hdr.bth.psn, wire::psn_add(kSqPsn, 9 + i));
   EXPECT_EQ(ta->counters_.selective_runs_repaired.load(), 1u);
-  ASSERT_EQ(post(*a, WrOpcode::kRdmaWrite, 21 * kMtu, 2 * kMtu, 21 * kMtu, 5), kOk);
-  deliver(*ta, *b, *tb);  // the SEND resends behind the gap, then +21 and +22
+  ta->sent.clear();  // the SEND run's resends are lost
+  ASSERT_EQ(post(*a, WrOpcode::kRdmaWrite, 21 * kMtu, 2 * kMtu, 32 * kMtu, 5), kOk);
+  deliver(*ta, *b, *tb);  // +21 and +22: the selective ACK of +22 lists +3 and +9 ... +12
+  ta->advance(kRtt / 4);
+  deliver(*tb, *a, *ta);
+  ASSERT_EQ(ta->sent.size(), 4u) << "the SEND run again: its resend was lost";
+  EXPECT_EQ(parse(ta->sent[0]).hdr.bth.psn, wire::psn_add(kSqPsn, 9));
+  EXPECT_EQ(ta->counters_.selective_runs_repaired.load(), 2u);
+  deliver(*ta, *b, *tb);  // the SEND resends, behind the gap at +3
+  EXPECT_EQ(tb->counters_.ooo_staged.load(), 4u);
   ta->sent.clear();
   ta->advance(kRtt / 4);
-  deliver(*tb, *a, *ta);  // the selective ACK of +22 lists +3 and +9 ... +12 again
-  EXPECT_TRUE(ta->sent.empty()) << "a resent SEND run waits for the gap before it";
-  EXPECT_EQ(ta->counters_.selective_runs_repaired.load(), 1u);
+  deliver(*tb, *a, *ta);
+  EXPECT_TRUE(ta->sent.empty()) << "+3 alone is missing; it waits for the resend check";
   ta->advance(kRtt * 3 / 2);
   run_requester_timers();  // the resend check: +3
   settle();
@@ -1394,6 +1480,8 @@ TEST_F(TransportTest, ASendRunWhoseNakWasLostIsResentOnceFromTheListThenWaitsFor
   EXPECT_TRUE(received);
   EXPECT_EQ(sends, (std::vector<uint64_t>{1, 2, 3, 4, 5}));
   EXPECT_EQ(ta->counters_.retransmit_timeouts.load(), 0u);
+  EXPECT_EQ(ta->counters_.retransmitted_pkts.load(), 9u);
+  EXPECT_EQ(std::memcmp(dst.data(), src.data() + 9 * kMtu, 4 * kMtu), 0);
 }
 
 // Resends lost around the oldest gap: +3 and +10 are lost, resent for their selective NAKs,
@@ -2681,6 +2769,49 @@ TEST(ReceivedPsnsTest, MissingRunsAreTheUnplacedPsnsBelowNextOldestFirst) {
   EXPECT_EQ(o.first_unplaced(at(200), o.next), o.next);
   list(2);
   EXPECT_EQ(runs, (R{{at(0), at(0)}, {at(3), at(69)}}));
+}
+
+// Staged requests: a copy of the payload each, found by PSN across the wrap, capped in bytes,
+// and forgotten with their PSN's state (consumed, contested, unplaced, a range forgotten).
+TEST(ReceivedPsnsTest, StagedRequestsAreCopiedCappedAndForgottenWithTheirPsn) {
+  constexpr size_t kCap = 64 * 4096;
+  ReceivedPsns o(ReceivedPsns::kMaxSpanPsns, kCap);
+  const uint32_t e = 0xfffffe;  // e + 2 wraps to 0
+  const auto at = [&](uint32_t d) { return wire::psn_add(e, d); };
+  o.sync(e);
+  std::vector<uint8_t> bytes(4096, 0x5a);
+  wire::Packet pkt;
+  pkt.info = wire::opcode_info(uint8_t(Opcode::kSendOnly));
+  pkt.payload = bytes;
+  for (uint32_t d = 1; d <= 5; ++d) {
+    pkt.hdr.bth.psn = at(d);
+    ASSERT_TRUE(o.stage(at(d), pkt));
+  }
+  bytes.assign(bytes.size(), 0);  // the copy is the staged one's own
+  EXPECT_EQ(o.staged_bytes(), 5u * 4096);
+  EXPECT_TRUE(o.staged(at(3)));
+  EXPECT_FALSE(o.staged(at(6)));
+  std::optional<StagedRequest> r = o.take_staged(at(3));
+  ASSERT_TRUE(r.has_value());
+  const wire::Packet p = r->packet();
+  EXPECT_EQ(p.hdr.bth.psn, at(3));
+  ASSERT_EQ(p.payload.size(), 4096u);
+  EXPECT_EQ(p.payload[4095], 0x5a);
+  EXPECT_FALSE(o.staged(at(3)));
+  EXPECT_EQ(o.staged_bytes(), 4u * 4096);
+  o.clear(at(1));
+  o.mark_contested(at(2));
+  o.unplace(at(4));
+  EXPECT_EQ(o.staged_bytes(), 4096u);
+  o.clear_range(at(5), at(6));
+  EXPECT_EQ(o.staged_bytes(), 0u);
+  // The cap: payload bytes beyond kMaxStagedBytes are refused, nothing kept.
+  uint32_t kept = 0;
+  const uint32_t fits = uint32_t(kCap / bytes.size());
+  for (uint32_t d = 1; d <= fits + 1; ++d) kept += o.stage(at(d), pkt) ? 1 : 0;
+  EXPECT_EQ(kept, fits);
+  EXPECT_FALSE(o.staged(at(fits + 1)));
+  EXPECT_EQ(o.staged_bytes(), kCap);
 }
 
 // The ACKs of one flight of the window `w` holds now, one per 32 PSNs, from `start_ns` on,

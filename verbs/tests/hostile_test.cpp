@@ -752,11 +752,14 @@ TEST(HostilePackets, ForgedPacketsFromANonPeerAddressAreAllDroppedAsAddressError
 // WRITEs from the requester's address at PSNs 1…kAhead past it — the PSNs the next rounds
 // will use: zero-length WRITE ONLYs (no rkey needed to be "placed"), WRITEs with a garbage
 // rkey, middle and last packets of no verified message, and a WRITE FIRST with the real
-// rkey whose DMA length (8 bytes, at the MR's end) is shorter than its payload. A forged
-// packet may cost a retransmission; it must never be placed in a PSN's stead (the genuine
-// packet then dropped as a duplicate while the requester completes successfully) nor write
-// past the MR: every round verifies, the guard pages are intact, both QPs stay RTS.
-TEST(HostilePackets, ForgedOutOfOrderSelectiveWritesNeverTakeAGenuinePacketsPlace) {
+// rkey whose DMA length (8 bytes, at the MR's end) is shorter than its payload — and SEND
+// ONLY/FIRST/LAST packets of junk (kept beyond a gap to execute in order: staged, no rkey
+// needed). A forged packet may cost a retransmission; it must never be placed or executed in
+// a PSN's stead (the genuine packet then dropped as a duplicate while the requester
+// completes successfully; a receive consumed by junk) nor write past the MR: every round
+// verifies, the responder's SENDs arrive once each in order, the guard pages are intact,
+// both QPs stay RTS.
+TEST(HostilePackets, ForgedOutOfOrderSelectiveRequestsNeverTakeAGenuinePacketsPlace) {
   run_hostile(
       Outcome::kSurvives,
       [](Attack& at) {
@@ -783,7 +786,7 @@ TEST(HostilePackets, ForgedOutOfOrderSelectiveWritesNeverTakeAGenuinePacketsPlac
             b.selective = true;
             b.resend = at.rng() % 2;
             PacketBuilder pb(b);
-            switch (i % 7) {
+            switch (i % 10) {
               case 0:  // zero length, garbage rkey and address
                 pb.reth(at.rng(), static_cast<uint32_t>(at.rng()), 0);
                 break;
@@ -809,6 +812,21 @@ TEST(HostilePackets, ForgedOutOfOrderSelectiveWritesNeverTakeAGenuinePacketsPlac
                 pb = PacketBuilder(b);
                 pb.payload(junk.data(), 1 + at.rand_below(kMtu));
                 break;
+              case 7:  // SEND ONLY of junk
+                b.opcode = kSendOnly;
+                pb = PacketBuilder(b);
+                pb.payload(junk.data(), 1 + at.rand_below(kMtu));
+                break;
+              case 8:  // SEND FIRST of junk
+                b.opcode = kSendFirst;
+                pb = PacketBuilder(b);
+                pb.payload(junk.data(), kMtu);
+                break;
+              case 9:  // SEND LAST of junk
+                b.opcode = kSendLast;
+                pb = PacketBuilder(b);
+                pb.payload(junk.data(), 1 + at.rand_below(kMtu));
+                break;
               default:  // FIRST, garbage rkey
                 b.opcode = kWriteFirst;
                 pb = PacketBuilder(b);
@@ -821,7 +839,7 @@ TEST(HostilePackets, ForgedOutOfOrderSelectiveWritesNeverTakeAGenuinePacketsPlac
           at.wait_growth(1, {"rcvd_pkts"}, b0, s.sent - sent0);
           at.sh->attacker_round.store(idle);
         }
-        printf("[ attacker ] %lu forged out-of-order WRITEs in %d bursts; responder:%s\n",
+        printf("[ attacker ] %lu forged out-of-order WRITEs and SENDs in %d bursts; responder:%s\n",
                (unsigned long)s.sent, kBursts, Growth{before, at.r.peer_counters(1)}.str().c_str());
       },
       /*lockstep=*/true);
