@@ -11,7 +11,9 @@
 #   WAN_MB       MiB written per run: WAN_MB messages of 1 MiB (256)
 #   WAN_OP       write (ib_write_bw) or read (ib_read_bw: the client READs from the server, so
 #                the data crosses the link as READ responses; lost responses are what
-#                selective mode places around and asks for alone) (write)
+#                selective mode places around and asks for alone) or send (ib_send_bw, rx
+#                depth = tx depth: SENDs beyond a gap are kept in selective mode and executed
+#                in order, where go-back-N resends them) (write)
 #   WAN_MODES    recovery and congestion control ("gbn sel gbn+dcqcn sel+dcqcn"): gbn / sel =
 #                SOFTRDMA_SELECTIVE_RETX=0 / 1 on both sides; +dcqcn adds SOFTRDMA_CC=dcqcn and
 #                ECN marking on the link above WAN_ECN of backlog (the others: SOFTRDMA_CC=none,
@@ -37,12 +39,16 @@
 #                was not measured (perftest printed no BW average, no counter snapshot) is
 #                empty, never 0. `python3 bench/plot_wan.py -o out.png WAN_OUT/wan_bench.csv`
 #                draws it
-#   WAN_TX_DEPTH ib_write_bw's tx depth, 1 MiB WRITEs outstanding (default: enough for 3
-#                bandwidth-delay products, at least 128 — 128 MiB would cap a 100 Gbit/s ×
-#                50 ms path, 625 MB, at a fifth of its rate; 1.5 BDPs held it at 40.8 % of
-#                the link at 0.1 % loss, 3 at 62.9 %: a WRITE completes only once its lost
-#                packets are repaired, ~1.5 round trips after they left, so the transport's
-#                1.5 BDPs in flight need about as much again waiting for completion)
+#   WAN_TX_DEPTH ib_write_bw's tx depth, 1 MiB WRITEs outstanding (default: 3 bandwidth-delay
+#                products plus perftest's --cq-mod of 100, at least 128 — 128 MiB would cap a
+#                100 Gbit/s × 50 ms path, 625 MB, at a fifth of its rate; 1.5 BDPs held it at
+#                40.8 % of the link at 0.1 % loss, 3 at 62.9 %: a WRITE completes only once its
+#                lost packets are repaired, ~1.5 round trips after they left, so the
+#                transport's 1.5 BDPs in flight need about as much again waiting for
+#                completion. ib_write_bw signals one WRITE in 100 and posts again only when
+#                that one completes, so up to 100 more are waiting for a CQE: at 10 Gbit/s ×
+#                50 ms, 100 MiB is 1.7 BDPs, and 3 BDPs alone, 179 WRITEs, read 65.6 % at 1 %
+#                loss and 93.3 % at none against 85.1 % and 95.4 % with 279)
 #
 # Each run: Debian's unmodified ib_write_bw (-s 1 MiB, -n WAN_MB, tx depth WAN_TX_DEPTH, MTU 4096,
 # QP timeout exponent at least 15 = 134 ms and at least 4 round trips, so that a full 1-BDP
@@ -62,7 +68,8 @@ DELAY=${WAN_DELAY:-10ms}
 LOSSES=${WAN_LOSSES:-"0 0.1 1"}
 MB=${WAN_MB:-256}
 OP=${WAN_OP:-write}
-[[ $OP == write || $OP == read ]] || { echo "WAN_OP: write or read, not $OP" >&2; exit 1; }
+[[ $OP == write || $OP == read || $OP == send ]] ||
+  { echo "WAN_OP: write, read or send, not $OP" >&2; exit 1; }
 PERF=ib_${OP}_bw
 MODES=${WAN_MODES:-"gbn sel gbn+dcqcn sel+dcqcn"}
 ECN=${WAN_ECN:-0.25bdp}
@@ -94,9 +101,10 @@ delay_ms() {
     print (u ~ /^us/) ? n / 1000 : (u ~ /^s/) ? n * 1000 : n }'
 }
 RTT_MS=$(awk -v d="$(delay_ms "$DELAY")" 'BEGIN { print 2 * d }')
-# 1 MiB WRITEs outstanding: 3 bandwidth-delay products, at least 128.
+# 1 MiB WRITEs outstanding: 3 bandwidth-delay products + ib_write_bw's CQ moderation (100), at
+# least 128.
 TX_DEPTH=${WAN_TX_DEPTH:-$(awk -v b="$BPS" -v r="$RTT_MS" 'BEGIN {
-  d = int(3 * b / 8 * r / 1000 / 1048576) + 1; print (d < 128) ? 128 : d }')}
+  d = int(3 * b / 8 * r / 1000 / 1048576) + 1 + 100; print (d < 128) ? 128 : d }')}
 # The QP's local ACK timeout (4.096 µs × 2^u, IBTA 12.7.34): at least 15 and 4 round trips.
 QP_TIMEOUT=$(awk -v r="$RTT_MS" 'BEGIN { u = 15; while (4.096e-3 * 2 ^ u < 4 * r && u < 31) u++; print u }')
 
@@ -113,6 +121,7 @@ run() {
   log=$(log_name "$mode" "$loss")
   port=$((port + 1))
   local args=(-d srdma0 -x 0 -s 1048576 -n "$MB" -m 4096 -u "$QP_TIMEOUT" -t "$TX_DEPTH" -F -p "$port")
+  [[ $OP == send ]] && args+=(-r "$TX_DEPTH")
   SOFTRDMA_CC=$cc SOFTRDMA_SELECTIVE_RETX=$sel SOFTRDMA_TRANSPORT=udp timeout "$RUN_TIMEOUT" \
     $B/bin/softrdma run "${tdf_args[@]}" --addr 127.0.33.1 --wan "$wan" -- "$PERF" "${args[@]}" >"$log.srv" 2>&1 &
   local spid=$!
