@@ -89,14 +89,28 @@ void peer_killed_mid_batch(const std::string& victim_addrs, const std::string& s
     Engine e("survivor", store.store(), o);
     e.register_memory(buf.data(), buf.size());
     const SegmentHandle h = e.open_segment("victim", "buf");
-    // 64 × 16 MiB = 1 GiB: still running when the victim dies.
-    const BatchId b = e.allocate_batch(64);
-    e.submit_transfer(b,
-                      std::vector<TransferRequest>(64, {Opcode::kWrite, buf.data(), h, 0, kSize}));
+    // 64 × 16 MiB = 1 GiB per batch. The victim dies once the first batch has moved bytes;
+    // a batch that completes before the kill lands (the same-host path moves 1 GiB in tens of
+    // ms, and this thread may have slept through most of it on a loaded machine) is followed
+    // by another (at most kBatches, for at most 30 s), so that the kill meets one in flight.
+    constexpr int kBatches = 64;
+    const auto submit = [&] {
+      const BatchId id = e.allocate_batch(64);
+      e.submit_transfer(
+          id, std::vector<TransferRequest>(64, {Opcode::kWrite, buf.data(), h, 0, kSize}));
+      return id;
+    };
+    BatchId b = submit();
     while (e.get_status(b).bytes_done == 0) std::this_thread::sleep_for(1ms);
     in_flight.raise();
     const auto t0 = Clock::now();
-    const BatchStatus s = e.wait(b, 20s);
+    BatchStatus s = e.wait(b, 20s);
+    for (int n = 1; s.state == BatchState::kCompleted && n < kBatches && Clock::now() - t0 < 30s;
+         ++n) {
+      e.free_batch(b);
+      b = submit();
+      s = e.wait(b, 20s);
+    }
     const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0);
     std::fprintf(stderr, "failed after %lld ms: %s\n", static_cast<long long>(ms.count()),
                  s.error.c_str());
