@@ -365,13 +365,8 @@ class ReceivedPsns {
     contested_ = std::move(to.contested_);
     digest_ = std::move(to.digest_);
   }
-  void unstage(uint32_t psn) {
-    if (staged_.empty()) return;
-    if (auto it = staged_.find(unwrap(psn)); it != staged_.end()) {
-      staged_bytes_ -= it->second.payload.size();
-      staged_.erase(it);
-    }
-  }
+  // Forgets the request staged at `psn`, if any.
+  void unstage(uint32_t psn) { (void)take_staged(psn); }
   uint64_t unwrap(uint32_t psn) const {
     return anchor64_ + static_cast<int64_t>(wire::psn_diff(psn, anchor_));
   }
