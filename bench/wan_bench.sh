@@ -48,7 +48,8 @@
 #                completion. ib_write_bw signals one WRITE in 100 and posts again only when
 #                that one completes, so up to 100 more are waiting for a CQE: at 10 Gbit/s ×
 #                50 ms, 100 MiB is 1.7 BDPs, and 3 BDPs alone, 179 WRITEs, read 65.6 % at 1 %
-#                loss and 93.3 % at none against 85.1 % and 95.4 % with 279)
+#                loss and 93.3 % at none against 85.1 % and 95.4 % with 279; at 100 ms
+#                the default, 458, read 79.3 % at 1 % and 600 read 85.7 %)
 #
 # Each run: Debian's unmodified ib_write_bw (-s 1 MiB, -n WAN_MB, tx depth WAN_TX_DEPTH, MTU 4096,
 # QP timeout exponent at least 15 = 134 ms and at least 4 round trips, so that a full 1-BDP
@@ -57,9 +58,11 @@
 # bandwidth-delay product, rate × round trip). Goodput = perftest's BW average (MB/sec =
 # 2^20 B/s), as % of the link rate (the link carries headers too: 4096 B of payload per
 # ~4,150 B on the link, so ~98.7 % is the ceiling). Prints a markdown table, then the
-# counters that explain it (packets sent again, selective NAKs, timeouts, emulator drops; the
-# last column is the server's device: for READs, the responses it put onto the link and
-# its emulated queue dropped).
+# counters that explain it (packets sent again, selective NAKs, timeouts, emulator drops;
+# the next-to-last column is the server's device: for READs, the responses it put onto the
+# link and its emulated queue dropped; the last, packets dropped by a full socket buffer on
+# each side — the machine falling behind in real time: a note after the table then says to
+# raise WAN_TDF).
 # Nothing here is a test: figures depend on the machine and its load.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 1
@@ -182,19 +185,27 @@ csv_row() {  # MODE LOSS MBPS PCT SECS STATFILE
 
 echo "WAN link: $RATE, one-way delay $DELAY (RTT $RTT_MS ms), queue 1 BDP; $MB MiB of 1 MiB RDMA ${OP^^}s ($PERF); tx depth $TX_DEPTH, QP timeout $QP_TIMEOUT; time dilation K = $TDF (figures virtual)"
 echo
-echo "| loss | recovery | CC | goodput MB/s | % of link | virtual s | packets sent again | resends sent again | selective NAKs sent / received | READ responses placed ahead | READ gap requests | timeouts | queue drops | CNPs | server's packets onto the link / dropped by its queue |"
-echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+echo "| loss | recovery | CC | goodput MB/s | % of link | virtual s | packets sent again | resends sent again | selective NAKs sent / received | READ responses placed ahead | READ gap requests | timeouts | queue drops | CNPs | server's packets onto the link / dropped by its queue | socket overflows server / client |"
+echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+overflows=0
 for loss in $LOSSES; do
   for mode in $MODES; do
     read -r mbps pct secs < <(run "$mode" "$loss")
     st="$(log_name "$mode" "$loss").stat"
     name=$([[ $mode == gbn* ]] && echo "go-back-N" || echo "selective")
     cc=$([[ $mode == *+dcqcn ]] && echo "DCQCN" || echo "none")
-    echo "| $loss % | $name | $cc | $mbps | $pct | $secs | $(counter retransmitted_pkts "$st") | $(counter resend_again_pkts "$st") | $(counter selective_nak_sent "$st" 127.0.33.1) / $(counter selective_nak_rcvd "$st") | $(counter ooo_read_responses "$st") | $(counter read_gap_requests "$st") | $(counter retransmit_timeouts "$st") | $(counter wan_dropped_queue "$st") | $(counter cnp_rcvd "$st") | $(counter wan_shaped "$st" 127.0.33.1) / $(counter wan_dropped_queue "$st" 127.0.33.1) |"
+    echo "| $loss % | $name | $cc | $mbps | $pct | $secs | $(counter retransmitted_pkts "$st") | $(counter resend_again_pkts "$st") | $(counter selective_nak_sent "$st" 127.0.33.1) / $(counter selective_nak_rcvd "$st") | $(counter ooo_read_responses "$st") | $(counter read_gap_requests "$st") | $(counter retransmit_timeouts "$st") | $(counter wan_dropped_queue "$st") | $(counter cnp_rcvd "$st") | $(counter wan_shaped "$st" 127.0.33.1) / $(counter wan_dropped_queue "$st" 127.0.33.1) | $(counter rcvd_socket_overflows "$st" 127.0.33.1) / $(counter rcvd_socket_overflows "$st") |"
+    overflows=$((overflows + $(counter rcvd_socket_overflows "$st" 127.0.33.1) + $(counter rcvd_socket_overflows "$st")))
     csv_row "$mode" "$loss" "$mbps" "$pct" "$secs" "$st"
   done
 done
 echo
+# A full socket buffer is this machine falling behind in real time, not the emulated link:
+# the figures then measure the machine (docs/wide-area.md, "Choosing K").
+if ((overflows > 0)); then
+  echo "note: $overflows packets were dropped by a full socket buffer: $RATE at K = $TDF is $(awk -v b="$BPS" -v k="$TDF" 'BEGIN { printf "%.2f", b / k / 1e9 }') Gbit/s of real time, more than this machine carried here beside the two polling perftest processes; raise WAN_TDF"
+  echo
+fi
 echo "$(date -u +%F) $(nproc) CPUs, load $(cut -d' ' -f1-3 /proc/loadavg)"
 if [[ -n $CSV ]]; then
   echo "CSV: $CSV"
