@@ -194,8 +194,10 @@ for loss in $LOSSES; do
     st="$(log_name "$mode" "$loss").stat"
     name=$([[ $mode == gbn* ]] && echo "go-back-N" || echo "selective")
     cc=$([[ $mode == *+dcqcn ]] && echo "DCQCN" || echo "none")
-    echo "| $loss % | $name | $cc | $mbps | $pct | $secs | $(counter retransmitted_pkts "$st") | $(counter resend_again_pkts "$st") | $(counter selective_nak_sent "$st" 127.0.33.1) / $(counter selective_nak_rcvd "$st") | $(counter ooo_read_responses "$st") | $(counter read_gap_requests "$st") | $(counter retransmit_timeouts "$st") | $(counter wan_dropped_queue "$st") | $(counter cnp_rcvd "$st") | $(counter wan_shaped "$st" 127.0.33.1) / $(counter wan_dropped_queue "$st" 127.0.33.1) | $(counter rcvd_socket_overflows "$st" 127.0.33.1) / $(counter rcvd_socket_overflows "$st") |"
-    overflows=$((overflows + $(counter rcvd_socket_overflows "$st" 127.0.33.1) + $(counter rcvd_socket_overflows "$st")))
+    srv_over=$(counter rcvd_socket_overflows "$st" 127.0.33.1)
+    cli_over=$(counter rcvd_socket_overflows "$st")
+    echo "| $loss % | $name | $cc | $mbps | $pct | $secs | $(counter retransmitted_pkts "$st") | $(counter resend_again_pkts "$st") | $(counter selective_nak_sent "$st" 127.0.33.1) / $(counter selective_nak_rcvd "$st") | $(counter ooo_read_responses "$st") | $(counter read_gap_requests "$st") | $(counter retransmit_timeouts "$st") | $(counter wan_dropped_queue "$st") | $(counter cnp_rcvd "$st") | $(counter wan_shaped "$st" 127.0.33.1) / $(counter wan_dropped_queue "$st" 127.0.33.1) | $srv_over / $cli_over |"
+    overflows=$((overflows + srv_over + cli_over))
     csv_row "$mode" "$loss" "$mbps" "$pct" "$secs" "$st"
   done
 done
