@@ -420,7 +420,10 @@ std::vector<PeerQp> Engine::peer_qps(std::string_view peer) const {
     if (ibv_query_qp(q->qp, &a, IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_MAX_QP_RD_ATOMIC, &init))
       continue;
     out.push_back(PeerQp{impl_->context.devs[q->dev].name, q->qp->qp_num, a.dest_qp_num,
-                         128u << a.path_mtu, a.max_rd_atomic, q->window, it->second->path_rtt});
+                         128u << a.path_mtu, a.max_rd_atomic, q->window,
+                         it->second->path_probes >= detail::kPathProbes
+                             ? it->second->path_rtt
+                             : std::chrono::nanoseconds{0}});
   }
   return out;
 }

@@ -152,8 +152,8 @@ struct PeerQp {
   uint32_t max_rd_atomic = 0;  ///< READs/atomics this QP may have in flight (IBTA vol 1, 9.5)
   /// Data slices it may have outstanding now (EngineOptions::max_wr, raised by the path).
   uint32_t window = 0;
-  /// The connection's RTT as the path probes measured it (0 while none completed, or with
-  /// max_wr_from_path off).
+  /// The connection's RTT as the path probes measured it: 0 until all of them completed and
+  /// the windows were set from it, and with max_wr_from_path off.
   std::chrono::nanoseconds path_rtt{0};
 };
 

@@ -10,11 +10,15 @@
 // The initiator runs every (QPs, block size) pair for --duration seconds: `threads` threads
 // each submit batches of `batch_size` transfers of `block_size` bytes (distinct offsets of
 // its share of the buffer, the same offsets on the target) and wait for each, keeping up to
-// --inflight batches submitted (default 1: submit, wait, submit). A QP count is
+// --inflight batches submitted (default 1: submit, wait, submit); with --iterations N each
+// thread submits exactly N batches instead (a hand-off of a fixed size: a KV cache larger
+// than the buffer is N batches over the same offsets again — the source bytes never change,
+// so the target's bytes are the same whatever order the WRITEs land in). A QP count is
 // a fresh engine "<name>-q<N>" (the QPs per peer are fixed per connection). Output, one row
-// per pair: GB/s (1e9 B/s) over the row's wall time, and the batch latency p50 / p99 (µs;
+// per pair: GB/s (1e9 B/s) over the row's wall time, the batch latency p50 / p99 (µs;
 // submit to completion, so with --inflight > 1 it includes the wait behind earlier
-// batches). The initiator finally tells the target to exit.
+// batches), and the row's time (ms, first submit to last completion; virtual under time
+// dilation). The initiator finally tells the target to exit.
 #include <fmt/core.h>
 
 #include <CLI/CLI.hpp>
@@ -55,7 +59,9 @@ struct Options {
   std::string buffer_size = "256m";
   uint32_t threads = 1;
   uint32_t inflight = 1;  ///< batches each thread keeps submitted before it waits
-  double duration = 2.0;
+  /// Batches each thread submits per row; 0: as many as `duration` allows.
+  uint64_t iterations = 0;
+  double duration = 2.0;  ///< seconds per row (virtual under time dilation)
   bool keep_target = false;
   std::string devices;  ///< comma list of verbs device names; empty: SOFTRDMA_KV_IB_DEVICE / all
 };
@@ -83,9 +89,10 @@ std::string join(const std::vector<std::string>& v) {
 }
 
 struct Row {
-  double gbps = 0;
-  double p50_us = 0, p99_us = 0;
+  double gbps = 0;                ///< bytes moved ÷ the row's time, GB/s = 1e9 B/s
+  double p50_us = 0, p99_us = 0;  ///< batch latency, submit to completion, µs
   uint64_t batches = 0;
+  double ms = 0;  ///< the row's time, first submit to the last batch's completion, ms
 };
 
 int run_target(const Options& o, std::shared_ptr<MetadataStore> store) {
@@ -113,9 +120,10 @@ Row run_row(Engine& e, SegmentHandle h, uint8_t* buf, uint64_t buf_size, Opcode 
   std::atomic<uint64_t> bytes{0};
   std::vector<std::vector<double>> lat(o.threads);
   std::vector<std::string> errors(o.threads);
-  std::mutex failed_mu;  // guards `failed`, which wakes the waiting main thread
+  std::mutex failed_mu;  // guards `failed` and `finished`, which wake the waiting main thread
   std::condition_variable failed_cv;
   bool failed = false;
+  uint32_t finished = 0;  // threads done with their --iterations
   const uint64_t share = buf_size / o.threads;
   const uint64_t slots = std::max<uint64_t>(1, share / block);
   auto worker = [&](uint32_t t) {
@@ -134,7 +142,7 @@ Row run_row(Engine& e, SegmentHandle h, uint8_t* buf, uint64_t buf_size, Opcode 
       bytes += block * o.batch_size;
     };
     try {
-      while (!stop) {
+      for (uint64_t n = 0; !stop && (o.iterations == 0 || n < o.iterations); ++n) {
         while (pending.size() >= o.inflight) finish_oldest();
         for (uint64_t i = 0; i < o.batch_size; ++i) {
           const uint64_t off = t * share + (next++ % slots) * block;
@@ -146,6 +154,9 @@ Row run_row(Engine& e, SegmentHandle h, uint8_t* buf, uint64_t buf_size, Opcode 
         pending.emplace_back(b, submitted);
       }
       while (!pending.empty()) finish_oldest();
+      std::lock_guard lock(failed_mu);
+      ++finished;
+      failed_cv.notify_all();
     } catch (const std::exception& ex) {
       errors[t] = ex.what();
       // A failed batch ends the row now, not when --duration runs out.
@@ -159,8 +170,14 @@ Row run_row(Engine& e, SegmentHandle h, uint8_t* buf, uint64_t buf_size, Opcode 
   for (uint32_t t = 0; t < o.threads; ++t) ts.emplace_back(worker, t);
   {
     std::unique_lock lock(failed_mu);
-    softrdma::clock::wait_for(failed_cv, lock, std::chrono::duration<double>(o.duration),
-                              [&] { return failed; });
+    if (o.iterations > 0)  // each batch's wait is bounded (60 s): so is this one
+      while (!g_interrupted &&
+             !softrdma::clock::wait_for(failed_cv, lock, std::chrono::milliseconds(200),
+                                        [&] { return failed || finished == o.threads; })) {
+      }
+    else
+      softrdma::clock::wait_for(failed_cv, lock, std::chrono::duration<double>(o.duration),
+                                [&] { return failed; });
   }
   stop = true;
   for (auto& t : ts) t.join();
@@ -172,6 +189,7 @@ Row run_row(Engine& e, SegmentHandle h, uint8_t* buf, uint64_t buf_size, Opcode 
   Row r;
   r.batches = all.size();
   r.gbps = static_cast<double>(bytes.load()) / secs / 1e9;
+  r.ms = secs * 1e3;
   r.p50_us = tool::percentile(all, 0.50);
   r.p99_us = tool::percentile(all, 0.99);
   return r;
@@ -200,8 +218,9 @@ int run_initiator(const Options& o, std::shared_ptr<MetadataStore> store) {
       o.operation, o.segment_id, o.batch_size, o.threads, o.inflight, o.duration,
       tool::size_text(base.slice_bytes), base.max_wr,
       base.device_list().empty() ? std::string("all") : join(base.device_list()));
-  fmt::print("{:>9} {:>11} {:>10} {:>4} {:>7} {:>9} {:>9} {:>10} {:>10}\n", "operation",
-             "block_size", "batch_size", "qps", "threads", "GB/s", "batches", "p50_us", "p99_us");
+  fmt::print("{:>9} {:>11} {:>10} {:>4} {:>7} {:>9} {:>9} {:>10} {:>10} {:>10}\n", "operation",
+             "block_size", "batch_size", "qps", "threads", "GB/s", "batches", "p50_us", "p99_us",
+             "ms");
   std::fflush(stdout);
   std::unique_ptr<Engine> last;
   for (uint64_t q : qps_list) {
@@ -223,10 +242,21 @@ int run_initiator(const Options& o, std::shared_ptr<MetadataStore> store) {
     }
     if (e->segment_info(h).length < size)
       throw std::invalid_argument("the target's buffer is smaller than --buffer_size");
+    // The rows measure a connection whose windows are sized: the path's RTT is probed once
+    // connected (EngineOptions::max_wr_from_path, five probes one after another; PeerQp's
+    // path_rtt reads 0 until the windows are set); a row that began before would run its
+    // first round trips at max_wr. At most 10 s.
+    if (opt.max_wr_from_path)
+      for (const auto probed = Clock::now() + 10s; Clock::now() < probed;) {
+        const std::vector<PeerQp> qs = e->peer_qps(o.segment_id);
+        if (!qs.empty() && qs[0].path_rtt.count() > 0) break;
+        softrdma::clock::sleep_for(1ms);
+      }
     for (uint64_t b : blocks) {
       const Row r = run_row(*e, h, buf.data(), size, op, b, o);
-      fmt::print("{:>9} {:>11} {:>10} {:>4} {:>7} {:>9.3f} {:>9} {:>10.1f} {:>10.1f}\n",
-                 o.operation, b, o.batch_size, q, o.threads, r.gbps, r.batches, r.p50_us, r.p99_us);
+      fmt::print("{:>9} {:>11} {:>10} {:>4} {:>7} {:>9.3f} {:>9} {:>10.1f} {:>10.1f} {:>10.1f}\n",
+                 o.operation, b, o.batch_size, q, o.threads, r.gbps, r.batches, r.p50_us, r.p99_us,
+                 r.ms);
       std::fflush(stdout);
       if (g_interrupted) break;
     }
@@ -284,6 +314,13 @@ int main(int argc, char** argv) {
                  "QPs per peer; a list runs one engine each (default SOFTRDMA_KV_QPS)");
   app.add_option("--duration", o.duration, "seconds per row")
       ->check(CLI::Range(0.01, 3600.0))
+      ->capture_default_str();
+  app.add_option("--iterations", o.iterations,
+                 "batches each thread submits per row, in place of --duration (nixlbench's "
+                 "--num_iter); the row's ms column is then a hand-off of threads × iterations × "
+                 "batch_size × block_size bytes, first submit to last completion (0: "
+                 "--duration)")
+      ->check(CLI::Range(uint64_t{0}, uint64_t{1} << 32))
       ->capture_default_str();
   app.add_flag("--keep-target", o.keep_target, "do not tell the target to exit at the end");
   app.add_option("--devices", o.devices,

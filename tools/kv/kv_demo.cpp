@@ -50,6 +50,7 @@ struct Options {
   uint32_t requests = 5;
   std::string modes = "whole,layerwise";
   bool contiguous = false;
+  bool describe = false;  ///< print the layout and exit
 };
 
 double ms_since(Clock::time_point t0, Clock::time_point t1) {
@@ -133,6 +134,30 @@ std::vector<std::string> mode_list(const Options& o) {
     out.push_back(m);
   }
   return out;
+}
+
+/// The run's first line: model, tokens, blocks, cache size (MiB = 2^20 B), compute per layer.
+void print_header(const Setup& s, const Options& o) {
+  const PagedKvLayout& L = s.layout;
+  fmt::print(
+      "# kv-demo: {} ({} layers, {} per token), {} tokens = {} blocks of {} tokens, "
+      "cache {:.1f} MiB ({:.2f} MiB per layer); {} ms compute per layer; decode blocks {}\n",
+      L.model().name, L.model().layers, tool::size_text(L.model().bytes_per_token()), o.tokens,
+      L.num_blocks(), o.block_tokens, L.total_bytes() / 1048576.0, L.layer_bytes() / 1048576.0,
+      o.layer_ms, o.contiguous ? "contiguous" : "scattered");
+}
+
+/// --describe: the header, then the layout as key=value (bytes; one transfer per block and
+/// K/V part and layer: transfers = layers × parts × blocks), for scripts that size a
+/// hand-off without allocating it (bench/kv_wan.sh).
+int describe(const Options& o) {
+  const Setup s = make_setup(o);
+  const PagedKvLayout& L = s.layout;
+  print_header(s, o);
+  fmt::print("layout: cache_bytes={} block_bytes={} blocks={} layers={} parts={} transfers={}\n",
+             L.total_bytes(), L.block_bytes(), L.num_blocks(), L.model().layers, L.model().parts(),
+             uint64_t{L.model().layers} * L.model().parts() * L.num_blocks());
+  return 0;
 }
 
 // ---- decode -------------------------------------------------------------------------------
@@ -257,12 +282,7 @@ int run_prefill(const Options& o, std::shared_ptr<MetadataStore> store) {
       softrdma::clock::sleep_for(50ms);
     }
   }
-  fmt::print(
-      "# kv-demo: {} ({} layers, {} per token), {} tokens = {} blocks of {} tokens, "
-      "cache {:.1f} MiB ({:.2f} MiB per layer); {} ms compute per layer; decode blocks {}\n",
-      L.model().name, L.model().layers, tool::size_text(L.model().bytes_per_token()), o.tokens,
-      L.num_blocks(), o.block_tokens, L.total_bytes() / 1048576.0, L.layer_bytes() / 1048576.0,
-      o.layer_ms, o.contiguous ? "contiguous" : "scattered");
+  print_header(s, o);
   fmt::print("{:>10} {:>4} {:>11} {:>16} {:>15} {:>15}\n", "mode", "req", "compute_ms",
              "exposed_prefill", "exposed_decode", "blocks_ok");
   std::fflush(stdout);
@@ -349,8 +369,12 @@ int main(int argc, char** argv) {
   app.add_option("--modes", o.modes, "whole and/or layerwise")->capture_default_str();
   app.add_flag("--contiguous", o.contiguous,
                "decode's blocks in the same order as prefill's (default: scattered)");
+  app.add_flag("--describe", o.describe,
+               "print the cache's layout (bytes per block, transfers) and exit, allocating "
+               "nothing");
   CLI11_PARSE(app, argc, argv);
   try {
+    if (o.describe) return describe(o);
     if (o.role == "both") {
       std::fflush(stdout);
       const pid_t child = fork();
