@@ -13,6 +13,7 @@
 #   KV_WAN_MODEL   kv-demo --model (llama3-8b); KV_WAN_TOKENS prompt tokens (2048)
 #   KV_WAN_LAYER_MS synthetic compute per layer, ms (4)
 #   KV_WAN_REQS    kv-demo requests per mode (2)
+#   KV_WAN_QPS     kv-bench's QPs per peer (2; kv-demo uses the engine's default, 2)
 #   KV_WAN_MAX_CACHE_MIB  the largest cache kv-demo allocates (4096: its two processes hold a
 #                  copy each, on this machine's 24 GiB). A larger cache (Llama-3-70B at 32 K
 #                  tokens is 10 GiB) is handed off by kv-bench instead: one WRITE per block
@@ -50,6 +51,7 @@ TOKENS=${KV_WAN_TOKENS:-2048}
 LAYER_MS=${KV_WAN_LAYER_MS:-4}
 REQS=${KV_WAN_REQS:-2}
 SECS=${KV_WAN_SECS:-2}
+QPS=${KV_WAN_QPS:-2}
 MAX_CACHE_MIB=${KV_WAN_MAX_CACHE_MIB:-4096}
 REGION_MIB=${KV_WAN_REGION_MIB:-1024}
 K=${SOFTRDMA_TDF:-1}
@@ -104,7 +106,7 @@ for rtt in $RTTS; do
         --buffer_size "${REGION_MIB}m" >"$OUT/target" 2>&1 &
       SOFTRDMA_WAN="$wan" timeout "$(bound 540)" "$B/bin/softrdma" run --addr 127.0.32.2 -- \
         "$B/bin/kv-bench" --mode initiator --metadata "tcp://127.0.0.1:$port" --operation write \
-        --block_size "$BLOCK_BYTES" --qps 2 --batch_size "$BATCH" --iterations "$ITERS" \
+        --block_size "$BLOCK_BYTES" --qps "$QPS" --batch_size "$BATCH" --iterations "$ITERS" \
         --inflight "$ITERS" --buffer_size "${REGION_MIB}m" >"$OUT/bench" 2>&1
       wait
       whole=$(awk '$1 == "write" { print $10; exit }' "$OUT/bench")
@@ -130,7 +132,7 @@ for rtt in $RTTS; do
       --serve-metadata --metadata "tcp://127.0.0.1:$port" --buffer_size 128m >"$OUT/target" 2>&1 &
     SOFTRDMA_WAN="$wan" timeout "$(bound 120)" "$B/bin/softrdma" run --addr 127.0.32.2 -- "$B/bin/kv-bench" \
       --mode initiator --metadata "tcp://127.0.0.1:$port" --operation write --block_size 1m \
-      --qps 2 --batch_size 64 --buffer_size 128m --duration "$SECS" >"$OUT/bench" 2>&1
+      --qps "$QPS" --batch_size 64 --buffer_size 128m --duration "$SECS" >"$OUT/bench" 2>&1
     wait
     gbps=$(awk '$1 == "write" { print $6; exit }' "$OUT/bench")
     if [[ -z $whole ]]; then
