@@ -87,7 +87,7 @@ if ((CACHE_BYTES > MAX_CACHE_MIB * 1048576)); then
 fi
 echo "## KV hand-off over an emulated link: $RATE, $MODEL, $TOKENS tokens, $LAYER_MS ms compute per layer"
 echo
-echo "| RTT | loss | ideal (link only) | whole-cache exposed | layer-wise exposed | kv-bench WRITE 1 MiB × 2 QPs |"
+echo "| RTT | loss | ideal (link only) | whole-cache exposed | layer-wise exposed | kv-bench WRITE 1 MiB × $QPS QPs |"
 echo "|---|---|---|---|---|---|"
 for rtt in $RTTS; do
   for loss in $LOSSES; do
