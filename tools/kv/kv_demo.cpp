@@ -4,6 +4,7 @@
 //
 //   kv-demo --role both                     # forks the decode process, runs prefill here
 //   kv-demo --role decode --serve-metadata &  kv-demo --role prefill   # two shells
+//   kv-demo --describe --model llama3-70b --tokens 32768   # the layout only, nothing allocated
 //
 // Per request and layer, prefill "computes" the layer: it fills the request's blocks with
 // fresh pseudo-random bytes, checksums each block (K and V apart), and sleeps out the rest
