@@ -77,6 +77,7 @@ CACHE_BYTES=$(layout cache_bytes)
 BLOCK_BYTES=$(layout block_bytes)
 TRANSFERS=$(layout transfers)
 BIG=0
+moved=$CACHE_BYTES
 if ((CACHE_BYTES > MAX_CACHE_MIB * 1048576)); then
   BIG=1
   # Batches of at most 65,536 WRITEs (kv-bench's --batch_size bound), all in flight at once.
@@ -85,6 +86,21 @@ if ((CACHE_BYTES > MAX_CACHE_MIB * 1048576)); then
   moved=$((ITERS * BATCH * BLOCK_BYTES))
   echo "(cache $((CACHE_BYTES / 1048576)) MiB > KV_WAN_MAX_CACHE_MIB $MAX_CACHE_MIB: handed off by kv-bench, $ITERS batches of $BATCH WRITEs of $BLOCK_BYTES B = $((moved / 1048576)) MiB, through $REGION_MIB MiB registered on each side; layer-wise not measured)"
 fi
+# kv_bench_run BUFFER SECONDS ARGS… → a kv-bench target and initiator through the point's link
+# ($wan, store on $port), each registering BUFFER, the initiator writing with ARGS, bounded by
+# SECONDS of virtual time (the target by a minute more); the initiator's rows in $OUT/bench.
+kv_bench_run() {
+  local buffer=$1 secs=$2
+  shift 2
+  SOFTRDMA_WAN="$wan" timeout "$(bound $((secs + 60)))" "$B/bin/softrdma" run --addr 127.0.32.1 -- \
+    "$B/bin/kv-bench" --mode target --serve-metadata --metadata "tcp://127.0.0.1:$port" \
+    --buffer_size "$buffer" >"$OUT/target" 2>&1 &
+  SOFTRDMA_WAN="$wan" timeout "$(bound "$secs")" "$B/bin/softrdma" run --addr 127.0.32.2 -- \
+    "$B/bin/kv-bench" --mode initiator --metadata "tcp://127.0.0.1:$port" --operation write \
+    --qps "$QPS" --buffer_size "$buffer" "$@" >"$OUT/bench" 2>&1
+  wait
+}
+
 echo "## KV hand-off over an emulated link: $RATE, $MODEL, $TOKENS tokens, $LAYER_MS ms compute per layer"
 echo
 echo "| RTT | loss | ideal (link only) | whole-cache exposed | layer-wise exposed | kv-bench WRITE 1 MiB × $QPS QPs |"
@@ -97,18 +113,12 @@ for rtt in $RTTS; do
     queue=$(awk -v b="$BPS" -v r="$rtt" 'BEGIN { q = b / 8 * r / 1000; if (q < 1048576) q = 1048576; printf "%d", q }')
     wan="delay=$delay,rate=$RATE,loss=$loss%,queue=$queue"
     port=$((port + 1))
+    # The link alone: the bytes moved at the rate, plus one RTT.
+    ideal=$(awk -v m="$moved" -v b="$BPS" -v r="$rtt" 'BEGIN { printf "%.1f", m * 8 / b * 1000 + r }')
+    cache_mib=$(awk -v m="$CACHE_BYTES" 'BEGIN { printf "%.1f", m / 1048576 }')
     if ((BIG)); then
-      # The link alone: the bytes moved at the rate, plus one RTT.
-      ideal=$(awk -v m="$moved" -v b="$BPS" -v r="$rtt" 'BEGIN { printf "%.1f", m * 8 / b * 1000 + r }')
-      cache_mib=$(awk -v m="$CACHE_BYTES" 'BEGIN { printf "%.1f", m / 1048576 }')
-      SOFTRDMA_WAN="$wan" timeout "$(bound 600)" "$B/bin/softrdma" run --addr 127.0.32.1 -- \
-        "$B/bin/kv-bench" --mode target --serve-metadata --metadata "tcp://127.0.0.1:$port" \
-        --buffer_size "${REGION_MIB}m" >"$OUT/target" 2>&1 &
-      SOFTRDMA_WAN="$wan" timeout "$(bound 540)" "$B/bin/softrdma" run --addr 127.0.32.2 -- \
-        "$B/bin/kv-bench" --mode initiator --metadata "tcp://127.0.0.1:$port" --operation write \
-        --block_size "$BLOCK_BYTES" --qps "$QPS" --batch_size "$BATCH" --iterations "$ITERS" \
-        --inflight "$ITERS" --buffer_size "${REGION_MIB}m" >"$OUT/bench" 2>&1
-      wait
+      kv_bench_run "${REGION_MIB}m" 540 --block_size "$BLOCK_BYTES" --batch_size "$BATCH" \
+        --iterations "$ITERS" --inflight "$ITERS"
       whole=$(awk '$1 == "write" { print $10; exit }' "$OUT/bench")
       gbps=$(awk '$1 == "write" { print $6; exit }' "$OUT/bench")
       if [[ -z $whole ]]; then
@@ -122,18 +132,11 @@ for rtt in $RTTS; do
     SOFTRDMA_WAN="$wan" timeout "$(bound 300)" "$B/bin/softrdma" run -- "$B/bin/kv-demo" --role both \
       --model "$MODEL" --tokens "$TOKENS" --layer_ms "$LAYER_MS" --requests "$REQS" \
       --metadata "tcp://127.0.0.1:$port" >"$OUT/demo" 2>&1
-    cache_mib=$(awk '/cache/ { for (i = 1; i < NF; i++) if ($(i + 1) == "MiB") { print $i; exit } }' "$OUT/demo")
     whole=$(awk '$1 == "whole" && $NF == "ms" { print $2; exit }' "$OUT/demo")
     lw=$(awk '$1 == "layerwise" && /layer transfers/ { print $2; exit }' "$OUT/demo")
     per=$(awk '$1 == "layerwise" && /layer transfers/ { gsub(/\(/, "", $8); print $8; exit }' "$OUT/demo")
-    ideal=$(awk -v m="${cache_mib:-0}" -v b="$BPS" -v r="$rtt" 'BEGIN { printf "%.1f", m * 1048576 * 8 / b * 1000 + r }')
     port=$((port + 1))
-    SOFTRDMA_WAN="$wan" "$B/bin/softrdma" run --addr 127.0.32.1 -- "$B/bin/kv-bench" --mode target \
-      --serve-metadata --metadata "tcp://127.0.0.1:$port" --buffer_size 128m >"$OUT/target" 2>&1 &
-    SOFTRDMA_WAN="$wan" timeout "$(bound 120)" "$B/bin/softrdma" run --addr 127.0.32.2 -- "$B/bin/kv-bench" \
-      --mode initiator --metadata "tcp://127.0.0.1:$port" --operation write --block_size 1m \
-      --qps "$QPS" --batch_size 64 --buffer_size 128m --duration "$SECS" >"$OUT/bench" 2>&1
-    wait
+    kv_bench_run 128m 120 --block_size 1m --batch_size 64 --duration "$SECS"
     gbps=$(awk '$1 == "write" { print $6; exit }' "$OUT/bench")
     if [[ -z $whole ]]; then
       echo "kv-demo failed at RTT $rtt ms, loss $loss %:" >&2
