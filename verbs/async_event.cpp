@@ -37,7 +37,8 @@ using namespace softrdma::verbs;
 namespace {
 
 std::mutex g_live_mu;
-std::unordered_set<const void*> g_live;  // QPs, CQs and SRQs events may name
+// QPs, CQs and SRQs events may name. Never destroyed (objects.h, "Process-wide state").
+std::unordered_set<const void*>& g_live = *new std::unordered_set<const void*>;
 
 bool names_qp(ibv_event_type t) {
   switch (t) {

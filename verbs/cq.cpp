@@ -22,7 +22,8 @@ static_assert(IBV_WC_RECV_RDMA_WITH_IMM == int(engine::WcOpcode::kRecvRdmaWithIm
 /// the pipe; ibv_get_cq_event skips such events instead of returning a freed CQ (the
 /// kernel drops them from its queue in the same case).
 std::mutex g_cq_mu;
-std::unordered_set<ibv_cq*> g_live_cqs;
+/// Never destroyed (objects.h, "Process-wide state").
+std::unordered_set<ibv_cq*>& g_live_cqs = *new std::unordered_set<ibv_cq*>;
 
 void fill_wc(const engine::Cqe& c, ibv_wc& w) {
   w = ibv_wc{};

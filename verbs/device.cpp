@@ -77,8 +77,10 @@ std::mutex g_open_mu;
 /// The devices this process has open, by address. ibv_open_device shares one of them (the
 /// default: SOFTRDMA_ADDR's, else the first one opened); the RDMA-CM opens one per address it
 /// binds (softrdma_open_device_at), so a process may own several addresses.
-std::map<uint32_t, std::weak_ptr<engine::Device>> g_open_devices;
-std::weak_ptr<engine::Device> g_default_device;
+/// Never destroyed (objects.h, "Process-wide state").
+std::map<uint32_t, std::weak_ptr<engine::Device>>& g_open_devices =
+    *new std::map<uint32_t, std::weak_ptr<engine::Device>>;
+std::weak_ptr<engine::Device>& g_default_device = *new std::weak_ptr<engine::Device>;
 
 /// EUI-64-style GUID from the device address (device_identity.h), in network order.
 __be64 guid_for(uint32_t ip) {

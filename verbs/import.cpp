@@ -76,7 +76,9 @@ namespace {
 
 std::mutex g_files_mu;
 /// The command files of this process by the inode of their memfd.
-std::map<std::pair<dev_t, ino_t>, std::weak_ptr<CommandFile>> g_files;
+/// Never destroyed (objects.h, "Process-wide state").
+std::map<std::pair<dev_t, ino_t>, std::weak_ptr<CommandFile>>& g_files =
+    *new std::map<std::pair<dev_t, ino_t>, std::weak_ptr<CommandFile>>;
 
 CommandFile* file_of(ibv_context* ctx) {
   return to_ctx(ctx)->file.get();

@@ -1,6 +1,15 @@
 // The handles the libibverbs ABI hands out, each the public verbs struct followed by the
 // engine object it stands for. Every struct begins with the public struct, so a pointer to
 // one is a pointer to the other (the same trick rdma-core's providers use).
+//
+// Process-wide state (the sets of live CQs and of objects async events may name, the open
+// devices, command files and XRC domains) is never destroyed: `T& g = *new T`, not a static T.
+// A program may call exit() while another of its threads is still in a verbs call — rping's
+// CM thread does on every failed connect while its main thread destroys the QP and its CQ
+// thread reads the flushed receive's event — and exit() runs static destructors, so a
+// destroyed map there is a crash in the exiting process. With the kernel's verbs that state
+// lives in the kernel and outlives the call. (Found by clang's -Wexit-time-destructors;
+// verbs/tests/exit_race_test.cpp.)
 #pragma once
 
 #include <infiniband/verbs.h>

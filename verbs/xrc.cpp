@@ -35,7 +35,9 @@ struct DomainKey {
     return std::tie(dev, st_dev, st_ino) < std::tie(o.dev, o.st_dev, o.st_ino);
   }
 };
-std::map<DomainKey, std::weak_ptr<XrcdShared>> g_domains;
+/// Never destroyed (objects.h, "Process-wide state").
+std::map<DomainKey, std::weak_ptr<XrcdShared>>& g_domains =
+    *new std::map<DomainKey, std::weak_ptr<XrcdShared>>;
 
 }  // namespace
 

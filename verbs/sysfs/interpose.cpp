@@ -136,8 +136,9 @@ std::string tree_name(const std::vector<sysfs::DeviceView>& views) {
 /// empty when it cannot be (the real paths are used then).
 std::string tree_root() {
   static std::mutex mu;
-  static std::vector<uint32_t> cached_ips;
-  static std::string cached_root;
+  // Never destroyed (objects.h, "Process-wide state").
+  static auto& cached_ips = *new std::vector<uint32_t>;
+  static auto& cached_root = *new std::string;
   const std::vector<uint32_t> ips = device_ips();
   std::lock_guard lk(mu);
   if (ips == cached_ips && !cached_root.empty()) return cached_root;
