@@ -75,19 +75,24 @@ const pid_t g_library_pid = ::getpid();
 
 struct Unload {
   ~Unload() {
-    bool idle = false;
+    bool idle = false, locked = false;
+    std::vector<std::unique_ptr<CmDevice>> devs;
     // A child forked while another thread held g_mu never sees it released: wait less there.
     const int tries = g_library_pid == ::getpid() ? 2000 : 200;
-    for (int i = 0; i < tries; ++i) {
-      if (g_mu.try_lock()) {
-        release_all_connections_locked();
-        idle = live_ids_locked() == 0;
-        g_mu.unlock();
-        break;
-      }
+    for (int i = 0; i < tries && !(locked = g_mu.try_lock()); ++i)
       clock::real_sleep_ns(1'000'000);  // real: waits for a lock holder, not the network
+    if (locked) {
+      release_all_connections_locked();
+      // Whether IDs are left and which devices there are, in one critical section: an ID
+      // another thread binds after it (exit() from one thread while others still call in:
+      // rping's failed connect) finds no device taken here and opens its own.
+      idle = live_ids_locked() == 0;
+      devs = CmDevice::take_all_locked();
+      g_mu.unlock();
+    } else {
+      devs = CmDevice::take_all_locked();  // g_mu stuck: nobody opens devices then
     }
-    CmDevice::close_all(idle);
+    CmDevice::close_all(std::move(devs), idle);
   }
 } g_unload;
 
@@ -214,14 +219,13 @@ std::vector<CmDevice*> CmDevice::all_locked() {
   return out;
 }
 
-void CmDevice::close_all(bool close) {
+std::vector<std::unique_ptr<CmDevice>> CmDevice::take_all_locked() {
   std::vector<std::unique_ptr<CmDevice>> devs;
-  bool locked = false;
-  const int tries = g_library_pid == ::getpid() ? 2000 : 200;
-  for (int i = 0; i < tries && !(locked = g_mu.try_lock()); ++i)
-    clock::real_sleep_ns(1'000'000);  // real: waits for a lock holder, not the network
-  devs.swap(devices());  // unlocked only at unload with g_mu stuck: nobody opens devices then
-  if (locked) g_mu.unlock();
+  devs.swap(devices());
+  return devs;
+}
+
+void CmDevice::close_all(std::vector<std::unique_ptr<CmDevice>> devs, bool close) {
   // Outside g_mu: the threads take it.
   for (auto& d : devs) {
     d->stop_ = true;
@@ -236,9 +240,12 @@ void CmDevice::close_all(bool close) {
       continue;
     }
     // A thread that does not come back within 2 s (stuck behind g_mu) is left: waiting for
-    // it would hang the unload.
-    for (int i = 0; i < 2000 && !d->exited_; ++i)
-      clock::real_sleep_ns(1'000'000);  // real: waits for a thread to exit, not the network
+    // it would hang the unload. Polled every 20 µs: a kicked thread is back within tens of
+    // µs, and every ms the exit takes is a ms in which another thread of the application can
+    // reach exit() too (docs/rdma-cm.md, "exit() beside a call in progress").
+    const uint64_t until = clock::real_now_ns() + 2'000'000'000;
+    while (!d->exited_ && clock::real_now_ns() < until)
+      clock::real_sleep_ns(20'000);  // real: waits for a thread to exit, not the network
     if (d->exited_ && d->thread_.get_id() != std::this_thread::get_id()) {
       d->thread_.join();
     } else {

@@ -38,13 +38,16 @@ class CmDevice {
   static CmDevice* get_locked(uint32_t ip, int& err);
   /// Every device opened so far (rdma_get_devices). g_mu held.
   static std::vector<CmDevice*> all_locked();
-  /// Library unload (dlclose, or process exit): stops every device's CM thread, so that none
-  /// runs on in an unmapped library, and — when `close` (no rdma_cm_id is left) — destroys
-  /// QP1 and the PD and closes the contexts, so that the engine's progress threads stop too.
-  /// Devices an application still uses (IDs left, maybe its QPs on id->verbs) are left open.
-  /// Takes g_mu (for at most 2 s: at unload it may stay busy), waits for each thread at most
-  /// 2 s, and leaves open what it could not stop.
-  static void close_all(bool close);
+  /// Library unload: removes every device from the list (a later get_locked opens anew) and
+  /// returns them, for close_all. g_mu held (or stuck: see Unload in cm_device.cpp).
+  static std::vector<std::unique_ptr<CmDevice>> take_all_locked();
+  /// Library unload (dlclose, or process exit), for the devices take_all_locked returned:
+  /// stops every device's CM thread, so that none runs on in an unmapped library, and — when
+  /// `close` (no rdma_cm_id was left when they were taken) — destroys QP1 and the PD and
+  /// closes the contexts, so that the engine's progress threads stop too. Devices an
+  /// application still uses (IDs left, maybe its QPs on id->verbs) are left open. g_mu not
+  /// held; waits for each thread at most 2 s, and leaves open what it could not stop.
+  static void close_all(std::vector<std::unique_ptr<CmDevice>> devs, bool close);
 
   ~CmDevice();
   CmDevice(const CmDevice&) = delete;

@@ -14,15 +14,20 @@
 #   rdma_server    rdma_server -s S -p P / rdma_client -s S -p P     (synchronous endpoints)
 #   rdma_xserver   rdma_xserver -p P / rdma_xclient -s S -p P        (RC, wildcard listen)
 #   rdma_xserver_xrc  the same with -c x                             (XRC)
-#   no_listener    rping -c to a port nobody listens on (the device exists): the REQ is
-#                  answered with REJ "invalid service ID", rping reports
-#                  RDMA_CM_EVENT_REJECTED with status 8 and fails — quickly
-#   peer_stopped   the server is stopped (SIGSTOP) after listening: its CM answers nothing,
-#                  the client's REQ times out after its retries (SOFTRDMA_CM_RESPONSE_TIMEOUT
-#                  =10, SOFTRDMA_CM_RETRIES=2) and rping reports RDMA_CM_EVENT_UNREACHABLE
-#                  with status -110 (-ETIMEDOUT) — never a hang
-#   no_device      rping -c to an address where no RoCEv2 endpoint lives:
+#   no_listener    ucmatose -s to a port nobody listens on (rping -s listens on another one
+#                  there): the REQ is answered with REJ "invalid service ID", ucmatose
+#                  reports RDMA_CM_EVENT_REJECTED with status 8 and fails — quickly
+#   peer_stopped   the server (rping -s) is stopped (SIGSTOP) after listening: its CM answers
+#                  nothing, the client's REQ times out after its retries
+#                  (SOFTRDMA_CM_RESPONSE_TIMEOUT=10, SOFTRDMA_CM_RETRIES=2) and ucmatose
+#                  reports RDMA_CM_EVENT_UNREACHABLE with status -110 (-ETIMEDOUT) — never a hang
+#   no_device      ucmatose -s to an address where no RoCEv2 endpoint lives:
 #                  RDMA_CM_EVENT_ADDR_ERROR with status -113 (-EHOSTUNREACH), at once
+#                  (The three failure cases run ucmatose, not rping: rping 44's CM thread calls
+#                  exit() on the failure event while its main thread tears down and returns
+#                  from main — two exit() at once, which glibc 2.36 does not survive
+#                  reliably, whatever the RDMA stack: docs/rdma-cm.md, "exit() beside a call
+#                  in progress". ucmatose fails from its one thread.)
 #   foreign_verbs  rping with softrdma's librdmacm.so.1 but Debian's libibverbs.so.1: it must
 #                  fail at once, saying it needs softrdma's libibverbs
 #   shared_rping   rping -s and rping -c -C 20 -V both at ONE address (two processes sharing
@@ -220,8 +225,8 @@ case "$CASE" in
     LISTEN_PORT=$((PORT + 50))
     start_server "$S" rping -s -a "$S" -p "$LISTEN_PORT"
     t1=$SECONDS
-    run_client "$C" rping -c -a "$S" -p "$PORT" -C 1
-    client_fails_with "RDMA_CM_EVENT_REJECTED, error 8$" 10 $((SECONDS - t1))
+    run_client "$C" ucmatose -s "$S" -p "$PORT" -C 1
+    client_fails_with "event: RDMA_CM_EVENT_REJECTED, error: 8$" 10 $((SECONDS - t1))
     ;;
   peer_stopped)
     start_server "$S" rping -s -a "$S" -p "$PORT"
@@ -231,13 +236,13 @@ case "$CASE" in
     kill -STOP "$rping_pid"
     t1=$SECONDS
     export SOFTRDMA_CM_RESPONSE_TIMEOUT=10 SOFTRDMA_CM_RETRIES=2
-    run_client "$C" rping -c -a "$S" -p "$PORT" -C 1
-    client_fails_with "RDMA_CM_EVENT_UNREACHABLE, error -110$" 20 $((SECONDS - t1))
+    run_client "$C" ucmatose -s "$S" -p "$PORT" -C 1
+    client_fails_with "event: RDMA_CM_EVENT_UNREACHABLE, error: -110$" 20 $((SECONDS - t1))
     ;;
   no_device)
     t1=$SECONDS
-    run_client "$C" rping -c -a "$S" -p "$PORT" -C 1
-    client_fails_with "RDMA_CM_EVENT_ADDR_ERROR, error -113$" 10 $((SECONDS - t1))
+    run_client "$C" ucmatose -s "$S" -p "$PORT" -C 1
+    client_fails_with "event: RDMA_CM_EVENT_ADDR_ERROR, error: -113$" 10 $((SECONDS - t1))
     ;;
   foreign_verbs)
     need_tool rping
