@@ -296,9 +296,12 @@ ibv_qp* ibv_create_qp(ibv_pd* pd, ibv_qp_init_attr* attr) {
 int ibv_modify_qp(ibv_qp* qp, ibv_qp_attr* attr, int mask) {
   if (!qp || !attr) return EINVAL;
   engine::QpAttr a;
-  a.state = static_cast<engine::QpState>(attr->qp_state);
-  a.cur_state = static_cast<engine::QpState>(attr->cur_qp_state);
-  a.path_mtu = static_cast<uint8_t>(attr->path_mtu);
+  // The enum fields only under their mask bit: a field the mask leaves out may hold anything
+  // (ibv_xsrq_pingpong leaves cur_qp_state unset on the stack), and loading an enum that
+  // holds no enumerator's value is undefined (UBSan stops on it).
+  if (mask & IBV_QP_STATE) a.state = static_cast<engine::QpState>(attr->qp_state);
+  if (mask & IBV_QP_CUR_STATE) a.cur_state = static_cast<engine::QpState>(attr->cur_qp_state);
+  if (mask & IBV_QP_PATH_MTU) a.path_mtu = static_cast<uint8_t>(attr->path_mtu);
   a.qkey = attr->qkey;
   a.rq_psn = attr->rq_psn;
   a.sq_psn = attr->sq_psn;
