@@ -340,25 +340,18 @@ TEST_F(Api, CqLimits) {
 // as the stack had it, and reading it regardless is undefined (the asan preset's UBSan stops
 // on "load of value …, which is not a valid value for type 'ibv_qp_state'").
 TEST_F(Api, ModifyQpReadsOnlyTheFieldsItsMaskNames) {
-  ibv_cq* cq = ibv_create_cq(d.ctx, 4, nullptr, nullptr, 0);
-  ASSERT_NE(nullptr, cq);
-  ibv_qp_init_attr ia{};
-  ia.send_cq = ia.recv_cq = cq;
-  ia.qp_type = IBV_QPT_RC;
-  ia.cap = {4, 4, 1, 1, 0};
-  ibv_qp* qp = ibv_create_qp(d.pd, &ia);
-  ASSERT_NE(nullptr, qp);
+  Endpoint e;
+  ASSERT_TRUE(create_endpoint(d, ConnOptions{}, e));
   ibv_qp_attr a;
   std::memset(&a, 0xA5, sizeof a);  // every field the mask leaves out holds junk
   a.qp_state = IBV_QPS_INIT;
   a.pkey_index = 0;
   a.port_num = kPort;
   a.qp_access_flags = IBV_ACCESS_LOCAL_WRITE;
-  EXPECT_EQ(0, ibv_modify_qp(qp, &a,
+  EXPECT_EQ(0, ibv_modify_qp(e.qp, &a,
                              IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS));
-  EXPECT_EQ(IBV_QPS_INIT, qp_state(qp));
-  EXPECT_EQ(0, ibv_destroy_qp(qp));
-  EXPECT_EQ(0, ibv_destroy_cq(cq));
+  EXPECT_EQ(IBV_QPS_INIT, qp_state(e.qp));
+  destroy_endpoint(e);
 }
 
 // Objects beyond the counts ibv_query_device reports are refused with ENOMEM, as the
