@@ -111,6 +111,29 @@ uint32_t newly_delivered(QueuePair& qp, uint32_t advanced) {
   return uint32_t(std::max<int64_t>(delivered, 0));
 }
 
+// At debug level, a sample of the requester's state at most every kTraceIntervalNs of the
+// (dilated) clock, taken at an ACK that delivered: how a long transfer's window, pacing and
+// posted work evolve without a line per ACK (a 10 GiB hand-off over 100 Gbit/s × 50 ms is
+// ~100 samples per QP). Fields: the window and slow-start threshold (PSNs), the PSNs in
+// flight (span less those held beyond a gap), the train's and the largest delivery rate
+// (Gbit/s of payload at this MTU), the smallest and smoothed RTT (µs), the pacing rate
+// (Gbit/s, 0: unpaced) and the WQEs posted and not yet completed (the SQ's occupancy).
+constexpr uint64_t kTraceIntervalNs = 10'000'000;
+
+void trace_window(QueuePair& qp, uint64_t now) {
+  if (now - qp.comp.trace_ns < kTraceIntervalNs || !log().should_log(spdlog::level::debug)) return;
+  qp.comp.trace_ns = now;
+  const CongestionWindow& w = qp.req.window;
+  const double gbit_per_psn_ns = 8.0 * qp.mtu;  // PSNs/ns → Gbit/s
+  const int32_t span = psn_diff(qp.req.psn, qp.comp.psn);
+  log().debug(
+      "qp {:#x}: window {} ssthresh {} in flight {} span {} train {:.2f} rate {:.2f} Gbit/s "
+      "min_rtt {} srtt {} us paced {:.2f} Gbit/s wqes {}",
+      qp.qpn(), w.psns(), w.threshold(), span - int64_t{requester::held_psns(qp)}, span,
+      w.train_rate() * gbit_per_psn_ns, w.delivery_rate() * gbit_per_psn_ns, w.min_rtt_ns() / 1000,
+      w.srtt_ns() / 1000, requester::pacing_rate_now(qp) * 8.0, qp.sq.size());
+}
+
 // Tells the window what newly_delivered counts (after a round-trip sample, if any) and
 // restarts the tail-loss probe's wait when something was delivered.
 void count_delivered(QueuePair& qp, Transport& t, uint32_t advanced) {
@@ -127,6 +150,7 @@ void count_delivered(QueuePair& qp, Transport& t, uint32_t advanced) {
   qp.req.window.on_delivered(n, now, /*train_origin=*/!before_flight);
   qp.req.window.on_acked(n);
   qp.comp.last_delivery_ns = now;
+  trace_window(qp, now);
 }
 
 // The latest resend of `psn` (requester::resend); nullptr when it was not resent since the

@@ -165,8 +165,7 @@ struct RequesterState {
 
 /// Completer progress (rxe's qp->comp).
 struct CompleterState {
-  uint64_t next = 0;  ///< SQ index (absolute) of the oldest uncompleted WQE
-  uint32_t psn = 0;   ///< oldest PSN not yet acknowledged / responded to
+  uint32_t psn = 0;  ///< oldest PSN not yet acknowledged / responded to
   uint8_t retry_left = 0;
   uint8_t rnr_retry_left = 0;
   uint64_t timer_ns = 0;          ///< retransmit check time (0: not armed); lazily re-armed
@@ -175,6 +174,8 @@ struct CompleterState {
   /// (completer.cpp count_delivered), ns: the tail-loss probe waits from it, as RACK-TLP
   /// re-arms its probe timeout on an ACK that delivers, SACKed data included (RFC 8985 7.2).
   uint64_t last_delivery_ns = 0;
+  /// When the last window sample was logged (completer.cpp trace_window; debug level), ns.
+  uint64_t trace_ns = 0;
   /// First retransmit timeout, since the last ACK progress, at which the peer was found
   /// stalled (Transport::peer_liveness; 0: none): such timeouts cost no retry until
   /// kMaxPeerStallNs after it.

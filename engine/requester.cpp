@@ -115,16 +115,18 @@ bool window_paces(const QueuePair& qp) {
 // window's packets leave at about the path's rate instead of as bursts into the
 // bottleneck's queue (its overshoot dropped 1,500–1,900 packets per 256 MiB at 1 Gbit/s ×
 // 20 ms), and the next train still sees the path's rate.
-double pacing_rate(QueuePair& qp, uint64_t now) {
-  if (qp.req.cc_on) {
-    qp.req.rate.advance(now);
-    return qp.req.rate.rate();
-  }
+double window_pacing_rate(const QueuePair& qp) {
   const CongestionWindow& w = qp.req.window;
   if (!window_paces(qp)) return 0;
   const double bytes = double(qp.mtu + kPacketOverheadBytes);
   if (w.psns() < w.threshold()) return CongestionWindow::kTrainPacingGain * w.train_rate() * bytes;
   return 1.2 * double(w.psns()) * bytes / double(w.srtt_ns());
+}
+
+double pacing_rate(QueuePair& qp, uint64_t now) {
+  if (!qp.req.cc_on) return window_pacing_rate(qp);
+  qp.req.rate.advance(now);
+  return qp.req.rate.rate();
 }
 
 // Pacing: whether the pacer holds the next packet now. If it does, the QP's timer is armed
@@ -466,6 +468,10 @@ void send_atomic(QueuePair& qp, SendWqe& w, Transport& t) {
 }
 
 }  // namespace
+
+double pacing_rate_now(const QueuePair& qp) {
+  return qp.req.cc_on ? qp.req.rate.rate() : window_pacing_rate(qp);
+}
 
 uint64_t find_wqe(QueuePair& qp, uint32_t psn) {
   // Started WQEs are a prefix of the SQ (WQEs start in order; a rewind keeps their PSNs).

@@ -44,6 +44,10 @@ void rewind(QueuePair& qp, uint32_t psn);
 /// [0, PSNs outstanding]: a stale or forged count costs at most a window sent early, never
 /// data (only ACKs complete WQEs). 0 without selective ACKs.
 uint32_t held_psns(const QueuePair& qp);
+/// The rate the requester paces at as of its last update, bytes/ns (0: unpaced): DCQCN's
+/// rate with SOFTRDMA_CC=dcqcn, otherwise the window's pacing (requester.cpp pacing_rate).
+/// Read-only: for traces and tests.
+double pacing_rate_now(const QueuePair& qp);
 /// Request packets in flight before the requester waits for ACKs, at most.
 inline constexpr uint32_t kWindowPsns = CongestionWindow::kMaxPsns;
 /// With selective ACKs the window bounds the PSNs in flight, not the span from the oldest
