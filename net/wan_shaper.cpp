@@ -53,7 +53,13 @@ int WanShaper::open(uint32_t local_ip, const WanTopology& topo, const std::strin
   if (cfg.share_clock && n > 0) {
     // The link's free time is on the clock of base/clock.h: processes with another time
     // dilation factor must not share it (a K = 1 time read at K = 10 is 10× in the future).
-    const std::string key = clock::dilated() ? text + "@tdf=" + std::to_string(clock::tdf()) : text;
+    std::string key = clock::dilated() ? text + "@tdf=" + std::to_string(clock::tdf()) : text;
+    // The one-line form's one link stands for each direction alike, not for one medium both
+    // directions take turns on: its clock is the sending address's (every process sending
+    // from it queues behind the others), so two endpoints get a full-duplex link. Shared by
+    // both ends, the data's queue held the ACKs going the other way too: a 100 Gbit/s ×
+    // 50 ms kv hand-off's round trip grew to 61 ms (docs/kv.md).
+    if (topo_.one_line()) key += "@src=" + std::to_string(local_ip);
     path_ = cfg.dir + "/" + cfg.name_prefix + "wan-" + hex(fnv1a(key));
     map_bytes_ = n * kLine;
     fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);

@@ -63,7 +63,7 @@ int WanTopology::site_of(uint32_t ip) const {
 
 const WanTopology::Link* WanTopology::link_for(uint32_t src, uint32_t dst) const {
   if (src == dst) return nullptr;
-  if (links.size() == 1 && links[0].from < 0) return &links[0];  // the one-line form
+  if (one_line()) return &links[0];
   const int a = site_of(src), b = site_of(dst);
   if (a < 0 || b < 0 || a == b) return nullptr;
   for (const Link& l : links)

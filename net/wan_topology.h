@@ -39,6 +39,9 @@ struct WanTopology {
   std::vector<Site> sites;
   std::vector<Link> links;
 
+  /// Whether this is the one-line form: one link, between any two different addresses, each
+  /// direction alike (its rate is each sender's: WanShaper keys its clock by the sender).
+  bool one_line() const { return links.size() == 1 && links[0].from < 0; }
   /// Index of the site holding `ip` (host order), or −1.
   int site_of(uint32_t ip) const;
   /// The link a packet from `src` to `dst` (host order) crosses, or null when it stays
