@@ -47,9 +47,12 @@ constexpr uint64_t kKindMask = 7;
 /// Path probes per connection: zero-length RDMA WRITEs on QP 0, one after another, each timed
 /// from post to completion; the smallest is the path's RTT (EngineOptions::max_wr_from_path).
 constexpr uint32_t kPathProbes = 5;
-/// The most data slices a QP may have outstanding when the path raises its window (the
-/// largest SOFTRDMA_KV_MAX_WR), and so the send queue's depth for data when max_wr_from_path.
-constexpr uint32_t kMaxPathWindow = 8192;
+/// The most data slices a QP may have outstanding when the path raises its window, and so
+/// the send queue's depth for data when max_wr_from_path (less what notifications and probes
+/// need where the device's max_qp_wr is smaller: softrdma's is 16,384). Twice the largest
+/// SOFTRDMA_KV_MAX_WR: at 8,192, 32 KiB blocks kept 256 MiB per QP outstanding, 512 MiB over
+/// the default 2 QPs, under 100 Gbit/s × 50 ms's 625 MB (docs/kv.md, Llama-3-70B 32 K).
+constexpr uint32_t kMaxPathWindow = 16384;
 /// Bandwidth-delay products (of the RTT measured at connect, on an idle path) of data a QP
 /// keeps outstanding (Qp::byte_target): twice what one round trip holds — the path's BDP and
 /// as much again standing in its bottleneck queue (a one-BDP FIFO doubles the loaded round
