@@ -70,9 +70,11 @@ class ReceivedPsns {
   static constexpr uint32_t kMaxSpanPsns = CongestionWindow::kMaxPsns;
   /// Ring bytes per PSN of span: four bitmaps (4 bits) and a 32-bit digest.
   static constexpr double kBytesPerPsn = 4.0 / 8 + 4;
-  /// WRITE messages remembered at most (more are not placed out of order): with a window
-  /// of 2^22 PSNs, messages of at least 512 PSNs (2 MiB at MTU 4096) keep it all placeable.
-  static constexpr size_t kMaxWrites = 8192;
+  /// WRITE messages remembered at most by default (a FIRST packet beyond them is not placed
+  /// out of order: it is refused and resent in order): the device's max_qp_wr, so a softrdma
+  /// requester's whole SQ of WRITEs stays placeable whatever their size (kv keeps up to
+  /// 16,384 WRITEs of 32 KiB outstanding on a long path). ~100 bytes each in the map.
+  static constexpr size_t kMaxWrites = 16384;
   /// Payload bytes of staged requests held at most by default (StagedRequest; beyond, a SEND
   /// is refused and resent as a go-back-N responder's would be): 1 GiB. What waits is what
   /// arrives while the oldest gap is repaired, 1-2 round trips of the link's rate: ~60-125 MB
@@ -84,9 +86,12 @@ class ReceivedPsns {
   /// `max_span`: the largest span, PSNs (rounded down to a power of two within
   /// kMinSpanPsns … kMaxSpanPsns).
   /// `max_staged_bytes`: payload bytes stage() keeps at most.
-  explicit ReceivedPsns(uint32_t max_span = kMaxSpanPsns, size_t max_staged_bytes = kMaxStagedBytes)
+  /// `max_writes`: WRITE records add_write() keeps at most.
+  explicit ReceivedPsns(uint32_t max_span = kMaxSpanPsns, size_t max_staged_bytes = kMaxStagedBytes,
+                        size_t max_writes = kMaxWrites)
       : max_span_(std::bit_floor(std::clamp(max_span, kMinSpanPsns, kMaxSpanPsns))),
-        max_staged_bytes_(max_staged_bytes) {
+        max_staged_bytes_(max_staged_bytes),
+        max_writes_(max_writes) {
     allocate(kMinSpanPsns);
   }
 
@@ -227,9 +232,14 @@ class ReceivedPsns {
     anchor64_ += static_cast<int64_t>(wire::psn_diff(epsn, anchor_));
     anchor_ = epsn;
   }
-  /// Remembers a WRITE message (no-op when kMaxWrites are held).
-  void add_write(const WritePlacement& w) {
-    if (writes_.size() < kMaxWrites) writes_[unwrap(w.first_psn)] = w;
+  /// Whether add_write() has room for another WRITE record.
+  bool write_room() const { return writes_.size() < max_writes_; }
+  /// Remembers a WRITE message; false (nothing kept) when max_writes are held — then none
+  /// of its packets may be placed out of order (place_early checks write_room() first).
+  bool add_write(const WritePlacement& w) {
+    if (!write_room()) return false;
+    writes_[unwrap(w.first_psn)] = w;
+    return true;
   }
   /// Forgets the WRITE message that begins at `first_psn`, if one is remembered.
   void erase_write(uint32_t first_psn) { writes_.erase(unwrap(first_psn)); }
@@ -373,6 +383,7 @@ class ReceivedPsns {
 
   uint32_t max_span_;
   size_t max_staged_bytes_;
+  size_t max_writes_;
   uint64_t wide_ns_ = 0;  // when a packet last needed over half the span, ns
   uint32_t span_ = 0;     // PSNs, a power of two
   uint32_t mask_ = 0;     // span_ - 1

@@ -538,6 +538,10 @@ bool place_early(QueuePair& qp, const wire::Packet& pkt, Transport& t, ReceivedP
     if (r.dma_length == 0) return false;
     if ((m & wire::kIsOnly) && n != r.dma_length) return false;
     if ((m & wire::kIsFirst) && r.dma_length <= n) return false;
+    // A FIRST whose WRITE cannot be remembered is not placed: its later packets could not
+    // find it, and stepping over it in order would leave the responder outside the WRITE
+    // (a MIDDLE refused as "missing first packet": the QP in error for a lossy link).
+    if ((m & wire::kIsFirst) && !o.write_room()) return false;
     uint8_t* p = check_remote(qp, t, r.rkey, r.va, r.dma_length, kRemoteWrite);
     if (!p) return false;  // the in-order copy draws the access error
     if (!pkt.hdr.bth.placed && !net::guarded_copy(p, pkt.payload.data(), n))

@@ -941,6 +941,37 @@ TEST_F(TransportTest, SelectiveNakNamesOnlyTheLostPsnsAndOnlyThoseAreSentAgain) 
   EXPECT_FALSE(b->resp.in_write);
 }
 
+// A responder that remembers no more WRITEs (ReceivedPsns's max_writes, here 2) does not
+// place a later WRITE's FIRST beyond a gap: that WRITE is refused and resent in order, and
+// every WRITE completes. Placed without its record, the FIRST was stepped over in order with
+// the responder outside the WRITE, its MIDDLE refused as missing its first packet, and the
+// QP in error (kv over 100 Gbit/s × 50 ms with 16,384 WRITEs outstanding, 8,192 records).
+TEST_F(TransportTest, AWriteTheResponderCannotRememberIsNotPlacedOutOfOrder) {
+  ta->selective = tb->selective = true;
+  b->resp.ooo = std::make_unique<ReceivedPsns>(ReceivedPsns::kMaxSpanPsns,
+                                               ReceivedPsns::kMaxStagedBytes, /*max_writes=*/2);
+  b->resp.ooo->next = b->resp.epsn;  // as the responder's own (responder.cpp on_out_of_order)
+  ASSERT_EQ(post(*a, WrOpcode::kRdmaWrite, 0, 2 * kMtu, 0, 1), kOk);
+  ASSERT_EQ(post(*a, WrOpcode::kRdmaWrite, 2 * kMtu, 3 * kMtu, 2 * kMtu, 2), kOk);
+  ASSERT_EQ(post(*a, WrOpcode::kRdmaWrite, 5 * kMtu, 3 * kMtu, 5 * kMtu, 3), kOk);
+  // The first WRITE's LAST: WRITE 1's record (its FIRST came in order) and WRITE 2's fill
+  // the two; WRITE 3 arrives beyond the gap with no room for its record.
+  lose(*ta, {1});
+  deliver(*ta, *b, *tb);
+  EXPECT_EQ(tb->counters_.ooo_placed.load(), 3u) << "WRITE 2 (+2…+4), not WRITE 3";
+  EXPECT_EQ(b->query().state, QpState::kRts);
+  settle();
+  auto c = drain();
+  ASSERT_EQ(c.size(), 3u);
+  for (size_t i = 0; i < c.size(); ++i) {
+    EXPECT_EQ(c[i].status, WcStatus::kSuccess) << i;
+    EXPECT_EQ(c[i].wr_id, i + 1);
+  }
+  EXPECT_EQ(std::memcmp(dst.data(), src.data(), 8 * kMtu), 0);
+  EXPECT_EQ(b->query().state, QpState::kRts);
+  EXPECT_EQ(b->resp.epsn, wire::psn_add(kSqPsn, 8));
+}
+
 // Selective ACKs (IRN's SACK): a lost first packet holds the oldest unacknowledged PSN for the
 // round trips its repair takes; the responder says how many PSNs it holds beyond the gap, and
 // the requester counts them out of its flight, so new PSNs go out meanwhile — up to the
