@@ -112,6 +112,22 @@ for attempt in 1 2; do
   DAT_OVERRIDE="$WORK/server.conf" timeout -k 5 "$STEP_TIMEOUT" "$SOFTRDMA" run --log info \
     --addr "$S" -- "${DTEST[@]}" -P "$PROVIDER" -s "${ARGS[@]}" >"$SLOG" 2>"$SERR" &
   SERVER_PID=$!
+  # That collision ends the server before it listens: wait (as long as the waits below would)
+  # until it listens or exits, and on that one cause run the pair again.
+  for ((w = 0; w < 300; w++)); do
+    if ! kill -0 "$SERVER_PID" 2>/dev/null || tcp_listening "$TCP_PORT" ||
+      grep -qE "listening on (${S//./\\.}|0\\.0\\.0\\.0):$CONN_QUAL " "$SERR" 2>/dev/null; then
+      break
+    fi
+    sleep 0.1
+  done
+  if ((attempt == 1)) && ! kill -0 "$SERVER_PID" 2>/dev/null &&
+    grep -q "that got it as its ephemeral port" "$SERR"; then
+    wait "$SERVER_PID"
+    echo "the server's own ephemeral port was $CONN_QUAL before it listened: running the pair again" >&2
+    grep -h "ephemeral port" "$SERR" >&2
+    continue
+  fi
   if [[ $PROG != dtestsrq ]]; then
     # The server listens on TCP 15828 once its DAPL PSP (an RDMA-CM listener) exists.
     wait_for_listener "$TCP_PORT" "$SERVER_PID" 30 "$SERR"
