@@ -234,12 +234,10 @@ class ReceivedPsns {
   }
   /// Whether add_write() has room for another WRITE record.
   bool write_room() const { return writes_.size() < max_writes_; }
-  /// Remembers a WRITE message; false (nothing kept) when max_writes are held — then none
-  /// of its packets may be placed out of order (place_early checks write_room() first).
-  bool add_write(const WritePlacement& w) {
-    if (!write_room()) return false;
-    writes_[unwrap(w.first_psn)] = w;
-    return true;
+  /// Remembers a WRITE message (no-op when max_writes are held: then none of its packets may
+  /// be placed out of order — place_early checks write_room() before it places a FIRST).
+  void add_write(const WritePlacement& w) {
+    if (write_room()) writes_[unwrap(w.first_psn)] = w;
   }
   /// Forgets the WRITE message that begins at `first_psn`, if one is remembered.
   void erase_write(uint32_t first_psn) { writes_.erase(unwrap(first_psn)); }

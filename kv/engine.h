@@ -68,8 +68,8 @@ struct EngineOptions {
   /// RTT, the smallest of 5 zero-length RDMA WRITEs timed on QP 0 once connected, × the
   /// local port's rate (ibv_query_port), shared over the peer's QPs, in slices of
   /// slice_bytes — at least max_wr, at most 16,384 (each QP's send queue is made that deep, or
-  /// as deep as the device's max_qp_wr allows) and
-  /// as far as the device's CQ has entries left. false: max_wr on every path
+  /// as deep as the device's max_qp_wr allows) and as far as the device's CQ has entries
+  /// left. false: max_wr on every path
   /// (SOFTRDMA_KV_MAX_WR_FROM_PATH=0). docs/kv.md, "Slices in flight".
   bool max_wr_from_path = true;
   /// READs in flight per QP, at most (further bounded by both devices' limits; the

@@ -134,10 +134,13 @@ wait_for_listener() {
 }
 
 # The RDMA-CM has no socket to find in /proc: its "listening on" log line (cm/cm_id.cpp) says
-# when a REQ would find the listener.
+# when a REQ would find the listener. cm_listen_re ADDR PORT: that line's extended regexp.
+cm_listen_re() {
+  echo "listening on (${1//./\\.}|0\\.0\\.0\\.0):$2 "
+}
 wait_for_cm_listener() {
   local addr=$1 port=$2
-  wait_for_log_line "listening on (${addr//./\\.}|0\\.0\\.0\\.0):$port " "$3" "$4" "$5" \
+  wait_for_log_line "$(cm_listen_re "$addr" "$port")" "$3" "$4" "$5" \
     "its RDMA-CM listens on $addr:$port"
 }
 
