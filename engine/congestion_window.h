@@ -8,6 +8,8 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "engine/path_share.h"
+
 namespace softrdma::engine {
 
 /// PSNs in flight, 1 … kMaxPsns. Starts at kInitialPsns (rxe's fixed window) and grows
@@ -120,6 +122,14 @@ class CongestionWindow {
   /// measured a smallest RTT over 1 ms, the ACK trains took that queue for a path, and
   /// slow start ended at 1.5 such "BDPs": kv-bench 1 MiB WRITE fell from 4.5 to 4.0 GB/s.
   void set_host_local(bool on) { host_local_ = on; }
+  /// Shares the ACK-train jump with the other QPs of this device towards the same peer
+  /// (`share`: Transport::path_share, outliving this window; nullptr: none), whose packets
+  /// carry `mtu` bytes: the jump takes only what their jumps left of the rate it measured,
+  /// or a fair share (PathShare::take).
+  void set_path_share(PathShare* share, uint32_t mtu) {
+    share_ = share;
+    share_mtu_ = mtu;
+  }
   /// Whether the long-path rules apply (the ACK-train jump, slow start's exit at 1.5 BDPs,
   /// random-loss discrimination, free growth in congestion avoidance): the smallest RTT
   /// is at least kTrainMinRttNs and the path is not host-local.
@@ -294,7 +304,11 @@ class CongestionWindow {
         // jump to one BDP of it (paced at kTrainPacingGain × its rate, so the raise leaves
         // at about the path's rate, not as a burst). The next train validates it (below).
         first_train_over_ = true;
-        const double bdp = train_rate_ * double(min_rtt_ns_);
+        // Other QPs towards the peer may have jumped on the same link already (PathShare).
+        double rate = train_rate_;
+        if (share_ && share_mtu_)
+          rate = share_->take(rate * share_mtu_, now_ns, 2 * min_rtt_ns_) / share_mtu_;
+        const double bdp = rate * double(min_rtt_ns_);
         psns_ = std::max(
             psns_, static_cast<uint32_t>(std::min<double>(std::min(ssthresh_, kMaxPsns), bdp)));
       }
@@ -373,6 +387,8 @@ class CongestionWindow {
   uint32_t train_base_ = 0;        // the window when the train began, PSNs
   bool train_done_ = false;
   bool host_local_ = false;  // set_host_local()
+  PathShare* share_ = nullptr;  // set_path_share()
+  uint32_t share_mtu_ = 0;      // bytes per PSN, for share_'s bytes per ns
 };
 
 }  // namespace softrdma::engine

@@ -236,6 +236,9 @@ class Device final : public Transport, public ObjectRegistry {
   bool selective_retransmit() const override { return selective_retx_; }
   bool congestion_control(uint32_t dst_ip, DcqcnParams& out) const override;
   bool host_local_path(uint32_t dst_ip, uint32_t peer_pid) const override;
+  /// One PathShare per peer address a reliable QP of this device sent to (device lock; kept
+  /// for the device's life: one entry, 32 bytes, per peer ever connected).
+  PathShare* path_share(uint32_t dst_ip) override { return &path_shares_[dst_ip]; }
   /// Same-host peers: the process holding the destination QPN's slot at the peer's address
   /// (net::share_slot_pid), read from /proc (net::sample_process). Others: kUnknown.
   PeerLiveness peer_liveness(const QueuePair& qp, std::string* who = nullptr) override;
@@ -409,6 +412,7 @@ class Device final : public Transport, public ObjectRegistry {
   /// Addresses an ICMP "destination unreachable" came back from, and when (now_ns()): what
   /// UdpPort::read_unreachable() reported (the progress thread reads it on EPOLLERR).
   std::unordered_map<uint32_t, uint64_t> unreachable_;  // device lock
+  std::unordered_map<uint32_t, PathShare> path_shares_;  // by peer address; device lock
   std::vector<uint32_t> unreachable_rx_;                // read_unreachable()'s buffer
   /// An ICMP error older than this no longer says the peer is gone (it may have restarted).
   static constexpr uint64_t kUnreachableFreshNs = 5'000'000'000;

@@ -582,6 +582,7 @@ void run(QueuePair& qp, Transport& t) {
     qp.req.cc_on = t.congestion_control(qp.remote_ip, p);
     if (qp.req.cc_on) qp.req.rate = DcqcnRate(p);
     qp.req.window.set_host_local(t.host_local_path(qp.remote_ip, qp.peer_pid));
+    qp.req.window.set_path_share(t.path_share(qp.remote_ip), qp.mtu);
   }
   const size_t max_rd = std::max<size_t>(1, qp.attr.max_rd_atomic);
   std::vector<iovec> iov;

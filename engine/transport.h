@@ -172,6 +172,13 @@ class Transport {
     (void)peer_pid;
     return false;
   }
+  /// The start-up state the QPs of this transport towards `dst_ip` (host order) share
+  /// (their ACK-train jumps' claims, CongestionWindow::set_path_share), valid as long as
+  /// the transport; nullptr: none shared. The default: nullptr.
+  virtual PathShare* path_share(uint32_t dst_ip) {
+    (void)dst_ip;
+    return nullptr;
+  }
   /// Whether requesters towards `dst_ip` (host order) pace their packets with DCQCN
   /// (SOFTRDMA_CC); if so `out` gets the reaction point's parameters (the line rate: the
   /// rate of the emulated link towards `dst_ip`, when there is one). The default is off.

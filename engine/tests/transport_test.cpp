@@ -2962,6 +2962,53 @@ TEST(CongestionWindowTest, AJumpTheNextTrainDisprovesIsTakenBack) {
   EXPECT_LE(w.psns(), w.threshold() + w.threshold() / 8 + 1);
 }
 
+// QPs of one device starting towards one peer at once: their first flights reach the
+// bottleneck one after the other, so each train shows the whole link, and each jumping to a
+// whole BDP put two in flight (kv's 2 QPs over 100 Gbit/s × 50 ms overflowed the one-BDP
+// queue at start-up). Sharing the jump (PathShare), the first takes the BDP, the second half
+// of one, a third none; once the claims lapse (2 RTTs), a new QP jumps on the whole rate.
+TEST(CongestionWindowTest, QpsStartingTowardsOnePeerShareOneJump) {
+  using namespace gig_path;
+  constexpr uint32_t kMtu = 4096;
+  const auto start = [&](bool shared) {
+    PathShare share;
+    std::vector<CongestionWindow> w(3);
+    uint64_t now = 1'000'000'000;
+    for (CongestionWindow& x : w) {
+      if (shared) x.set_path_share(&share, kMtu);
+      x.on_rtt_sample(kRtt);
+      ack_flight(x, now, 1 / kPsnsPerNs);  // each flight's train after the one before
+      now += uint64_t(x.psns() / kPsnsPerNs);
+      EXPECT_NEAR(x.train_rate(), kPsnsPerNs, kPsnsPerNs / 20) << "each saw the whole link";
+    }
+    now = 1'000'000'000 + kRtt;
+    uint32_t sum = 0;
+    for (CongestionWindow& x : w) {
+      x.on_delivered(32, now);  // the next train's first ACK: the jump
+      x.on_acked(32);
+      sum += x.psns();
+      now += 1'000;
+    }
+    return std::pair{sum, w[0].psns()};
+  };
+  const auto [alone_sum, alone_first] = start(false);
+  EXPECT_GE(alone_sum, 3 * kBdp) << "unshared, each jumps to the whole BDP";
+  const auto [sum, first] = start(true);
+  EXPECT_GE(first, kBdp) << "the first QP's jump";
+  EXPECT_LE(sum, kBdp * 3 / 2 + 3 * 5 * CongestionWindow::kInitialPsns)
+      << "the jumps together past 1.5 BDPs (+ what the trains raised)";
+  EXPECT_GE(sum, kBdp * 3 / 2) << "the second QP took no share";
+
+  PathShare share;
+  const double r = kPsnsPerNs * kMtu;
+  EXPECT_DOUBLE_EQ(share.take(r, 0, kRtt), r);
+  EXPECT_DOUBLE_EQ(share.take(r, 1, kRtt), r / 2) << "a fair share";
+  EXPECT_DOUBLE_EQ(share.take(r, 2, kRtt), 0) << "past 1.5 × the rate";
+  EXPECT_DOUBLE_EQ(share.claimed(kRtt + 1), 1.5 * r);
+  EXPECT_DOUBLE_EQ(share.claimed(kRtt + 2), 0) << "the claims outlived their hold";
+  EXPECT_DOUBLE_EQ(share.take(r, kRtt + 2, kRtt), r);
+}
+
 // Slow start on a long path: the first round's ACK train (ACKs spaced by the bottleneck)
 // lets the window quadruple while it comes back, and once it is over the window jumps to one
 // BDP of its rate; 10 Gbit/s × 50 ms at MTU 4096 is 15,259 PSNs, reached in the second round
