@@ -279,7 +279,7 @@ std::vector<Qp*> Engine::Impl::create_qps(Peer& p, uint32_t n) {
   // Room in the send queue for data slices: max_wr, or — when the path may raise the window
   // (apply_path_window) — up to kMaxPathWindow as the devices allow. The CQ reserves what
   // max_wr needs (+ notifications, probes); a raised window reserves its extra then.
-  constexpr uint32_t kOther = detail::kNotifySlots + 8;  // notifications, probes
+  constexpr uint32_t kOther = detail::kSqReserved;  // notifications, probes
   const auto nd = static_cast<uint32_t>(context.devs.size());
   uint32_t sq_slices = opt.max_wr;
   if (opt.max_wr_from_path) {

@@ -53,6 +53,8 @@ constexpr uint32_t kPathProbes = 5;
 /// SOFTRDMA_KV_MAX_WR: at 8,192, 32 KiB blocks kept 256 MiB per QP outstanding, 512 MiB over
 /// the default 2 QPs, under 100 Gbit/s × 50 ms's 625 MB (docs/kv.md, Llama-3-70B 32 K).
 constexpr uint32_t kMaxPathWindow = 16384;
+/// Send-queue entries of a QP kept beside its data slices: notifications, path probes.
+constexpr uint32_t kSqReserved = kNotifySlots + 8;
 /// Bandwidth-delay products (of the RTT measured at connect, on an idle path) of data a QP
 /// keeps outstanding (Qp::byte_target): twice what one round trip holds — the path's BDP and
 /// as much again standing in its bottleneck queue (a one-BDP FIFO doubles the loaded round

@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "kv/engine.h"
+#include "kv/engine_impl.h"
 #include "kv/tests/kv_fork_util.h"
 #include "kv/tests/kv_test_util.h"
 
@@ -324,15 +325,24 @@ void check(bool ok, const std::string& what) {
 // each QP may keep ⌈4 × RTT × port rate ÷ QPs ÷ slice⌉ slices in flight (kRepairRounds = 4),
 // at least max_wr. Two engines in a forked child, on two devices (127.0.44.1 and .2) 1 ms
 // apart each way through a 10 Gbit/s link (SOFTRDMA_WAN), so their ports say 1X QDR,
-// 10 Gbit/s (at the default 100 Gbit/s the formula would ask ten times as many): with 4 KiB
-// slices over 2 QPs an RTT of 2 ms asks for 1,221 slices per QP, so the window must grow past
-// max_wr = 4 (to the formula's value for the RTT it measured, at most 8,192); off, it stays at
-// 4 and no RTT is measured. Every byte arrives either way.
+// 10 Gbit/s: with 4 KiB slices over 2 QPs an RTT of 2 ms asks for 1,221 slices per QP, so the
+// window must grow past max_wr = 4 (to the formula's value for the RTT it measured); off, it
+// stays at 4 and no RTT is measured. Through 100 Gbit/s the same RTT asks for 12,207 slices:
+// more than the 8,192 the window was once capped at (under 100 Gbit/s × 50 ms's BDP with
+// 32 KiB blocks over 2 QPs), up to kMaxPathWindow less the send queue's room for
+// notifications and probes. Every byte arrives in each case.
 TEST(PathWindow, SlicesInFlightCoverTheMeasuredBandwidthDelayProduct) {
-  for (const bool from_path : {true, false}) {
-    SCOPED_TRACE(from_path ? "from the path" : "fixed");
-    test::Child child("127.0.44.1,127.0.44.2", [from_path] {
-      setenv("SOFTRDMA_WAN", "delay=1ms,rate=10gbit", 1);
+  struct Case {
+    bool from_path;
+    double bytes_per_ns;  // the link's rate
+  };
+  for (const Case c : {Case{true, 1.25}, Case{false, 1.25}, Case{true, 12.5}}) {
+    const bool from_path = c.from_path;
+    SCOPED_TRACE(std::string(from_path ? "from the path" : "fixed") + " at " +
+                 std::to_string(c.bytes_per_ns * 8) + " Gbit/s");
+    test::Child child("127.0.44.1,127.0.44.2", [c, from_path] {
+      setenv("SOFTRDMA_WAN",
+             c.bytes_per_ns > 2 ? "delay=1ms,rate=100gbit" : "delay=1ms,rate=10gbit", 1);
       test::TempStore store;
       auto options = [&](const char* device) { return path_options(device, 4096, from_path); };
       Engine a("a", store.store(), options("srdma0"));
@@ -382,11 +392,15 @@ TEST(PathWindow, SlicesInFlightCoverTheMeasuredBandwidthDelayProduct) {
           continue;
         }
         check(q.path_rtt >= 2ms, "an RTT under the emulated 2 ms: " + got);
-        // 10 Gbit/s is 1.25 bytes per ns; whole bytes, shared over 2 QPs, four times, in 4 KiB
-        // slices.
-        const auto bdp = static_cast<uint64_t>(1.25 * static_cast<double>(q.path_rtt.count()));
-        const auto want = std::clamp<uint64_t>((4 * ((bdp + 1) / 2) + 4095) / 4096, 4, 8192);
+        // Whole bytes, shared over 2 QPs, four times, in 4 KiB slices; within the send queue
+        // (softrdma's max_qp_wr, 16,384 = kMaxPathWindow, less the entries kept for
+        // notifications and probes).
+        const auto bdp =
+            static_cast<uint64_t>(c.bytes_per_ns * static_cast<double>(q.path_rtt.count()));
+        const uint64_t room = detail::kMaxPathWindow - detail::kSqReserved;
+        const auto want = std::clamp<uint64_t>((4 * ((bdp + 1) / 2) + 4095) / 4096, 4, room);
         check(q.window == want, "expected " + std::to_string(want) + ": " + got);
+        if (c.bytes_per_ns > 2) check(q.window > 8192, "not past the old cap: " + got);
       }
       write_all(2);  // with the raised window
     });
