@@ -19,9 +19,9 @@ namespace softrdma::engine {
 /// RFC 2140 divides a cached window among the connections of an ensemble — and all claims
 /// together at most kMaxClaimed times the rate measured: the jumps put at most 1.5 BDPs in
 /// flight, as one QP's slow start ends at 1.5 BDPs (CongestionWindow::on_acked). Two QPs
-/// get 1 and 1/2 BDP, a third none (it goes on in slow start); the next trains, which see
-/// the link shared, even them out (note_train's validation takes the first back to 1.5 of
-/// its share). Erring low costs round trips of slow start; erring high, a queue overflow.
+/// get 1 and 1/2 BDP, a third none (it goes on in slow start); the next trains see the link
+/// shared, and note_train's validation takes back a window above 1.5 BDPs of what they show.
+/// Erring low costs round trips of slow start; erring high, a queue overflow.
 /// Not thread-safe: the device lock guards it (Transport::path_share).
 class PathShare {
  public:
@@ -29,8 +29,8 @@ class PathShare {
   static constexpr double kMaxClaimed = 1.5;
   /// A QP's jump at `now_ns` on a measured rate of `measured` bytes per ns; the claim holds
   /// until `now_ns + hold_ns` (2 smallest RTTs: by then the next trains validate the jumps,
-  /// CongestionWindow::note_train). Returns the rate to jump on, bytes per ns (0 … measured; 0: no
-  /// jump).
+  /// CongestionWindow::note_train). Returns the rate to jump on, bytes per ns, 0 … measured
+  /// (0: no jump).
   double take(double measured, uint64_t now_ns, uint64_t hold_ns) {
     if (now_ns >= until_ns_) {
       claimed_ = 0;
