@@ -207,7 +207,11 @@ INSTANTIATE_TEST_SUITE_P(Cases, RemoteAccessError,
 // ---- receiver not ready (RNR) ----------------------------------------------------------
 
 // rnr_retry = 7 retries forever: the SEND (three packets) completes once the receiver,
-// 50 ms late, posts its receive. min_rnr_timer 12 = 0.64 ms between tries.
+// 50 ms late, posts its receive. min_rnr_timer 12 = 0.64 ms between tries. That it did not
+// complete before the receive existed is checked against the receiver's own clock reading
+// (CLOCK_MONOTONIC, one clock for both processes) taken before it posted: a bound measured
+// from the sender's leaving the barrier failed on a loaded machine (39.8 ms against 40),
+// where the two processes leave it milliseconds apart.
 TEST(Rnr, SendSucceedsOnceReceiveIsPosted) {
   ConnOptions o;
   o.rnr_retry = 7;
@@ -220,11 +224,13 @@ TEST(Rnr, SendSucceedsOnceReceiveIsPosted) {
         fill_pattern(r.buf(), kLen, 3);
         const Counters before = r.counters();
         r.barrier();
-        const auto t0 = Clock::now();
         ASSERT_EQ(0, post_send(l.ep.qp, IBV_WR_SEND, 1, r.buf(), kLen, r.lkey()));
         const ibv_wc wc = poll_one(l.ep.scq, 10s);
+        const Clock::time_point done = Clock::now();
         EXPECT_EQ(IBV_WC_SUCCESS, wc.status) << describe(wc);
-        EXPECT_GE(ms(Clock::now() - t0), 40.0) << "completed before the receive could exist";
+        const Clock::time_point posted{Clock::duration{r.recv_value<Clock::rep>(1)}};
+        EXPECT_GE(done, posted) << "completed " << ms(posted - done)
+                                << " ms before the receive was posted";
         r.barrier();
         EXPECT_GE(r.counters()["rcvd_rnr_err"], before["rcvd_rnr_err"] + 1);
         // The QP is healthy afterwards.
@@ -236,8 +242,10 @@ TEST(Rnr, SendSucceedsOnceReceiveIsPosted) {
         const Counters before = r.counters();
         r.barrier();
         std::this_thread::sleep_for(50ms);
+        const Clock::time_point posted = Clock::now();
         ASSERT_EQ(0, post_recv(l.ep.qp, 1, r.buf(), 4096, r.lkey()));
         ASSERT_EQ(0, post_recv(l.ep.qp, 2, r.buf() + 4096, 4096, r.lkey()));
+        r.send_value(0, posted.time_since_epoch().count());
         const ibv_wc wc = poll_one(l.ep.rcq, 10s);
         ASSERT_EQ(IBV_WC_SUCCESS, wc.status) << describe(wc);
         EXPECT_EQ(kLen, wc.byte_len);
