@@ -279,18 +279,17 @@ std::vector<Qp*> Engine::Impl::create_qps(Peer& p, uint32_t n) {
   // Room in the send queue for data slices: max_wr, or — when the path may raise the window
   // (apply_path_window) — up to kMaxPathWindow as the devices allow. The CQ reserves what
   // max_wr needs (+ notifications, probes); a raised window reserves its extra then.
-  constexpr uint32_t kOther = detail::kSqReserved;  // notifications, probes
   const auto nd = static_cast<uint32_t>(context.devs.size());
   uint32_t sq_slices = opt.max_wr;
   if (opt.max_wr_from_path) {
     uint32_t dev_room = detail::kMaxPathWindow;
     for (uint32_t k = 0; k < nd && k < n; ++k)
-      if (context.devs[k].max_qp_wr > kOther)
-        dev_room = std::min(dev_room, context.devs[k].max_qp_wr - kOther);
+      if (context.devs[k].max_qp_wr > detail::kSqReserved)
+        dev_room = std::min(dev_room, context.devs[k].max_qp_wr - detail::kSqReserved);
     sq_slices = std::max(sq_slices, dev_room);
   }
-  const uint32_t send_wr = sq_slices + kOther;
-  const int per_qp = static_cast<int>(opt.max_wr + kOther + detail::kNotifySlots);
+  const uint32_t send_wr = sq_slices + detail::kSqReserved;
+  const int per_qp = static_cast<int>(opt.max_wr + detail::kSqReserved + detail::kNotifySlots);
   for (uint32_t k = 0; k < nd && k < n; ++k) {
     const detail::Device& d = context.devs[k];
     const int on_dev = static_cast<int>((n - k + nd - 1) / nd);  // QPs k, k + nd, …
