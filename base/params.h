@@ -503,7 +503,7 @@ inline constexpr Param kParams[] = {
             "bandwidth-delay product once connected (a loaded round trip's worth — the path "
             "and a one-BDP queue — in flight, as much again behind a loss being repaired): 4 × "
             "RTT (5 zero-length RDMA WRITEs, the smallest) × port rate ÷ QPs in bytes, in "
-            "slices of whatever size the transfers have, at most 16384 (the send queue's "
+            "slices of whatever size the transfers have, at most 32768 (the send queue's "
             "depth, within the device's max_qp_wr) and as the CQ allows (docs/kv.md, "
             "\"Slices in flight\"); 0 keeps SOFTRDMA_KV_MAX_WR"},
     {.name = "SOFTRDMA_KV_IB_TIMEOUT",

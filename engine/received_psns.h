@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "engine/congestion_window.h"
+#include "engine/types.h"
 #include "wire/roce.h"
 
 namespace softrdma::engine {
@@ -73,8 +74,9 @@ class ReceivedPsns {
   /// WRITE messages remembered at most by default (a FIRST packet beyond them is not placed
   /// out of order: it is refused and resent in order): the device's max_qp_wr, so a softrdma
   /// requester's whole SQ of WRITEs stays placeable whatever their size (kv keeps up to
-  /// 16,384 WRITEs of 32 KiB outstanding on a long path). ~100 bytes each in the map.
-  static constexpr size_t kMaxWrites = 16384;
+  /// 32,768 WRITEs of 32 KiB outstanding on a long path). ~100 bytes each in the map, held
+  /// only while a gap keeps them.
+  static constexpr size_t kMaxWrites = DeviceLimits::kMaxQpWr;
   /// Payload bytes of staged requests held at most by default (StagedRequest; beyond, a SEND
   /// is refused and resent as a go-back-N responder's would be): 1 GiB. What waits is what
   /// arrives while the oldest gap is repaired, 1-2 round trips of the link's rate: ~60-125 MB

@@ -258,7 +258,13 @@ enum class QpType : uint8_t { kRc = 2, kUc = 3, kUd = 4, kXrcSend = 9, kXrcRecv 
 /// Device limits reported by query_device and enforced at object creation.
 struct DeviceLimits {
   static constexpr uint32_t kMaxQp = 1u << 16;
-  static constexpr uint32_t kMaxQpWr = 16384;
+  /// Work requests per send or receive queue: mlx5's 32,768 (rxe reports 16,384). A send
+  /// queue's WQEs are held only while posted (QueuePair::sq), so the depth costs nothing
+  /// until used; kv keeps up to this many 32 KiB WRITEs outstanding per QP on a long path —
+  /// at 16,384, two QPs' 1 GiB could not cover 100 Gbit/s × 50 ms with 0.1 % loss, where
+  /// the WRITEs behind each hole hold their slots for the round trip its repair takes
+  /// (docs/kv.md, Llama-3-70B 32 K).
+  static constexpr uint32_t kMaxQpWr = 32768;
   static constexpr uint32_t kMaxSge = 32;
   static constexpr uint32_t kMaxCq = 1u << 16;
   static constexpr uint32_t kMaxCqe = 1u << 20;

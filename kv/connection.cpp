@@ -210,9 +210,10 @@ void Engine::Impl::open_one(detail::Device& d, ibv_device* dev) {
   d.channel = ibv_create_comp_channel(d.ctx);
   if (!d.channel) fail("ibv_create_comp_channel: " + errno_text(errno));
   fcntl(d.channel->fd, F_SETFL, fcntl(d.channel->fd, F_GETFL) | O_NONBLOCK);
-  // Each QP reserves max_wr + 2 × kNotifySlots + 8 entries (create_qps): 65,536 holds 28
-  // peers of 2 QPs at the default max_wr of 1,024 (16,384 held 20 at 256).
-  d.cq_capacity = 65536;
+  // Each QP reserves max_wr + 2 × kNotifySlots + 8 entries (create_qps): 131,072 holds 56
+  // peers of 2 QPs at the default max_wr of 1,024 (16,384 held 20 at 256), or one peer's 2
+  // QPs with windows the path raised to kMaxPathWindow.
+  d.cq_capacity = 131072;
   if (da.max_cqe > 0) d.cq_capacity = std::min(d.cq_capacity, da.max_cqe);
   d.cq = ibv_create_cq(d.ctx, d.cq_capacity, nullptr, d.channel, 0);
   if (!d.cq) fail("ibv_create_cq(" + std::to_string(d.cq_capacity) + "): " + errno_text(errno));

@@ -49,10 +49,12 @@ constexpr uint64_t kKindMask = 7;
 constexpr uint32_t kPathProbes = 5;
 /// The most data slices a QP may have outstanding when the path raises its window, and so
 /// the send queue's depth for data when max_wr_from_path (less what notifications and probes
-/// need where the device's max_qp_wr is smaller: softrdma's is 16,384). Twice the largest
-/// SOFTRDMA_KV_MAX_WR: at 8,192, 32 KiB blocks kept 256 MiB per QP outstanding, 512 MiB over
-/// the default 2 QPs, under 100 Gbit/s × 50 ms's 625 MB (docs/kv.md, Llama-3-70B 32 K).
-constexpr uint32_t kMaxPathWindow = 16384;
+/// need where the device's max_qp_wr is smaller: softrdma's and mlx5's is 32,768, rxe's
+/// 16,384). At 8,192, 32 KiB blocks kept 256 MiB per QP outstanding, 512 MiB over the
+/// default 2 QPs, under 100 Gbit/s × 50 ms's 625 MB; at 16,384, 1 GiB filled that path
+/// without loss but not with 0.1 % (the WRITEs behind each hole keep their slots while it is
+/// repaired): 2 GiB now (docs/kv.md, Llama-3-70B 32 K).
+constexpr uint32_t kMaxPathWindow = 32768;
 /// Send-queue entries of a QP kept beside its data slices: notifications, path probes.
 constexpr uint32_t kSqReserved = kNotifySlots + 8;
 /// Bandwidth-delay products (of the RTT measured at connect, on an idle path) of data a QP

@@ -395,7 +395,7 @@ TEST(PathWindow, SlicesInFlightCoverTheMeasuredBandwidthDelayProduct) {
         }
         check(q.path_rtt >= 2ms, "an RTT under the emulated 2 ms: " + got);
         // Whole bytes, shared over 2 QPs, four times, in 4 KiB slices; within the send queue
-        // (softrdma's max_qp_wr, 16,384 = kMaxPathWindow, less the entries kept for
+        // (softrdma's max_qp_wr, 32,768 = kMaxPathWindow, less the entries kept for
         // notifications and probes).
         const auto bdp =
             static_cast<uint64_t>(c.bytes_per_ns * static_cast<double>(q.path_rtt.count()));
