@@ -114,7 +114,8 @@ uint32_t newly_delivered(QueuePair& qp, uint32_t advanced) {
 // At debug level, a sample of the requester's state at most every kTraceIntervalNs of the
 // (dilated) clock, taken at an ACK that delivered: how a long transfer's window, pacing and
 // posted work evolve without a line per ACK (a 10 GiB hand-off over 100 Gbit/s × 50 ms is
-// ~100 samples per QP). Fields: the window and slow-start threshold (PSNs), the PSNs in
+// ~100 samples per QP). Fields: the window, what of it the QPs towards the peer leave this
+// one (CongestionWindow::flight_psns) and the slow-start threshold (PSNs), the PSNs in
 // flight (span less those held beyond a gap), the train's and the largest delivery rate
 // (Gbit/s of payload at this MTU), the smallest and smoothed RTT (µs), the pacing rate
 // (Gbit/s, 0: unpaced) and the WQEs posted and not yet completed (the SQ's occupancy).
@@ -127,11 +128,12 @@ void trace_window(QueuePair& qp, uint64_t now) {
   const double gbit_per_psn_ns = 8.0 * qp.mtu;  // PSNs/ns → Gbit/s
   const int32_t span = psn_diff(qp.req.psn, qp.comp.psn);
   log().debug(
-      "qp {:#x}: window {} ssthresh {} in flight {} span {} train {:.2f} rate {:.2f} Gbit/s "
-      "min_rtt {} srtt {} us paced {:.2f} Gbit/s wqes {}",
-      qp.qpn(), w.psns(), w.threshold(), span - int64_t{requester::held_psns(qp)}, span,
-      w.train_rate() * gbit_per_psn_ns, w.delivery_rate() * gbit_per_psn_ns, w.min_rtt_ns() / 1000,
-      w.srtt_ns() / 1000, requester::pacing_rate_now(qp) * 8.0, qp.sq.size());
+      "qp {:#x}: window {} shared {} ssthresh {} in flight {} span {} train {:.2f} rate {:.2f} "
+      "Gbit/s min_rtt {} srtt {} us paced {:.2f} Gbit/s wqes {}",
+      qp.qpn(), w.psns(), w.flight_psns(), w.threshold(), span - int64_t{requester::held_psns(qp)},
+      span, w.train_rate() * gbit_per_psn_ns, w.delivery_rate() * gbit_per_psn_ns,
+      w.min_rtt_ns() / 1000, w.srtt_ns() / 1000, requester::pacing_rate_now(qp) * 8.0,
+      qp.sq.size());
 }
 
 // Tells the window what newly_delivered counts (after a round-trip sample, if any) and

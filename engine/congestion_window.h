@@ -103,8 +103,37 @@ class CongestionWindow {
   /// per round trip (on_acked).
   static constexpr uint32_t kFreeGrowthDivisor = 8;
 
-  /// PSNs that may be outstanding now.
+  /// The congestion window, PSNs.
   uint32_t psns() const { return psns_; }
+  /// PSNs this QP may have in flight now: its window, or less while QPs towards the same
+  /// peer on a long path share one window (share_flight).
+  uint32_t flight_psns() const { return std::min(psns_, flight_cap_); }
+  /// Asks the path's share (set_path_share) what this QP, number `id`, with `in_flight`
+  /// PSNs in flight, may keep in flight at `now_ns` (PathShare::flight_cap) — on a long path
+  /// only; elsewhere, and without a share, flight_psns() is the window. A window below the
+  /// even share of the QPs' largest is raised to it (the QPs keep one window between them).
+  /// The requester asks at each run with work to send.
+  void share_flight(uint32_t id, uint32_t in_flight, uint64_t now_ns) {
+    if (!share_ || !long_path() || !srtt_ns_) {
+      flight_cap_ = kMaxPsns;
+      return;
+    }
+    const PathShare::Flight f =
+        share_->flight_cap(id, psns_, in_flight, latest_rate(), now_ns, 2 * srtt_ns_);
+    sharing_ = f.cap < psns_ || share_->path_rate() > latest_rate();
+    // The QPs' windows are one window: a QP in congestion avoidance whose own is below its
+    // even share of it (its slow start ended early on a train a busy sender spread: kv's QP 1
+    // measured 26 Gbit/s of a 100 Gbit/s path, stopped at 60,000 PSNs and grew 12.5 % per
+    // round trip for 6 of them while QP 0's window said 158,000) takes the share. Not in slow
+    // start: there its ACK-train jump takes what the others' jumps left (PathShare::take),
+    // and the even share of a window still growing in another QP's slow start put 1.6 BDPs
+    // in flight at once and overflowed the one-BDP queue.
+    if (psns_ >= ssthresh_ && f.even > psns_) {
+      psns_ = f.even;
+      acked_ = 0;
+    }
+    flight_cap_ = f.cap;
+  }
   /// Whether an ACK train has measured the path (the requester paces from then on, so that
   /// the raises leave at about the path's rate: requester.cpp window_paces).
   bool train_measured() const { return train_rate_ > 0; }
@@ -139,6 +168,21 @@ class CongestionWindow {
   uint32_t bdp_psns() const {
     return static_cast<uint32_t>(std::min<double>(kMaxPsns, delivery_rate() * double(min_rtt_ns_)));
   }
+  /// The bandwidth-delay product of the path as all QPs sharing its window carry it
+  /// (share_flight; their latest delivery rates summed × the smallest round trip, at least
+  /// bdp_psns()), PSNs; bdp_psns() where this QP is alone on it. The latest samples, not each
+  /// QP's largest: those are of different times, and summed they read 157 Gbit/s of a
+  /// 100 Gbit/s path (the floor then kept 2 BDPs in flight and the queue overflowed). Each
+  /// QP of several carries only its part of the path, so
+  /// its own BDP would floor the shared window at a fraction of the path's: kv's 2 QPs on
+  /// 100 Gbit/s × 50 ms, one random loss during a queue of 15 ms, halved 197,000 PSNs to
+  /// 125,000 (0.8 BDP, 1.5 of the QP's own half) and the link ran part-empty for 8 round
+  /// trips.
+  uint32_t path_bdp_psns() const {
+    if (!sharing_ || !share_) return bdp_psns();
+    return std::max(bdp_psns(), static_cast<uint32_t>(std::min<double>(
+                                    kMaxPsns, share_->path_rate() * double(min_rtt_ns_))));
+  }
   /// Smoothed round trip, ns (RFC 6298 2.3: SRTT ← 7/8·SRTT + 1/8·sample; 0: none yet).
   uint64_t srtt_ns() const { return srtt_ns_; }
   /// The latest round-trip sample, ns (0 before the first): what queue_building() reads.
@@ -152,6 +196,9 @@ class CongestionWindow {
     for (double r : rates_) best = std::max(best, r);
     return best;
   }
+  /// The latest delivery-rate sample, PSNs per ns (0 until measured): what the QP carries
+  /// now, where delivery_rate() is the most it carried recently.
+  double latest_rate() const { return rates_[(next_rate_ + kRateSamples - 1) % kRateSamples]; }
   /// A round trip measured on a PSN sent once (Karn's rule: never on a resent one), ns.
   void on_rtt_sample(uint64_t rtt_ns) {
     if (rtt_ns && (!min_rtt_ns_ || rtt_ns < min_rtt_ns_)) min_rtt_ns_ = rtt_ns;
@@ -198,8 +245,30 @@ class CongestionWindow {
     delivered_ = 0;
     interval_start_ns_ = now_ns;
   }
-  /// `n` PSNs newly acknowledged (ACK, read response, atomic ACK): grow.
+  /// Turns on window validation (the requester does, RequesterState; off by default so a
+  /// bare window grows on every ACK): on a long path (long_path()) the window grows only
+  /// while it limits the sender — note_limited() was called within the current or the
+  /// previous window's worth of acknowledged PSNs. RFC 7661's congestion window validation
+  /// (Linux: tcp_is_cwnd_limited). Without it, a QP whose send queue held it below its
+  /// window (kv's 16,312 slices of 32 KiB: 130,000 PSNs of span, 65,000–110,000 in flight
+  /// behind 0.1 % loss's holes) grew the window by 12.5 % per round trip of free growth to
+  /// 354,000 PSNs, 2.3 BDPs of 100 Gbit/s × 50 ms, that nothing had tested: a deeper send
+  /// queue or more QPs then sent all of it into the one-BDP queue at once.
+  void set_validation(bool on) { validate_ = on; }
+  /// The sender had work the window did not let out (requester.cpp window_room ≤ 0).
+  void note_limited() { limited_ = true; }
+  /// `n` PSNs newly acknowledged (ACK, read response, atomic ACK): grow (see set_validation).
   void on_acked(uint32_t n) {
+    if (validate_ && long_path()) {
+      const bool grows = limited_ || was_limited_;
+      validation_acked_ += n;
+      if (validation_acked_ >= psns_) {
+        validation_acked_ = 0;
+        was_limited_ = limited_;
+        limited_ = false;
+      }
+      if (!grows) return;
+    }
     if (psns_ < ssthresh_) {
       psns_ = std::min({kMaxPsns, ssthresh_, psns_ + n});
       // Slow start ends at 1.5 BDPs as the latest ACK train measured them (HyStart's exit
@@ -235,7 +304,8 @@ class CongestionWindow {
   ///   Fu & Liew 2003; BBR ignores loss likewise, Cardwell et al. 2016). A queue that
   ///   overflows drops a burst — far more than that share — or shows in the round trip
   ///   first, so congestion losses still shrink the window;
-  /// - otherwise halve, but not below 1.5 measured bandwidth-delay products: one fills the
+  /// - otherwise halve, but not below 1.5 measured bandwidth-delay products of the path
+  ///   (path_bdp_psns: of all the QPs sharing its window, PathShare): one fills the
   ///   path, and a bottleneck queue of one BDP keeps half of one free for resends (at two,
   ///   it stood full and dropped every burst of resends). In flight stays bounded by about
   ///   1.5 BDPs (IRN's BDP-FC bounds it by one, given the link rate;
@@ -252,7 +322,8 @@ class CongestionWindow {
       if (lost_in_round_ <= std::max<uint64_t>(2, psns_ / kRandomLossFraction)) return false;
     }
     train_done_ = true;
-    const uint32_t floor = bdp_psns() + bdp_psns() / 2;
+    const uint32_t bdp = path_bdp_psns();
+    const uint32_t floor = bdp + bdp / 2;
     const uint32_t next = psns_ > floor ? std::max(psns_ / 2, floor) : psns_;
     ssthresh_ = std::max<uint32_t>(2, next);
     psns_ = std::max<uint32_t>(1, next);
@@ -386,9 +457,15 @@ class CongestionWindow {
   bool first_train_over_ = false;  // the first measured train has ended
   uint32_t train_base_ = 0;        // the window when the train began, PSNs
   bool train_done_ = false;
-  bool host_local_ = false;  // set_host_local()
-  PathShare* share_ = nullptr;  // set_path_share()
-  uint32_t share_mtu_ = 0;      // bytes per PSN, for share_'s bytes per ns
+  bool host_local_ = false;         // set_host_local()
+  bool validate_ = false;           // set_validation()
+  bool limited_ = false;            // note_limited() since the current validation round began
+  bool was_limited_ = false;        // … within the round before
+  uint32_t validation_acked_ = 0;   // PSNs acknowledged in the current validation round
+  PathShare* share_ = nullptr;      // set_path_share()
+  uint32_t flight_cap_ = kMaxPsns;  // share_flight()'s answer, PSNs
+  bool sharing_ = false;            // share_flight() found other QPs on the path
+  uint32_t share_mtu_ = 0;          // bytes per PSN, for share_'s bytes per ns
 };
 
 }  // namespace softrdma::engine

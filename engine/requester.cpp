@@ -120,7 +120,7 @@ double window_pacing_rate(const QueuePair& qp) {
   if (!window_paces(qp)) return 0;
   const double bytes = double(qp.mtu + kPacketOverheadBytes);
   if (w.psns() < w.threshold()) return CongestionWindow::kTrainPacingGain * w.train_rate() * bytes;
-  return 1.2 * double(w.psns()) * bytes / double(w.srtt_ns());
+  return 1.2 * double(w.flight_psns()) * bytes / double(w.srtt_ns());
 }
 
 double pacing_rate(QueuePair& qp, uint64_t now) {
@@ -212,6 +212,12 @@ void note_sent(QueuePair& qp, Transport& t, uint32_t psn_count) {
   if (wire::psn_diff(qp.req.psn, qp.req.max_psn) > 0) qp.req.max_psn = qp.req.psn;
 }
 
+// PSNs in flight: the span from the oldest unacknowledged PSN less what the responder holds
+// beyond a gap and the READ responses placed beyond it (window_room).
+int64_t in_flight_psns(const QueuePair& qp) {
+  return int64_t{wire::psn_diff(qp.req.psn, qp.comp.psn)} - held_psns(qp) - qp.comp.read_ahead;
+}
+
 // PSNs the window lets out (≤ 0: none). The window bounds what is in flight: the PSNs from
 // the oldest unacknowledged one on, less those the responder's latest selective ACK said it
 // holds beyond its expected PSN (held_psns) and the READ responses placed beyond it
@@ -225,12 +231,15 @@ void note_sent(QueuePair& qp, Transport& t, uint32_t psn_count) {
 // kept the window shut while the gap before them was repaired, then let a burst of requests
 // out at once whose responses overflowed the path's queue (bench/wan_bench.sh WAN_OP=read,
 // 0 % loss: 46 -> 72-80 % of the link; the responder's queue drops 11,000 -> 900-1,400).
+// While QPs towards the same peer share one window (CongestionWindow::flight_psns,
+// PathShare::flight_cap), what is in flight is bounded by this QP's part of it; the span's
+// cap stays kSpanPerWindow of the QP's own window.
 int32_t window_room(const QueuePair& qp) {
   const uint32_t window = std::min(qp.req.window.psns(), kWindowPsns);
+  const uint32_t flight = std::min(qp.req.window.flight_psns(), kWindowPsns);
   const int32_t span = wire::psn_diff(qp.req.psn, qp.comp.psn);
   const int64_t cap = std::min<int64_t>(kWindowPsns, int64_t{kSpanPerWindow} * window);
-  const int64_t in_flight = int64_t{span} - held_psns(qp) - qp.comp.read_ahead;
-  const int64_t room = std::min<int64_t>(int64_t{window} - in_flight, cap - span);
+  const int64_t room = std::min<int64_t>(int64_t{flight} - in_flight_psns(qp), cap - span);
   return static_cast<int32_t>(std::clamp<int64_t>(room, INT32_MIN, INT32_MAX));
 }
 
@@ -583,7 +592,12 @@ void run(QueuePair& qp, Transport& t) {
     if (qp.req.cc_on) qp.req.rate = DcqcnRate(p);
     qp.req.window.set_host_local(t.host_local_path(qp.remote_ip, qp.peer_pid));
     qp.req.window.set_path_share(t.path_share(qp.remote_ip), qp.mtu);
+    qp.req.window.set_validation(true);
   }
+  // With work to send, on a long path: what the QPs towards this peer leave this one.
+  if ((!qp.req.retx.empty() || qp.req.next < qp.sq_end()) && qp.req.window.long_path())
+    qp.req.window.share_flight(
+        qp.qpn(), static_cast<uint32_t>(std::max<int64_t>(in_flight_psns(qp), 0)), t.now_ns());
   const size_t max_rd = std::max<size_t>(1, qp.attr.max_rd_atomic);
   std::vector<iovec> iov;
   bool sent = false, paced = false;
@@ -646,7 +660,10 @@ void run(QueuePair& qp, Transport& t) {
       log().error("qp {:#x}: requester at psn {:#x} but WQE {} starts at {:#x}", qp.qpn(),
                   qp.req.psn, qp.req.next, w.first_psn);
     }
-    if (window_room(qp) <= 0) break;
+    if (window_room(qp) <= 0) {
+      qp.req.window.note_limited();
+      break;
+    }
     bool done = false;
     const WrOpcodeInfo& info = w.info();
     if (info.takes_rd_atomic_credit() && qp.comp.rd_atomic_inflight.size() >= max_rd) break;
